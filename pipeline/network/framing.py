@@ -1,0 +1,122 @@
+"""Size-prefixed framing of a Kafka TCP byte stream, without I/O.
+
+Kafka frames every request and response as a 4-byte big-endian signed size
+followed by that many bytes (Kafka NetworkReceive / NetworkSend). TCP delivers
+a byte stream, so one read may hold several frames (coalesced) or a fraction
+of one (split, down to a single byte). ``FrameDecoder`` takes bytes as they
+arrive and hands out whole frames; it never touches a socket or a clock, so it
+is tested with plain function calls (the h11 style).
+
+Extraction is linear in the bytes received: the buffer is consumed by moving a
+read position and compacting at most once per ``receive_data`` call, never by
+re-slicing the remainder after every frame.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+SIZE_PREFIX: Final = struct.Struct(">i")
+"""The frame size prefix: 4 bytes, big-endian, signed (Kafka NetworkReceive)."""
+
+DEFAULT_MAX_RECEIVE_BYTES: Final = 100 * 1024 * 1024
+"""Kafka's default ``socket.request.max.bytes``: 104857600 bytes (100 MiB)."""
+
+
+class InvalidReceiveError(Exception):
+    """A size prefix that no valid frame can have; the connection must be closed.
+
+    Raised for a negative size, or a size above the decoder's
+    ``max_receive_bytes`` (Kafka NetworkReceive.readFrom throws
+    InvalidReceiveException for both). ``size`` holds the offending value.
+    Once raised, the decoder is poisoned: further calls raise again.
+    """
+
+    def __init__(self, message: str, size: int) -> None:
+        super().__init__(message)
+        self.size = size
+
+
+class FrameDecoder:
+    """Cuts a byte stream into frames: ``receive_data`` in, ``next_frame`` out.
+
+    Usage::
+
+        decoder.receive_data(chunk)          # any number of bytes, any split
+        while (frame := decoder.next_frame()) is not None:
+            handle(frame)                   # bytes of one frame body
+
+    Args:
+        max_receive_bytes: largest accepted frame body, in bytes (Kafka
+            ``socket.request.max.bytes``). A size of 0 is a valid empty frame.
+
+    Raises:
+        InvalidReceiveError: from ``next_frame`` when the next size prefix is
+            negative or larger than ``max_receive_bytes``. The bytes of the
+            invalid frame are never buffered beyond what was already received.
+    """
+
+    __slots__ = ("_buf", "_pos", "_max", "_error")
+
+    def __init__(self, max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES) -> None:
+        if max_receive_bytes < 0:
+            raise ValueError(f"max_receive_bytes must be >= 0, got {max_receive_bytes}")
+        self._buf = bytearray()
+        self._pos = 0
+        self._max = max_receive_bytes
+        self._error: InvalidReceiveError | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet handed out as frames."""
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes read from the stream (any length, including 0)."""
+        if self._pos:
+            # Compact once per read, not once per frame: keeps total work
+            # linear in bytes received however many frames a read holds.
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_frame(self) -> bytes | None:
+        """Return the next complete frame body, or None if more bytes are needed.
+
+        Raises:
+            InvalidReceiveError: see the class docstring.
+        """
+        if self._error is not None:
+            raise self._error
+        buf, pos = self._buf, self._pos
+        available = len(buf) - pos
+        if available < SIZE_PREFIX.size:
+            return None
+        (size,) = SIZE_PREFIX.unpack_from(buf, pos)
+        if size < 0:
+            self._error = InvalidReceiveError(f"invalid receive: negative frame size {size}", size)
+            raise self._error
+        if size > self._max:
+            self._error = InvalidReceiveError(
+                f"invalid receive: frame size {size} bytes is larger than "
+                f"socket.request.max.bytes {self._max}",
+                size,
+            )
+            raise self._error
+        end = pos + SIZE_PREFIX.size + size
+        if len(buf) < end:
+            return None
+        with memoryview(buf) as view:  # one copy, released before the next resize
+            frame = bytes(view[pos + SIZE_PREFIX.size : end])
+        self._pos = end
+        return frame
+
+
+def encode_frame(body: bytes) -> bytes:
+    """Prefix ``body`` with its 4-byte big-endian size (Kafka NetworkSend).
+
+    Returns one bytes object so several encoded frames can be joined and
+    written with a single gathered ``send_all``.
+    """
+    return SIZE_PREFIX.pack(len(body)) + body

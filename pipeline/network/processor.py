@@ -1,0 +1,99 @@
+"""Processor: a network worker that owns the connections the Acceptor gives it.
+
+In Kafka a Processor is a thread with its own Selector; connections are
+assigned to it round-robin and stay with it for life (seed 004). Here a
+Processor is a trio task with a nursery: each of its connections is a
+``KafkaChannel`` whose reader and writer tasks live in that nursery, so the
+Processor's lifetime bounds theirs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+from typing import Callable
+
+import trio
+
+from pipeline.network.channel import KafkaChannel
+
+log = logging.getLogger(__name__)
+
+_connection_index = itertools.count()
+
+
+def connection_id(stream: trio.SocketStream) -> str:
+    """Kafka's connection id: ``localAddr:localPort-remoteAddr:remotePort-index``.
+
+    The index (a process-wide counter) keeps ids unique when a client reuses
+    an address and port (Kafka SocketServer.ConnectionId).
+    """
+    index = next(_connection_index)
+    try:
+        local = stream.socket.getsockname()
+        remote = stream.socket.getpeername()
+    except OSError:
+        return f"unknown-unknown-{index}"
+    return f"{local[0]}:{local[1]}-{remote[0]}:{remote[1]}-{index}"
+
+
+class Processor:
+    """Serves the connections handed to it with ``accept``.
+
+    Args:
+        processor_id: index of this Processor (0-based).
+        channel_factory: builds the KafkaChannel of a new connection from its
+            id and stream.
+        new_connection_queue_size: connections that may wait to be taken up
+            (Kafka's per-Processor newConnections queue, default 20).
+    """
+
+    def __init__(
+        self,
+        processor_id: int,
+        channel_factory: Callable[[str, trio.SocketStream], KafkaChannel],
+        new_connection_queue_size: int = 20,
+    ) -> None:
+        self.processor_id = processor_id
+        self._channel_factory = channel_factory
+        self._new_send, self._new_receive = trio.open_memory_channel[trio.SocketStream](
+            new_connection_queue_size
+        )
+        self.channels: set[KafkaChannel] = set()
+        self._stopping = False
+
+    async def accept(self, stream: trio.SocketStream) -> None:
+        """Hand a new connection to this Processor (waits while its queue is full)."""
+        await self._new_send.send(stream)
+
+    def stop_reading(self) -> None:
+        """Server shutdown: read no more requests on any connection, take no new ones."""
+        self._stopping = True
+        self._new_send.close()
+        for channel in list(self.channels):
+            channel.stop_reading()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve connections until cancelled (all of them are closed on the way out)."""
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            async for stream in self._new_receive:
+                if self._stopping:
+                    await trio.aclose_forcefully(stream)
+                    continue
+                try:
+                    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+                except OSError:
+                    pass
+                channel = self._channel_factory(connection_id(stream), stream)
+                self.channels.add(channel)
+                nursery.start_soon(self._serve, channel)
+
+    async def _serve(self, channel: KafkaChannel) -> None:
+        log.debug("processor %d: new connection %s", self.processor_id, channel.connection_id)
+        try:
+            await channel.run()
+        finally:
+            self.channels.discard(channel)
+            log.debug("processor %d: connection %s closed", self.processor_id, channel.connection_id)

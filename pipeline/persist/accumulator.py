@@ -1,0 +1,155 @@
+"""Groups sequenced appends into flushes, and decides when to flush, without I/O.
+
+A Spark write costs 200-300 ms however few rows it carries, so records of many
+produce requests are grouped into one write. When a group is ready follows
+Kafka's producer RecordAccumulator.ready(): the batch is full (records or
+bytes), its linger time has passed since its first record, or the
+accumulator is closing. Time is an argument (ms, any monotonic origin); this
+module never reads a clock.
+
+Each ``append`` carries an opaque ``waiter`` (what to tell when the group
+holding it is durable); a request's appends all land in one group, so a
+produce response waits for exactly one flush.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Generic, Sequence, TypeVar
+
+from pipeline.persist.batch import PartitionAppend
+
+W = TypeVar("W")
+
+
+class FlushReason(enum.Enum):
+    """Why a group was flushed (Kafka RecordAccumulator.ready conditions)."""
+
+    FULL_RECORDS = "batch-max-records"
+    FULL_BYTES = "batch-max-bytes"
+    LINGER = "linger-ms"
+    MEMORY = "buffer-memory"
+    CLOSING = "closing"
+
+
+@dataclass(frozen=True, slots=True)
+class FlushPolicy:
+    """Limits of one flush group.
+
+    Attributes:
+        max_records: flush once a group holds at least this many records.
+        max_bytes: flush once a group holds at least this many bytes of raw
+            record batches.
+        linger_ms: flush once this many ms have passed since the group's first
+            append (0 flushes as soon as the persister is free).
+    """
+
+    max_records: int = 200_000
+    max_bytes: int = 64 * 1024 * 1024
+    linger_ms: float = 50.0
+
+    def __post_init__(self) -> None:
+        if self.max_records < 1 or self.max_bytes < 1 or self.linger_ms < 0:
+            raise ValueError(f"invalid flush policy {self}")
+
+
+@dataclass(slots=True)
+class FlushGroup(Generic[W]):
+    """What one flush writes and whom it answers.
+
+    Attributes:
+        appends: partition appends in sequencing order.
+        waiters: one per ``append`` call, in call order.
+        records: total records.
+        size_bytes: total bytes of raw record batches.
+        reason: why it was flushed.
+    """
+
+    appends: list[PartitionAppend] = field(default_factory=list)
+    waiters: list[W] = field(default_factory=list)
+    records: int = 0
+    size_bytes: int = 0
+    reason: FlushReason | None = None
+
+
+class RecordAccumulator(Generic[W]):
+    """The group being filled, and the flush decision.
+
+    Args:
+        policy: the flush limits.
+    """
+
+    def __init__(self, policy: FlushPolicy) -> None:
+        self.policy = policy
+        self._group: FlushGroup[W] = FlushGroup()
+        self._first_append_ms: float | None = None
+        self._closing = False
+
+    @property
+    def records(self) -> int:
+        """Records in the group being filled."""
+        return self._group.records
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes in the group being filled."""
+        return self._group.size_bytes
+
+    @property
+    def pending(self) -> int:
+        """Waiters in the group being filled (``append`` calls since the last drain)."""
+        return len(self._group.waiters)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def append(self, appends: Sequence[PartitionAppend], waiter: W, now_ms: float) -> None:
+        """Add the appends of one request to the current group.
+
+        Raises:
+            RuntimeError: after ``close``.
+        """
+        if self._closing:
+            raise RuntimeError("accumulator is closed")
+        group = self._group
+        if not group.waiters:
+            self._first_append_ms = now_ms
+        group.appends.extend(appends)
+        group.waiters.append(waiter)
+        group.records += sum(a.record_count for a in appends)
+        group.size_bytes += sum(a.size_bytes for a in appends)
+
+    def close(self) -> None:
+        """Stop taking appends; whatever is buffered becomes ready (reason CLOSING)."""
+        self._closing = True
+
+    def ready(self, now_ms: float) -> FlushReason | None:
+        """Whether the current group should be flushed now, and why."""
+        group = self._group
+        if not group.waiters:
+            return None
+        if group.records >= self.policy.max_records:
+            return FlushReason.FULL_RECORDS
+        if group.size_bytes >= self.policy.max_bytes:
+            return FlushReason.FULL_BYTES
+        if self._closing:
+            return FlushReason.CLOSING
+        assert self._first_append_ms is not None
+        if now_ms - self._first_append_ms >= self.policy.linger_ms:
+            return FlushReason.LINGER
+        return None
+
+    def linger_deadline_ms(self) -> float | None:
+        """When the current group's linger expires (ms), or None if it is empty."""
+        if self._first_append_ms is None or not self._group.waiters:
+            return None
+        return self._first_append_ms + self.policy.linger_ms
+
+    def drain(self, reason: FlushReason) -> FlushGroup[W]:
+        """Take the current group for flushing and start an empty one."""
+        group, self._group = self._group, FlushGroup()
+        group.reason = reason
+        self._first_append_ms = None
+        return group

@@ -1,0 +1,238 @@
+"""Wiring: the server as a tree of nurseries, and its ordered shutdown.
+
+    Acceptor --round-robin--> Processors (KafkaChannel reader/writer per connection)
+        --> RequestChannel (multiqueue: N queues by crc32(connection id) % N;
+                            baseline: one shared queue + mute until response)
+        --> RequestHandlers (validate, sequence offsets, hand on)
+        --> BatchingPersister (group records, one Spark write per flush)
+        --> callbacks complete responses --> ResponseSequencer --> writer
+
+Shutdown (SIGINT/SIGTERM, or ``Server.shutdown``) runs stage by stage so
+nothing accepted is dropped: stop accepting; stop reading requests; close the
+RequestChannel so handlers drain their queues; close the persister so it
+flushes everything; wait until every connection has written its responses;
+then cancel what is left.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import trio
+
+from pipeline.network.acceptor import Acceptor
+from pipeline.network.channel import KafkaChannel
+from pipeline.network.framing import DEFAULT_MAX_RECEIVE_BYTES
+from pipeline.network.processor import Processor
+from pipeline.persist.accumulator import FlushPolicy
+from pipeline.persist.batch import PartitionAppend
+from pipeline.persist.persister import BatchingPersister
+from pipeline.protocol.apis import BrokerInfo
+from pipeline.requests.catalog import TopicCatalog
+from pipeline.requests.channel import MultiQueueRequestChannel, RequestChannel, SharedRequestChannel
+from pipeline.requests.handler import KafkaApis, RequestHandler
+from pipeline.requests.sequencing import OffsetSequencer
+
+log = logging.getLogger(__name__)
+
+
+class Mode(str, enum.Enum):
+    """How requests travel from Processors to handlers."""
+
+    MULTIQUEUE = "multiqueue"
+    """AutoMQ: N queues, one handler each, routed by connection; no muting."""
+    BASELINE = "baseline"
+    """Classic Kafka: one shared queue, a handler pool, mute until response."""
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """Everything ``pipeline serve`` can be told. Sizes in bytes, times in ms.
+
+    Defaults follow Kafka's broker defaults where one exists (named in brackets).
+    """
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9092
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    mode: Mode = Mode.MULTIQUEUE
+    queues: int = 4
+    io_threads: int = 8                         # [num.io.threads]
+    queued_max_requests: int = 500              # [queued.max.requests]
+    network_threads: int = 3                    # [num.network.threads]
+    socket_request_max_bytes: int = DEFAULT_MAX_RECEIVE_BYTES  # [socket.request.max.bytes]
+    num_partitions: int = 1                     # [num.partitions]
+    auto_create_topics: bool = True             # [auto.create.topics.enable]
+    batch_max_records: int = 200_000
+    batch_max_bytes: int = 64 * 1024 * 1024
+    linger_ms: float = 50.0
+    buffer_memory: int = 256 * 1024 * 1024
+    data_dir: Path = field(default_factory=lambda: Path("data"))
+    spark_master: str = "local[*]"
+    node_id: int = 0
+    cluster_id: str = "pipeline"
+
+
+class GroupSink:
+    """Where flushed groups go. ``write`` is blocking and runs in a worker thread."""
+
+    def start(self) -> None: ...
+    def write(self, appends: Sequence[PartitionAppend]) -> None: ...
+    def stop(self) -> None: ...
+
+
+class SparkGroupSink(GroupSink):
+    """Decode a group's record batches into one Arrow table and append it with one Spark write."""
+
+    def __init__(self, data_dir: Path, master: str) -> None:
+        from pipeline.persist.spark_sink import SparkSink
+
+        self._sink = SparkSink(data_dir, master=master)
+
+    def start(self) -> None:
+        self._sink.start()
+
+    def write(self, appends: Sequence[PartitionAppend]) -> None:
+        from pipeline.persist.arrow import appends_to_table
+
+        self._sink.write(appends_to_table(appends))
+
+    def stop(self) -> None:
+        self._sink.stop()
+
+
+class Server:
+    """One broker front end; ``serve`` runs it until ``shutdown``.
+
+    Args:
+        config: see ServerConfig.
+        sink: where flushed groups go (already started).
+    """
+
+    def __init__(self, config: ServerConfig, sink: GroupSink) -> None:
+        self.config = config
+        self.sink = sink
+        self._shutdown = trio.Event()
+        self.address: tuple[str, int] | None = None
+        self.processors: list[Processor] = []
+        self.request_channel: RequestChannel | None = None
+        self.persister: BatchingPersister | None = None
+        self.handlers: list[RequestHandler] = []
+        self.apis: KafkaApis | None = None
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutdown.is_set()
+
+    def shutdown(self) -> None:
+        """Begin the ordered shutdown (see module docstring). Safe to call twice."""
+        self._shutdown.set()
+
+    def _build_request_channel(self) -> tuple[RequestChannel, int]:
+        c = self.config
+        if c.mode is Mode.MULTIQUEUE:
+            capacity = max(1, c.queued_max_requests // c.queues)
+            return MultiQueueRequestChannel(c.queues, capacity), c.queues
+        return SharedRequestChannel(c.queued_max_requests), c.io_threads
+
+    async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen, serve until ``shutdown``, then stop in order. Reports (host, port) when ready."""
+        c = self.config
+        listeners = await trio.open_tcp_listeners(c.listen_port, host=c.listen_host)
+        host, port = listeners[0].socket.getsockname()[:2]
+        self.address = (host, port)
+        broker = BrokerInfo(
+            node_id=c.node_id,
+            host=c.advertised_host or host,
+            port=c.advertised_port or port,
+            cluster_id=c.cluster_id,
+        )
+        persister = BatchingPersister(
+            self.sink.write,
+            FlushPolicy(c.batch_max_records, c.batch_max_bytes, c.linger_ms),
+            max_buffer_bytes=c.buffer_memory,
+        )
+        self.persister = persister
+        request_channel, handler_count = self._build_request_channel()
+        self.request_channel = request_channel
+        self.apis = KafkaApis(
+            broker,
+            TopicCatalog(c.num_partitions, c.auto_create_topics),
+            OffsetSequencer(),
+            persister,
+            first_producer_id=time.time_ns() // 1_000_000,
+        )
+        mute = c.mode is Mode.BASELINE
+
+        def channel_factory(connection_id: str, stream: trio.SocketStream) -> KafkaChannel:
+            return KafkaChannel(
+                connection_id, stream, request_channel,
+                max_receive_bytes=c.socket_request_max_bytes, mute_after_request=mute,
+            )
+
+        self.processors = [Processor(i, channel_factory) for i in range(c.network_threads)]
+        acceptor = Acceptor(listeners, self.processors)
+        self.handlers = [
+            RequestHandler(i, self.apis, request_channel.receiver(i)) for i in range(handler_count)
+        ]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(persister.run)
+            handlers_done = trio.Event()
+
+            async def run_handlers() -> None:
+                async with trio.open_nursery() as hn:
+                    for h in self.handlers:
+                        await hn.start(h.run)
+                handlers_done.set()
+
+            nursery.start_soon(run_handlers)
+            processors_done = trio.Event()
+
+            async def run_processors() -> None:
+                async with trio.open_nursery() as pn:
+                    for p in self.processors:
+                        await pn.start(p.run)
+                processors_done.set()
+
+            nursery.start_soon(run_processors)
+            acceptor_scope = trio.CancelScope()
+
+            async def run_acceptor(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                with acceptor_scope:
+                    await acceptor.run(task_status=task_status)
+
+            await nursery.start(run_acceptor)
+            log.info(
+                "mode %s: %s, %d network threads, persisting to %s",
+                c.mode.value,
+                f"{c.queues} queues" if c.mode is Mode.MULTIQUEUE else
+                f"shared queue of {c.queued_max_requests}, {c.io_threads} handlers",
+                c.network_threads, Path(c.data_dir).resolve() / "records",
+            )
+            task_status.started((host, port))
+
+            await self._shutdown.wait()
+            log.info("shutting down: no new connections")
+            acceptor_scope.cancel()
+            for p in self.processors:
+                p.stop_reading()
+            for p in self.processors:
+                for ch in list(p.channels):
+                    await ch.wait_reading_done()
+            log.info("shutting down: handling queued requests")
+            request_channel.close()
+            await handlers_done.wait()
+            log.info("shutting down: flushing %d buffered records", persister.buffered_records)
+            persister.close()
+            await persister.wait_closed()
+            log.info("shutting down: writing last responses")
+            with trio.move_on_after(30):
+                await processors_done.wait()
+            nursery.cancel_scope.cancel()
+        log.info("stopped: %d flushes, %d records persisted", persister.stats.flushes, persister.stats.records)
