@@ -1,0 +1,225 @@
+"""Request header parsing and response header encoding (sans-I/O).
+
+Every Kafka request frame (after the 4-byte size prefix, which the network
+layer strips) starts with a request header whose *version* is not on the
+wire: it follows from the api key and api version, exactly as Kafka's
+generated ``ApiMessageType.requestHeaderVersion`` computes it:
+
+* v0: ``api_key:int16 api_version:int16 correlation_id:int32``
+  (only ControlledShutdown v0 uses it);
+* v1: v0 + ``client_id:nullable int16-length string``;
+* v2: v1 + tagged fields (used when that request version is "flexible").
+  The client id stays a non-compact string in v2.
+
+kio has the v1/v2 header schemas, but its entity reader rejects unknown
+tagged fields (``KeyError: Unknown tagged field tag``) where Kafka skips
+them, and it has no v0 header; so the header is read here with kio's
+primitive readers. Response headers are v0 (``correlation_id:int32``) or v1
+(v0 + empty tagged fields); they are packed with ``struct`` because kio's
+``entity_writer`` costs ~5 us per call for these 4-5 bytes on the hot path.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+
+from dataclasses import dataclass
+
+from kio.index import KioIndexError
+from kio.index import load_request_schema
+from kio.schema.index import api_key_map
+from kio.schema.index import schema_name_map
+from kio.serial.errors import SerialError
+from kio.serial.readers import read_nullable_legacy_string
+from kio.serial.readers import read_unsigned_varint
+
+from .errors import InvalidRequestError
+from .errors import UnsupportedVersionError
+
+__all__ = (
+    "API_VERSIONS_KEY",
+    "RequestHeader",
+    "encode_response",
+    "is_flexible",
+    "parse_request_header",
+    "readonly_buffer",
+    "request_header_version",
+    "response_header_version",
+)
+
+API_VERSIONS_KEY = 18
+_CONTROLLED_SHUTDOWN_KEY = 7
+# Api keys kio does not model, with their first flexible version (Kafka's
+# ControlledShutdownRequest.json: "flexibleVersions": "3+"). Only needed so
+# that ControlledShutdown v0 gets header v0; we never serve it.
+_FIRST_FLEXIBLE_NOT_IN_KIO: dict[int, int] = {_CONTROLLED_SHUTDOWN_KEY: 3}
+
+_FIXED = struct.Struct(">hhi")  # api_key, api_version, correlation_id
+_RESPONSE_V0 = struct.Struct(">i")
+_RESPONSE_V1 = struct.Struct(">iB")  # correlation_id, 0 tagged fields
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """A parsed request header.
+
+    ``body_offset`` is the index in the frame where the request body starts
+    (after the client id, and after the tagged fields for header v2).
+    ``client_id`` is None when the client sent a null string, and for
+    header v0 which has no client id.
+    """
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    header_version: int
+    body_offset: int
+
+
+@functools.cache
+def _first_flexible_version(api_key: int) -> int | None:
+    """First flexible request version of ``api_key``, or None if none is.
+
+    Taken from kio's generated schemas (``__flexible__``); Kafka's message
+    JSON always declares flexibleVersions as "N+", so one number suffices.
+
+    :raises UnsupportedVersionError: if neither kio nor this module knows
+        the api key.
+    """
+    if api_key in _FIRST_FLEXIBLE_NOT_IN_KIO:
+        return _FIRST_FLEXIBLE_NOT_IN_KIO[api_key]
+    name = api_key_map.get(api_key)
+    if name is None:
+        raise UnsupportedVersionError(f"unknown api key {api_key}")
+    for version in sorted(schema_name_map[name]):
+        try:
+            cls = load_request_schema(api_key, version)
+        except KioIndexError:  # pragma: no cover - kio lists only real versions
+            continue
+        if cls.__flexible__:
+            return version
+    return None
+
+
+def is_flexible(api_key: int, api_version: int) -> bool:
+    """Whether ``api_version`` of ``api_key`` uses the flexible encoding.
+
+    Versions newer than kio knows count as flexible if the api has any
+    flexible version (Kafka's flexibleVersions are open-ended "N+"), so an
+    ApiVersions v9 header still parses (KIP-511).
+
+    :raises UnsupportedVersionError: unknown api key.
+    """
+    first = _first_flexible_version(api_key)
+    return first is not None and api_version >= first
+
+
+def request_header_version(api_key: int, api_version: int) -> int:
+    """Request header version (0, 1 or 2) for a request, as Kafka derives it.
+
+    :raises UnsupportedVersionError: unknown api key.
+    """
+    if api_key == _CONTROLLED_SHUTDOWN_KEY and api_version == 0:
+        return 0
+    return 2 if is_flexible(api_key, api_version) else 1
+
+
+def response_header_version(api_key: int, api_version: int) -> int:
+    """Response header version: 1 if the api version is flexible, else 0.
+
+    ApiVersions responses always use header v0, whatever the version, so a
+    client can read the error of a version it sent too new (KIP-511).
+
+    :raises UnsupportedVersionError: unknown api key.
+    """
+    if api_key == API_VERSIONS_KEY:
+        return 0
+    return 1 if is_flexible(api_key, api_version) else 0
+
+
+def readonly_buffer(frame: bytes | bytearray | memoryview) -> bytes | memoryview:
+    """``frame`` as something kio's native readers accept.
+
+    kio refuses writable buffers ("Received writable byte buffer where
+    read-only was expected"), e.g. a bytearray from a receive buffer; a
+    read-only memoryview over it is accepted and costs no copy.
+    """
+    if type(frame) is bytes:
+        return frame
+    return memoryview(frame).toreadonly()
+
+
+def _skip_tagged_fields(frame: bytes | memoryview, offset: int) -> int:
+    """Skip a tagged-field section starting at ``offset``; return the end.
+
+    Kafka ignores unknown tags but requires them strictly ascending
+    (``Readable.readUnknownTaggedField``/generated ``read`` methods).
+
+    :raises InvalidRequestError: truncated or malformed section.
+    """
+    end = len(frame)
+    try:
+        count, size = read_unsigned_varint(frame, offset)
+        offset += size
+        previous = -1
+        for _ in range(count):
+            tag, size = read_unsigned_varint(frame, offset)
+            offset += size
+            if tag <= previous:
+                raise InvalidRequestError(
+                    f"request header tagged fields out of order: tag {tag} after {previous}"
+                )
+            previous = tag
+            length, size = read_unsigned_varint(frame, offset)
+            offset += size + length
+            if offset > end:
+                raise InvalidRequestError("request header tagged field runs past the frame end")
+    except (SerialError, ValueError) as exc:
+        raise InvalidRequestError(f"malformed request header tagged fields: {exc}") from None
+    return offset
+
+
+def parse_request_header(frame: bytes | bytearray | memoryview) -> RequestHeader:
+    """Parse the request header at the start of ``frame`` (no size prefix).
+
+    Unknown tagged fields in a v2 header are skipped. The api version is not
+    checked against what we support (that is :func:`decode_request`'s job),
+    only the api key must be known to pick the header version.
+
+    :raises UnsupportedVersionError: unknown api key.
+    :raises InvalidRequestError: frame shorter than the header, client id
+        truncated or not UTF-8, malformed tagged fields.
+    """
+    frame = readonly_buffer(frame)
+    length = len(frame)
+    if length < _FIXED.size:
+        raise InvalidRequestError(
+            f"request frame of {length} bytes is shorter than the {_FIXED.size}-byte request header"
+        )
+    api_key, api_version, correlation_id = _FIXED.unpack_from(frame, 0)
+    header_version = request_header_version(api_key, api_version)
+    if header_version == 0:
+        return RequestHeader(api_key, api_version, correlation_id, None, 0, _FIXED.size)
+    try:
+        client_id, size = read_nullable_legacy_string(frame, _FIXED.size)
+    except SerialError as exc:
+        raise InvalidRequestError(
+            f"bad client_id in request header (api_key={api_key}, correlation_id={correlation_id}): {exc}"
+        ) from None
+    offset = _FIXED.size + size
+    if header_version == 2:
+        offset = _skip_tagged_fields(frame, offset)
+    return RequestHeader(api_key, api_version, correlation_id, client_id, header_version, offset)
+
+
+def encode_response(header: RequestHeader, body: bytes) -> bytes:
+    """Response header for ``header``'s request followed by ``body``.
+
+    Returns the frame *without* the 4-byte size prefix (the network layer
+    adds it).
+    """
+    if response_header_version(header.api_key, header.api_version) == 0:
+        return _RESPONSE_V0.pack(header.correlation_id) + body
+    return _RESPONSE_V1.pack(header.correlation_id, 0) + body

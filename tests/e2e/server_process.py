@@ -1,0 +1,83 @@
+"""Run ``pipeline serve`` as a real subprocess on a free 127.0.0.1 port, for tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LISTENING = re.compile(r"listening on (\S+):(\d+)")
+
+
+class ServerProcess:
+    """``pipeline serve --listen 127.0.0.1:0 ...``; ``bootstrap`` once started.
+
+    The server's stderr (its log) goes to ``log_path`` so a failing test can show it.
+    """
+
+    def __init__(self, data_dir: Path, *args: str, log_path: Path | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.args = list(args)
+        self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}-server.log"
+        self.proc: subprocess.Popen | None = None
+        self.host = "127.0.0.1"
+        self.port = 0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 180.0) -> "ServerProcess":
+        self._log = open(self.log_path, "ab")
+        cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--listen", "127.0.0.1:0",
+               "--data-dir", str(self.data_dir), *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + timeout_s
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        buf = b""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} before listening:\n{self.log_text()}")
+            if sel.select(timeout=0.5):
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                buf += chunk
+                m = LISTENING.search(buf.decode(errors="replace"))
+                if m:
+                    self.host, self.port = m.group(1), int(m.group(2))
+                    return self
+        self.kill()
+        raise TimeoutError(f"server did not listen within {timeout_s} s:\n{self.log_text()}")
+
+    def stop(self, timeout_s: float = 120.0) -> int:
+        """SIGTERM, wait for the ordered shutdown; returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-20000:]
+        except OSError:
+            return ""

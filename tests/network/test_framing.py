@@ -1,0 +1,100 @@
+"""FrameDecoder: coalesced and split frames, size checks (Kafka NetworkReceive)."""
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.network.framing import FrameDecoder, InvalidReceiveError, encode_frame
+
+
+def drain(decoder: FrameDecoder) -> list[bytes]:
+    frames = []
+    while (frame := decoder.next_frame()) is not None:
+        frames.append(frame)
+    return frames
+
+
+def feed_in_chunks(stream: bytes, cuts: list[int], max_bytes: int = 1 << 20) -> list[bytes]:
+    decoder = FrameDecoder(max_bytes)
+    frames: list[bytes] = []
+    points = sorted({c for c in cuts if 0 < c < len(stream)})
+    start = 0
+    for end in points + [len(stream)]:
+        decoder.receive_data(stream[start:end])
+        frames.extend(drain(decoder))
+        start = end
+    assert decoder.buffered_bytes == 0
+    return frames
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bodies=st.lists(st.binary(max_size=300), max_size=20),
+    data=st.data(),
+)
+def test_any_cut_points_decode_to_the_same_frames(bodies, data):
+    stream = b"".join(encode_frame(b) for b in bodies)
+    cuts = data.draw(st.lists(st.integers(0, max(len(stream), 1)), max_size=50))
+    assert feed_in_chunks(stream, cuts) == bodies
+
+
+@given(bodies=st.lists(st.binary(max_size=40), min_size=1, max_size=8))
+def test_one_byte_at_a_time(bodies):
+    stream = b"".join(encode_frame(b) for b in bodies)
+    assert feed_in_chunks(stream, list(range(len(stream)))) == bodies
+
+
+def test_coalesced_frames_in_one_read():
+    decoder = FrameDecoder()
+    decoder.receive_data(encode_frame(b"a") + encode_frame(b"") + encode_frame(b"ccc") + b"\x00\x00")
+    assert drain(decoder) == [b"a", b"", b"ccc"]
+    assert decoder.buffered_bytes == 2
+
+
+def test_zero_size_is_a_valid_empty_frame():
+    decoder = FrameDecoder()
+    decoder.receive_data(b"\x00\x00\x00\x00")
+    assert decoder.next_frame() == b""
+    assert decoder.next_frame() is None
+
+
+@given(size=st.integers(min_value=-(2**31), max_value=-1), split=st.integers(0, 3))
+def test_negative_size_is_rejected(size, split):
+    decoder = FrameDecoder()
+    prefix = struct.pack(">i", size)
+    decoder.receive_data(prefix[:split])
+    assert decoder.next_frame() is None  # not enough bytes to judge yet
+    decoder.receive_data(prefix[split:])
+    with pytest.raises(InvalidReceiveError, match="negative") as info:
+        decoder.next_frame()
+    assert info.value.size == size
+    with pytest.raises(InvalidReceiveError):  # poisoned: stays failed
+        decoder.next_frame()
+
+
+@given(max_bytes=st.integers(0, 10_000), excess=st.integers(1, 2**31 - 10_001))
+def test_oversize_is_rejected_before_buffering_the_body(max_bytes, excess):
+    decoder = FrameDecoder(max_bytes)
+    decoder.receive_data(struct.pack(">i", max_bytes + excess))
+    with pytest.raises(InvalidReceiveError, match="socket.request.max.bytes"):
+        decoder.next_frame()
+
+
+def test_size_equal_to_max_is_accepted():
+    decoder = FrameDecoder(5)
+    decoder.receive_data(encode_frame(b"12345"))
+    assert decoder.next_frame() == b"12345"
+
+
+def test_frames_before_an_invalid_size_are_delivered():
+    decoder = FrameDecoder(100)
+    decoder.receive_data(encode_frame(b"ok") + struct.pack(">i", -1))
+    assert decoder.next_frame() == b"ok"
+    with pytest.raises(InvalidReceiveError):
+        decoder.next_frame()
+
+
+def test_encode_frame_prefixes_big_endian_size():
+    assert encode_frame(b"abc") == b"\x00\x00\x00\x03abc"
