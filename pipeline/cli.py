@@ -34,10 +34,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="address to listen on (default 127.0.0.1:9092; port 0 picks a free one)")
     p.add_argument("--advertised-listener", type=host_port, default=None, metavar="HOST:PORT",
                    help="address given to clients in Metadata (default: the listen address)")
-    p.add_argument("--mode", choices=["multiqueue", "baseline"], default="multiqueue",
+    p.add_argument("--mode", choices=["multiqueue", "baseline", "shared-unmuted"], default="multiqueue",
                    help="multiqueue: N queues routed by crc32(connection id) %% N, one handler each "
                         "(AutoMQ); baseline: classic Kafka shared queue + handler pool + mute "
-                        "until response (default multiqueue)")
+                        "until response; shared-unmuted: benchmark ablation that breaks "
+                        "per-connection ordering on purpose (default multiqueue)")
     p.add_argument("--queues", type=positive_int, default=4,
                    help="multiqueue: number of request queues = RequestHandlers (default 4)")
     p.add_argument("--io-threads", type=positive_int, default=8,
@@ -63,6 +64,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the table lives: DATA_DIR/records (default ./data)")
     p.add_argument("--spark-master", default="local[*]",
                    help="Spark master URL, e.g. spark://127.0.0.1:7077 (default local[*], embedded)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: a free port)")
 
 
 def _config_from_args(args: argparse.Namespace):
@@ -87,6 +90,7 @@ def _config_from_args(args: argparse.Namespace):
         buffer_memory=args.buffer_memory,
         data_dir=args.data_dir,
         spark_master=args.spark_master,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -120,6 +124,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         server.shutdown()
 
                 host, port = await nursery.start(run_server)
+                if server.metrics_port is not None:
+                    print(f"metrics on http://127.0.0.1:{server.metrics_port}/metrics", flush=True)
                 print(f"pipeline {config.mode.value}: listening on {host}:{port}", flush=True)
                 nursery.start_soon(watch_signals)
 

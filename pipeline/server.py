@@ -48,6 +48,10 @@ class Mode(str, enum.Enum):
     """AutoMQ: N queues, one handler each, routed by connection; no muting."""
     BASELINE = "baseline"
     """Classic Kafka: one shared queue, a handler pool, mute until response."""
+    SHARED_UNMUTED = "shared-unmuted"
+    """Benchmark ablation: shared queue + handler pool, no mute, responses in
+    completion order. Breaks per-connection ordering on purpose, to show what
+    the multiqueue hashing (or baseline's mute) prevents."""
 
 
 @dataclass(slots=True)
@@ -75,6 +79,7 @@ class ServerConfig:
     buffer_memory: int = 256 * 1024 * 1024
     data_dir: Path = field(default_factory=lambda: Path("data"))
     spark_master: str = "local[*]"
+    metrics_port: int | None = None
     node_id: int = 0
     cluster_id: str = "pipeline"
 
@@ -125,6 +130,7 @@ class Server:
         self.persister: BatchingPersister | None = None
         self.handlers: list[RequestHandler] = []
         self.apis: KafkaApis | None = None
+        self.metrics_port: int | None = None
 
     @property
     def shutting_down(self) -> bool:
@@ -169,11 +175,13 @@ class Server:
             first_producer_id=time.time_ns() // 1_000_000,
         )
         mute = c.mode is Mode.BASELINE
+        ordered = c.mode is not Mode.SHARED_UNMUTED
 
         def channel_factory(connection_id: str, stream: trio.SocketStream) -> KafkaChannel:
             return KafkaChannel(
                 connection_id, stream, request_channel,
                 max_receive_bytes=c.socket_request_max_bytes, mute_after_request=mute,
+                ordered_responses=ordered,
             )
 
         self.processors = [Processor(i, channel_factory) for i in range(c.network_threads)]
@@ -212,9 +220,15 @@ class Server:
                 "mode %s: %s, %d network threads, persisting to %s",
                 c.mode.value,
                 f"{c.queues} queues" if c.mode is Mode.MULTIQUEUE else
-                f"shared queue of {c.queued_max_requests}, {c.io_threads} handlers",
+                f"shared queue of {c.queued_max_requests}, {c.io_threads} handlers"
+                + (", mute until response" if mute else ", no mute, unordered responses"),
                 c.network_threads, Path(c.data_dir).resolve() / "records",
             )
+            if c.metrics_port is not None:
+                from pipeline.metrics import serve_metrics
+
+                self.metrics_port = serve_metrics(self, c.metrics_port)
+                log.info("metrics on http://127.0.0.1:%d/metrics", self.metrics_port)
             task_status.started((host, port))
 
             await self._shutdown.wait()

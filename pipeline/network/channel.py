@@ -51,6 +51,8 @@ class KafkaChannel:
             previous one's response has been written.
         drain_timeout_s: how long a closing connection may wait for its
             in-flight responses (seconds).
+        ordered_responses: False only for the benchmark's shared-unmuted
+            ablation (responses written in completion order).
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class KafkaChannel:
         max_receive_bytes: int,
         mute_after_request: bool = False,
         drain_timeout_s: float = 60.0,
+        ordered_responses: bool = True,
     ) -> None:
         self.connection_id = connection_id
         self.client_software: tuple[str, str] | None = None
@@ -69,7 +72,7 @@ class KafkaChannel:
         self._stream = stream
         self._request_channel = request_channel
         self._decoder = FrameDecoder(max_receive_bytes)
-        self._sequencer = ResponseSequencer()
+        self._sequencer = ResponseSequencer(ordered=ordered_responses)
         self._mute_after_request = mute_after_request
         self._drain_timeout_s = drain_timeout_s
         self._read_scope = trio.CancelScope()

@@ -130,6 +130,12 @@ class KafkaApis:
         header = request.header
         view = apis.produce_view(apis.decode_request(header, request.frame))
         self.stats.produce_requests += 1
+        # A scheduling point between parsing and sequencing, where a thread of
+        # Kafka's handler pool could be preempted. Harmless with one handler
+        # per queue or with mute; with a shared queue and no mute it lets two
+        # handlers sequence one connection's requests out of order, which is
+        # the hazard the benchmark's shared-unmuted ablation must expose.
+        await trio.lowlevel.checkpoint()
         results: list[PartitionResult] = []
         valid: list[tuple[int, str, int, bytes, int]] = []  # (result index, topic, partition, records, count)
         for part in view.partitions:

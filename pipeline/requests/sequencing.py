@@ -42,25 +42,35 @@ class ResponseSequencer:
     ``register`` when a request is read, ``complete`` when its response (or
     the decision to send none) is known, in any order; ``pop_ready`` returns
     the completed responses at the head of the FIFO, in request order.
+
+    Args:
+        ordered: False only for the benchmark's ``shared-unmuted`` ablation:
+            ``pop_ready`` then returns responses in completion order, which
+            breaks Kafka's ordering promise on purpose.
     """
 
-    __slots__ = ("_next_token", "_order", "_done")
+    __slots__ = ("_ordered", "_next_token", "_order", "_cids", "_done", "_completion_order")
 
-    def __init__(self) -> None:
+    def __init__(self, ordered: bool = True) -> None:
+        self._ordered = ordered
         self._next_token = 0
-        self._order: deque[tuple[int, int]] = deque()  # (token, correlation_id)
+        self._order: deque[int] = deque()  # tokens in arrival order (ordered mode)
+        self._cids: dict[int, int] = {}  # in-flight token -> correlation id
         self._done: dict[int, bytes | None] = {}
+        self._completion_order: list[int] = []  # unordered mode
 
     @property
     def in_flight(self) -> int:
         """Requests registered whose responses have not been popped yet."""
-        return len(self._order)
+        return len(self._cids)
 
     def register(self, correlation_id: int) -> int:
         """Record a request in arrival order; returns the token to complete it with."""
         token = self._next_token
         self._next_token += 1
-        self._order.append((token, correlation_id))
+        self._cids[token] = correlation_id
+        if self._ordered:
+            self._order.append(token)
         return token
 
     def complete(self, token: int, payload: bytes | None) -> None:
@@ -69,19 +79,23 @@ class ResponseSequencer:
         Raises:
             SequencingError: ``token`` was never issued, or completed already.
         """
-        if token in self._done or not (
-            self._order and self._order[0][0] <= token < self._next_token
-        ):
+        if token not in self._cids or token in self._done:
             raise SequencingError(f"token {token} is not in flight")
         self._done[token] = payload
+        if not self._ordered:
+            self._completion_order.append(token)
 
     def pop_ready(self) -> list[ReadyResponse]:
-        """Remove and return the completed responses at the head, in request order."""
+        """Remove and return the responses that may be written now, in writing order."""
+        done, cids = self._done, self._cids
+        if not self._ordered:
+            tokens, self._completion_order = self._completion_order, []
+            return [ReadyResponse(cids.pop(t), done.pop(t)) for t in tokens]
         ready: list[ReadyResponse] = []
-        order, done = self._order, self._done
-        while order and order[0][0] in done:
-            token, correlation_id = order.popleft()
-            ready.append(ReadyResponse(correlation_id, done.pop(token)))
+        order = self._order
+        while order and order[0] in done:
+            token = order.popleft()
+            ready.append(ReadyResponse(cids.pop(token), done.pop(token)))
         return ready
 
 

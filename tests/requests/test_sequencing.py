@@ -62,3 +62,14 @@ def test_offsets_are_contiguous_per_partition():
     assert offsets.assign("u", 0, 1) == 42
     with pytest.raises(ValueError):
         offsets.assign("t", 0, 0)
+
+
+def test_unordered_mode_releases_in_completion_order():
+    seq = ResponseSequencer(ordered=False)
+    a, b = seq.register(1), seq.register(2)
+    seq.complete(b, b"B")
+    assert [r.correlation_id for r in seq.pop_ready()] == [2]
+    assert seq.in_flight == 1
+    seq.complete(a, b"A")
+    assert [r.correlation_id for r in seq.pop_ready()] == [1]
+    assert seq.in_flight == 0
