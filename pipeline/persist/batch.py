@@ -27,6 +27,9 @@ class PartitionAppend:
         log_append_time_ms: broker time (ms since epoch) when the handler
             appended it; used as the timestamp of batches whose attributes say
             LogAppendTime (timestampType 1).
+        producer_id, producer_epoch, base_sequence: the idempotent producer
+            fields of the first batch (-1 when the producer is not
+            idempotent); kept so producer state can be rebuilt on recovery.
     """
 
     topic: str
@@ -35,6 +38,9 @@ class PartitionAppend:
     records: bytes
     record_count: int
     log_append_time_ms: int
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
 
     @property
     def size_bytes(self) -> int:
