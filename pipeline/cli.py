@@ -64,6 +64,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the table lives: DATA_DIR/records (default ./data)")
     p.add_argument("--spark-master", default="local[*]",
                    help="Spark master URL, e.g. spark://127.0.0.1:7077 (default local[*], embedded)")
+    p.add_argument("--spark-remote", default=None, metavar="URL",
+                   help="Spark Connect server, e.g. sc://127.0.0.1:15002 (instead of --spark-master)")
+    p.add_argument("--ack-on", choices=["wal", "spark"], default="wal",
+                   help="acknowledge a produce once its records are fsynced in the write-ahead log "
+                        "(wal, default) or once the Spark write holding them has committed (spark)")
+    p.add_argument("--wal-segment-bytes", type=positive_int, default=64 * 1024 * 1024,
+                   help="roll WAL segment files at this size (default 64 MiB)")
+    p.add_argument("--wal-linger-ms", type=float, default=0.0,
+                   help="wait this long to gather more requests into one WAL fsync (default 0: "
+                        "group whatever arrived during the previous fsync)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: a free port)")
 
@@ -91,6 +101,10 @@ def _config_from_args(args: argparse.Namespace):
         data_dir=args.data_dir,
         spark_master=args.spark_master,
         metrics_port=args.metrics_port,
+        spark_remote=args.spark_remote,
+        ack_on=args.ack_on,
+        wal_segment_bytes=args.wal_segment_bytes,
+        wal_linger_ms=args.wal_linger_ms,
     )
 
 
@@ -100,10 +114,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pipeline.server import Server, SparkGroupSink
 
     config = _config_from_args(args)
-    log.info("starting Spark (%s); data in %s", config.spark_master, config.data_dir.resolve() / "records")
-    sink = SparkGroupSink(config.data_dir, config.spark_master)
+    log.info("starting Spark (%s); data in %s", config.spark_remote or config.spark_master,
+             config.data_dir.resolve() / "records")
+    sink = SparkGroupSink(config.data_dir, config.spark_master, config.spark_remote)
     sink.start()
     server = Server(config, sink)
+    try:
+        recovered = server.recover()
+    except BaseException:
+        sink.stop()
+        raise
+    log.info("recovered: %d partitions, %d producer batches, %d records replayed from the WAL",
+             len(recovered.checkpoint.end_offsets), len(recovered.checkpoint.producers),
+             recovered.replayed_records)
 
     async def main() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

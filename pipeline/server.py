@@ -32,10 +32,14 @@ from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
 from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.persister import BatchingPersister
+from pipeline.persist.recovery import Recovered, recover
+from pipeline.persist.state import StateStore
+from pipeline.persist.wal import WriteAheadLog
 from pipeline.protocol.apis import BrokerInfo
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import MultiQueueRequestChannel, RequestChannel, SharedRequestChannel
 from pipeline.requests.handler import KafkaApis, RequestHandler
+from pipeline.requests.producer_state import ProducerStateManager
 from pipeline.requests.sequencing import OffsetSequencer
 
 log = logging.getLogger(__name__)
@@ -79,50 +83,94 @@ class ServerConfig:
     buffer_memory: int = 256 * 1024 * 1024
     data_dir: Path = field(default_factory=lambda: Path("data"))
     spark_master: str = "local[*]"
+    ack_on: str = "wal"
+    wal_segment_bytes: int = 64 * 1024 * 1024
+    wal_linger_ms: float = 0.0
+    spark_remote: str | None = None
     metrics_port: int | None = None
     node_id: int = 0
     cluster_id: str = "pipeline"
 
 
-class GroupSink:
-    """Where flushed groups go. ``write`` is blocking and runs in a worker thread."""
+class SparkGroupSink:
+    """The table side of the persister: Arrow conversion + Spark, blocking (worker thread).
 
-    def start(self) -> None: ...
-    def write(self, appends: Sequence[PartitionAppend]) -> None: ...
-    def stop(self) -> None: ...
+    Args:
+        data_dir: table at ``data_dir/records``.
+        master: Spark master URL (``local[*]``, ``spark://...``).
+        remote: Spark Connect URL (``sc://...``); excludes ``master``.
+    """
 
-
-class SparkGroupSink(GroupSink):
-    """Decode a group's record batches into one Arrow table and append it with one Spark write."""
-
-    def __init__(self, data_dir: Path, master: str) -> None:
+    def __init__(self, data_dir: Path, master: str = "local[*]", remote: str | None = None) -> None:
         from pipeline.persist.spark_sink import SparkSink
 
-        self._sink = SparkSink(data_dir, master=master)
+        self._sink = SparkSink(data_dir, master=master, remote=remote) if remote else SparkSink(data_dir, master=master)
+        self.data_dir = data_dir
 
     def start(self) -> None:
         self._sink.start()
 
-    def write(self, appends: Sequence[PartitionAppend]) -> None:
-        from pipeline.persist.arrow import appends_to_table
-
-        self._sink.write(appends_to_table(appends))
-
     def stop(self) -> None:
         self._sink.stop()
 
+    def write(self, appends: Sequence[PartitionAppend],
+              exclude: set[tuple[str, int, int]] | None = None) -> None:
+        """One Spark append of ``appends`` minus the (topic, partition, offset) rows in ``exclude``."""
+        import pyarrow as pa
+
+        from pipeline.persist.arrow import appends_to_table
+
+        table = appends_to_table(appends)
+        if exclude:
+            keep = [
+                (t, p, o) not in exclude
+                for t, p, o in zip(table.column("topic").to_pylist(), table.column("partition").to_pylist(),
+                                   table.column("offset").to_pylist())
+            ]
+            table = table.filter(pa.array(keep, pa.bool_()))
+        self._sink.write(table)
+
+    def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
+        """Rows already in the table within [start, end) of each (topic, partition)."""
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        from pipeline.persist.spark_sink import read_records
+
+        if not ranges:
+            return set()
+        conditions = [
+            (F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") >= lo) & (F.col("offset") < hi)
+            for (t, p), (lo, hi) in ranges.items()
+        ]
+        df = read_records(self._sink.spark, self.data_dir).where(reduce(lambda a, b: a | b, conditions))
+        return {(r[0], r[1], r[2]) for r in df.select("topic", "partition", "offset").collect()}
+
+    def end_offsets(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> max(offset) + 1 over the whole table."""
+        from pipeline.persist.spark_sink import read_records
+
+        df = read_records(self._sink.spark, self.data_dir)
+        rows = df.groupBy("topic", "partition").agg({"offset": "max"}).collect()
+        return {(r[0], r[1]): r[2] + 1 for r in rows}
+
 
 class Server:
-    """One broker front end; ``serve`` runs it until ``shutdown``.
+    """One broker front end: ``recover`` (blocking), then ``serve`` until ``shutdown``.
 
     Args:
         config: see ServerConfig.
-        sink: where flushed groups go (already started).
+        sink: the table side (already started).
     """
 
-    def __init__(self, config: ServerConfig, sink: GroupSink) -> None:
+    def __init__(self, config: ServerConfig, sink: SparkGroupSink) -> None:
         self.config = config
         self.sink = sink
+        state_dir = Path(config.data_dir) / "_pipeline"
+        self.wal = WriteAheadLog(state_dir / "wal", segment_bytes=config.wal_segment_bytes)
+        self.store = StateStore(state_dir)
+        self.recovered: Recovered | None = None
         self._shutdown = trio.Event()
         self.address: tuple[str, int] | None = None
         self.processors: list[Processor] = []
@@ -131,6 +179,11 @@ class Server:
         self.handlers: list[RequestHandler] = []
         self.apis: KafkaApis | None = None
         self.metrics_port: int | None = None
+
+    def recover(self) -> Recovered:
+        """Replay the WAL into the table and rebuild offsets and producer state (blocking)."""
+        self.recovered = recover(self.sink, self.wal, self.store)
+        return self.recovered
 
     @property
     def shutting_down(self) -> bool:
@@ -159,20 +212,31 @@ class Server:
             port=c.advertised_port or port,
             cluster_id=c.cluster_id,
         )
+        recovered = self.recovered or self.recover()
+        checkpoint = recovered.checkpoint
         persister = BatchingPersister(
-            self.sink.write,
+            self.sink, self.wal, self.store, checkpoint,
             FlushPolicy(c.batch_max_records, c.batch_max_bytes, c.linger_ms),
+            wal_policy=FlushPolicy(max_records=1_000_000, max_bytes=8 * 1024 * 1024, linger_ms=c.wal_linger_ms),
+            ack_on=c.ack_on,  # type: ignore[arg-type]
             max_buffer_bytes=c.buffer_memory,
         )
         self.persister = persister
         request_channel, handler_count = self._build_request_channel()
         self.request_channel = request_channel
+        offsets = OffsetSequencer()
+        for (topic, partition), end in checkpoint.end_offsets.items():
+            offsets.restore(topic, partition, end)
+        producers = ProducerStateManager()
+        producers.restore(checkpoint.producers)
         self.apis = KafkaApis(
             broker,
-            TopicCatalog(c.num_partitions, c.auto_create_topics),
-            OffsetSequencer(),
+            TopicCatalog(c.num_partitions, c.auto_create_topics,
+                         {t: max(n, c.num_partitions) for t, n in checkpoint.topics.items()}),
+            offsets,
             persister,
             first_producer_id=time.time_ns() // 1_000_000,
+            producers=producers,
         )
         mute = c.mode is Mode.BASELINE
         ordered = c.mode is not Mode.SHARED_UNMUTED
@@ -191,6 +255,7 @@ class Server:
         ]
         async with trio.open_nursery() as nursery:
             await nursery.start(persister.run)
+            await nursery.start(self.apis.run_timeouts)
             handlers_done = trio.Event()
 
             async def run_handlers() -> None:
@@ -249,4 +314,5 @@ class Server:
             with trio.move_on_after(30):
                 await processors_done.wait()
             nursery.cancel_scope.cancel()
+        self.wal.close()
         log.info("stopped: %d flushes, %d records persisted", persister.stats.flushes, persister.stats.records)

@@ -1,16 +1,32 @@
-"""The batching persister: the trio task that turns appends into Spark writes.
+"""The persister: write-ahead log group commit, then batched Spark flushes.
 
-RequestHandlers call ``append`` with the sequenced appends of one request and
-a callback; the persister groups appends across requests (see
-``RecordAccumulator``), writes each group with ONE blocking call in a worker
-thread (decode to Arrow + one Spark append), and then calls every callback of
-the group, in append order, so produce responses are released only once their
-records are durable.
+Two stages, each a trio task that runs its blocking I/O in a worker thread,
+one call at a time, so each stage's next group fills while the current one is
+written (pipelined group commit):
 
-Flushes run one at a time: while group k is written, group k+1 fills, so under
-load groups grow by themselves (group commit). Memory is bounded: ``append``
-must be preceded by ``await wait_for_capacity()``, which blocks while more
-than ``max_buffer_bytes`` are buffered (Kafka producer ``buffer.memory``).
+1. **WAL stage.** Appends of many requests are grouped (``wal_policy``) and
+   written as one entry to the write-ahead log, then fsynced. With
+   ``ack_on="wal"`` (default) the requests' ``Commit`` handles resolve here:
+   the produce is acknowledged once its records survive a crash.
+2. **Spark stage.** Groups that reached the WAL are regrouped into large
+   flushes (``spark_policy``: batch-max-records/bytes, linger-ms) and written
+   with ONE Spark append each. With ``ack_on="spark"`` the Commits resolve
+   here. After each commit the persister saves a checkpoint (end offsets per
+   partition, committed producer state, the WAL position covered) and
+   truncates the WAL before that position.
+
+Completions are released strictly in group order. A failed Spark write is
+retried with capped exponential backoff for as long as it takes (the records
+are in the WAL, so nothing is dropped); before a retry the table is asked
+which offsets of the group already landed, and those rows are not written
+again, so a retried flush never duplicates rows. Requests that cannot wait
+that long are answered by the handler's timeout (REQUEST_TIMED_OUT), never
+with success. A WAL write failure is treated as Kafka treats a failed log
+directory: every later produce gets KAFKA_STORAGE_ERROR.
+
+Memory is bounded: ``append`` must be preceded by ``await wait_for_capacity()``,
+which blocks while more than ``max_buffer_bytes`` are buffered in both stages
+(Kafka producer ``buffer.memory``).
 """
 
 from __future__ import annotations
@@ -18,26 +34,76 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 import trio
 
 from pipeline.persist.accumulator import FlushGroup, FlushPolicy, FlushReason, RecordAccumulator
 from pipeline.persist.batch import PartitionAppend
+from pipeline.persist.state import Checkpoint, StateStore
+from pipeline.persist.wal import WalPosition, WriteAheadLog, encode_appends
+from pipeline.requests.producer_state import ProducerStateManager
 
 log = logging.getLogger(__name__)
 
-DurableCallback = Callable[[BaseException | None], None]
-"""Called once per ``append``: None when durable, else the error that prevented it."""
+AckOn = Literal["wal", "spark"]
 
-GroupWriter = Callable[[Sequence[PartitionAppend]], None]
-"""Blocking: makes the appends durable (one Spark write) or raises."""
+
+class StorageFailedError(Exception):
+    """The write-ahead log failed; produce requests are refused from now on."""
+
+
+class Commit:
+    """Durability of one request's appends: resolves once, with None or an error.
+
+    Callbacks added after resolution run at once. Used by the handler to
+    complete responses, and kept in producer state so a duplicate batch is
+    answered only once its original is durable.
+    """
+
+    __slots__ = ("done", "error", "_callbacks")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: BaseException | None = None
+        self._callbacks: list[Callable[[Commit], None]] = []
+
+    def add_callback(self, callback: Callable[[Commit], None]) -> None:
+        if self.done:
+            callback(self)
+        else:
+            self._callbacks.append(callback)
+
+    def resolve(self, error: BaseException | None = None) -> None:
+        if self.done:
+            return
+        self.done, self.error = True, error
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:  # one bad callback must not strand the others
+                log.exception("commit callback failed")
+
+
+class GroupSink(Protocol):
+    """The table side, blocking (runs in a worker thread)."""
+
+    def write(self, appends: Sequence[PartitionAppend],
+              exclude: set[tuple[str, int, int]] | None = None) -> None:
+        """One append of these records, minus the (topic, partition, offset) in ``exclude``."""
+
+    def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
+        """(topic, partition, offset) already in the table within [start, end) per partition."""
 
 
 @dataclass(slots=True)
 class PersisterStats:
-    """Counters since start (for logs, metrics and the benchmark)."""
+    """Counters since start (logs, metrics, benchmarks)."""
 
+    wal_writes: int = 0
+    wal_bytes: int = 0
+    wal_seconds: float = 0.0
     flushes: int = 0
     records: int = 0
     bytes: int = 0
@@ -47,141 +113,291 @@ class PersisterStats:
     last_flush_reason: str = ""
 
 
+@dataclass(slots=True)
+class _SparkWaiter:
+    commit: Commit | None          # resolved here when ack_on == "spark"
+    position: WalPosition
+
+
+def _ranges(appends: Sequence[PartitionAppend]) -> dict[tuple[str, int], tuple[int, int]]:
+    ranges: dict[tuple[str, int], tuple[int, int]] = {}
+    for a in appends:
+        key = (a.topic, a.partition)
+        end = a.base_offset + a.record_count
+        lo, hi = ranges.get(key, (a.base_offset, end))
+        ranges[key] = (min(lo, a.base_offset), max(hi, end))
+    return ranges
+
+
 class BatchingPersister:
-    """Groups appends and flushes them with ``writer``; see the module docstring.
+    """See the module docstring.
 
     Args:
-        writer: blocking function that persists one group (runs in a thread).
-        policy: flush limits (records, bytes, linger ms).
-        max_buffer_bytes: bytes buffered (filling + being written) above which
+        sink: the Spark side (``SparkGroupSink``).
+        wal: an opened WriteAheadLog.
+        store: where checkpoints go.
+        checkpoint: the checkpoint recovery ended with (end offsets, producer
+            state, WAL position); the persister continues from it.
+        spark_policy: flush limits of the Spark stage.
+        wal_policy: group-commit limits of the WAL stage (linger 0: write
+            whatever gathered while the previous fsync ran).
+        ack_on: "wal" or "spark": where Commits resolve.
+        max_buffer_bytes: bytes buffered in both stages above which
             ``wait_for_capacity`` blocks.
-        write_attempts: tries per group before its requests get an error.
-        retry_backoff_s: first delay between tries, doubled each time (seconds).
+        retry_backoff_s, max_retry_backoff_s: Spark retry delays (seconds).
+        shutdown_grace_s: at close, how long a failing Spark stage keeps
+            retrying before giving up (the WAL keeps the records).
     """
 
     def __init__(
         self,
-        writer: GroupWriter,
-        policy: FlushPolicy,
+        sink: GroupSink,
+        wal: WriteAheadLog,
+        store: StateStore,
+        checkpoint: Checkpoint,
+        spark_policy: FlushPolicy,
         *,
+        wal_policy: FlushPolicy = FlushPolicy(max_records=1_000_000, max_bytes=8 * 1024 * 1024, linger_ms=0),
+        ack_on: AckOn = "wal",
         max_buffer_bytes: int = 256 * 1024 * 1024,
-        write_attempts: int = 3,
-        retry_backoff_s: float = 0.5,
+        retry_backoff_s: float = 0.25,
+        max_retry_backoff_s: float = 5.0,
+        shutdown_grace_s: float = 30.0,
     ) -> None:
-        self._writer = writer
-        self._acc: RecordAccumulator[DurableCallback] = RecordAccumulator(policy)
+        if ack_on not in ("wal", "spark"):
+            raise ValueError(f"ack_on must be 'wal' or 'spark', got {ack_on!r}")
+        self._sink = sink
+        self._wal = wal
+        self._store = store
+        self.ack_on: AckOn = ack_on
+        self._wal_acc: RecordAccumulator[Commit] = RecordAccumulator(wal_policy)
+        self._spark_acc: RecordAccumulator[_SparkWaiter] = RecordAccumulator(spark_policy)
         self._max_buffer_bytes = max_buffer_bytes
-        self._write_attempts = max(1, write_attempts)
         self._retry_backoff_s = retry_backoff_s
-        self._writing_bytes = 0
-        self._wakeup = trio.Event()
+        self._max_retry_backoff_s = max_retry_backoff_s
+        self._shutdown_grace_s = shutdown_grace_s
+        self._in_wal_write = 0
+        self._in_spark_write = 0
+        self._wal_wakeup = trio.Event()
+        self._spark_wakeup = trio.Event()
         self._space = trio.Event()
         self._done = trio.Event()
+        self._failed: BaseException | None = None
+        self._closing_since: float | None = None
+        # What the table holds, as of the last Spark commit.
+        self._end_offsets = dict(checkpoint.end_offsets)
+        self._committed_producers = ProducerStateManager()
+        self._committed_producers.restore(checkpoint.producers)
+        self._topics = dict(checkpoint.topics)
         self.stats = PersisterStats()
 
-    @staticmethod
-    def _now_ms() -> float:
-        return trio.current_time() * 1000.0
+    # -- the handler's side ----------------------------------------------
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The WAL error that took storage offline, if any."""
+        return self._failed
 
     @property
     def buffered_records(self) -> int:
-        """Records in the group being filled."""
-        return self._acc.records
+        return self._wal_acc.records + self._spark_acc.records
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes waiting in the filling group plus the group being written."""
-        return self._acc.size_bytes + self._writing_bytes
+        """Bytes in both stages: filling, being written, waiting for Spark."""
+        return (self._wal_acc.size_bytes + self._in_wal_write
+                + self._spark_acc.size_bytes + self._in_spark_write)
 
     async def wait_for_capacity(self) -> None:
         """Block while more than ``max_buffer_bytes`` are buffered (backpressure)."""
-        while self.buffered_bytes >= self._max_buffer_bytes and not self._acc.closing:
-            self._wakeup.set()  # memory pressure is a flush trigger too
+        while self.buffered_bytes >= self._max_buffer_bytes and not self._wal_acc.closing:
+            self._spark_wakeup.set()  # memory pressure is a flush trigger
             await self._space.wait()
 
-    def append(self, appends: Sequence[PartitionAppend], on_durable: DurableCallback) -> None:
-        """Add one request's appends; ``on_durable`` is called once, after the flush.
+    def append(self, appends: Sequence[PartitionAppend]) -> Commit:
+        """Add one request's sequenced appends; returns its durability handle.
 
         Synchronous on purpose: the caller assigns offsets and appends without
         yielding in between, so groups hold offsets in sequencing order.
 
         Raises:
+            StorageFailedError: the WAL failed earlier.
             RuntimeError: after ``close``.
         """
-        self._acc.append(appends, on_durable, self._now_ms())
-        self._wakeup.set()
+        if self._failed is not None:
+            raise StorageFailedError(str(self._failed))
+        commit = Commit()
+        self._wal_acc.append(appends, commit, trio.current_time() * 1000.0)
+        for a in appends:
+            if self._topics.get(a.topic, 0) <= a.partition:
+                self._topics[a.topic] = a.partition + 1
+        self._wal_wakeup.set()
+        return commit
 
     def close(self) -> None:
-        """Flush what is buffered, then let ``run`` return. Idempotent."""
-        if not self._acc.closing:
-            self._acc.close()
-            self._wakeup.set()
+        """Write what is buffered, then let ``run`` return. Idempotent."""
+        if not self._wal_acc.closing:
+            self._wal_acc.close()
+            self._closing_since = trio.current_time()
+            self._wal_wakeup.set()
 
     async def wait_closed(self) -> None:
-        """Wait until ``run`` has flushed everything after ``close``."""
         await self._done.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The flush loop; returns after ``close`` once everything is flushed."""
-        task_status.started()
+        """Both stages; returns after ``close`` once everything is written (or given up)."""
         try:
-            while True:
-                reason = self._acc.ready(self._now_ms())
-                if reason is not None:
-                    await self._flush(self._acc.drain(reason))
-                    continue
-                if self._acc.closing and self._acc.pending == 0:
-                    return
-                deadline_ms = self._acc.linger_deadline_ms()
-                self._wakeup = trio.Event()
-                with trio.move_on_at(deadline_ms / 1000.0 if deadline_ms is not None else float("inf")):
-                    await self._wakeup.wait()
-                if self.buffered_bytes >= self._max_buffer_bytes and self._acc.pending:
-                    # Memory pressure (RecordAccumulator: "memory exhausted").
-                    await self._flush(self._acc.drain(FlushReason.MEMORY))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._wal_stage)
+                nursery.start_soon(self._spark_stage)
+                task_status.started()
         finally:
             self._done.set()
 
-    async def _flush(self, group: FlushGroup[DurableCallback]) -> None:
-        self._writing_bytes = group.size_bytes
-        error: BaseException | None = None
+    # -- stage 1: WAL group commit ---------------------------------------------
+
+    async def _wal_stage(self) -> None:
+        acc = self._wal_acc
+        try:
+            while True:
+                reason = acc.ready(trio.current_time() * 1000.0)
+                if reason is not None:
+                    await self._write_wal(acc.drain(reason))
+                    continue
+                if acc.closing and acc.pending == 0:
+                    return
+                self._wal_wakeup = trio.Event()
+                deadline = acc.linger_deadline_ms()
+                with trio.move_on_at(deadline / 1000.0 if deadline is not None else float("inf")):
+                    await self._wal_wakeup.wait()
+        finally:
+            self._spark_acc.close()
+            self._spark_wakeup.set()
+
+    async def _write_wal(self, group: FlushGroup[Commit]) -> None:
+        if self._failed is not None:
+            for commit in group.waiters:
+                commit.resolve(self._failed)
+            return
+        payload = encode_appends(group.appends)
+        self._in_wal_write = group.size_bytes
         started = time.perf_counter()
         try:
-            for attempt in range(1, self._write_attempts + 1):
-                try:
-                    # Not abandoned on cancel: a write in progress always finishes,
-                    # so its outcome is known before anyone is answered.
-                    await trio.to_thread.run_sync(self._writer, group.appends)
-                    error = None
-                    break
-                except Exception as exc:  # Spark raises many types; all mean "not durable"
-                    error = exc
-                    log.warning(
-                        "flush of %d records failed (attempt %d/%d): %s",
-                        group.records, attempt, self._write_attempts, exc,
-                    )
-                    if attempt < self._write_attempts:
-                        await trio.sleep(self._retry_backoff_s * 2 ** (attempt - 1))
+            position = await trio.to_thread.run_sync(self._wal.append, [payload])
+        except Exception as exc:  # disk full, I/O error: the log directory is gone
+            self._failed = exc
+            log.critical("write-ahead log append failed; refusing produce requests from now on: %s", exc)
+            for commit in group.waiters:
+                commit.resolve(exc)
+            return
         finally:
-            self._writing_bytes = 0
+            self._in_wal_write = 0
+        stats = self.stats
+        stats.wal_writes += 1
+        stats.wal_bytes += len(payload)
+        stats.wal_seconds += time.perf_counter() - started
+        spark_commit = None
+        if self.ack_on == "wal":
+            for commit in group.waiters:
+                commit.resolve(None)
+        else:
+            spark_commit = Commit()
+            waiters = list(group.waiters)
+
+            def release(c: Commit, waiters=waiters) -> None:
+                for commit in waiters:
+                    commit.resolve(c.error)
+
+            spark_commit.add_callback(release)
+        self._spark_acc.append(group.appends, _SparkWaiter(spark_commit, position),
+                               trio.current_time() * 1000.0)
+        self._spark_wakeup.set()
+
+    # -- stage 2: Spark flushes --------------------------------------------
+
+    async def _spark_stage(self) -> None:
+        acc = self._spark_acc
+        while True:
+            now_ms = trio.current_time() * 1000.0
+            reason = acc.ready(now_ms)
+            if reason is None and acc.pending and self.buffered_bytes >= self._max_buffer_bytes:
+                reason = FlushReason.MEMORY
+            if reason is not None:
+                if not await self._write_spark(acc.drain(reason)):
+                    return  # gave up at shutdown; the WAL keeps the rest
+                continue
+            if acc.closing and acc.pending == 0:
+                return
+            self._spark_wakeup = trio.Event()
+            deadline = acc.linger_deadline_ms()
+            with trio.move_on_at(deadline / 1000.0 if deadline is not None else float("inf")):
+                await self._spark_wakeup.wait()
+
+    async def _write_spark(self, group: FlushGroup[_SparkWaiter]) -> bool:
+        """Write one group until it succeeds; False if given up at shutdown."""
+        self._in_spark_write = group.size_bytes
+        backoff = self._retry_backoff_s
+        exclude: set[tuple[str, int, int]] | None = None
+        started = time.perf_counter()
+        attempt = 0
+        try:
+            while True:
+                attempt += 1
+                try:
+                    if attempt > 1:
+                        # The failed try may have landed some rows: never twice.
+                        exclude = await trio.to_thread.run_sync(
+                            self._sink.present_offsets, _ranges(group.appends))
+                    await trio.to_thread.run_sync(self._sink.write, group.appends, exclude)
+                    break
+                except Exception as exc:  # Spark raises many types; all mean "not written"
+                    self.stats.failed_flushes += 1
+                    log.warning("Spark flush of %d records failed (attempt %d), retrying in %.2f s: %s",
+                                group.records, attempt, backoff, str(exc).splitlines()[0] if str(exc) else exc)
+                    if (self._closing_since is not None
+                            and trio.current_time() - self._closing_since > self._shutdown_grace_s):
+                        log.error("giving up on Spark at shutdown: %d records stay in the WAL and are "
+                                  "written at the next start", self.buffered_records + group.records)
+                        for waiter in group.waiters:
+                            if waiter.commit is not None:
+                                waiter.commit.resolve(exc)
+                        return False
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, self._max_retry_backoff_s)
+        finally:
+            self._in_spark_write = 0
             space, self._space = self._space, trio.Event()
             space.set()
         elapsed = time.perf_counter() - started
         stats = self.stats
-        if error is None:
-            stats.flushes += 1
-            stats.records += group.records
-            stats.bytes += group.size_bytes
-            stats.write_seconds += elapsed
-            stats.last_flush_records = group.records
-            stats.last_flush_reason = group.reason.value if group.reason else ""
-            log.debug("flushed %d records (%d bytes, %s) in %.0f ms",
-                      group.records, group.size_bytes, stats.last_flush_reason, elapsed * 1000)
-        else:
-            stats.failed_flushes += 1
-            log.error("giving up on a flush of %d records: %s", group.records, error)
-        for on_durable in group.waiters:
-            try:
-                on_durable(error)
-            except Exception:  # one bad callback must not strand the others
-                log.exception("durable callback failed")
+        stats.flushes += 1
+        stats.records += group.records
+        stats.bytes += group.size_bytes
+        stats.write_seconds += elapsed
+        stats.last_flush_records = group.records
+        stats.last_flush_reason = group.reason.value if group.reason else ""
+        log.debug("flushed %d records (%d bytes, %s) in %.0f ms", group.records, group.size_bytes,
+                  stats.last_flush_reason, elapsed * 1000)
+        for a in group.appends:
+            key = (a.topic, a.partition)
+            self._end_offsets[key] = max(self._end_offsets.get(key, 0), a.base_offset + a.record_count)
+            if a.producer_id >= 0:
+                self._committed_producers.update(
+                    a.producer_id, a.producer_epoch, a.topic, a.partition, a.base_sequence,
+                    (a.base_sequence + a.record_count - 1) % 2**31, a.base_offset)
+        for waiter in group.waiters:
+            if waiter.commit is not None:
+                waiter.commit.resolve(None)
+        position = group.waiters[-1].position
+        checkpoint = Checkpoint(position, dict(self._end_offsets),
+                                self._committed_producers.snapshot(), dict(self._topics))
+        try:
+            await trio.to_thread.run_sync(self._checkpoint_and_truncate, checkpoint)
+        except Exception as exc:  # the next flush checkpoints again; replay is idempotent
+            log.warning("checkpoint after flush failed: %s", exc)
+        return True
+
+    def _checkpoint_and_truncate(self, checkpoint: Checkpoint) -> None:
+        self._store.save(checkpoint)
+        assert checkpoint.wal_position is not None
+        self._wal.truncate_before(checkpoint.wal_position)

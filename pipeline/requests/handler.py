@@ -17,6 +17,7 @@ whatever the number of handlers.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import time
@@ -26,23 +27,27 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from pipeline.persist.batch import PartitionAppend
-from pipeline.persist.persister import BatchingPersister
+from pipeline.persist.persister import BatchingPersister, Commit, StorageFailedError
 from pipeline.protocol import apis
-from pipeline.protocol.apis import BrokerInfo, PartitionResult
+from pipeline.protocol.apis import BrokerInfo, PartitionResult, ProducePartition
 from pipeline.protocol.errors import (
     CorruptRecordError,
     InvalidRequestError,
     UnsupportedRecordVersionError,
 )
 from pipeline.protocol.header import RequestHeader
-from pipeline.protocol.records import validate_records
+from pipeline.protocol.records import RecordsInfo, validate_records
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import Request
+from pipeline.requests.producer_state import BatchMetadata, ProducerStateManager, Verdict, next_sequence
 from pipeline.requests.sequencing import OffsetSequencer
 
 log = logging.getLogger(__name__)
 
 API_VERSIONS, METADATA, PRODUCE, INIT_PRODUCER_ID = 18, 3, 0, 22
+MIN_PRODUCE_TIMEOUT_MS = 1000
+"""Produce timeouts below this (ms) are raised to it: durability takes at least an fsync."""
+TIMEOUT_CHECK_INTERVAL_S = 0.1
 
 
 @dataclass(slots=True)
@@ -65,6 +70,7 @@ class KafkaApis:
         persister: where sequenced appends go.
         first_producer_id: first id InitProducerId hands out; the server seeds
             it from the wall clock (ms) so ids are not reused across restarts.
+        producers: idempotent producer state (recovered at start).
     """
 
     def __init__(
@@ -74,12 +80,16 @@ class KafkaApis:
         offsets: OffsetSequencer,
         persister: BatchingPersister,
         first_producer_id: int,
+        producers: ProducerStateManager | None = None,
     ) -> None:
         self.broker = broker
         self.catalog = catalog
         self.offsets = offsets
         self.persister = persister
+        self.producers = producers or ProducerStateManager()
         self._producer_ids = itertools.count(first_producer_id)
+        self._deadlines: list[tuple[float, int, PendingProduce]] = []
+        self._deadline_seq = itertools.count()
         self.stats = HandlerStats()
 
     async def handle(self, request: Request) -> None:
@@ -137,47 +147,73 @@ class KafkaApis:
         # the hazard the benchmark's shared-unmuted ablation must expose.
         await trio.lowlevel.checkpoint()
         results: list[PartitionResult] = []
-        valid: list[tuple[int, str, int, bytes, int]] = []  # (result index, topic, partition, records, count)
+        checked: list[tuple[int, ProducePartition, RecordsInfo]] = []
         for part in view.partitions:
             error = self._check_partition(view, part.topic, part.partition)
-            count = 0
             if error == ErrorCode.none.value:
                 try:
                     info = validate_records(part.records)
-                    count = info.record_count
                     if info.is_transactional:
                         error = ErrorCode.transactional_id_authorization_failed.value
+                    else:
+                        checked.append((len(results), part, info))
                 except CorruptRecordError as exc:
                     error = ErrorCode.corrupt_message.value
-                    log.warning("connection %s: %s-%d: %s", request.connection.connection_id,
-                                part.topic, part.partition, exc)
+                    self._log_partition_error(request, part, exc)
                 except UnsupportedRecordVersionError as exc:
                     error = ErrorCode.unsupported_for_message_format.value
-                    log.warning("connection %s: %s-%d: %s", request.connection.connection_id,
-                                part.topic, part.partition, exc)
-            if error == ErrorCode.none.value:
-                valid.append((len(results), part.topic, part.partition, part.records or b"", count))
-                results.append(PartitionResult(part.topic, part.partition, 0, log_start_offset=0))
-            else:
-                self.stats.partition_errors += 1
-                results.append(PartitionResult(part.topic, part.partition, error))
+                    self._log_partition_error(request, part, exc)
+            results.append(PartitionResult(part.topic, part.partition, error, log_start_offset=0))
 
-        appends: list[PartitionAppend] = []
-        if valid:
+        if checked:
             await self.persister.wait_for_capacity()
-            # From here to persister.append: no await (keeps offsets in order).
-            now_ms = int(time.time() * 1000)
-            for index, topic, partition, records, count in valid:
-                base = self.offsets.assign(topic, partition, count)
-                appends.append(PartitionAppend(topic, partition, base, records, count, now_ms))
-                results[index] = PartitionResult(topic, partition, 0, base_offset=base, log_start_offset=0)
-                self.stats.records += count
+        # From here to persister.append: no await, so offsets, producer state
+        # and the persister's groups all see requests in the same order.
+        appends: list[PartitionAppend] = []
+        appended: list[int] = []  # result indices of ``appends``
+        duplicates: list[tuple[int, BatchMetadata]] = []
+        now_ms = int(time.time() * 1000)
+        for index, part, info in checked:
+            verdict = self.producers.check(info.producer_id, info.producer_epoch, part.topic,
+                                           part.partition, info.base_sequence, info.last_sequence)
+            if verdict.verdict is Verdict.ERROR:
+                results[index] = PartitionResult(part.topic, part.partition, verdict.error_code)
+                continue
+            if verdict.verdict is Verdict.DUPLICATE:
+                assert verdict.duplicate is not None
+                duplicates.append((index, verdict.duplicate))
+                results[index] = PartitionResult(part.topic, part.partition, 0,
+                                                 base_offset=verdict.duplicate.base_offset, log_start_offset=0)
+                continue
+            base = self.offsets.assign(part.topic, part.partition, info.record_count)
+            appends.append(PartitionAppend(part.topic, part.partition, base, part.records or b"",
+                                           info.record_count, now_ms, info.producer_id,
+                                           info.producer_epoch, info.base_sequence))
+            appended.append(index)
+            results[index] = PartitionResult(part.topic, part.partition, 0, base_offset=base, log_start_offset=0)
+        commit = None
+        if appends:
+            try:
+                commit = self.persister.append(appends)
+            except StorageFailedError:
+                for index in appended:
+                    r = results[index]
+                    results[index] = PartitionResult(r.topic, r.partition, ErrorCode.kafka_storage_error.value)
+                appends, appended = [], []
+            else:
+                for a in appends:
+                    if a.producer_id >= 0:
+                        self.producers.update(a.producer_id, a.producer_epoch, a.topic, a.partition,
+                                              a.base_sequence, next_sequence(a.base_sequence, a.record_count - 1),
+                                              a.base_offset, ticket=commit)
+                self.stats.records += sum(a.record_count for a in appends)
+        self.stats.partition_errors += sum(1 for r in results if r.error_code)
 
         connection, token = request.connection, request.token
         if view.acks == 0:
-            if appends:
-                self.persister.append(appends, _log_unacked_failure)
             connection.complete(token, None)
+            if commit is not None:
+                commit.add_callback(_log_unacked_failure)
             failed = [r for r in results if r.error_code]
             if failed:
                 # acks=0 clients never read a response, so Kafka closes the
@@ -185,23 +221,30 @@ class KafkaApis:
                 connection.close(f"acks=0 produce failed for {len(failed)} partition(s), "
                                  f"first error code {failed[0].error_code}")
             return
-        if not appends:
-            connection.complete(token, apis.produce_response(header, results))
+        pending = PendingProduce(connection, token, header, results)
+        if commit is not None:
+            pending.wait_for(commit, appended)
+        for index, batch in duplicates:
+            if isinstance(batch.ticket, Commit):
+                pending.wait_for(batch.ticket, [index])
+        if pending.start():
             return
+        deadline = trio.current_time() + max(view.timeout_ms, MIN_PRODUCE_TIMEOUT_MS) / 1000.0
+        heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), pending))
 
-        def on_durable(error: BaseException | None) -> None:
-            final = results
-            if error is not None:
-                final = [
-                    r if r.error_code else PartitionResult(
-                        r.topic, r.partition, ErrorCode.kafka_storage_error.value,
-                        error_message=f"records could not be persisted: {error}"[:500],
-                    )
-                    for r in results
-                ]
-            connection.complete(token, apis.produce_response(header, final))
+    async def run_timeouts(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Answer produce requests not durable within their timeout (REQUEST_TIMED_OUT); runs until cancelled."""
+        task_status.started()
+        deadlines = self._deadlines
+        while True:
+            await trio.sleep(TIMEOUT_CHECK_INTERVAL_S)
+            now = trio.current_time()
+            while deadlines and deadlines[0][0] <= now:
+                heapq.heappop(deadlines)[2].time_out()
 
-        self.persister.append(appends, on_durable)
+    @staticmethod
+    def _log_partition_error(request: Request, part: ProducePartition, exc: Exception) -> None:
+        log.warning("connection %s: %s-%d: %s", request.connection.connection_id, part.topic, part.partition, exc)
 
     def _check_partition(self, view: apis.ProduceRequestView, topic: str, partition: int) -> int:
         if view.acks not in (0, 1, -1):
@@ -212,9 +255,69 @@ class KafkaApis:
         return ErrorCode.none.value
 
 
-def _log_unacked_failure(error: BaseException | None) -> None:
-    if error is not None:
-        log.error("acks=0 records could not be persisted: %s", error)
+def _log_unacked_failure(commit: Commit) -> None:
+    if commit.error is not None:
+        log.error("acks=0 records could not be persisted: %s", commit.error)
+
+
+class PendingProduce:
+    """A produce (acks 1/-1) waiting for durability of its records, or its timeout.
+
+    Its response is completed exactly once: when every Commit it waits for has
+    resolved (partitions of a failed Commit get KAFKA_STORAGE_ERROR), or at its
+    timeout, when partitions not yet durable get REQUEST_TIMED_OUT. Never
+    success for a record that is not durable.
+    """
+
+    __slots__ = ("connection", "token", "header", "results", "waiting", "answered", "_durable")
+
+    def __init__(self, connection, token: int, header: RequestHeader, results: list[PartitionResult]) -> None:
+        self.connection = connection
+        self.token = token
+        self.header = header
+        self.results = results
+        self.waiting = 0
+        self.answered = False
+        self._durable = [r.error_code != 0 for r in results]  # error results need no wait
+
+    def wait_for(self, commit: Commit, indices: list[int]) -> None:
+        for i in indices:
+            self._durable[i] = False
+        self.waiting += 1
+        commit.add_callback(lambda c: self._on_commit(c, indices))
+
+    def start(self) -> bool:
+        """Answer now if nothing needs waiting for; True if answered."""
+        if self.waiting == 0:
+            self._answer()
+        return self.answered
+
+    def _on_commit(self, commit: Commit, indices: list[int]) -> None:
+        for i in indices:
+            self._durable[i] = True
+            if commit.error is not None:
+                r = self.results[i]
+                self.results[i] = PartitionResult(
+                    r.topic, r.partition, ErrorCode.kafka_storage_error.value,
+                    error_message=f"records could not be persisted: {commit.error}"[:500])
+        self.waiting -= 1
+        if self.waiting == 0:
+            self._answer()
+
+    def time_out(self) -> None:
+        if self.answered:
+            return
+        for i, durable in enumerate(self._durable):
+            if not durable:
+                r = self.results[i]
+                self.results[i] = PartitionResult(r.topic, r.partition, ErrorCode.request_timed_out.value,
+                                                  error_message="records not durable within the request timeout")
+        self._answer()
+
+    def _answer(self) -> None:
+        if not self.answered:
+            self.answered = True
+            self.connection.complete(self.token, apis.produce_response(self.header, self.results))
 
 
 class RequestHandler:

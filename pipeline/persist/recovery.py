@@ -1,0 +1,101 @@
+"""Start-up recovery: bring the table up to date with the WAL, rebuild offsets and producer state.
+
+Runs before the server listens (blocking). Steps:
+
+1. Load the checkpoint (``state.py``). Without one (a new data dir, or a
+   table written before checkpoints existed), ask the table for each
+   partition's end offset.
+2. Open the WAL: a torn tail (an append whose fsync never returned, so never
+   acknowledged) is cut off; corruption in the middle stops the start.
+3. WAL entries after the checkpoint's position may or may not be in the table
+   (a crash can fall between the Spark commit and the checkpoint). Ask the
+   table which of their offsets it already holds and write only the others,
+   in one Spark write: replay never duplicates a row.
+4. Rebuild: every partition continues at the next offset after the highest
+   one in the table or the WAL; idempotent producer state is the checkpoint's
+   plus the replayed batches, so a producer retrying across the restart is
+   answered with its original offsets. Save a new checkpoint; truncate the WAL.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pipeline.persist.persister import GroupSink, _ranges
+from pipeline.persist.state import Checkpoint, StateStore
+from pipeline.persist.wal import WriteAheadLog, decode_appends
+from pipeline.requests.producer_state import ProducerStateManager, next_sequence
+
+log = logging.getLogger(__name__)
+
+
+class TableSink(GroupSink):
+    """A GroupSink that can also tell each partition's end offset (recovery without a checkpoint)."""
+
+    def end_offsets(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> max(offset) + 1 over the whole table."""
+
+
+@dataclass(slots=True)
+class Recovered:
+    """What recovery found and did.
+
+    Attributes:
+        checkpoint: the state to continue from (table and WAL agree with it).
+        replayed_records: records written from the WAL now.
+        skipped_records: WAL records already in the table (not written again).
+    """
+
+    checkpoint: Checkpoint
+    replayed_records: int = 0
+    skipped_records: int = 0
+
+
+def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore) -> Recovered:
+    """See the module docstring. Blocking.
+
+    Raises:
+        pipeline.persist.wal.WalCorruptionError: the WAL is damaged before its tail.
+        Whatever Spark raises if the table cannot be read or written.
+    """
+    checkpoint = store.load()
+    had_checkpoint = checkpoint is not None
+    if checkpoint is None:
+        checkpoint = Checkpoint(end_offsets=sink.end_offsets())
+        for (topic, partition) in checkpoint.end_offsets:
+            checkpoint.topics[topic] = max(checkpoint.topics.get(topic, 0), partition + 1)
+        if checkpoint.end_offsets:
+            log.info("no checkpoint: took end offsets of %d partitions from the table",
+                     len(checkpoint.end_offsets))
+    entries = wal.open()
+    after = checkpoint.wal_position
+    pending = [e for e in entries if after is None or e.position > after]
+    appends = [a for e in pending for a in decode_appends(e.payload)]
+    result = Recovered(checkpoint)
+    if appends:
+        present = sink.present_offsets(_ranges(appends))
+        total = sum(a.record_count for a in appends)
+        result.skipped_records = len(present)
+        result.replayed_records = total - len(present)
+        if result.replayed_records:
+            sink.write(appends, present)
+        log.info("recovery: %d WAL records after the checkpoint, %d written now, %d already in the table",
+                 total, result.replayed_records, result.skipped_records)
+    producers = ProducerStateManager()
+    producers.restore(checkpoint.producers)
+    for a in appends:
+        key = (a.topic, a.partition)
+        checkpoint.end_offsets[key] = max(checkpoint.end_offsets.get(key, 0), a.base_offset + a.record_count)
+        checkpoint.topics[a.topic] = max(checkpoint.topics.get(a.topic, 0), a.partition + 1)
+        if a.producer_id >= 0:
+            producers.update(a.producer_id, a.producer_epoch, a.topic, a.partition, a.base_sequence,
+                             next_sequence(a.base_sequence, a.record_count - 1), a.base_offset)
+    checkpoint.producers = producers.snapshot()
+    if pending:
+        checkpoint.wal_position = pending[-1].position
+    if pending or not had_checkpoint:
+        store.save(checkpoint)
+    if checkpoint.wal_position is not None:
+        wal.truncate_before(checkpoint.wal_position)
+    return result

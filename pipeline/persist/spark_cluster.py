@@ -1,0 +1,337 @@
+"""Start and stop Spark beyond the embedded ``local[*]``: a standalone cluster, a Connect server.
+
+``pipeline serve --spark-master spark://HOST:PORT`` needs a standalone Master
+with at least one Worker; ``--spark-remote sc://HOST:PORT`` needs a Spark
+Connect server. Both ship with the pyspark package (``bin/spark-class``,
+``bin/spark-submit`` and the ``spark-connect`` jar), so tests, benchmarks and
+users trying the cluster modes out can start them on this machine with:
+
+    with StandaloneCluster(work_dir) as cluster:      # cluster.master_url
+        ...
+    with ConnectServer(work_dir) as server:           # server.url
+        ...
+
+Every process binds to 127.0.0.1 (``--host``, ``SPARK_LOCAL_IP``, the gRPC
+binding address), runs in its own process group (so ``stop`` also ends the
+executor JVMs a Worker launched) and writes its log to ``work_dir``; a
+process that does not come up within ``timeout_s`` is stopped and reported
+with the tail of its log. Memory is kept modest (daemons 512 MiB of heap,
+executors and the Connect driver 1 GiB): a laptop or a 2-core CI runner.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import IO
+
+LOOPBACK = "127.0.0.1"
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+# Master's "Starting Spark master at spark://127.0.0.1:PORT" (Master.onStart).
+_MASTER_STARTED = re.compile(r"Starting Spark master at (spark://\S+)")
+# Worker's "Successfully registered with master spark://..." (Worker.handleRegisterResponse).
+_WORKER_REGISTERED = re.compile(r"Successfully registered with master")
+
+
+class SparkProcessError(RuntimeError):
+    """A Spark process exited, or did not come up in time; the message ends with its log tail."""
+
+
+def spark_home() -> Path:
+    """The Spark distribution inside the installed pyspark package (``bin/``, ``jars/``).
+
+    The package's own directory, not ``$SPARK_HOME``: the JVM side must be the
+    exact version of the Python side.
+    """
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port free on ``host`` right now (another process may take it before we bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """Whether ``host:port`` accepts a TCP connection."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _spark_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "SPARK_HOME": str(spark_home()),
+        # Master/Worker web UIs and every RPC endpoint bind here (Utils.localHostName).
+        "SPARK_LOCAL_IP": LOOPBACK,
+        "SPARK_LOCAL_HOSTNAME": LOOPBACK,
+        # Heap of the Master and Worker daemons themselves (default 1g).
+        "SPARK_DAEMON_MEMORY": "512m",
+    })
+    # The Master's REST submission server would take the fixed port 6066.
+    env["SPARK_MASTER_OPTS"] = f"{env.get('SPARK_MASTER_OPTS', '')} -Dspark.master.rest.enabled=false".strip()
+    env.update(extra or {})
+    return env
+
+
+class SparkProcess:
+    """One Spark JVM launched by a ``bin/`` script, its output appended to ``log_path``.
+
+    The child is the leader of a new process group: ``stop`` signals the group,
+    so the JVM ``spark-class`` execs into and anything it spawned (a Worker's
+    executors) go with it.
+    """
+
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.cmd = cmd
+        self.log_path = log_path
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            env=self.env, start_new_session=True,
+        )
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def fail(self, what: str) -> SparkProcessError:
+        return SparkProcessError(f"{self.name} {what}; log {self.log_path}:\n{self.log_tail()}")
+
+    def check_alive(self) -> None:
+        """Raises ``SparkProcessError`` (with the log tail) if the process has exited."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise self.fail(f"exited with code {self.proc.returncode}")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``timeout_s``. Safe to call twice."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self._signal_group(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    pass
+            # The leader may be gone while children it spawned (executors) linger.
+            self._signal_group(signal.SIGKILL)
+            if self.proc.poll() is None:
+                self.proc.wait(timeout_s)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, sig)  # pgid == pid: start_new_session
+        except ProcessLookupError:
+            pass
+
+
+def _wait_for(proc: SparkProcess, ready, what: str, timeout_s: float, poll_s: float = 0.25) -> None:
+    """Poll ``ready()`` until true; raise (stopping nothing) if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if ready():
+            return
+        proc.check_alive()
+        if time.monotonic() >= deadline:
+            raise proc.fail(f"did not {what} within {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+class StandaloneCluster:
+    """A standalone Master and one Worker on 127.0.0.1, as a context manager.
+
+    Args:
+        work_dir: logs (``master.log``, ``worker.log``) and the Worker's work
+            directory (``worker/``, one folder per application with executor logs).
+        cores: cores the Worker offers (``--cores``).
+        memory: memory the Worker offers its executors (``--memory``, e.g. "1g");
+            an application's ``spark.executor.memory`` (default 1g) must fit.
+        timeout_s: how long the Master may take to start, and the Worker to register.
+
+    Attributes:
+        master_url: ``spark://127.0.0.1:PORT`` once started (the Master picks a free port).
+
+    Raises (from ``start``/``__enter__``):
+        SparkProcessError: a process exited or was not ready in time; both are stopped.
+    """
+
+    def __init__(self, work_dir: str | os.PathLike[str], cores: int = 1, memory: str = "1g",
+                 timeout_s: float = 120.0) -> None:
+        self.work_dir = Path(work_dir).resolve()
+        self.cores = cores
+        self.memory = memory
+        self.timeout_s = timeout_s
+        self.master_url: str | None = None
+        self.master: SparkProcess | None = None
+        self.worker: SparkProcess | None = None
+
+    def start(self) -> "StandaloneCluster":
+        spark_class = str(spark_home() / "bin" / "spark-class")
+        env = _spark_env()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            # Port 0 for the RPC port and the web UI: the Master binds free ones
+            # and logs the URL it got, so there is no race for a pre-picked port.
+            self.master = SparkProcess(
+                "Spark Master",
+                [spark_class, MASTER_CLASS, "--host", LOOPBACK, "--port", "0", "--webui-port", "0"],
+                self.work_dir / "master.log", env,
+            )
+            self.master.start()
+
+            def master_started() -> bool:
+                m = _MASTER_STARTED.search(self.master.log_text())
+                if m:
+                    self.master_url = m.group(1)
+                return m is not None
+
+            _wait_for(self.master, master_started, "start", self.timeout_s)
+            self.worker = SparkProcess(
+                "Spark Worker",
+                [spark_class, WORKER_CLASS, self.master_url, "--host", LOOPBACK, "--port", "0",
+                 "--webui-port", "0", "--cores", str(self.cores), "--memory", self.memory,
+                 "--work-dir", str(self.work_dir / "worker")],
+                self.work_dir / "worker.log", env,
+            )
+            self.worker.start()
+            _wait_for(self.worker, lambda: bool(_WORKER_REGISTERED.search(self.worker.log_text())),
+                      "register with the Master", self.timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the Worker (and its executors), then the Master. Safe to call twice."""
+        for proc in (self.worker, self.master):
+            if proc is not None:
+                proc.stop()
+
+    def __enter__(self) -> "StandaloneCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ConnectServer:
+    """A Spark Connect server on 127.0.0.1, as a context manager.
+
+    Runs ``bin/spark-submit --class SparkConnectServer`` in the foreground (what
+    ``sbin/start-connect-server.sh`` runs through ``spark-daemon.sh``), so the
+    JVM is our child and ``stop`` ends it.
+
+    Args:
+        work_dir: holds ``connect-server.log``.
+        master: the master the server's own driver uses (``local[*]``, or a
+            ``StandaloneCluster``'s ``master_url``).
+        port: gRPC port; default a free one.
+        driver_memory: the server's heap (``--driver-memory``); every Arrow
+            table a client sends is materialised there.
+        conf: extra ``--conf`` settings for the server.
+        timeout_s: how long the server may take to accept connections.
+
+    Attributes:
+        url: ``sc://127.0.0.1:PORT``, for ``SparkSession.builder.remote``.
+
+    Raises (from ``start``/``__enter__``):
+        SparkProcessError: the server exited or did not listen in time; it is stopped.
+    """
+
+    # A produce flush of --batch-max-bytes (64 MiB) becomes a somewhat larger
+    # Arrow table. The client sends tables below
+    # spark.sql.session.localRelationCacheThreshold (64 MiB) inline in one
+    # gRPC message and larger ones as chunked artifacts, so the default
+    # 128 MiB inbound limit holds; 256 MiB leaves room for a raised threshold.
+    DEFAULT_CONF: dict[str, str] = {
+        "spark.connect.grpc.maxInboundMessageSize": str(256 * 1024 * 1024),
+        "spark.driver.host": LOOPBACK,
+        "spark.driver.bindAddress": LOOPBACK,
+        "spark.ui.enabled": "false",
+    }
+
+    def __init__(self, work_dir: str | os.PathLike[str], master: str = "local[*]",
+                 port: int | None = None, driver_memory: str = "1g",
+                 conf: dict[str, str] | None = None, timeout_s: float = 120.0) -> None:
+        self.work_dir = Path(work_dir).resolve()
+        self.master = master
+        self.port = port
+        self.driver_memory = driver_memory
+        self.conf = {**self.DEFAULT_CONF, **(conf or {})}
+        self.timeout_s = timeout_s
+        self.process: SparkProcess | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("ConnectServer is not started")
+        return f"sc://{LOOPBACK}:{self.port}"
+
+    def start(self) -> "ConnectServer":
+        if self.port is None:
+            self.port = free_port()
+        conf = {
+            **self.conf,
+            "spark.connect.grpc.binding.address": LOOPBACK,
+            "spark.connect.grpc.binding.port": str(self.port),
+        }
+        cmd = [str(spark_home() / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS,
+               "--name", "Spark Connect server", "--master", self.master,
+               "--driver-memory", self.driver_memory]
+        for key, value in conf.items():
+            cmd += ["--conf", f"{key}={value}"]
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.process = SparkProcess("Spark Connect server", cmd,
+                                    self.work_dir / "connect-server.log", _spark_env())
+        self.process.start()
+        try:
+            _wait_for(self.process, lambda: port_open(LOOPBACK, self.port),
+                      f"listen on {LOOPBACK}:{self.port}", self.timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL). Safe to call twice."""
+        if self.process is not None:
+            self.process.stop()
+
+    def __enter__(self) -> "ConnectServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

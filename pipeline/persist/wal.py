@@ -1,0 +1,502 @@
+"""Write-ahead log: produce requests are acknowledged once on local disk, Spark comes later.
+
+A Spark commit costs 200-300 ms, so with ``--ack-on wal`` a produce is
+acknowledged as soon as its appends are in this log and fsynced (group
+commit: one ``append`` call, one fsync, for many requests). The persister
+writes the log to Spark in large batches in the background and truncates it
+once the Spark commit covering it is checkpointed; after a crash (kill -9)
+``open`` returns the entries not yet truncated for replay. AutoMQ's WAL in
+front of object storage plays the same role.
+
+The file format mirrors Kafka's own record framing (a length, a CRC32C, the
+bytes), which is what lets ``open`` tell a torn tail (the last write, never
+acknowledged because its fsync never returned: truncated) from corruption in
+the middle of the log (refuse to start). ``encode_appends`` /
+``decode_appends`` are the pure codec of the server's payloads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+from pipeline.persist.batch import PartitionAppend
+
+try:
+    from crc32c import crc32c as _crc32c
+except ImportError:  # pragma: no cover - kafka-python's pure-Python fallback, ~100x slower
+    from kafka.record._crc32c import crc as _crc32c
+
+log = logging.getLogger(__name__)
+
+_ENTRY_HEADER = struct.Struct(">II")  # payload length (bytes), CRC32C of the payload
+_MAX_PAYLOAD = 2**32 - 1
+_SEGMENT_NAME = re.compile(r"^(\d{20})\.wal$")
+
+
+class WalCorruptionError(Exception):
+    """A bad entry with valid data after it, or in a segment that is not the last one.
+
+    Unlike a torn tail, this cannot be the unacknowledged last write, so
+    dropping it could lose acknowledged records: ``open`` refuses to start.
+    The message names the segment file and the byte position of the bad entry.
+    """
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class WalPosition:
+    """A place in the log, ordered by (segment, offset).
+
+    Attributes:
+        segment: segment base index (monotonic, 0, 1, 2, ...); the file is
+            ``f"{segment:020d}.wal"``.
+        offset: byte offset within that segment file of the END of an entry,
+            i.e. where the next entry starts.
+    """
+
+    segment: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class WalEntry:
+    """One entry returned by ``WriteAheadLog.open`` for replay.
+
+    Attributes:
+        position: end position of this entry.
+        payload: the bytes given to ``append`` (non-empty).
+    """
+
+    position: WalPosition
+    payload: bytes
+
+
+class WriteAheadLog:
+    """Append-only segment files ``<segment:020d>.wal`` in one directory.
+
+    Entry layout on disk, mirroring Kafka's own length + CRC framing of a
+    RecordBatch (batchLength, then a CRC32C)::
+
+        uint32 big-endian  payload length in bytes (> 0)
+        uint32 big-endian  CRC32C (Castagnoli) of the payload
+        payload
+
+    Entries are packed back to back, with no file header. A segment rolls
+    when it already holds ``segment_bytes``; one ``append`` group is never
+    split across segments, so a segment may overshoot by one group.
+
+    Methods block (file I/O, fsync) and are meant for a worker thread; they
+    are serialised by an internal lock, so ``truncate_before`` may run in
+    another thread than ``append``.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        segment_bytes: int = 64 * 1024 * 1024,
+        fsync: bool = True,
+    ) -> None:
+        """Configure the log; files are touched only by ``open``.
+
+        Args:
+            directory: where the segment files live (created by ``open``).
+            segment_bytes: roll to a new segment before an append when the
+                active one holds at least this many bytes (> 0).
+            fsync: fsync each append (and the directory when a segment is
+                created). Without it an acknowledged write survives a process
+                crash but not an OS crash or power loss.
+
+        Raises:
+            ValueError: segment_bytes <= 0.
+        """
+        if segment_bytes <= 0:
+            raise ValueError(f"segment_bytes must be > 0, got {segment_bytes}")
+        self.directory = os.fspath(directory)
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._sizes: dict[int, int] = {}  # segment -> bytes on disk, ascending
+        self._active: int | None = None  # index of the segment open for appending
+        self._fd: int | None = None
+        self._failed: BaseException | None = None
+        self._opened = False
+
+    # ------------------------------------------------------------------ open
+
+    def open(self) -> list[WalEntry]:
+        """Recover the log and open it for appending.
+
+        Creates the directory if needed, scans the segments in order and
+        returns every valid entry, oldest first, for replay. A torn tail of
+        the last segment (a partial entry, or a bad entry with no valid entry
+        anywhere after it, e.g. a zero-filled or half-written last write) is
+        truncated with a warning: it is a write whose fsync never returned,
+        so it was never acknowledged. The last segment is then opened for
+        appending (a new segment 0 in an empty directory).
+
+        Returns:
+            the entries, each with its payload and end position.
+
+        Raises:
+            WalCorruptionError: a bad entry (length 0 or past the end of the
+                file, or a CRC mismatch) followed by a valid entry, or a bad
+                entry in a segment that is not the last one.
+            RuntimeError: the log was opened already.
+            OSError: the directory or a segment cannot be read or written.
+        """
+        with self._lock:
+            if self._opened:
+                raise RuntimeError("write-ahead log is already open")
+            os.makedirs(self.directory, exist_ok=True)
+            segments = sorted(
+                int(m.group(1)) for name in os.listdir(self.directory)
+                if (m := _SEGMENT_NAME.match(name))
+            )
+            entries: list[WalEntry] = []
+            for i, segment in enumerate(segments):
+                path = self._path(segment)
+                with open(path, "rb") as f:
+                    data = f.read()
+                end, problem = _scan(data, segment, entries)
+                if problem is not None:
+                    if i != len(segments) - 1:
+                        raise WalCorruptionError(
+                            f"{path}: bad entry at byte {end} ({problem}) in a segment that is"
+                            f" not the last one; refusing to start"
+                        )
+                    after = _first_valid_entry(data, end + 1)
+                    if after is not None:
+                        raise WalCorruptionError(
+                            f"{path}: bad entry at byte {end} ({problem}) followed by a valid"
+                            f" entry at byte {after}; refusing to start"
+                        )
+                    log.warning(
+                        "write-ahead log %s: truncating torn tail of %d bytes at byte %d (%s);"
+                        " it was never acknowledged",
+                        path, len(data) - end, end, problem,
+                    )
+                    with open(path, "r+b") as f:
+                        f.truncate(end)
+                        if self.fsync:
+                            os.fsync(f.fileno())
+                self._sizes[segment] = end
+            if segments:
+                self._active = segments[-1]
+                self._fd = os.open(self._path(self._active), os.O_WRONLY | os.O_APPEND)
+            else:
+                self._create_segment(0)
+                if self.fsync:
+                    self._fsync_directory()
+            self._opened = True
+            return entries
+
+    # ---------------------------------------------------------------- append
+
+    def append(self, payloads: Sequence[bytes]) -> WalPosition:
+        """Append a group of entries with one write, then one fsync.
+
+        Rolls to a new segment first if the active one holds at least
+        ``segment_bytes``. With ``fsync`` the file (and the directory, when a
+        segment was created) is fsynced before returning, so the entries are
+        durable once this returns. An empty group writes nothing.
+
+        Args:
+            payloads: entry payloads, each 1 .. 2**32-1 bytes (bytes-like).
+
+        Returns:
+            the end position of the last entry (``end_position``).
+
+        Raises:
+            ValueError: an empty or oversized payload (nothing written).
+                Empty payloads are reserved so a zero-filled tail never
+                parses as entries.
+            RuntimeError: the log is not open, or an earlier fsync failed
+                (after a failed fsync the page cache may have dropped the
+                data: PostgreSQL's "fsyncgate"; restart and replay instead).
+            OSError: the write or fsync failed. After a failed write the
+                segment is cut back to its previous size and the log stays
+                usable (e.g. after ENOSPC); after a failed fsync it is not.
+        """
+        frames: list[bytes] = []
+        for payload in payloads:
+            size = len(payload)
+            if not 0 < size <= _MAX_PAYLOAD:
+                raise ValueError(f"a write-ahead log payload must be 1..{_MAX_PAYLOAD} bytes, got {size}")
+            frames.append(_ENTRY_HEADER.pack(size, _crc32c(payload)))
+            frames.append(payload)
+        data = b"".join(frames)
+        with self._lock:
+            self._check_usable()
+            assert self._active is not None and self._fd is not None
+            if not data:
+                return WalPosition(self._active, self._sizes[self._active])
+            created = False
+            if self._sizes[self._active] >= self.segment_bytes:
+                self._roll()
+                created = True
+            before = self._sizes[self._active]
+            try:
+                _write_all(self._fd, data)
+            except BaseException:
+                try:
+                    os.ftruncate(self._fd, before)
+                except OSError as exc:  # the segment now ends in garbage: unusable
+                    self._failed = exc
+                raise
+            self._sizes[self._active] = before + len(data)
+            if self.fsync:
+                try:
+                    os.fsync(self._fd)
+                    if created:
+                        self._fsync_directory()
+                except BaseException as exc:
+                    self._failed = exc
+                    raise
+            return WalPosition(self._active, self._sizes[self._active])
+
+    # -------------------------------------------------------------- truncate
+
+    def truncate_before(self, position: WalPosition) -> int:
+        """Delete the segments whose entries all end at or before ``position``.
+
+        A segment goes when it is not the active one and either precedes
+        ``position.segment`` or is that segment and ends at or before
+        ``position.offset``. Entries after ``position`` in a partly covered
+        segment stay and are replayed again after a crash (replay is
+        idempotent a layer up). The directory is not fsynced: a deletion
+        undone by a crash only replays entries again.
+
+        Returns:
+            bytes freed on disk.
+
+        Raises:
+            RuntimeError: the log is not open.
+            OSError: a segment file cannot be removed (the ones removed
+                before it stay removed).
+        """
+        with self._lock:
+            if not self._opened or self._active is None:
+                raise RuntimeError("write-ahead log is not open")
+            freed = 0
+            for segment, size in list(self._sizes.items()):
+                if segment == self._active or segment > position.segment:
+                    continue
+                if segment == position.segment and size > position.offset:
+                    continue
+                os.remove(self._path(segment))
+                del self._sizes[segment]
+                freed += size
+            return freed
+
+    def close(self) -> None:
+        """Close the active segment. Idempotent; the log cannot be reopened."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            self._active = None
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes in all segment files on disk (as of ``open`` and this log's writes)."""
+        with self._lock:
+            return sum(self._sizes.values())
+
+    @property
+    def end_position(self) -> WalPosition:
+        """Position after the last appended entry (where the next one starts).
+
+        Raises:
+            RuntimeError: the log is not open.
+        """
+        with self._lock:
+            if self._active is None:
+                raise RuntimeError("write-ahead log is not open")
+            return WalPosition(self._active, self._sizes[self._active])
+
+    # --------------------------------------------------------------- helpers
+
+    def _path(self, segment: int) -> str:
+        return os.path.join(self.directory, f"{segment:020d}.wal")
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise RuntimeError(f"write-ahead log failed earlier: {self._failed!r}") from self._failed
+        if self._fd is None:
+            raise RuntimeError("write-ahead log is not open")
+
+    def _create_segment(self, segment: int) -> None:
+        fd = os.open(self._path(segment), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        old, self._fd = self._fd, fd
+        self._active = segment
+        self._sizes[segment] = 0
+        if old is not None:
+            os.close(old)
+
+    def _roll(self) -> None:
+        # The old segment is complete: its last append was fsynced before it returned.
+        assert self._active is not None
+        self._create_segment(self._active + 1)
+
+    def _fsync_directory(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _entry_at(data: bytes, pos: int) -> tuple[int, str | None]:
+    """(end of the entry at ``pos``, None) if valid, else (pos, why it is not)."""
+    if len(data) - pos < _ENTRY_HEADER.size:
+        return pos, f"partial header of {len(data) - pos} bytes"
+    length, crc = _ENTRY_HEADER.unpack_from(data, pos)
+    end = pos + _ENTRY_HEADER.size + length
+    if length == 0:
+        return pos, "zero length"
+    if end > len(data):
+        return pos, f"length {length} runs {end - len(data)} bytes past the end of the file"
+    if _crc32c(memoryview(data)[pos + _ENTRY_HEADER.size:end]) != crc:
+        return pos, "CRC32C mismatch"
+    return end, None
+
+
+def _scan(data: bytes, segment: int, entries: list[WalEntry]) -> tuple[int, str | None]:
+    """Append the valid entries of one segment to ``entries``.
+
+    Returns (byte offset where the valid prefix ends, None when that is the
+    end of the file, else why the entry there is bad).
+    """
+    pos = 0
+    while pos < len(data):
+        end, problem = _entry_at(data, pos)
+        if problem is not None:
+            return pos, problem
+        entries.append(WalEntry(WalPosition(segment, end), data[pos + _ENTRY_HEADER.size:end]))
+        pos = end
+    return pos, None
+
+
+def _first_valid_entry(data: bytes, start: int) -> int | None:
+    """Smallest offset >= ``start`` where a valid entry begins, or None.
+
+    Decides whether a bad entry is a torn tail: a corrupted length field can
+    point anywhere, so every byte offset is a candidate. numpy finds the
+    offsets whose length field fits in the file (O(bytes), in 1 MiB chunks);
+    only those are CRC-checked, in order, stopping at the first valid one.
+    """
+    import numpy as np  # only on this (rare) recovery path
+
+    header = _ENTRY_HEADER.size
+    last = len(data) - header  # last offset with room for a header
+    chunk = 1 << 20
+    for lo in range(start, last + 1, chunk):
+        hi = min(lo + chunk, last + 1)
+        lengths = np.ndarray((hi - lo,), dtype=">u4", buffer=data, offset=lo, strides=(1,))
+        room = last - np.arange(lo, hi, dtype=np.int64)
+        for i in np.flatnonzero((lengths > 0) & (lengths <= room)):
+            if _entry_at(data, lo + int(i))[1] is None:
+                return lo + int(i)
+    return None
+
+
+# ----------------------------------------------------------------- payload codec
+
+_FORMAT_V1 = 1
+_GROUP_HEADER = struct.Struct(">BI")  # format byte, number of appends
+_TOPIC_LENGTH = struct.Struct(">H")
+# partition, base_offset, record_count, log_append_time_ms, producer_id,
+# producer_epoch, base_sequence, length of records: Kafka's widths (int32,
+# int64, int32, int64, int64, int16, int32) plus a uint32 byte count.
+_APPEND_FIXED = struct.Struct(">iqiqqhiI")
+
+
+def encode_appends(appends: Sequence[PartitionAppend]) -> bytes:
+    """Encode the appends of one WAL group as one payload (no I/O).
+
+    Layout (big-endian), format 1::
+
+        uint8  format (1)      uint32 number of appends
+        per append:
+            uint16 topic length (bytes), topic UTF-8
+            int32 partition, int64 base_offset, int32 record_count,
+            int64 log_append_time_ms, int64 producer_id, int16 producer_epoch,
+            int32 base_sequence, uint32 records length (bytes), records
+
+    Raises:
+        ValueError: a field does not fit its width (topic over 65535 UTF-8
+            bytes, records over 2**32-1 bytes, an integer out of range), or
+            a topic that is not encodable UTF-8 (lone surrogates).
+    """
+    parts: list[bytes] = [_GROUP_HEADER.pack(_FORMAT_V1, len(appends))]
+    for a in appends:
+        topic = a.topic.encode("utf-8")
+        try:
+            parts.append(_TOPIC_LENGTH.pack(len(topic)))
+            parts.append(topic)
+            parts.append(_APPEND_FIXED.pack(
+                a.partition, a.base_offset, a.record_count, a.log_append_time_ms,
+                a.producer_id, a.producer_epoch, a.base_sequence, len(a.records),
+            ))
+        except struct.error as exc:
+            raise ValueError(f"cannot encode append for {a.topic!r}-{a.partition}: {exc}") from None
+        parts.append(bytes(a.records))
+    return b"".join(parts)
+
+
+def decode_appends(payload: bytes) -> list[PartitionAppend]:
+    """Decode a payload of ``encode_appends`` (no I/O); every field round-trips exactly.
+
+    Raises:
+        ValueError: unknown format byte, truncated input, trailing bytes, an
+            append count that cannot fit the input, or a topic that is not
+            valid UTF-8.
+    """
+    view = memoryview(payload)
+    if len(view) < _GROUP_HEADER.size:
+        raise ValueError(f"WAL payload of {len(view)} bytes is shorter than its header")
+    version, count = _GROUP_HEADER.unpack_from(view, 0)
+    if version != _FORMAT_V1:
+        raise ValueError(f"unknown WAL payload format {version}")
+    min_append = _TOPIC_LENGTH.size + _APPEND_FIXED.size
+    if count * min_append > len(view) - _GROUP_HEADER.size:
+        raise ValueError(f"WAL payload claims {count} appends but has only {len(view)} bytes")
+    pos = _GROUP_HEADER.size
+    appends: list[PartitionAppend] = []
+    for _ in range(count):
+        if pos + min_append > len(view):
+            raise ValueError(f"WAL payload truncated at byte {pos}")
+        (topic_len,) = _TOPIC_LENGTH.unpack_from(view, pos)
+        pos += _TOPIC_LENGTH.size
+        if pos + topic_len + _APPEND_FIXED.size > len(view):
+            raise ValueError(f"WAL payload truncated in a topic name at byte {pos}")
+        try:
+            topic = str(view[pos:pos + topic_len], "utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"WAL payload has a topic that is not UTF-8 at byte {pos}: {exc}") from None
+        pos += topic_len
+        (partition, base_offset, record_count, log_append_time_ms, producer_id,
+         producer_epoch, base_sequence, records_len) = _APPEND_FIXED.unpack_from(view, pos)
+        pos += _APPEND_FIXED.size
+        if pos + records_len > len(view):
+            raise ValueError(f"WAL payload truncated in records at byte {pos}")
+        records = bytes(view[pos:pos + records_len])
+        pos += records_len
+        appends.append(PartitionAppend(
+            topic, partition, base_offset, records, record_count, log_append_time_ms,
+            producer_id, producer_epoch, base_sequence,
+        ))
+    if pos != len(view):
+        raise ValueError(f"WAL payload has {len(view) - pos} trailing bytes")
+    return appends
