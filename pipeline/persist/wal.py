@@ -132,20 +132,27 @@ class WriteAheadLog:
         """Recover the log and open it for appending.
 
         Creates the directory if needed, scans the segments in order and
-        returns every valid entry, oldest first, for replay. A torn tail of
-        the last segment (a partial entry, or a bad entry with no valid entry
-        anywhere after it, e.g. a zero-filled or half-written last write) is
-        truncated with a warning: it is a write whose fsync never returned,
-        so it was never acknowledged. The last segment is then opened for
-        appending (a new segment 0 in an empty directory).
+        returns every valid entry, oldest first, for replay. The last
+        segment is then opened for appending (a new segment 0 in an empty
+        directory).
+
+        A bad entry (partial header, length 0 or past the end of the file,
+        CRC mismatch) in the last segment is a torn tail unless a clean run
+        of valid entries starts somewhere after it and reaches the end of the
+        file (or a trailing run of zero bytes). A torn tail is a write whose
+        fsync never returned, so it was never acknowledged: it is truncated
+        with a warning giving its size in bytes. This handles one fault at a
+        time: a corrupted entry followed by valid ones that themselves end in
+        a torn write is taken for one long torn tail. (Kafka's
+        LogSegment.recover is looser: it truncates at any invalid batch.)
 
         Returns:
             the entries, each with its payload and end position.
 
         Raises:
-            WalCorruptionError: a bad entry (length 0 or past the end of the
-                file, or a CRC mismatch) followed by a valid entry, or a bad
-                entry in a segment that is not the last one.
+            WalCorruptionError: a bad entry followed by a clean run of
+                valid entries, or any bad entry in a segment that is not the
+                last one (segments roll only after an fsynced append).
             RuntimeError: the log was opened already.
             OSError: the directory or a segment cannot be read or written.
         """
@@ -169,11 +176,11 @@ class WriteAheadLog:
                             f"{path}: bad entry at byte {end} ({problem}) in a segment that is"
                             f" not the last one; refusing to start"
                         )
-                    after = _first_valid_entry(data, end + 1)
+                    after = _clean_run_after(data, end + 1)
                     if after is not None:
                         raise WalCorruptionError(
-                            f"{path}: bad entry at byte {end} ({problem}) followed by a valid"
-                            f" entry at byte {after}; refusing to start"
+                            f"{path}: bad entry at byte {end} ({problem}) followed by valid"
+                            f" entries from byte {after} to the end; refusing to start"
                         )
                     log.warning(
                         "write-ahead log %s: truncating torn tail of %d bytes at byte %d (%s);"
@@ -388,26 +395,66 @@ def _scan(data: bytes, segment: int, entries: list[WalEntry]) -> tuple[int, str 
     return pos, None
 
 
-def _first_valid_entry(data: bytes, start: int) -> int | None:
-    """Smallest offset >= ``start`` where a valid entry begins, or None.
+def _valid_run(data: bytes, pos: int, stop: int) -> bool:
+    """Whether valid entries run back to back from ``pos`` to an offset >= ``stop``."""
+    while pos < stop:
+        pos, problem = _entry_at(data, pos)
+        if problem is not None:
+            return False
+    return True
 
-    Decides whether a bad entry is a torn tail: a corrupted length field can
-    point anywhere, so every byte offset is a candidate. numpy finds the
-    offsets whose length field fits in the file (O(bytes), in 1 MiB chunks);
-    only those are CRC-checked, in order, stopping at the first valid one.
+
+def _clean_run_after(data: bytes, start: int) -> int | None:
+    """Smallest offset >= ``start`` that begins a clean run of entries, or None.
+
+    A clean run is valid entries back to back up to the end of ``data``, or up
+    to its trailing zero bytes (a crash can leave a zero-filled tail). A
+    corrupted length field can point anywhere, so every byte offset is a
+    candidate; numpy keeps those whose header and next two headers fit in
+    the file (O(bytes), 1 MiB chunks, a bool per byte), and only those are
+    CRC-checked, in order, each failing at its first bad entry.
     """
     import numpy as np  # only on this (rare) recovery path
 
+    n = len(data)
+    stop = len(data.rstrip(b"\x00"))
     header = _ENTRY_HEADER.size
-    last = len(data) - header  # last offset with room for a header
+    last = n - header  # last offset with room for a header
+    if start >= stop or start > last:
+        return None
+    raw = np.frombuffer(data, dtype=np.uint8)
+    plausible = np.zeros(n - start, dtype=bool)  # header at start + i: 0 < length <= room
     chunk = 1 << 20
     for lo in range(start, last + 1, chunk):
         hi = min(lo + chunk, last + 1)
         lengths = np.ndarray((hi - lo,), dtype=">u4", buffer=data, offset=lo, strides=(1,))
-        room = last - np.arange(lo, hi, dtype=np.int64)
-        for i in np.flatnonzero((lengths > 0) & (lengths <= room)):
-            if _entry_at(data, lo + int(i))[1] is None:
-                return lo + int(i)
+        plausible[lo - start:hi - start] = (lengths > 0) & (lengths <= last - np.arange(lo, hi, dtype=np.int64))
+
+    def length_at(offsets: np.ndarray) -> np.ndarray:
+        b = [raw[offsets + k].astype(np.int64) for k in range(4)]
+        return (b[0] << 24) | (b[1] << 16) | (b[2] << 8) | b[3]
+
+    def hop(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ok, next): ok where the offset is at/after ``stop`` or holds a plausible header."""
+        done = offsets >= stop
+        ok = done.copy()
+        ok[~done] = plausible[offsets[~done] - start]
+        nxt = offsets.copy()
+        live = ok & ~done
+        nxt[live] = offsets[live] + header + length_at(offsets[live])
+        return ok, nxt
+
+    for lo in range(start, stop, chunk):
+        hi = min(lo + chunk, stop)
+        offsets = lo + np.flatnonzero(plausible[lo - start:hi - start])
+        keep = np.ones(len(offsets), dtype=bool)
+        nxt = offsets
+        for _ in range(3):  # the candidate's header and the next two
+            ok, nxt = hop(nxt)
+            keep &= ok
+        for q in offsets[keep]:
+            if _valid_run(data, int(q), stop):
+                return int(q)
     return None
 
 

@@ -47,9 +47,10 @@ def metadata(*topics: str) -> MetadataRequest:
                            include_topic_authorized_operations=False)
 
 
-def produce(topic: str, values: list[bytes], acks: int = -1, partition: int = 0) -> ProduceRequest:
+def produce(topic: str, values: list[bytes], acks: int = -1, partition: int = 0,
+            timeout_ms: int = 30_000) -> ProduceRequest:
     return ProduceRequest(
-        transactional_id=None, acks=i16(acks), timeout=datetime.timedelta(seconds=30),
+        transactional_id=None, acks=i16(acks), timeout=datetime.timedelta(milliseconds=timeout_ms),
         topic_data=(TopicProduceData(name=topic, partition_data=(
             PartitionProduceData(index=i32(partition), records=record_batch(values)),)),),
     )

@@ -20,13 +20,13 @@ class ServerProcess:
     The server's stderr (its log) goes to ``log_path`` so a failing test can show it.
     """
 
-    def __init__(self, data_dir: Path, *args: str, log_path: Path | None = None) -> None:
+    def __init__(self, data_dir: Path, *args: str, log_path: Path | None = None, port: int = 0) -> None:
         self.data_dir = Path(data_dir)
         self.args = list(args)
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}-server.log"
         self.proc: subprocess.Popen | None = None
         self.host = "127.0.0.1"
-        self.port = 0
+        self.port = port
 
     @property
     def bootstrap(self) -> str:
@@ -34,7 +34,7 @@ class ServerProcess:
 
     def start(self, timeout_s: float = 180.0) -> "ServerProcess":
         self._log = open(self.log_path, "ab")
-        cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--listen", "127.0.0.1:0",
+        cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--listen", f"127.0.0.1:{self.port}",
                "--data-dir", str(self.data_dir), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -68,9 +68,12 @@ class ServerProcess:
             self._log.close()
 
     def kill(self) -> None:
+        """SIGKILL (a crash: no shutdown, no flush) and reap."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
 
     @property
     def running(self) -> bool:

@@ -1,0 +1,82 @@
+"""ProducerStateManager: Kafka's idempotent-producer sequence rules, no I/O."""
+
+from kio.schema.errors import ErrorCode
+
+from pipeline.requests.producer_state import (
+    BATCHES_KEPT,
+    MAX_SEQUENCE,
+    ProducerStateManager,
+    Verdict,
+    next_sequence,
+)
+
+PID, EPOCH, T, P = 1000, 0, "t", 0
+
+
+def appended(state: ProducerStateManager, first: int, last: int, offset: int, epoch: int = EPOCH) -> None:
+    assert state.check(PID, epoch, T, P, first, last).verdict is Verdict.APPEND
+    state.update(PID, epoch, T, P, first, last, offset, ticket=f"commit-{first}")
+
+
+def test_in_sequence_batches_are_appended():
+    state = ProducerStateManager()
+    appended(state, 0, 9, 0)
+    appended(state, 10, 14, 10)
+
+
+def test_retry_of_a_recent_batch_is_a_duplicate_with_its_original_offset():
+    state = ProducerStateManager()
+    appended(state, 0, 9, 100)
+    appended(state, 10, 19, 110)
+    check = state.check(PID, EPOCH, T, P, 0, 9)
+    assert check.verdict is Verdict.DUPLICATE
+    assert check.duplicate.base_offset == 100 and check.duplicate.ticket == "commit-0"
+
+
+def test_only_the_last_five_batches_are_remembered():
+    state = ProducerStateManager()
+    for k in range(BATCHES_KEPT + 1):
+        appended(state, k, k, k)
+    assert state.check(PID, EPOCH, T, P, 0, 0).verdict is Verdict.ERROR  # forgotten: out of order
+    assert state.check(PID, EPOCH, T, P, 1, 1).verdict is Verdict.DUPLICATE
+
+
+def test_a_gap_is_out_of_order():
+    state = ProducerStateManager()
+    appended(state, 0, 4, 0)
+    check = state.check(PID, EPOCH, T, P, 6, 7)
+    assert check.verdict is Verdict.ERROR
+    assert check.error_code == ErrorCode.out_of_order_sequence_number.value
+
+
+def test_epochs_fence_and_restart_sequences():
+    state = ProducerStateManager()
+    appended(state, 0, 4, 0, epoch=3)
+    assert state.check(PID, 2, T, P, 5, 5).error_code == ErrorCode.invalid_producer_epoch.value
+    assert state.check(PID, 4, T, P, 5, 5).error_code == ErrorCode.out_of_order_sequence_number.value
+    appended(state, 0, 0, 5, epoch=4)
+
+
+def test_unknown_producer_must_start_at_zero():
+    state = ProducerStateManager()
+    assert state.check(PID, EPOCH, T, P, 7, 9).error_code == ErrorCode.unknown_producer_id.value
+    assert state.check(-1, -1, T, P, -1, -1).verdict is Verdict.APPEND  # not idempotent: no checks
+
+
+def test_sequences_wrap_at_int32_max():
+    assert next_sequence(MAX_SEQUENCE) == 0
+    state = ProducerStateManager()
+    appended(state, 0, 0, 0)
+    state.update(PID, EPOCH, T, P, MAX_SEQUENCE - 1, MAX_SEQUENCE, 1)
+    assert state.check(PID, EPOCH, T, P, 0, 3).verdict is Verdict.APPEND
+
+
+def test_partitions_are_independent_and_snapshot_round_trips():
+    state = ProducerStateManager()
+    appended(state, 0, 9, 0)
+    state.update(PID, EPOCH, T, 1, 0, 2, 50)
+    restored = ProducerStateManager()
+    restored.restore(state.snapshot())
+    assert restored.snapshot() == state.snapshot()
+    assert restored.check(PID, EPOCH, T, 1, 0, 2).duplicate.base_offset == 50
+    assert restored.check(PID, EPOCH, T, P, 10, 10).verdict is Verdict.APPEND
