@@ -395,24 +395,20 @@ def _scan(data: bytes, segment: int, entries: list[WalEntry]) -> tuple[int, str 
     return pos, None
 
 
-def _valid_run(data: bytes, pos: int, stop: int) -> bool:
-    """Whether valid entries run back to back from ``pos`` to an offset >= ``stop``."""
-    while pos < stop:
-        pos, problem = _entry_at(data, pos)
-        if problem is not None:
-            return False
-    return True
-
-
 def _clean_run_after(data: bytes, start: int) -> int | None:
     """Smallest offset >= ``start`` that begins a clean run of entries, or None.
 
     A clean run is valid entries back to back up to the end of ``data``, or up
     to its trailing zero bytes (a crash can leave a zero-filled tail). A
     corrupted length field can point anywhere, so every byte offset is a
-    candidate; numpy keeps those whose header and next two headers fit in
-    the file (O(bytes), 1 MiB chunks, a bool per byte), and only those are
-    CRC-checked, in order, each failing at its first bad entry.
+    candidate. Cost stays near linear in the bytes after ``start``:
+
+    1. numpy follows the length fields alone, for every offset at once
+       (pointer jumping in 1 MiB chunks, from the end backwards), and keeps
+       the offsets whose chain of plausible headers lands on the end;
+    2. only those are CRC-checked, walking each chain from its end back, with
+       every entry's verdict memoised: a CRC is computed at most once per
+       offset, and chains that merge share the work.
     """
     import numpy as np  # only on this (rare) recovery path
 
@@ -420,41 +416,48 @@ def _clean_run_after(data: bytes, start: int) -> int | None:
     stop = len(data.rstrip(b"\x00"))
     header = _ENTRY_HEADER.size
     last = n - header  # last offset with room for a header
-    if start >= stop or start > last:
+    if start >= stop:
         return None
-    raw = np.frombuffer(data, dtype=np.uint8)
-    plausible = np.zeros(n - start, dtype=bool)  # header at start + i: 0 < length <= room
+    # reaches[i]: the length chain from offset start + i lands in [stop, n].
+    reaches = np.zeros(n + 1 - start, dtype=bool)
+    reaches[stop - start:] = True
     chunk = 1 << 20
-    for lo in range(start, last + 1, chunk):
-        hi = min(lo + chunk, last + 1)
-        lengths = np.ndarray((hi - lo,), dtype=">u4", buffer=data, offset=lo, strides=(1,))
-        plausible[lo - start:hi - start] = (lengths > 0) & (lengths <= last - np.arange(lo, hi, dtype=np.int64))
+    for hi in range(stop, start, -chunk):
+        lo = max(start, hi - chunk)
+        offsets = np.arange(lo, hi, dtype=np.int64)
+        targets = np.full(hi - lo, -1, dtype=np.int64)  # -1: the chain breaks
+        top = min(hi, last + 1)  # offsets with room for a header
+        if top > lo:
+            lengths = np.ndarray((top - lo,), dtype=">u4", buffer=data, offset=lo, strides=(1,))
+            fits = (lengths > 0) & (lengths <= last - offsets[:top - lo])
+            targets[:top - lo] = np.where(fits, offsets[:top - lo] + header + lengths, -1)
+        inside = targets >= lo  # targets are > their offset: inside means < hi too, or resolved
+        inside &= targets < hi
+        while inside.any():
+            targets[inside] = targets[targets[inside] - lo]
+            inside = (targets >= lo) & (targets < hi)
+        ok = targets >= 0
+        block = np.zeros(hi - lo, dtype=bool)
+        block[ok] = reaches[targets[ok] - start]
+        reaches[lo - start:hi - start] = block
 
-    def length_at(offsets: np.ndarray) -> np.ndarray:
-        b = [raw[offsets + k].astype(np.int64) for k in range(4)]
-        return (b[0] << 24) | (b[1] << 16) | (b[2] << 8) | b[3]
+    verdicts: dict[int, bool] = {}  # offset -> a clean run starts there
 
-    def hop(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ok, next): ok where the offset is at/after ``stop`` or holds a plausible header."""
-        done = offsets >= stop
-        ok = done.copy()
-        ok[~done] = plausible[offsets[~done] - start]
-        nxt = offsets.copy()
-        live = ok & ~done
-        nxt[live] = offsets[live] + header + length_at(offsets[live])
-        return ok, nxt
+    def clean(q: int) -> bool:
+        path = []
+        t = q
+        while t < stop and t not in verdicts:
+            path.append(t)
+            t += header + int.from_bytes(data[t:t + 4], "big")
+        ok = t >= stop or verdicts[t]
+        for node in reversed(path):
+            ok = ok and _entry_at(data, node)[1] is None
+            verdicts[node] = ok
+        return ok
 
-    for lo in range(start, stop, chunk):
-        hi = min(lo + chunk, stop)
-        offsets = lo + np.flatnonzero(plausible[lo - start:hi - start])
-        keep = np.ones(len(offsets), dtype=bool)
-        nxt = offsets
-        for _ in range(3):  # the candidate's header and the next two
-            ok, nxt = hop(nxt)
-            keep &= ok
-        for q in offsets[keep]:
-            if _valid_run(data, int(q), stop):
-                return int(q)
+    for q in np.flatnonzero(reaches[:stop - start]):
+        if clean(start + int(q)):
+            return start + int(q)
     return None
 
 

@@ -240,6 +240,48 @@ def test_flipped_byte_in_last_entry_is_a_torn_tail(tmp_path, at, caplog):
     wal.close()
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 60), min_size=2, max_size=8),
+    data=st.data(),
+)
+def test_any_flipped_byte_before_the_last_entry_refuses_to_start(sizes, data):
+    """Whatever byte of a non-last entry flips (length, CRC or payload), the entries after it are a clean run."""
+    group = [data.draw(st.binary(min_size=n, max_size=n)) for n in sizes]
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        write_groups(directory, [group], segment_bytes=1 << 20)
+        path = segment_files(directory)[0]
+        last_start = path.stat().st_size - HEADER - sizes[-1]
+        at = data.draw(st.integers(0, last_start - 1))
+        flip(path, at)
+        with pytest.raises(WalCorruptionError, match="refusing to start"):
+            opened(directory)
+
+
+def test_clean_run_ending_in_zero_fill_still_counts_as_corruption(tmp_path):
+    path, _ = three_entries(tmp_path)
+    flip(path, 60)  # payload of the middle entry
+    with path.open("ab") as f:
+        f.write(bytes(1000))
+    with pytest.raises(WalCorruptionError, match="followed by valid entries from byte 106"):
+        opened(tmp_path)
+
+
+def test_a_wal_frame_inside_a_torn_payload_is_not_guessed_away(tmp_path):
+    """The one case the torn-tail rule cannot tell apart: it refuses to start rather than drop data."""
+    import crc32c
+
+    inner = struct.pack(">II", 3, crc32c.crc32c(b"abc")) + b"abc"
+    wal, _ = opened(tmp_path)
+    wal.append([b"ok", b"#" * 20 + inner + b"#" * 20])
+    wal.close()
+    path = segment_files(tmp_path)[0]
+    os.truncate(path, 10 + HEADER + 20 + len(inner))
+    with pytest.raises(WalCorruptionError, match="from byte 38 to the end"):
+        opened(tmp_path)
+
+
 def test_bad_entry_in_a_non_last_segment_refuses_to_start(tmp_path):
     wal, _ = opened(tmp_path, segment_bytes=10)
     wal.append([b"first"])
