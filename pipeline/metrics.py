@@ -42,10 +42,17 @@ class ServerCollector:
                                       value=st.partition_errors)
         if s.persister is not None:
             ps = s.persister.stats
-            yield CounterMetricFamily("pipeline_records_persisted", "Records made durable", value=ps.records)
+            yield CounterMetricFamily("pipeline_wal_writes", "WAL group commits (one fsync each)",
+                                      value=ps.wal_writes)
+            yield CounterMetricFamily("pipeline_wal_bytes", "Bytes appended to the WAL", value=ps.wal_bytes)
+            yield CounterMetricFamily("pipeline_wal_write_seconds", "Seconds spent in WAL append + fsync",
+                                      value=ps.wal_seconds)
+            yield CounterMetricFamily("pipeline_records_persisted", "Records written to the Spark table",
+                                      value=ps.records)
             yield CounterMetricFamily("pipeline_flushes", "Successful flushes (one Spark write each)",
                                       value=ps.flushes)
-            yield CounterMetricFamily("pipeline_flush_failures", "Flushes given up on", value=ps.failed_flushes)
+            yield CounterMetricFamily("pipeline_flush_failures", "Failed Spark write attempts (retried)",
+                                      value=ps.failed_flushes)
             yield CounterMetricFamily("pipeline_flush_write_seconds", "Seconds spent in flush writes",
                                       value=ps.write_seconds)
             yield GaugeMetricFamily("pipeline_buffered_bytes", "Bytes waiting for or in a flush",

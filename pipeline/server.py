@@ -21,7 +21,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import trio
 
@@ -41,6 +41,9 @@ from pipeline.requests.channel import MultiQueueRequestChannel, RequestChannel, 
 from pipeline.requests.handler import KafkaApis, RequestHandler
 from pipeline.requests.producer_state import ProducerStateManager
 from pipeline.requests.sequencing import OffsetSequencer
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -113,14 +116,16 @@ class SparkGroupSink:
     def stop(self) -> None:
         self._sink.stop()
 
-    def write(self, appends: Sequence[PartitionAppend],
-              exclude: set[tuple[str, int, int]] | None = None) -> None:
-        """One Spark append of ``appends`` minus the (topic, partition, offset) rows in ``exclude``."""
-        import pyarrow as pa
-
+    def to_table(self, appends: Sequence[PartitionAppend]) -> "pa.Table":
+        """Decode every record of ``appends`` once into one Arrow table."""
         from pipeline.persist.arrow import appends_to_table
 
-        table = appends_to_table(appends)
+        return appends_to_table(appends)
+
+    def write(self, table: "pa.Table", exclude: set[tuple[str, int, int]] | None = None) -> None:
+        """One Spark append of ``table`` minus the (topic, partition, offset) rows in ``exclude``."""
+        import pyarrow as pa
+
         if exclude:
             keep = [
                 (t, p, o) not in exclude

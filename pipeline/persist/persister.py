@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Literal, Protocol, Sequence
 
+import pyarrow as pa
 import trio
 
 from pipeline.persist.accumulator import FlushGroup, FlushPolicy, FlushReason, RecordAccumulator
@@ -87,11 +88,13 @@ class Commit:
 
 
 class GroupSink(Protocol):
-    """The table side, blocking (runs in a worker thread)."""
+    """The table side, blocking (each call runs in a worker thread)."""
 
-    def write(self, appends: Sequence[PartitionAppend],
-              exclude: set[tuple[str, int, int]] | None = None) -> None:
-        """One append of these records, minus the (topic, partition, offset) in ``exclude``."""
+    def to_table(self, appends: Sequence[PartitionAppend]) -> pa.Table:
+        """Decode the appends' records once into one Arrow table (the flush's rows)."""
+
+    def write(self, table: pa.Table, exclude: set[tuple[str, int, int]] | None = None) -> None:
+        """One Spark append of ``table`` minus the (topic, partition, offset) rows in ``exclude``."""
 
     def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
         """(topic, partition, offset) already in the table within [start, end) per partition."""
@@ -177,6 +180,7 @@ class BatchingPersister:
         self._max_retry_backoff_s = max_retry_backoff_s
         self._shutdown_grace_s = shutdown_grace_s
         self._in_wal_write = 0
+        self._in_spark_prepare = 0
         self._in_spark_write = 0
         self._wal_wakeup = trio.Event()
         self._spark_wakeup = trio.Event()
@@ -205,8 +209,8 @@ class BatchingPersister:
     @property
     def buffered_bytes(self) -> int:
         """Bytes in both stages: filling, being written, waiting for Spark."""
-        return (self._wal_acc.size_bytes + self._in_wal_write
-                + self._spark_acc.size_bytes + self._in_spark_write)
+        return (self._wal_acc.size_bytes + self._in_wal_write + self._spark_acc.size_bytes
+                + self._in_spark_prepare + self._in_spark_write)
 
     async def wait_for_capacity(self) -> None:
         """Block while more than ``max_buffer_bytes`` are buffered (backpressure)."""
@@ -316,6 +320,19 @@ class BatchingPersister:
     # -- stage 2: Spark flushes --------------------------------------------
 
     async def _spark_stage(self) -> None:
+        """Group, then decode (thread 1) while the previous group is written (thread 2).
+
+        Decoding records to Arrow is CPU work in Python; a Spark write is
+        mostly JVM time. Overlapping them makes a flush cycle cost the larger
+        of the two, not their sum.
+        """
+        send, receive = trio.open_memory_channel[tuple[FlushGroup[_SparkWaiter], pa.Table]](0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._spark_writer, receive)
+            async with send:
+                await self._spark_grouper(send)
+
+    async def _spark_grouper(self, send: trio.MemorySendChannel) -> None:
         acc = self._spark_acc
         while True:
             now_ms = trio.current_time() * 1000.0
@@ -323,8 +340,15 @@ class BatchingPersister:
             if reason is None and acc.pending and self.buffered_bytes >= self._max_buffer_bytes:
                 reason = FlushReason.MEMORY
             if reason is not None:
-                if not await self._write_spark(acc.drain(reason)):
-                    return  # gave up at shutdown; the WAL keeps the rest
+                group = acc.drain(reason)
+                self._in_spark_prepare = group.size_bytes
+                try:
+                    table = await trio.to_thread.run_sync(self._sink.to_table, group.appends)
+                    await send.send((group, table))
+                except trio.BrokenResourceError:
+                    return  # the writer gave up at shutdown; the WAL keeps the rest
+                finally:
+                    self._in_spark_prepare = 0
                 continue
             if acc.closing and acc.pending == 0:
                 return
@@ -333,7 +357,13 @@ class BatchingPersister:
             with trio.move_on_at(deadline / 1000.0 if deadline is not None else float("inf")):
                 await self._spark_wakeup.wait()
 
-    async def _write_spark(self, group: FlushGroup[_SparkWaiter]) -> bool:
+    async def _spark_writer(self, receive: trio.MemoryReceiveChannel) -> None:
+        async with receive:
+            async for group, table in receive:
+                if not await self._write_spark(group, table):
+                    return
+
+    async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: pa.Table) -> bool:
         """Write one group until it succeeds; False if given up at shutdown."""
         self._in_spark_write = group.size_bytes
         backoff = self._retry_backoff_s
@@ -348,7 +378,7 @@ class BatchingPersister:
                         # The failed try may have landed some rows: never twice.
                         exclude = await trio.to_thread.run_sync(
                             self._sink.present_offsets, _ranges(group.appends))
-                    await trio.to_thread.run_sync(self._sink.write, group.appends, exclude)
+                    await trio.to_thread.run_sync(self._sink.write, table, exclude)
                     break
                 except Exception as exc:  # Spark raises many types; all mean "not written"
                     self.stats.failed_flushes += 1

@@ -79,7 +79,7 @@ def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore) -> Recovered
         result.skipped_records = len(present)
         result.replayed_records = total - len(present)
         if result.replayed_records:
-            sink.write(appends, present)
+            sink.write(sink.to_table(appends), present)
         log.info("recovery: %d WAL records after the checkpoint, %d written now, %d already in the table",
                  total, result.replayed_records, result.skipped_records)
     producers = ProducerStateManager()

