@@ -111,7 +111,8 @@ def _config_from_args(args: argparse.Namespace):
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
-    from pipeline.server import Server, SparkGroupSink
+    from pipeline.persist.group_sink import SparkGroupSink
+    from pipeline.server import Server
 
     config = _config_from_args(args)
     log.info("starting Spark (%s); data in %s", config.spark_remote or config.spark_master,

@@ -21,7 +21,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
 
 import trio
 
@@ -30,7 +29,7 @@ from pipeline.network.channel import KafkaChannel
 from pipeline.network.framing import DEFAULT_MAX_RECEIVE_BYTES
 from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
-from pipeline.persist.batch import PartitionAppend
+from pipeline.persist.group_sink import SparkGroupSink
 from pipeline.persist.persister import BatchingPersister
 from pipeline.persist.recovery import Recovered, recover
 from pipeline.persist.state import StateStore
@@ -41,9 +40,6 @@ from pipeline.requests.channel import MultiQueueRequestChannel, RequestChannel, 
 from pipeline.requests.handler import KafkaApis, RequestHandler
 from pipeline.requests.producer_state import ProducerStateManager
 from pipeline.requests.sequencing import OffsetSequencer
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -93,72 +89,6 @@ class ServerConfig:
     metrics_port: int | None = None
     node_id: int = 0
     cluster_id: str = "pipeline"
-
-
-class SparkGroupSink:
-    """The table side of the persister: Arrow conversion + Spark, blocking (worker thread).
-
-    Args:
-        data_dir: table at ``data_dir/records``.
-        master: Spark master URL (``local[*]``, ``spark://...``).
-        remote: Spark Connect URL (``sc://...``); excludes ``master``.
-    """
-
-    def __init__(self, data_dir: Path, master: str = "local[*]", remote: str | None = None) -> None:
-        from pipeline.persist.spark_sink import SparkSink
-
-        self._sink = SparkSink(data_dir, master=master, remote=remote) if remote else SparkSink(data_dir, master=master)
-        self.data_dir = data_dir
-
-    def start(self) -> None:
-        self._sink.start()
-
-    def stop(self) -> None:
-        self._sink.stop()
-
-    def to_table(self, appends: Sequence[PartitionAppend]) -> "pa.Table":
-        """Decode every record of ``appends`` once into one Arrow table."""
-        from pipeline.persist.arrow import appends_to_table
-
-        return appends_to_table(appends)
-
-    def write(self, table: "pa.Table", exclude: set[tuple[str, int, int]] | None = None) -> None:
-        """One Spark append of ``table`` minus the (topic, partition, offset) rows in ``exclude``."""
-        import pyarrow as pa
-
-        if exclude:
-            keep = [
-                (t, p, o) not in exclude
-                for t, p, o in zip(table.column("topic").to_pylist(), table.column("partition").to_pylist(),
-                                   table.column("offset").to_pylist())
-            ]
-            table = table.filter(pa.array(keep, pa.bool_()))
-        self._sink.write(table)
-
-    def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
-        """Rows already in the table within [start, end) of each (topic, partition)."""
-        from functools import reduce
-
-        from pyspark.sql import functions as F
-
-        from pipeline.persist.spark_sink import read_records
-
-        if not ranges:
-            return set()
-        conditions = [
-            (F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") >= lo) & (F.col("offset") < hi)
-            for (t, p), (lo, hi) in ranges.items()
-        ]
-        df = read_records(self._sink.spark, self.data_dir).where(reduce(lambda a, b: a | b, conditions))
-        return {(r[0], r[1], r[2]) for r in df.select("topic", "partition", "offset").collect()}
-
-    def end_offsets(self) -> dict[tuple[str, int], int]:
-        """(topic, partition) -> max(offset) + 1 over the whole table."""
-        from pipeline.persist.spark_sink import read_records
-
-        df = read_records(self._sink.spark, self.data_dir)
-        rows = df.groupBy("topic", "partition").agg({"offset": "max"}).collect()
-        return {(r[0], r[1]): r[2] + 1 for r in rows}
 
 
 class Server:

@@ -1,7 +1,9 @@
 """Decode sequenced record batches into one Arrow table for one Spark write.
 
 This is the persister's hot loop: every record is decoded exactly once here
-(``kafka.record``'s RecordBatch v2 reader, which also undoes compression), and
+(aiokafka's RecordBatch v2 reader, a C extension about 10x faster than
+kafka-python's pure-Python one on the same bytes; it also undoes
+compression with gzip, snappy, lz4 and zstd), and
 its fields go straight into per-column Python lists, turned into Arrow arrays
 once per flush. Columns that are constant per append (topic, partition) or
 arithmetic on it (offset) or constant per batch (timestampType) are not built
@@ -24,7 +26,8 @@ from itertools import accumulate, chain, repeat
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from kafka.record.memory_records import MemoryRecords
+from aiokafka.record.default_records import DefaultRecordBatch
+from aiokafka.record.memory_records import MemoryRecords
 
 from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.schema import (
@@ -59,9 +62,9 @@ def appends_to_table(appends: Sequence[PartitionAppend]) -> pa.Table:
         ValueError: an append's ``record_count`` differs from the number of
             records decoded from it (e.g. a truncated trailing batch), or a
             batch is not magic 2.
-        kafka.errors.CorruptRecordError: the record bytes are malformed.
-        kafka.errors.UnsupportedCodecError: the batch's codec library is not
-            installed.
+        aiokafka.errors.CorruptRecordException: the record bytes are malformed.
+        aiokafka.errors.UnsupportedCodecError: the batch's codec library is
+            not installed.
         pyarrow.ArrowInvalid: a timestamp (ms) overflows int64 microseconds.
     """
     keys: list[bytes | None] = []
@@ -79,11 +82,11 @@ def appends_to_table(appends: Sequence[PartitionAppend]) -> pa.Table:
 
     for append in appends:
         append_start = len(keys)
-        for batch in MemoryRecords(append.records):
-            if batch.magic != 2:
+        for batch in _batches(append.records):
+            if not isinstance(batch, DefaultRecordBatch):
                 raise ValueError(
-                    f"{append.topic}-{append.partition}: record batch has magic "
-                    f"{batch.magic}, only RecordBatch v2 (magic 2) is supported"
+                    f"{append.topic}-{append.partition}: legacy record batch (magic 0 or 1), "
+                    f"only RecordBatch v2 (magic 2) is supported"
                 )
             batch_start = len(keys)
             ts_type = batch.timestamp_type
@@ -143,6 +146,13 @@ def appends_to_table(appends: Sequence[PartitionAppend]) -> pa.Table:
         _headers_array(headers),
     ]
     return pa.Table.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def _batches(records: bytes):
+    """The RecordBatches of one partition's records, in wire order."""
+    memory = MemoryRecords(records)
+    while (batch := memory.next_batch()) is not None:
+        yield batch
 
 
 def _headers_array(headers: list[list[tuple[str, bytes | None]]]) -> pa.Array:

@@ -1,0 +1,102 @@
+"""The persister's table side: Arrow conversion plus Spark, behind the GroupSink protocol.
+
+Every method blocks (Spark jobs, CPU-bound decoding) and is called from a
+worker thread by the persister or by start-up recovery, one call at a time
+per method.
+
+Decoding records (kafka.record, ~4-10 us per record in Python) runs in a
+separate process by default: in a thread it would hold the GIL in 5 ms slices
+and slow the event loop serving requests, and it could not overlap with the
+Spark write on another core. The raw batches go to the worker pickled (one
+copy of the bytes), the Arrow table comes back through pickle's Arrow IPC
+buffers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from functools import reduce
+from typing import Sequence
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from pipeline.persist.arrow import appends_to_table
+from pipeline.persist.batch import PartitionAppend
+from pipeline.persist.spark_sink import SparkSink, read_records
+
+
+class SparkGroupSink:
+    """The table side of the persister: Arrow conversion + Spark, blocking (worker thread).
+
+    Args:
+        data_dir: table at ``data_dir/records``.
+        master: Spark master URL (``local[*]``, ``spark://...``).
+        remote: Spark Connect URL (``sc://...``); excludes ``master``.
+        spark: an existing session to use (then ``stop`` leaves it running).
+        decode_in_subprocess: decode records in a worker process (default) rather
+            than in the calling thread.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike, master: str | None = "local[*]", remote: str | None = None,
+                 spark: SparkSession | None = None, decode_in_subprocess: bool = True) -> None:
+        self._sink = SparkSink(data_dir, master=None if remote else master, remote=remote, spark=spark)
+        self.data_dir = data_dir
+        self._decode_in_subprocess = decode_in_subprocess
+        self._pool: ProcessPoolExecutor | None = None
+
+    def start(self) -> None:
+        """Start Spark (blocking, ~8 s) and the decode worker."""
+        self._sink.start()
+        if self._decode_in_subprocess and self._pool is None:
+            # spawn, not fork: forking a process that runs a JVM gateway and
+            # threads is unsafe.
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool.submit(appends_to_table, []).result()  # import pyarrow/kafka there now
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._sink.stop()
+
+    def to_table(self, appends: Sequence[PartitionAppend]) -> pa.Table:
+        """Decode every record of ``appends`` once into one Arrow table (in the worker process if any).
+
+        Raises:
+            ValueError, kafka.errors.CorruptRecordError: see ``appends_to_table``.
+        """
+        if self._pool is None:
+            return appends_to_table(appends)
+        return self._pool.submit(appends_to_table, list(appends)).result()
+
+    def write(self, table: pa.Table, exclude: set[tuple[str, int, int]] | None = None) -> None:
+        """One Spark append of ``table`` minus the (topic, partition, offset) rows in ``exclude``."""
+        if exclude:
+            keep = [
+                (t, p, o) not in exclude
+                for t, p, o in zip(table.column("topic").to_pylist(), table.column("partition").to_pylist(),
+                                   table.column("offset").to_pylist())
+            ]
+            table = table.filter(pa.array(keep, pa.bool_()))
+        self._sink.write(table)
+
+    def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
+        """Rows already in the table within [start, end) of each (topic, partition)."""
+        if not ranges:
+            return set()
+        conditions = [
+            (F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") >= lo) & (F.col("offset") < hi)
+            for (t, p), (lo, hi) in ranges.items()
+        ]
+        df = read_records(self._sink.spark, self.data_dir).where(reduce(lambda a, b: a | b, conditions))
+        return {(r[0], r[1], r[2]) for r in df.select("topic", "partition", "offset").collect()}
+
+    def end_offsets(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> max(offset) + 1 over the whole table."""
+        df = read_records(self._sink.spark, self.data_dir)
+        rows = df.groupBy("topic", "partition").agg({"offset": "max"}).collect()
+        return {(r[0], r[1]): r[2] + 1 for r in rows}
