@@ -40,6 +40,9 @@ from kio.static.primitive import i32Timedelta
 
 from .errors import InvalidRequestError
 from .errors import UnsupportedVersionError
+from .guard import check_body
+from .guard import compile_plan
+from .guard import is_rust_panic
 from .header import API_VERSIONS_KEY
 from .header import RequestHeader
 from .header import encode_response
@@ -130,6 +133,9 @@ def _all_supported() -> Iterable[tuple[int, int]]:
 _REQUEST_READERS = {
     key: entity_reader(load_request_schema(*key)) for key in _all_supported()
 }
+# (api_key, version) -> bounds pre-check plan, run before the native reader
+# (a huge array length would abort the process inside kio, see guard.py).
+_REQUEST_PLANS = {key: compile_plan(load_request_schema(*key)) for key in _all_supported()}
 # (api_key, version) -> kio response module, for its nested entity classes.
 _RESPONSE_MODULES = {
     key: load_payload_module(key[0], key[1], EntityType.response) for key in _all_supported()
@@ -190,14 +196,19 @@ def decode_request(header: RequestHeader, frame: bytes | bytearray | memoryview)
         )
     frame = readonly_buffer(frame)
     try:
+        check_body(_REQUEST_PLANS[(api_key, version)], frame, header.body_offset)
         entity, size = _REQUEST_READERS[(api_key, version)](frame, header.body_offset)
-    except Exception as exc:
+    except BaseException as exc:
         # kio's native reader raises SerialError subclasses, but also
-        # ValueError (over-long varint), KeyError (unknown tag), OverflowError;
+        # ValueError (over-long varint), KeyError (unknown tag), OverflowError,
+        # and a Rust panic surfaces as pyo3's PanicException (a BaseException);
         # all mean "these bytes are not this request", never a bug of ours.
+        if not isinstance(exc, Exception) and not is_rust_panic(exc):
+            raise  # KeyboardInterrupt, SystemExit, trio.Cancelled
+        detail = str(exc) if isinstance(exc, InvalidRequestError) else f"{type(exc).__name__}: {exc}"
         raise InvalidRequestError(
             f"cannot parse {_api_name(api_key)} v{version} request body "
-            f"(correlation_id={header.correlation_id}): {type(exc).__name__}: {exc}"
+            f"(correlation_id={header.correlation_id}): {detail}"
         ) from exc
     trailing = len(frame) - header.body_offset - size
     if trailing:

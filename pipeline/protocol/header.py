@@ -13,10 +13,12 @@ generated ``ApiMessageType.requestHeaderVersion`` computes it:
 
 kio has the v1/v2 header schemas, but its entity reader rejects unknown
 tagged fields (``KeyError: Unknown tagged field tag``) where Kafka skips
-them, and it has no v0 header; so the header is read here with kio's
-primitive readers. Response headers are v0 (``correlation_id:int32``) or v1
-(v0 + empty tagged fields); they are packed with ``struct`` because kio's
-``entity_writer`` costs ~5 us per call for these 4-5 bytes on the hot path.
+them, and it has no v0 header; so the header is read here, with the
+pure-Python readers of :mod:`.guard` (nothing native may see an untrusted
+length: kio's Rust readers can abort the process, see guard.py). Response
+headers are v0 (``correlation_id:int32``) or v1 (v0 + empty tagged fields);
+they are packed with ``struct`` because kio's ``entity_writer`` costs ~5 us
+per call for these 4-5 bytes on the hot path.
 """
 
 from __future__ import annotations
@@ -30,12 +32,11 @@ from kio.index import KioIndexError
 from kio.index import load_request_schema
 from kio.schema.index import api_key_map
 from kio.schema.index import schema_name_map
-from kio.serial.errors import SerialError
-from kio.serial.readers import read_nullable_legacy_string
-from kio.serial.readers import read_unsigned_varint
 
 from .errors import InvalidRequestError
 from .errors import UnsupportedVersionError
+from .guard import read_nullable_legacy_string
+from .guard import read_unsigned_varint
 
 __all__ = (
     "API_VERSIONS_KEY",
@@ -176,7 +177,7 @@ def _skip_tagged_fields(frame: bytes | memoryview, offset: int) -> int:
             offset += size + length
             if offset > end:
                 raise InvalidRequestError("request header tagged field runs past the frame end")
-    except (SerialError, ValueError) as exc:
+    except ValueError as exc:
         raise InvalidRequestError(f"malformed request header tagged fields: {exc}") from None
     return offset
 
@@ -204,7 +205,7 @@ def parse_request_header(frame: bytes | bytearray | memoryview) -> RequestHeader
         return RequestHeader(api_key, api_version, correlation_id, None, 0, _FIXED.size)
     try:
         client_id, size = read_nullable_legacy_string(frame, _FIXED.size)
-    except SerialError as exc:
+    except ValueError as exc:
         raise InvalidRequestError(
             f"bad client_id in request header (api_key={api_key}, correlation_id={correlation_id}): {exc}"
         ) from None
