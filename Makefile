@@ -8,7 +8,7 @@ PYTHON ?= python3
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: serve test bench clean
+.PHONY: serve test clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v java >/dev/null || { echo "Java 17+ is needed by Spark (e.g. apt-get install openjdk-17-jre-headless)"; exit 1; }

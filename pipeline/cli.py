@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--spark-master", default="local[*]")
     sql.add_argument("--max-rows", type=positive_int, default=1000, help="rows to print (default 1000)")
     sql.set_defaults(func=cmd_sql)
+    from pipeline.bench.options import add_bench_arguments  # argparse only; the benchmark loads lazily
+
+    add_bench_arguments(sub.add_parser("bench", help="benchmark serve modes (see docs/benchmarks.md)"))
     return parser
 
 

@@ -1,6 +1,6 @@
 """The load generator: its own process, speaking the Kafka Produce protocol over raw sockets.
 
-    python -m pipeline.bench.loadgen SPEC.json RESULT.json
+    python -m pipeline.bench.loadgen SPEC.json RESULT.json [--handshake]
 
 It runs in a separate process so its CPU is not the server's (on a 2-core
 machine they still compete for the cores; the report says so). Every request
@@ -10,18 +10,24 @@ thread drives ``connections`` non-blocking sockets with ``selectors``:
 * acks=1/-1 (and the echo ceiling): each connection keeps up to ``in_flight``
   requests outstanding, sending the next one as soon as a response frees a
   slot, like a Kafka producer with ``max.in.flight.requests.per.connection``.
-* acks=0: there are no responses, so a connection writes as fast as the
-  socket accepts (TCP backpressure is the only bound, as for a real acks=0
-  producer), then sends one Metadata request as a *fence*: its response, which
-  a server that keeps connections ordered sends after handling every earlier
-  request, marks the end of the run.
+* acks=0: there are no responses, so a connection writes its requests in
+  chunks of ``ACKS0_FENCE_EVERY``, each followed by a Metadata request as a
+  *fence*; a server that keeps connections ordered answers a fence only after
+  handling every request before it. At most ``in_flight`` fences are
+  outstanding per connection, so at most ``in_flight * ACKS0_FENCE_EVERY``
+  requests sit unhandled in socket buffers and queues. (Without this bound
+  loopback TCP buffers, up to 32 MiB per socket here, swallow minutes of
+  work, and a 3 s run takes a minute to drain.) The run ends when the last
+  fence is answered, so requests/s counts requests the server has handled.
 
 The load stops at ``max_requests`` (all connections together) or after
 ``duration_s``, whichever comes first; then the generator waits at most
 ``drain_timeout_s`` for outstanding responses. Never unbounded.
 
-Protocol on stdout (for the runner's CPU sampling): ``START`` when the clock
-starts, ``END`` when the last response has arrived. The result (figures, the
+Protocol on stdout (for the runner's CPU sampling): with ``--handshake`` it
+prints ``READY`` once connected and set up, and waits for a line on stdin;
+then ``START`` when the clock starts, ``END`` when the last response has
+arrived. The result (figures, the
 HDR latency histogram, and every response as ``[req, latency_us, base_offset,
 error_code]`` per connection, in arrival order) is written as JSON.
 
@@ -49,10 +55,11 @@ from pipeline.bench import frames as fr
 LATENCY_MAX_US = 3_600_000_000
 """Highest latency the histogram tracks: 1 hour, in microseconds."""
 RECEIVE_BYTES = 256 * 1024
-ACKS0_WRITE_AHEAD_BYTES = 256 * 1024
-"""acks=0: bytes queued per connection beyond what the socket has taken."""
+ACKS0_FENCE_EVERY = 16
+"""acks=0: produce requests between two Metadata fences (see module docstring)."""
 _SIZE = struct.Struct(">i")
 _FENCE_CID = fr.SETUP_CORRELATION_BASE + 100
+"""First fence correlation id; each fence of a connection takes the next one."""
 
 
 @dataclass(slots=True)
@@ -201,7 +208,7 @@ def setup_connection(sock: socket.socket, spec: LoadSpec) -> None:
 
 class _Conn:
     __slots__ = ("idx", "sock", "frames", "next", "inflight", "out", "rbuf", "responses",
-                 "mask", "fence_sent", "fence_done")
+                 "mask", "fences", "next_fence")
 
     def __init__(self, idx: int, sock: socket.socket, frames: list[bytes]) -> None:
         self.idx = idx
@@ -213,8 +220,8 @@ class _Conn:
         self.rbuf = bytearray()
         self.responses: list[list[int]] = []
         self.mask = 0
-        self.fence_sent = False
-        self.fence_done = False
+        self.fences: dict[int, int] = {}  # outstanding fence correlation id -> send time (ns)
+        self.next_fence = _FENCE_CID
 
 
 def _produce_response_reader(version: int):
@@ -227,8 +234,15 @@ def _produce_response_reader(version: int):
     return entity_reader(load_response_schema(0, version)), (1 if version >= 9 else 0)
 
 
-def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout) -> dict:
-    """Drive the server; returns the result dict (see module docstring)."""
+def _no_handshake() -> None:
+    pass
+
+
+def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout, ready=_no_handshake) -> dict:
+    """Drive the server; returns the result dict (see module docstring).
+
+    ``ready`` is called once every connection is set up, before the clock starts.
+    """
     socks = []
     for _ in range(spec.connections):
         s = socket.create_connection((spec.host, spec.port), timeout=spec.connect_timeout_s)
@@ -252,7 +266,8 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout) -> dict:
     timeline_ns = spec.timeline_ms * 1_000_000
     timeline: list[int] = []
     now = time.perf_counter_ns
-    counters = {"sent": 0, "completed": 0, "unknown": 0}
+    counters = {"sent": 0, "completed": 0, "unknown": 0, "fenced": 0}
+    fence_template = metadata_frame(spec.topic, 0)
 
     def fill(c: _Conn, t: int) -> None:
         frames_, nxt = c.frames, c.next
@@ -265,12 +280,16 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout) -> dict:
                 c.inflight[req] = t
         else:
             batch = []
-            queued = len(c.out)
-            while nxt < len(frames_) and queued < ACKS0_WRITE_AHEAD_BYTES:
-                batch.append(frames_[nxt])
-                queued += len(frames_[nxt])
-                nxt += 1
-            room = len(batch)
+            while nxt < len(frames_) and len(c.fences) < window:
+                chunk = frames_[nxt:nxt + ACKS0_FENCE_EVERY]
+                nxt += len(chunk)
+                batch += chunk
+                fence = bytearray(fence_template)
+                _SIZE.pack_into(fence, 8, c.next_fence)  # the correlation id
+                batch.append(bytes(fence))
+                c.fences[c.next_fence] = t
+                c.next_fence += 1
+            room = nxt - c.next
             if not room:
                 return
         c.next += room
@@ -288,8 +307,12 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout) -> dict:
     def on_response(c: _Conn, payload: memoryview, t: int) -> None:
         cid = _SIZE.unpack_from(payload)[0]
         if cid >= fr.SETUP_CORRELATION_BASE:
-            if cid == _FENCE_CID:
-                c.fence_done = True
+            if c.fences.pop(cid, None) is not None:
+                counters["fenced"] += 1
+                bucket = (t - t0) // timeline_ns
+                while len(timeline) <= bucket:
+                    timeline.append(0)
+                timeline[bucket] += ACKS0_FENCE_EVERY
             return
         sent_at = c.inflight.pop(cid, None)
         latency_us = -1
@@ -300,7 +323,7 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout) -> dict:
             hist.record_value(min(latency_us, LATENCY_MAX_US))
         base_offset, error = -1, 0
         if decode:
-            entity, _ = reader(payload, 4 + body_at)
+            entity, _ = reader(payload.toreadonly(), 4 + body_at)
             p = entity.responses[0].partition_responses[0]
             base_offset, error = int(p.base_offset), int(p.error_code.value)
         c.responses.append([cid, latency_us, base_offset, error])
@@ -329,7 +352,9 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout) -> dict:
                 pos += 4 + size
         del buf[:pos]
 
+    ready()
     print("START", file=out, flush=True)
+    cpu0 = time.process_time()
     t0 = now()
     send_deadline = t0 + int(spec.duration_s * 1e9)
     drain_deadline: int | None = None
@@ -355,12 +380,7 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout) -> dict:
             for c in conns:
                 if sending:
                     fill(c, t)
-                if not windowed and not c.fence_sent and not c.out and (
-                        not sending or c.next == len(c.frames)):
-                    c.out += metadata_frame(spec.topic, _FENCE_CID)
-                    c.fence_sent = True
-                if c.out or c.inflight or (not windowed and not c.fence_done) or (
-                        sending and c.next < len(c.frames)):
+                if c.out or c.inflight or c.fences or (sending and c.next < len(c.frames)):
                     done = False
                 want = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.out else 0)
                 if want != c.mask:
@@ -374,12 +394,13 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout) -> dict:
                 if events & selectors.EVENT_READ:
                     on_readable(c, t)
                     last_event = t
-                    if sending and windowed:
+                    if sending:
                         fill(c, t)
                 if c.out:
                     flush_out(c)
     finally:
         t_end = last_event
+        cpu_s = time.process_time() - cpu0
         print("END", file=out, flush=True)
         for c in conns:
             c.sock.close()
@@ -389,6 +410,8 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout) -> dict:
         "sent": counters["sent"],
         "completed": counters["completed"],
         "unknown_responses": counters["unknown"],
+        "fences": counters["fenced"],
+        "client_cpu_s": cpu_s,
         "stopped_by": stopped_by,
         "timed_out": timed_out,
         "latency_hdr": hist.encode().decode() if hist.get_total_count() else None,
@@ -403,7 +426,7 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout) -> dict:
 # ---------------------------------------------------------- the confluent driver
 
 
-def run_confluent(spec: LoadSpec, out=sys.stdout) -> dict:
+def run_confluent(spec: LoadSpec, out=sys.stdout, ready=_no_handshake) -> dict:
     """Drive the server with one confluent-kafka Producer per connection.
 
     Each record is one unit (``req`` = record number on its producer, key
@@ -421,7 +444,11 @@ def run_confluent(spec: LoadSpec, out=sys.stdout) -> dict:
         "batch.num.messages": spec.records,
         "linger.ms": 5,
         "enable.idempotence": False,
-        "queue.buffering.max.messages": 100_000,
+        # Bound what waits in librdkafka like the raw driver's window: K requests
+        # of R records in flight plus as much again queued (produce() then
+        # raises BufferError and the loop polls), so the load stops when
+        # the duration does instead of draining a deep client queue.
+        "queue.buffering.max.messages": 2 * spec.in_flight * spec.records,
         "broker.address.family": "v4",
     }) for c in range(spec.connections)]
     for p in producers:  # connect and create the topic before the clock starts
@@ -445,7 +472,9 @@ def run_confluent(spec: LoadSpec, out=sys.stdout) -> dict:
             state["last"] = t
         return on_delivery
 
+    ready()
     print("START", file=out, flush=True)
+    cpu0 = time.process_time()
     t0 = now()
     deadline = t0 + int(spec.duration_s * 1e9)
     stopped_by = "count"
@@ -472,6 +501,7 @@ def run_confluent(spec: LoadSpec, out=sys.stdout) -> dict:
     except KafkaException as exc:
         raise ConnectionError(f"confluent producer failed: {exc}") from exc
     finally:
+        cpu_s = time.process_time() - cpu0  # includes librdkafka's threads
         print("END", file=out, flush=True)
     t_end = state["last"] or now()
     return {
@@ -479,6 +509,7 @@ def run_confluent(spec: LoadSpec, out=sys.stdout) -> dict:
         "sent": sum(sent),
         "completed": sum(len(r) for r in responses),
         "unknown_responses": 0,
+        "client_cpu_s": cpu_s,
         "stopped_by": stopped_by,
         "timed_out": remaining > 0,
         "latency_hdr": hist.encode().decode() if hist.get_total_count() else None,
@@ -490,18 +521,18 @@ def run_confluent(spec: LoadSpec, out=sys.stdout) -> dict:
     }
 
 
-def run(spec: LoadSpec, out=sys.stdout) -> dict:
+def run(spec: LoadSpec, out=sys.stdout, ready=_no_handshake) -> dict:
     """Pre-build (raw client), drive, and return the result dict with ``spec`` included."""
     started = time.perf_counter()
     if spec.client == "confluent":
         if spec.protocol != "kafka":
             raise ValueError("the confluent client only talks to a Kafka server, not the echo ceiling")
-        result = run_confluent(spec, out)
+        result = run_confluent(spec, out, ready)
         result.update(prebuilt_requests=0, request_bytes=None, prebuild_capped=False, prebuild_s=0.0)
     else:
         frames, frame_bytes, capped = prebuild(spec, int(time.time() * 1000))
         prebuild_s = time.perf_counter() - started
-        result = run_raw(spec, frames, out)
+        result = run_raw(spec, frames, out, ready)
         result.update(prebuilt_requests=sum(map(len, frames)), request_bytes=frame_bytes,
                       prebuild_capped=capped, prebuild_s=prebuild_s)
     result["spec"] = asdict(spec)
@@ -510,11 +541,19 @@ def run(spec: LoadSpec, out=sys.stdout) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    handshake = "--handshake" in argv
+    argv = [a for a in argv if a != "--handshake"]
     if len(argv) != 2:
-        print("usage: python -m pipeline.bench.loadgen SPEC.json RESULT.json", file=sys.stderr)
+        print("usage: python -m pipeline.bench.loadgen SPEC.json RESULT.json [--handshake]", file=sys.stderr)
         return 2
     spec = LoadSpec(**json.loads(Path(argv[0]).read_text()))
-    result = run(spec)
+
+    def ready() -> None:
+        if handshake:
+            print("READY", flush=True)
+            sys.stdin.readline()
+
+    result = run(spec, ready=ready)
     tmp = Path(argv[1]).with_suffix(".tmp")
     tmp.write_text(json.dumps(result, separators=(",", ":")))
     tmp.replace(argv[1])

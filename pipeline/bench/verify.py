@@ -305,8 +305,11 @@ class RunVerification:
 
     @property
     def ordering_violations(self) -> int:
-        """(a) + (b): what the ablation is expected to show."""
-        return self.response_order.out_of_order.count + self.offset_order.violations
+        """What the ablation is expected to show: responses out of order (a),
+        offsets not increasing or duplicated (b), records stored out of a
+        connection's send order (c)."""
+        return (self.response_order.out_of_order.count + self.offset_order.violations
+                + (self.table.out_of_order.count if self.table is not None else 0))
 
     @property
     def violations(self) -> int:

@@ -1,0 +1,187 @@
+"""``pipeline bench`` options and presets (argparse only: importing this is cheap).
+
+A bench invocation is a *plan*: the server configurations to start (one
+server subprocess each), the load shapes to run against each, and the bounds
+of every run. Presets:
+
+* ``--smoke``: the CI size. Three servers (baseline, multiqueue with 2 queues,
+  shared-unmuted), one shape (C=4, K=5, acks=-1), 1.5 s of load per run:
+  proves the command end to end in ~1.5 minutes, most of it Spark start-ups.
+* ``--quick`` (default): the shapes the targets are stated for (C=1 and C=64
+  with K=5 and acks=-1; C=64, K=5, acks=0) against baseline, multiqueue with 4
+  queues and the ablation, 2.5 s per run: about 2 minutes on the 2-core
+  machine it was tuned on, half of it the servers' Spark start-ups.
+* ``--full``: every configuration and queue count 1, 2, 4, 8, connections
+  1, 8, 64, in-flight 1 and 5, acks -1 and 0, 8 s per run (~15-20 minutes).
+
+Explicit options override the preset's value.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONFIG_NAMES = ("baseline", "multiqueue", "shared-unmuted")
+
+PRESETS: dict[str, dict] = {
+    "smoke": dict(configs=["baseline", "multiqueue", "shared-unmuted"], queues=[2], connections=[4],
+                  in_flight=[5], acks=[-1], duration=1.5, requests=20_000),
+    "quick": dict(configs=list(CONFIG_NAMES), queues=[4], connections=[1, 64], in_flight=[5],
+                  acks=[-1, 0], duration=2.5, requests=120_000),
+    "full": dict(configs=list(CONFIG_NAMES), queues=[1, 2, 4, 8], connections=[1, 8, 64],
+                 in_flight=[1, 5], acks=[-1, 0], duration=8.0, requests=250_000),
+}
+QUICK_SHAPES = ((1, 5, -1), (64, 5, -1), (64, 5, 0))
+"""(C, K, acks) that ``--quick`` runs: exactly the shapes the targets name."""
+
+
+def int_list(text: str) -> list[int]:
+    """``"1,8,64"`` -> [1, 8, 64] (argparse type)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one value")
+    return values
+
+
+def config_list(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [n for n in names if n not in CONFIG_NAMES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"configurations are {', '.join(CONFIG_NAMES)}; got {text!r}")
+    return names
+
+
+@dataclass(slots=True)
+class BenchOptions:
+    """A resolved plan. Sizes in bytes, times in seconds.
+
+    Attributes:
+        preset: "smoke", "quick" or "full".
+        out: output directory (results.json, plots, server logs, data dirs).
+        configs: configuration names, in run order.
+        queues: multiqueue queue counts (one server per count).
+        connections, in_flight, acks: the swept load shape values.
+        shapes: explicit (C, K, acks) list, or None for the full cross product.
+        records, record_bytes, partitions: R, S, P.
+        requests: bound on requests per run (all connections).
+        duration: bound on sending time per run.
+        client: "raw" or "confluent".
+        io_threads: handler pool of baseline and shared-unmuted.
+        linger_ms, ack_on: passed to every server.
+        ceiling: measure the echo framing ceiling.
+        server_args: extra ``pipeline serve`` arguments.
+    """
+
+    preset: str
+    out: Path
+    configs: list[str]
+    queues: list[int]
+    connections: list[int]
+    in_flight: list[int]
+    acks: list[int]
+    shapes: list[tuple[int, int, int]] | None
+    records: int = 10
+    record_bytes: int = 64
+    partitions: int = 4
+    requests: int = 200_000
+    duration: float = 3.0
+    client: str = "raw"
+    io_threads: int = 8
+    linger_ms: float = 50.0
+    ack_on: str = "spark"
+    ceiling: bool = True
+    server_args: list[str] = field(default_factory=list)
+
+    def all_shapes(self) -> list[tuple[int, int, int]]:
+        """(C, K, acks) of every run against every server, in run order."""
+        if self.shapes is not None:
+            return list(self.shapes)
+        return [(c, k, a) for a in self.acks for k in self.in_flight for c in self.connections]
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``pipeline bench`` options; sets ``func`` to run the benchmark."""
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="preset", action="store_const", const="quick",
+                      help="the target shapes against every configuration, 2.5 s per run (default)")
+    size.add_argument("--full", dest="preset", action="store_const", const="full",
+                      help="the whole sweep, 8 s per run")
+    size.add_argument("--smoke", dest="preset", action="store_const", const="smoke",
+                      help="tiny end-to-end check for CI (a few seconds of load)")
+    p.add_argument("--out", type=Path, default=Path("bench-results"),
+                   help="output directory (default ./bench-results)")
+    p.add_argument("--configs", type=config_list, default=None,
+                   help="comma list of baseline,multiqueue,shared-unmuted")
+    p.add_argument("--queues", type=int_list, default=None, help="multiqueue queue counts, e.g. 1,2,4,8")
+    p.add_argument("--connections", type=int_list, default=None, help="connection counts C, e.g. 1,8,64")
+    p.add_argument("--in-flight", type=int_list, default=None, help="requests in flight per connection K, e.g. 1,5")
+    p.add_argument("--acks", type=int_list, default=None,
+                   help="acks values: --acks -1, or a list written --acks=-1,0")
+    p.add_argument("--records-per-request", type=int, default=None, help="records per request R (default 10)")
+    p.add_argument("--record-bytes", type=int, default=None, help="value bytes per record S (default 64)")
+    p.add_argument("--partitions", type=int, default=None, help="partitions P of each run's topic (default 4)")
+    p.add_argument("--requests", type=int, default=None, help="bound on requests per run")
+    p.add_argument("--duration", type=float, default=None, help="bound on seconds of load per run")
+    p.add_argument("--client", choices=["raw", "confluent"], default="raw",
+                   help="raw: this package's socket load generator; confluent: confluent-kafka producers")
+    p.add_argument("--io-threads", type=int, default=8, help="handler pool of baseline/shared-unmuted (default 8)")
+    p.add_argument("--linger-ms", type=float, default=50.0, help="server --linger-ms (default 50)")
+    p.add_argument("--ack-on", choices=["spark", "wal"], default="spark",
+                   help="server --ack-on: acks=-1 answered after the Spark write (default, as the "
+                        "targets are stated) or after the WAL fsync")
+    p.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                   help="skip the echo framing-ceiling measurement")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for every `pipeline serve` (repeatable), e.g. --server-arg=--network-threads=2")
+    p.set_defaults(func=_run, preset=None)
+
+
+def resolve(args: argparse.Namespace) -> BenchOptions:
+    """Preset values overridden by explicit options.
+
+    Raises:
+        ValueError: an option out of range (the message names it).
+    """
+    preset = args.preset or "quick"
+    base = PRESETS[preset]
+
+    def pick(name: str):
+        value = getattr(args, name, None)
+        return base[name] if value is None else value
+
+    swept = any(getattr(args, n) is not None for n in ("connections", "in_flight", "acks"))
+    shapes = [tuple(s) for s in QUICK_SHAPES] if preset == "quick" and not swept else None
+    opts = BenchOptions(
+        preset=preset, out=args.out, configs=pick("configs"), queues=pick("queues"),
+        connections=pick("connections"), in_flight=pick("in_flight"), acks=pick("acks"), shapes=shapes,
+        records=args.records_per_request or 10, record_bytes=args.record_bytes if args.record_bytes is not None else 64,
+        partitions=args.partitions or 4, requests=pick("requests"), duration=pick("duration"),
+        client=args.client, io_threads=args.io_threads, linger_ms=args.linger_ms, ack_on=args.ack_on,
+        ceiling=args.ceiling, server_args=list(args.server_arg),
+    )
+    if any(c < 1 for c in opts.connections) or max(opts.connections) > 1000:
+        raise ValueError("--connections must be 1..1000")
+    if any(k < 1 for k in opts.in_flight) or any(q < 1 for q in opts.queues):
+        raise ValueError("--in-flight and --queues must be >= 1")
+    if any(a not in (-1, 0, 1) for a in opts.acks):
+        raise ValueError("--acks values must be -1, 0 or 1")
+    if opts.records < 1 or opts.record_bytes < 0 or opts.partitions < 1:
+        raise ValueError("--records-per-request and --partitions must be >= 1, --record-bytes >= 0")
+    if not 1 <= opts.requests <= 10_000_000 or not 0 < opts.duration <= 600:
+        raise ValueError("--requests must be 1..10,000,000 and --duration in (0, 600] s")
+    return opts
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pipeline.bench.runner import main
+
+    try:
+        opts = resolve(args)
+    except ValueError as exc:
+        raise SystemExit(f"pipeline bench: {exc}") from None
+    return main(opts)

@@ -1,0 +1,357 @@
+"""Turning ``results.json`` into targets, a rich table, PNG plots and Markdown.
+
+Every function takes the results dict the runner writes (so a report can be
+redrawn from an old ``results.json``: ``python -m pipeline.bench.report DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Iterator
+
+TARGET_C1_RATIO = 4.0
+TARGET_C64_RATIO = 2.0
+TARGET_CEILING_FRACTION = 0.5
+
+
+def runs(results: dict) -> Iterator[tuple[dict, dict]]:
+    """(configuration entry, run entry) for every run."""
+    for config in results["configurations"]:
+        for run in config["runs"]:
+            yield config, run
+
+
+def find_run(results: dict, config_name: str, c: int, k: int, acks: int) -> dict | None:
+    for config, run in runs(results):
+        s = run["shape"]
+        if config["name"] == config_name and (s["connections"], s["in_flight"], s["acks"]) == (c, k, acks):
+            return run
+    return None
+
+
+def _rps(run: dict | None) -> float | None:
+    return None if run is None else (run.get("figures") or {}).get("requests_per_s")
+
+
+def _p99(run: dict | None) -> float | None:
+    lat = None if run is None else (run.get("figures") or {}).get("latency_ms")
+    return None if not lat else lat["p99"]
+
+
+def _multiqueue(results: dict) -> list[str]:
+    return [c["name"] for c in results["configurations"] if c["mode"] == "multiqueue"]
+
+
+def _status(flags: list[bool]) -> str:
+    if not flags:
+        return "not measured"
+    if all(flags):
+        return "met"
+    return "partly met" if any(flags) else "not met"
+
+
+def evaluate_targets(results: dict) -> list[dict]:
+    """The issue's targets, each ``{"target", "status", "detail"}``.
+
+    Status is "met", "not met", "partly met" (some multiqueue queue counts meet
+    it, others do not) or "not measured" (the shape was not in the plan).
+    Throughput is requests/s; multiqueue ratios are against baseline at the
+    same shape.
+    """
+    out = []
+    mq = _multiqueue(results)
+
+    def ratio_target(c: int, k: int, want: float, check_p99: bool) -> dict:
+        base = find_run(results, "baseline", c, k, -1)
+        flags, parts = [], []
+        for name in mq:
+            run = find_run(results, name, c, k, -1)
+            if _rps(base) and _rps(run):
+                ratio = _rps(run) / _rps(base)
+                ok = ratio >= want
+                part = f"{name}: {ratio:.2f}x ({_rps(run):.0f} vs {_rps(base):.0f} req/s)"
+                if check_p99 and _p99(run) is not None and _p99(base) is not None:
+                    p99_ok = _p99(run) <= _p99(base)
+                    ok = ok and p99_ok
+                    part += f", p99 {_p99(run):.0f} vs {_p99(base):.0f} ms ({'ok' if p99_ok else 'worse'})"
+                flags.append(ok)
+                parts.append(part)
+        text = f"multiqueue >= {want:g}x baseline throughput at C={c}, K={k}, acks=-1"
+        if check_p99:
+            text += ", p99 no worse"
+        return {"target": text, "status": _status(flags), "detail": "; ".join(parts) or "shape not run"}
+
+    out.append(ratio_target(1, 5, TARGET_C1_RATIO, False))
+    out.append(ratio_target(64, 5, TARGET_C64_RATIO, True))
+
+    ceiling = (results.get("ceiling") or {}).get("requests_per_s", {}).get("C=64,K=5")
+    flags, parts = [], []
+    for name in mq:
+        run = find_run(results, name, 64, 5, 0)
+        if ceiling and _rps(run):
+            frac = _rps(run) / ceiling
+            flags.append(frac >= TARGET_CEILING_FRACTION)
+            size = (run.get("figures") or {}).get("request_bytes")
+            parts.append(f"{name}: {frac:.0%} of {ceiling:.0f} req/s ({_rps(run):.0f} req/s, {size} B requests)")
+    out.append({"target": f"acks=0: multiqueue >= {TARGET_CEILING_FRACTION:.0%} of the framing ceiling's "
+                          "requests/s at C=64, K=5",
+                "status": _status(flags), "detail": "; ".join(parts) or "shape or ceiling not run"})
+
+    bad, total = [], 0
+    for config in results["configurations"]:
+        if config["mode"] in ("baseline", "multiqueue") and config.get("error"):
+            total += 1
+            bad.append(f"{config['name']}: {config['error'].splitlines()[0]}")
+    for config, run in runs(results):
+        if config["mode"] in ("baseline", "multiqueue"):
+            total += 1
+            v = run.get("verification")
+            if v is None or v["violations"]:
+                s = run["shape"]
+                bad.append(f"{config['name']} C={s['connections']} K={s['in_flight']} acks={s['acks']}: "
+                           f"{'not verified' if v is None else str(v['violations']) + ' violation(s)'}")
+    out.append({"target": "zero ordering/storage violations for baseline and multiqueue in every run",
+                "status": "not measured" if not total else ("met" if not bad else "not met"),
+                "detail": "; ".join(bad) or f"{total} run(s) verified clean"})
+
+    ablation = [(c, r) for c, r in runs(results) if c["mode"] == "shared-unmuted"]
+    seen = [(r["shape"], r.get("ordering_violations") or 0) for _, r in ablation]
+    exposed = sum(n for _, n in seen)
+    out.append({"target": "the shared-unmuted ablation shows ordering violations (the checks are sensitive)",
+                "status": "not measured" if not ablation else ("met" if exposed else "not met"),
+                "detail": ", ".join(f"C={s['connections']} K={s['in_flight']} acks={s['acks']}: {n}"
+                                    for s, n in seen) or "not run"})
+    return out
+
+
+# ------------------------------------------------------------------ tables
+
+
+COLUMNS = ("config", "C", "K", "acks", "req/s", "rec/s", "MB/s", "p50 ms", "p99 ms", "p99.9 ms",
+           "% ceil", "srv CPU s", "cli CPU s", "RSS MB", "max q", "viol.", "status")
+
+
+def _fmt(v, spec: str = ".0f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table_rows(results: dict) -> list[list[str]]:
+    rows = []
+    for config, run in runs(results):
+        s, f = run["shape"], run.get("figures") or {}
+        lat = f.get("latency_ms") or {}
+        depth = f.get("queue_depth_max")
+        rows.append([
+            config["name"], str(s["connections"]), str(s["in_flight"]), str(s["acks"]),
+            _fmt(f.get("requests_per_s")), _fmt(f.get("records_per_s")), _fmt(f.get("mb_per_s"), ".2f"),
+            _fmt(lat.get("p50"), ".1f"), _fmt(lat.get("p99"), ".1f"), _fmt(lat.get("p99.9"), ".1f"),
+            _fmt(None if f.get("fraction_of_ceiling") is None else 100 * f["fraction_of_ceiling"], ".1f"),
+            _fmt(f.get("server_cpu_s"), ".1f"), _fmt(f.get("client_cpu_s"), ".1f"), _fmt(f.get("peak_rss_mb")),
+            "-" if not depth else "/".join(f"{d:.0f}" for d in depth),
+            "-" if run.get("verification") is None else str(run["verification"]["violations"]),
+            run["status"],
+        ])
+    return rows
+
+
+def ceiling_rows(results: dict) -> list[list[str]]:
+    rows = []
+    for run in (results.get("ceiling") or {}).get("runs", []):
+        s, f = run["shape"], run.get("figures") or {}
+        lat = f.get("latency_ms") or {}
+        rows.append([f"C={s['connections']} K={s['in_flight']}", _fmt(f.get("requests_per_s")),
+                     _fmt(f.get("mb_per_s"), ".2f"), _fmt(lat.get("p50"), ".2f"), _fmt(lat.get("p99"), ".2f"),
+                     _fmt(f.get("server_cpu_s"), ".1f"), _fmt(f.get("client_cpu_s"), ".1f"),
+                     run.get("error") and "FAILED" or "OK"])
+    return rows
+
+
+CEILING_COLUMNS = ("shape", "req/s", "MB/s", "p50 ms", "p99 ms", "echo CPU s", "client CPU s", "status")
+
+
+def print_report(results: dict, console) -> None:
+    """The rich tables: runs, ceiling, targets."""
+    from rich.table import Table
+
+    t = Table(title=f"pipeline bench ({results['options']['preset']}): {results['command']}")
+    for col in COLUMNS:
+        t.add_column(col, justify="left" if col in ("config", "status") else "right")
+    for row in table_rows(results):
+        style = "red" if row[-1] != "OK" else None
+        t.add_row(*row, style=style)
+    console.print(t)
+    if results.get("ceiling", {}).get("runs"):
+        c = Table(title="framing ceiling (trio frame echo, same load shape)")
+        for col in CEILING_COLUMNS:
+            c.add_column(col, justify="right")
+        for row in ceiling_rows(results):
+            c.add_row(*row)
+        console.print(c)
+    g = Table(title="targets")
+    g.add_column("target")
+    g.add_column("status")
+    g.add_column("detail", overflow="fold")
+    for target in results.get("targets", []):
+        colour = {"met": "green", "not met": "red", "partly met": "yellow"}.get(target["status"], "dim")
+        g.add_row(target["target"], f"[{colour}]{target['status']}[/]", target["detail"])
+    console.print(g)
+
+
+def markdown(results: dict) -> str:
+    """The tables as Markdown (for summary.md and docs/benchmarks.md)."""
+    lines = [f"Command: `{results['command']}`  ",
+             f"Started {results['started_at']}, {results.get('wall_s', 0):.0f} s wall; machine: "
+             f"{results['machine']['cpus']} CPUs, {results['machine']['platform']}, Python "
+             f"{results['machine']['python']}, load average at start "
+             f"{', '.join(f'{x:.2f}' for x in results['machine']['load_average_at_start'])}.", ""]
+    o = results["options"]
+    lines += [f"Shape: R={o['records']} records of S={o['record_bytes']} B per request, P={o['partitions']} "
+              f"partitions, client {o['client']}, server --ack-on {o['ack_on']}, --linger-ms {o['linger_ms']}, "
+              f"--io-threads {o['io_threads']} (baseline, shared-unmuted); each run bounded by "
+              f"{o['requests']} requests and {o['duration']} s.", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(results)]
+    if results.get("ceiling", {}).get("runs"):
+        lines += ["", "Framing ceiling (trio frame echo, same load shape):", "",
+                  "| " + " | ".join(CEILING_COLUMNS) + " |", "|" + "---|" * len(CEILING_COLUMNS)]
+        lines += ["| " + " | ".join(r) + " |" for r in ceiling_rows(results)]
+    lines += ["", "Targets:", ""]
+    lines += [f"- **{t['status']}**: {t['target']} ({t['detail']})" for t in results.get("targets", [])]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------- plots
+
+
+def write_plots(results: dict, out: Path) -> list[Path]:
+    """The PNGs; returns their paths. Plots with nothing to show are skipped."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    configs = [c["name"] for c in results["configurations"]]
+    colours = {name: plt.cm.tab10(i % 10) for i, name in enumerate(configs)}
+    ceiling = (results.get("ceiling") or {}).get("requests_per_s", {})
+
+    # 1. throughput vs connections, one panel per (K, acks)
+    panels = sorted({(r["shape"]["in_flight"], r["shape"]["acks"]) for _, r in runs(results)})
+    if panels:
+        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+        for ax, (k, acks) in zip(axes[0], panels):
+            for name in configs:
+                pts = sorted((r["shape"]["connections"], _rps(r)) for c, r in runs(results)
+                             if c["name"] == name and (r["shape"]["in_flight"], r["shape"]["acks"]) == (k, acks)
+                             and _rps(r))
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=name, color=colours[name])
+            cpts = sorted((int(key.split(",")[0][2:]), v) for key, v in ceiling.items()
+                          if int(key.split(",")[1][2:]) == k)
+            if cpts:
+                ax.plot(*zip(*cpts), linestyle="--", color="grey", label="echo ceiling")
+            ax.set(xscale="log", yscale="log", xlabel="connections C", ylabel="requests/s",
+                   title=f"K={k}, acks={acks}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        written.append(_save(fig, out / "throughput_vs_connections.png"))
+
+    # 2. latency percentiles, one panel per acked shape
+    shapes = sorted({(r["shape"]["connections"], r["shape"]["in_flight"], r["shape"]["acks"])
+                     for _, r in runs(results) if (r.get("figures") or {}).get("latency_ms")})
+    if shapes:
+        fig, axes = plt.subplots(1, len(shapes), figsize=(max(5, 1.2 * len(configs)) * len(shapes) / 1.5 + 2, 4),
+                                 squeeze=False)
+        pcts = ("p50", "p99", "p99.9")
+        for ax, (c, k, acks) in zip(axes[0], shapes):
+            width = 0.8 / len(pcts)
+            for j, p in enumerate(pcts):
+                vals = []
+                for name in configs:
+                    run = find_run(results, name, c, k, acks)
+                    lat = (run or {}).get("figures", {}).get("latency_ms") if run else None
+                    vals.append(lat[p] if lat else 0)
+                ax.bar([i + j * width for i in range(len(configs))], vals, width, label=p)
+            ax.set_xticks([i + width for i in range(len(configs))], configs, rotation=30, ha="right", fontsize=7)
+            ax.set(yscale="log", ylabel="latency (ms)", title=f"C={c}, K={k}, acks={acks}")
+            ax.grid(True, axis="y", which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        written.append(_save(fig, out / "latency_percentiles.png"))
+
+    # 3. throughput vs queue count (multiqueue), baseline as a dotted line
+    mq = [c for c in results["configurations"] if c["mode"] == "multiqueue" and c["runs"]]
+    if mq:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        all_shapes = sorted({(r["shape"]["connections"], r["shape"]["in_flight"], r["shape"]["acks"])
+                             for c in mq for r in c["runs"]})
+        for i, (c, k, acks) in enumerate(all_shapes):
+            colour = plt.cm.tab10(i % 10)
+            pts = sorted((cfg["queues"], _rps(find_run(results, cfg["name"], c, k, acks)))
+                         for cfg in mq if _rps(find_run(results, cfg["name"], c, k, acks)))
+            if pts:
+                ax.plot(*zip(*pts), marker="o", color=colour, label=f"multiqueue C={c} K={k} acks={acks}")
+            base = _rps(find_run(results, "baseline", c, k, acks))
+            if base:
+                ax.axhline(base, color=colour, linestyle=":", linewidth=1)
+        ax.set(xscale="log", yscale="log", xlabel="queues N", ylabel="requests/s",
+               title="throughput vs queue count (dotted: baseline)")
+        ax.set_xticks(sorted({c["queues"] for c in mq}), [str(q) for q in sorted({c["queues"] for c in mq})])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        written.append(_save(fig, out / "throughput_vs_queues.png"))
+
+    # 4. per-queue depth over time: per configuration, its busiest run
+    busiest = []
+    for config in results["configurations"]:
+        best = max((r for r in config["runs"] if r.get("queue_depth_series")),
+                   key=lambda r: sum(sum(d) for _, d in r["queue_depth_series"]), default=None)
+        if best is not None:
+            busiest.append((config["name"], best))
+    if busiest:
+        fig, axes = plt.subplots(len(busiest), 1, figsize=(7, 2.2 * len(busiest)), squeeze=False, sharex=True)
+        for ax, (name, run) in zip(axes[:, 0], busiest):
+            series = run["queue_depth_series"]
+            queues = max(len(d) for _, d in series)
+            for q in range(queues):
+                ax.plot([t for t, d in series if q < len(d)], [d[q] for _, d in series if q < len(d)],
+                        label=f"queue {q}", linewidth=1)
+            s = run["shape"]
+            ax.set_title(f"{name}: C={s['connections']} K={s['in_flight']} acks={s['acks']}", fontsize=9)
+            ax.set_ylabel("requests queued", fontsize=8)
+            if queues <= 8:
+                ax.legend(fontsize=6, ncol=4)
+        axes[-1, 0].set_xlabel("seconds into the run")
+        fig.tight_layout()
+        written.append(_save(fig, out / "queue_depth.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Redraw the report of an earlier run: ``python -m pipeline.bench.report DIR``."""
+    from rich.console import Console
+
+    argv = sys.argv[1:] if argv is None else argv
+    out = Path(argv[0] if argv else "bench-results")
+    results = json.loads((out / "results.json").read_text())
+    results["targets"] = evaluate_targets(results)
+    write_plots(results, out)
+    (out / "summary.md").write_text(markdown(results))
+    print_report(results, Console())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

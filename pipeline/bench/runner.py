@@ -1,0 +1,777 @@
+"""``pipeline bench``: start servers, drive them, verify, report.
+
+Each configuration (baseline; multiqueue for each queue count; the
+shared-unmuted ablation) gets its own ``pipeline serve`` subprocess with a
+fresh data directory, so runs of different configurations share nothing. All
+servers (and the Spark session the runner verifies with) start at once, since
+Spark start-up dominates a short benchmark; an idle server costs ~1 % of a
+core while it waits. Then, one configuration at a time: a short warm-up (a
+fresh server's first Spark writes take seconds), every load shape on its own
+topic, SIGTERM (ordered shutdown: everything accepted is flushed; it overlaps
+the next configuration's warm-up and is waited for before anything is
+measured). Finally each configuration's table is read with Spark and every
+run verified. The echo framing ceiling (``pipeline.bench.echo``) is measured
+first with the same shapes.
+
+While a load runs, a sampler thread reads the server's process tree with
+psutil (CPU time of the Python process *and* its Spark JVM and helper
+processes, peak RSS) and scrapes ``/metrics`` every 200 ms for per-queue
+depth. The load generator (``pipeline.bench.loadgen``) is a separate process;
+it signals READY and waits, so CPU is measured over exactly the load window.
+
+Output in ``--out``: ``results.json`` (every figure and the exact
+configuration), PNG plots, ``summary.md``, and per-server logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from pipeline.bench import verify
+from pipeline.bench.frames import parse_record_key
+from pipeline.bench.loadgen import LoadSpec
+from pipeline.bench.options import BenchOptions
+
+LISTENING = re.compile(r"listening on (\S+):(\d+)")
+METRICS = re.compile(r"metrics on http://127\.0\.0\.1:(\d+)/metrics")
+SAMPLE_INTERVAL_S = 0.2
+START_TIMEOUT_S = 240.0
+STOP_TIMEOUT_S = 180.0
+LOAD_GRACE_S = 240.0
+"""A load generator may run this much longer than its duration bound (set-up,
+pre-build, draining slow flushes) before it is killed and the run failed."""
+
+
+# ------------------------------------------------------------------ processes
+
+
+class ManagedProcess:
+    """A child process that prints ``listening on HOST:PORT`` when ready.
+
+    stdout is read by a thread (ready line, metrics line); stderr goes to
+    ``log_path``.
+    """
+
+    def __init__(self, name: str, cmd: list[str], log_path: Path) -> None:
+        self.name = name
+        self.cmd = cmd
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._ready = threading.Event()
+        self._terminated = False
+        self._stdout: list[str] = []
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> "ManagedProcess":
+        """``launch`` and ``wait_ready``."""
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> "ManagedProcess":
+        """Start the process without waiting (so a server's Spark can start
+        while the previous server shuts down and is verified)."""
+        self._log = open(self.log_path, "ab")
+        self._launched_at = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self._log,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True)
+        threading.Thread(target=self._read_stdout, daemon=True, name=f"{self.name}-stdout").start()
+        return self
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> "ManagedProcess":
+        """Wait until it listens; ``startup_s`` is then the time since ``launch``.
+
+        Raises:
+            RuntimeError: it exited first, or did not listen within ``timeout_s``
+                (then it is killed); the message ends with its log tail.
+        """
+        assert self.proc is not None, "launch() first"
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.wait(0.2):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before listening:\n"
+                                   f"{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"{self.name} did not listen within {timeout_s:.0f} s:\n{self.log_tail()}")
+        self.startup_s = time.monotonic() - self._launched_at
+        return self
+
+    def _read_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._stdout.append(line)
+            if (m := METRICS.search(line)) is not None:
+                self.metrics_port = int(m.group(1))
+            if (m := LISTENING.search(line)) is not None:
+                self.port = int(m.group(2))
+                self._ready.set()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def terminate(self) -> None:
+        """Send SIGTERM (ordered shutdown) once, without waiting; ``stop`` waits.
+
+        Never twice: a second SIGTERM tells ``pipeline serve`` to stop at once,
+        dropping what it has not flushed.
+        """
+        if self.proc is not None and self.proc.poll() is None and not self._terminated:
+            self._terminated = True
+            self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM and wait (ordered shutdown); kills after ``timeout_s``. Returns the exit code."""
+        if self.proc is None:
+            return -1
+        self.terminate()
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            # The whole tree: a killed server would leave its Spark JVM behind.
+            for child in _tree(self.proc.pid)[1:]:
+                try:
+                    child.kill()
+                except psutil.Error:
+                    pass
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+# ------------------------------------------------------------------- sampling
+
+
+@dataclass(slots=True)
+class ProcessSample:
+    cpu_s: float
+    rss_bytes: int
+
+
+def sample_tree(pid: int) -> ProcessSample:
+    """CPU seconds (user + system) and RSS of ``pid`` and all its descendants (the Spark JVM)."""
+    cpu, rss = 0.0, 0
+    for p in _tree(pid):
+        try:
+            with p.oneshot():
+                t = p.cpu_times()
+                cpu += t.user + t.system
+                rss += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return ProcessSample(cpu, rss)
+
+
+def scrape_metrics(port: int, timeout_s: float = 1.0) -> dict[str, dict[tuple, float]]:
+    """``/metrics`` as {sample name: {label items: value}} (prometheus_client's text parser).
+
+    Raises:
+        OSError: the endpoint is unreachable.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    out: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def queue_depths(metrics: dict[str, dict[tuple, float]]) -> list[float]:
+    """Per-queue depth, ordered by queue number."""
+    samples = metrics.get("pipeline_request_queue_depth", {})
+    by_queue = {int(dict(labels)["queue"]): v for labels, v in samples.items() if "queue" in dict(labels)}
+    return [by_queue[q] for q in sorted(by_queue)]
+
+
+def counter(metrics: dict[str, dict[tuple, float]], name: str) -> float | None:
+    values = metrics.get(name)
+    return sum(values.values()) if values else None
+
+
+class Sampler:
+    """Background sampling of one server (or the echo) while loads run.
+
+    ``begin()``/``end()`` bracket one load window; ``end`` returns the window's
+    CPU seconds, peak RSS, per-queue depth series and counter deltas.
+    """
+
+    COUNTERS = ("pipeline_requests_total", "pipeline_produce_requests_total",
+                "pipeline_records_persisted_total", "pipeline_flushes_total",
+                "pipeline_flush_write_seconds_total", "pipeline_wal_writes_total")
+
+    def __init__(self, pid: int, metrics_port: int | None) -> None:
+        self.pid = pid
+        self.metrics_port = metrics_port
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._window: dict | None = None
+        self.metrics_errors = 0
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="sampler")
+        self._thread.start()
+
+    def _scrape(self) -> dict | None:
+        if self.metrics_port is None:
+            return None
+        try:
+            return scrape_metrics(self.metrics_port)
+        except OSError:
+            self.metrics_errors += 1
+            return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_INTERVAL_S):
+            s = sample_tree(self.pid)
+            m = self._scrape()
+            with self._lock:
+                w = self._window
+                if w is None:
+                    continue
+                w["peak_rss"] = max(w["peak_rss"], s.rss_bytes)
+                if m is not None:
+                    w["depth"].append((round(time.monotonic() - w["t0"], 3), queue_depths(m)))
+
+    def begin(self) -> None:
+        s = sample_tree(self.pid)
+        m = self._scrape()
+        with self._lock:
+            self._window = {"t0": time.monotonic(), "cpu0": s.cpu_s, "peak_rss": s.rss_bytes,
+                            "depth": [], "m0": m}
+
+    def end(self) -> dict:
+        s = sample_tree(self.pid)
+        m = self._scrape()
+        with self._lock:
+            w, self._window = self._window, None
+        if w is None:
+            return {}
+        deltas = {}
+        for name in self.COUNTERS:
+            a = counter(w["m0"], name) if w["m0"] else None
+            b = counter(m, name) if m else None
+            deltas[name] = None if a is None or b is None else b - a
+        depths = [d for _, d in w["depth"]]
+        queues = max((len(d) for d in depths), default=0)
+        return {
+            "server_cpu_s": s.cpu_s - w["cpu0"],
+            "window_s": time.monotonic() - w["t0"],
+            "peak_rss_bytes": max(w["peak_rss"], s.rss_bytes),
+            "queue_depth": {
+                "interval_s": SAMPLE_INTERVAL_S,
+                "series": w["depth"],
+                "max": [max((d[q] for d in depths if q < len(d)), default=0) for q in range(queues)],
+                "mean": [sum(d[q] for d in depths if q < len(d)) / max(1, len(depths)) for q in range(queues)],
+            },
+            "counters": deltas,
+        }
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+# ------------------------------------------------------------------ the plan
+
+
+@dataclass(slots=True)
+class ServerConfiguration:
+    """One server to start: a mode and its size."""
+
+    name: str
+    mode: str
+    queues: int | None = None
+    io_threads: int | None = None
+
+    def serve_args(self, opts: BenchOptions) -> list[str]:
+        args = ["--mode", self.mode, "--num-partitions", str(opts.partitions),
+                "--linger-ms", str(opts.linger_ms), "--ack-on", opts.ack_on, "--metrics-port", "0"]
+        if self.queues is not None:
+            args += ["--queues", str(self.queues)]
+        if self.io_threads is not None:
+            args += ["--io-threads", str(self.io_threads)]
+        return args + list(opts.server_args)
+
+
+def configurations(opts: BenchOptions) -> list[ServerConfiguration]:
+    out = []
+    for name in opts.configs:
+        if name == "multiqueue":
+            out += [ServerConfiguration(f"multiqueue-q{q}", "multiqueue", queues=q) for q in opts.queues]
+        else:
+            out.append(ServerConfiguration(name, name, io_threads=opts.io_threads))
+    return out
+
+
+def shape_key(c: int, k: int) -> str:
+    return f"C={c},K={k}"
+
+
+# ------------------------------------------------------------------- running
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    """A finished load run: the generator's result plus the sampler's window."""
+
+    name: str
+    topic: str
+    shape: dict
+    load: dict | None = None
+    server: dict = field(default_factory=dict)
+    client_cpu_s: float | None = None
+    error: str | None = None
+
+
+def run_load(spec: LoadSpec, workdir: Path, name: str, sampler: Sampler | None) -> RunOutcome:
+    """Run one load generator subprocess to completion (bounded by its spec + LOAD_GRACE_S)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path = workdir / f"{name}.spec.json", workdir / f"{name}.result.json"
+    spec_path.write_text(json.dumps(asdict(spec), indent=1))
+    result_path.unlink(missing_ok=True)
+    outcome = RunOutcome(name, spec.topic, {
+        "connections": spec.connections, "in_flight": spec.in_flight, "acks": spec.acks,
+        "records_per_request": spec.records, "record_bytes": spec.record_bytes,
+        "partitions": spec.partitions, "max_requests": spec.max_requests,
+        "duration_s": spec.duration_s, "client": spec.client, "protocol": spec.protocol})
+    with open(workdir / f"{name}.loadgen.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.bench.loadgen", str(spec_path), str(result_path),
+                                 "--handshake"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        killer = threading.Timer(spec.duration_s + spec.drain_timeout_s + LOAD_GRACE_S, proc.kill)
+        killer.start()
+        cpu = None
+        try:
+            assert proc.stdout is not None
+            assert proc.stdin is not None
+            for line in proc.stdout:
+                if line.strip() == "READY":
+                    if sampler is not None:
+                        sampler.begin()
+                    proc.stdin.write("GO\n")
+                    proc.stdin.close()
+                elif line.strip() == "END":
+                    if sampler is not None:
+                        outcome.server = sampler.end()
+                    try:
+                        t = psutil.Process(proc.pid).cpu_times()
+                        cpu = t.user + t.system
+                    except psutil.Error:
+                        pass
+            rc = proc.wait()
+        finally:
+            killer.cancel()
+    outcome.client_cpu_s = cpu
+    if rc != 0 or not result_path.exists():
+        tail = (workdir / f"{name}.loadgen.log").read_text(errors="replace")[-3000:]
+        outcome.error = f"load generator exited with {rc}:\n{tail}"
+        return outcome
+    outcome.load = json.loads(result_path.read_text())
+    return outcome
+
+
+def figures(outcome: RunOutcome, ceiling_rps: float | None) -> dict:
+    """Throughput, latency and resource figures of a run (units in the key names)."""
+    from hdrh.histogram import HdrHistogram
+
+    load = outcome.load or {}
+    if not load:
+        return {}
+    spec = load["spec"]
+    elapsed = load["elapsed_s"]
+    acked = spec["protocol"] == "echo" or spec["acks"] != 0
+    requests = load["completed"] if acked else load["sent"]
+    per_unit = spec["records"] if spec["client"] == "raw" else 1
+    records = requests * per_unit
+    if spec["client"] == "confluent":
+        # Units are records; librdkafka chose the requests: take them from the server.
+        server_requests = (outcome.server.get("counters") or {}).get("pipeline_produce_requests_total")
+        requests = server_requests if server_requests is not None else None
+    request_bytes = load.get("request_bytes")
+    out = {
+        "elapsed_s": elapsed,
+        "requests": requests,
+        "records": records,
+        "requests_per_s": None if requests is None else requests / elapsed,
+        "records_per_s": records / elapsed,
+        "mb_per_s": (requests * request_bytes / elapsed / 1e6) if request_bytes and requests else
+                    records * spec["record_bytes"] / elapsed / 1e6,
+        "request_bytes": request_bytes,
+        "stopped_by": load["stopped_by"],
+        "timed_out": load["timed_out"],
+        "prebuilt_requests": load.get("prebuilt_requests"),
+        "prebuild_capped": load.get("prebuild_capped"),
+        "latency_ms": None,
+        "client_cpu_s": load.get("client_cpu_s"),
+        "client_process_cpu_s": outcome.client_cpu_s,
+    }
+    if load.get("latency_hdr"):
+        h = HdrHistogram.decode(load["latency_hdr"])
+        out["latency_ms"] = {
+            "count": h.get_total_count(),
+            **{f"p{p:g}": h.get_value_at_percentile(p) / 1000 for p in (50, 90, 99, 99.9)},
+            "max": h.get_max_value() / 1000,
+            "mean": h.get_mean_value() / 1000,
+        }
+    srv = outcome.server or {}
+    if srv:
+        out["server_cpu_s"] = srv["server_cpu_s"]
+        out["server_cpu_cores"] = srv["server_cpu_s"] / max(1e-9, srv["window_s"])
+        out["peak_rss_mb"] = srv["peak_rss_bytes"] / 2**20
+        out["queue_depth_max"] = srv["queue_depth"]["max"]
+        out["queue_depth_mean"] = srv["queue_depth"]["mean"]
+        out["server_counters"] = srv["counters"]
+    if ceiling_rps and out["requests_per_s"]:
+        out["fraction_of_ceiling"] = out["requests_per_s"] / ceiling_rps
+    return out
+
+
+def verify_run(outcome: RunOutcome, rows: list | None) -> verify.RunVerification:
+    """(a), (b) from the responses, (c) against ``rows`` (None: table not read)."""
+    load = outcome.load or {}
+    spec = load.get("spec", {})
+    acked = spec.get("acks", -1) != 0
+    arrivals: dict[int, list[int]] = {}
+    sent: dict[int, int] = {}
+    responses: list[verify.Response] = []
+    expected: list[verify.ExpectedRequest] = []
+    for conn in load.get("connections", []):
+        c, partition, per = conn["conn"], conn["partition"], conn["records_per_request"]
+        sent[c] = conn["sent"]
+        arrivals[c] = [r[0] for r in conn["responses"]]
+        if acked:
+            responses += [verify.Response(c, r[0], partition, r[2], per, r[3]) for r in conn["responses"]]
+        else:
+            expected += [verify.ExpectedRequest(c, req, partition, per) for req in range(conn["sent"])]
+    if acked:
+        order = verify.response_order(arrivals, sent)
+        offsets = verify.offset_order(responses)
+        expected = verify.expected_from_responses(responses)
+    else:
+        order, offsets = verify.ResponseOrderReport(), verify.OffsetOrderReport()
+    table = verify.check_table(expected, rows) if rows is not None else None
+    return verify.RunVerification(order, offsets, table)
+
+
+def read_topic_rows(spark, data_dir: Path, topics: list[str]) -> dict[str, list[tuple]]:
+    """Stored rows of each of ``topics`` as (partition, offset, record name), read
+    with ``read_records`` in one Spark job; the name is None for a foreign key."""
+    from pyspark.sql import functions as F
+
+    from pipeline.persist.spark_sink import read_records
+
+    table = (read_records(spark, data_dir).where(F.col("topic").isin(topics))
+             .select("topic", "partition", "offset", "key").toArrow())
+    rows: dict[str, list[tuple]] = {t: [] for t in topics}
+    for t, p, o, k in zip(table.column("topic").to_pylist(), table.column("partition").to_pylist(),
+                          table.column("offset").to_pylist(), table.column("key").to_pylist()):
+        try:
+            name = parse_record_key(k)
+        except ValueError:
+            name = None
+        rows[t].append((p, o, name))
+    return rows
+
+
+# ----------------------------------------------------------------------- main
+
+
+def _machine() -> dict:
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def _request_bound(opts: BenchOptions, ceiling: dict[str, float], c: int, k: int, acks: int) -> int:
+    """Requests to pre-build for one run: ``--requests``, lowered to three times
+    what the echo ceiling took in ``--duration`` at the same (C, K): no server
+    doing real work gets near it, and pre-building (3 us and 1 KiB a request)
+    should not dwarf runs that complete a few thousand requests."""
+    rps = ceiling.get(shape_key(c, k))
+    if rps is None:
+        return opts.requests
+    return max(c * k * 4, min(opts.requests, int(rps * opts.duration * 3)))
+
+
+WARMUP_SHAPE = (4, 5, -1)
+"""(C, K, acks) of each server's warm-up load: a fresh server's first Spark
+writes take seconds (JIT, directory creation), which no run should measure."""
+WARMUP_S = 1.5
+
+
+def _server_command(config: ServerConfiguration, opts: BenchOptions, data_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", "serve", "--listen", "127.0.0.1:0",
+            "--data-dir", str(data_dir), *config.serve_args(opts)]
+
+
+def _measure_ceiling(opts: BenchOptions, out: Path, shapes: list[tuple[int, int]], results: dict,
+                     on_step) -> dict[str, float]:
+    """Run every (C, K) against the echo server; returns {shape_key: requests/s}."""
+    ceiling: dict[str, float] = {}
+    echo = ManagedProcess("echo", [sys.executable, "-m", "pipeline.bench.echo", "--listen", "127.0.0.1:0"],
+                          out / "logs" / "echo.log").start()
+    sampler = Sampler(echo.pid, None)
+    try:
+        for c, k in shapes:
+            on_step(f"ceiling (trio frame echo): C={c} K={k}")
+            spec = LoadSpec("127.0.0.1", echo.port, protocol="echo", client="raw", topic="echo",
+                            connections=c, in_flight=k, records=opts.records, record_bytes=opts.record_bytes,
+                            partitions=opts.partitions, acks=-1, max_requests=opts.requests,
+                            duration_s=opts.duration)
+            o = run_load(spec, out / "runs", f"ceiling-c{c}-k{k}", sampler)
+            f = figures(o, None)
+            v = verify_run(o, None) if o.load else None
+            if f.get("requests_per_s") and not o.error:
+                ceiling[shape_key(c, k)] = f["requests_per_s"]
+            results["ceiling"]["runs"].append({
+                "shape": o.shape, "figures": f, "error": o.error,
+                "response_order_violations": v.response_order.violations if v else None})
+    finally:
+        sampler.close()
+        echo.stop()
+    return ceiling
+
+
+def _judge(config: ServerConfiguration, entry: dict, o: RunOutcome, rows, table_error: str | None,
+           ceiling: dict[str, float]) -> dict:
+    """The run's entry for results.json: figures, verification, status and why."""
+    f = figures(o, ceiling.get(shape_key(o.shape["connections"], o.shape["in_flight"])))
+    v = verify_run(o, rows) if o.load is not None else None
+    reasons = []
+    if o.error:
+        reasons.append(o.error.splitlines()[0])
+    if table_error:
+        reasons.append(f"table not read: {table_error}")
+    if v is not None and v.violations:
+        reasons.append(f"{v.violations} violation(s)")
+    if v is not None and v.offset_order.errors.count:
+        reasons.append(f"{v.offset_order.errors.count} error response(s)")
+    if f.get("timed_out"):
+        reasons.append("responses still outstanding at the drain timeout")
+    if not f.get("requests"):
+        reasons.append("no request completed")
+    if entry.get("exit_code") not in (0, None):
+        reasons.append(f"server exited with {entry['exit_code']}")
+    return {
+        "topic": o.topic, "shape": o.shape, "status": "OK" if not reasons else "FAILED", "reasons": reasons,
+        "figures": f, "verification": v.to_json() if v is not None else None,
+        "ordering_violations": v.ordering_violations if v is not None else None,
+        "queue_depth_series": (o.server.get("queue_depth") or {}).get("series"),
+        "timeline": (o.load or {}).get("timeline"),
+        "timeline_ms": (o.load or {}).get("timeline_ms"),
+        "error": o.error,
+    }
+
+
+def main(opts: BenchOptions) -> int:
+    """Run the plan; returns the exit code (1 if a baseline/multiqueue run failed)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from pipeline.bench import report
+
+    console = Console(stderr=True)
+    out = opts.out.resolve()
+    for stale in ("data", "runs", "logs"):
+        shutil.rmtree(out / stale, ignore_errors=True)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    configs = configurations(opts)
+    shapes = opts.all_shapes()
+    ceiling_shapes = sorted({(c, k) for c, k, _ in shapes})
+    results: dict = {
+        "command": "pipeline bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": _machine(),
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
+        "configurations": [],
+        "ceiling": {"server": "pipeline.bench.echo", "runs": []},
+    }
+    started = time.monotonic()
+    total = (len(ceiling_shapes) if opts.ceiling else 0) + len(configs) * (len(shapes) + 3)
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier-spark")
+    spark_future: Future | None = None
+    ceiling: dict[str, float] = {}
+    failed_required = False
+    servers = [ManagedProcess(c.name, _server_command(c, opts, out / "data" / c.name),
+                              out / "logs" / f"{c.name}.log") for c in configs]
+
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=False)
+    with progress:
+        task = progress.add_task("starting", total=total)
+
+        def step(description: str | None = None, advance: int = 0) -> None:
+            if description is not None:
+                progress.update(task, description=description)
+            if advance:
+                progress.advance(task, advance)
+
+        entries = []
+        for config, server in zip(configs, servers):
+            entries.append({"name": config.name, "mode": config.mode, "queues": config.queues,
+                            "io_threads": config.io_threads, "serve_args": config.serve_args(opts),
+                            "command": " ".join(["pipeline", *server.cmd[3:]]), "runs": [], "error": None})
+        results["configurations"] = entries
+        outcomes: dict[str, list[RunOutcome]] = {c.name: [] for c in configs}
+        try:
+            # Every server (and the verifier's Spark) starts at once: Spark
+            # start-up dominates a quick bench and overlaps well on 2 cores.
+            # An idle server costs ~1 % of a core; they wait their turn.
+            step(f"starting {len(servers)} server(s) and the verifier's Spark in parallel")
+            for server in servers:
+                server.launch()
+            spark_future = executor.submit(_verifier_spark)
+            for entry, server in zip(entries, servers):
+                try:
+                    server.wait_ready()
+                    entry["startup_s"] = server.startup_s
+                except RuntimeError as exc:
+                    entry["error"] = str(exc)
+                step(advance=1)
+
+            if opts.ceiling:
+                ceiling = _measure_ceiling(opts, out, ceiling_shapes, results,
+                                           lambda d: (step(d), step(advance=1)))
+
+            stopping: tuple[ManagedProcess, dict] | None = None
+
+            def finish_stopping() -> None:
+                nonlocal stopping
+                if stopping is not None:
+                    previous, previous_entry = stopping
+                    previous_entry["exit_code"] = previous.stop()
+                    previous_entry["server_log_tail"] = (previous.log_tail(1500)
+                                                         if previous_entry["exit_code"] != 0 else None)
+                    stopping = None
+
+            for config, server, entry in zip(configs, servers, entries):
+                if entry["error"] is not None:
+                    failed_required |= config.mode != "shared-unmuted"
+                    step(advance=len(shapes) + 1)
+                    continue
+                step(f"{config.name}: warm-up")
+                c, k, acks = WARMUP_SHAPE
+                warm = run_load(LoadSpec("127.0.0.1", server.port, topic="bench-warmup", connections=c,
+                                         in_flight=k, acks=acks, records=opts.records,
+                                         record_bytes=opts.record_bytes, partitions=opts.partitions,
+                                         max_requests=opts.requests, duration_s=min(WARMUP_S, opts.duration)),
+                                out / "runs", f"{config.name}-warmup", None)
+                entry["warmup"] = {"figures": figures(warm, None), "error": warm.error}
+                # The previous server shut down during the warm-up; it must be
+                # gone before anything is measured.
+                finish_stopping()
+                step(advance=1)
+                sampler = Sampler(server.pid, server.metrics_port)
+                try:
+                    for i, (c, k, acks) in enumerate(shapes):
+                        step(f"{config.name}: C={c} K={k} acks={acks}")
+                        topic = f"bench-{i:02d}-c{c}-k{k}-acks{'m1' if acks == -1 else acks}"
+                        spec = LoadSpec("127.0.0.1", server.port, protocol="kafka", client=opts.client,
+                                        topic=topic, connections=c, in_flight=k, records=opts.records,
+                                        record_bytes=opts.record_bytes, partitions=opts.partitions, acks=acks,
+                                        max_requests=_request_bound(opts, ceiling, c, k, acks),
+                                        duration_s=opts.duration)
+                        outcomes[config.name].append(
+                            run_load(spec, out / "runs", f"{config.name}-{topic}", sampler))
+                        step(advance=1)
+                        if server.proc is not None and server.proc.poll() is not None:
+                            break
+                finally:
+                    sampler.close()
+                    server.terminate()  # ordered shutdown, overlapping the next warm-up
+                    stopping = (server, entry)
+            step("stopping the last server (flushes everything)")
+            finish_stopping()
+        finally:
+            for server in servers:  # only if we are leaving early
+                if server.proc is not None and server.proc.poll() is None:
+                    server.kill()
+
+        step("verifying the tables")
+        spark = None
+        try:
+            spark = spark_future.result() if spark_future is not None else None
+        except Exception as exc:  # noqa: BLE001 - reported per configuration
+            for entry in entries:
+                entry["error"] = entry["error"] or f"verifier Spark failed to start: {exc}"
+        for config, entry in zip(configs, entries):
+            step(f"{config.name}: verifying the table")
+            stored, table_error = None, None
+            if spark is not None and outcomes[config.name]:
+                try:
+                    stored = read_topic_rows(spark, out / "data" / config.name,
+                                             [o.topic for o in outcomes[config.name]])
+                except Exception as exc:  # noqa: BLE001
+                    table_error = f"{type(exc).__name__}: {exc}"[:500]
+            for o in outcomes[config.name]:
+                rows = stored.get(o.topic) if stored is not None and o.load is not None else None
+                run = _judge(config, entry, o, rows, table_error, ceiling)
+                failed_required |= run["status"] != "OK" and config.mode != "shared-unmuted"
+                entry["runs"].append(run)
+            step(advance=1)
+        step(f"done in {time.monotonic() - started:.0f} s")
+
+    if spark_future is not None:
+        try:
+            spark_future.result().stop()
+        except Exception:  # noqa: BLE001 - already reported
+            pass
+    executor.shutdown(wait=False)
+    results["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    results["wall_s"] = time.monotonic() - started
+    results["ceiling"]["requests_per_s"] = ceiling
+    results["targets"] = report.evaluate_targets(results)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    report.write_plots(results, out)
+    (out / "summary.md").write_text(report.markdown(results))
+    wide = Console(width=None if Console().is_terminal else 200)
+    report.print_report(results, wide)
+    wide.print(f"results: {out / 'results.json'}; plots and summary.md in {out}")
+    return 1 if failed_required else 0
+
+
+def _verifier_spark():
+    from pipeline.persist.spark_sink import build_spark_session
+
+    return build_spark_session("local[2]", app_name="pipeline-bench-verify")

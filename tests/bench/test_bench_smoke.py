@@ -1,0 +1,47 @@
+"""``pipeline bench --smoke`` end to end: real servers (Spark), load, verification, report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PLOTS = ("throughput_vs_connections.png", "latency_percentiles.png", "throughput_vs_queues.png",
+         "queue_depth.png")
+
+
+def test_bench_smoke(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+
+    assert results["options"]["preset"] == "smoke"
+    assert {c["name"] for c in results["configurations"]} == {"baseline", "multiqueue-q2", "shared-unmuted"}
+    for config in results["configurations"]:
+        assert config["error"] is None, config["error"]
+        assert config["exit_code"] == 0
+        assert config["runs"], f"{config['name']} has no runs"
+        for run in config["runs"]:
+            f = run["figures"]
+            assert f["requests_per_s"] > 0 and f["records_per_s"] > 0 and f["mb_per_s"] > 0
+            assert 0 < f["latency_ms"]["p50"] <= f["latency_ms"]["p99"] <= f["latency_ms"]["p99.9"]
+            assert f["server_cpu_s"] > 0 and f["peak_rss_mb"] > 0
+            assert f["queue_depth_max"] is not None and f["fraction_of_ceiling"] > 0
+            v = run["verification"]
+            assert v is not None and v["table"] is not None and v["table"]["rows"] > 0
+            if config["mode"] != "shared-unmuted":
+                assert run["status"] == "OK", run["reasons"]
+                assert v["violations"] == 0
+                assert v["table"]["rows"] == v["table"]["expected"] == f["records"]
+
+    assert results["ceiling"]["requests_per_s"]
+    assert {t["target"] for t in results["targets"]}
+    for name in PLOTS:
+        assert (out / name).stat().st_size > 1000, name
+    assert "| config |" in (out / "summary.md").read_text()
