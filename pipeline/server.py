@@ -172,6 +172,7 @@ class Server:
             persister,
             first_producer_id=time.time_ns() // 1_000_000,
             producers=producers,
+            yield_before_sequencing=c.mode is not Mode.MULTIQUEUE,
         )
         mute = c.mode is Mode.BASELINE
         ordered = c.mode is not Mode.SHARED_UNMUTED

@@ -147,6 +147,7 @@ class KafkaChannel:
     async def _read_requests(self) -> None:
         decoder = self._decoder
         stream = self._stream
+        batch_reads = self._request_channel.batches_per_read and not self._mute_after_request
         while True:
             data = await stream.receive_some(RECEIVE_SIZE)
             if not data:
@@ -157,19 +158,27 @@ class KafkaChannel:
                     )
                 return
             decoder.receive_data(data)
+            batch: list[Request] = []
             while (frame := decoder.next_frame()) is not None:
                 header = parse_request_header(frame)
                 token = self._sequencer.register(header.correlation_id)
                 self.requests_received += 1
-                request = Request(self, header, frame, token, trio.current_time())
-                if self._mute_after_request:
-                    self._unmuted = trio.Event()
-                # Shielded: once registered, a request must reach a handler or
-                # its slot would block every later response of this connection.
-                with trio.CancelScope(shield=True):
-                    await self._request_channel.send_request(request)
-                if self._mute_after_request:
-                    await self._unmuted.wait()
+                batch.append(Request(self, header, frame, token, trio.current_time()))
+                if not batch_reads:
+                    await self._dispatch(batch)
+                    batch = []
+            if batch:
+                await self._dispatch(batch)
+
+    async def _dispatch(self, requests: list[Request]) -> None:
+        if self._mute_after_request:
+            self._unmuted = trio.Event()
+        # Shielded: once registered, a request must reach a handler or its
+        # slot would block every later response of this connection.
+        with trio.CancelScope(shield=True):
+            await self._request_channel.send_requests(requests)
+        if self._mute_after_request:
+            await self._unmuted.wait()
 
     async def _write_loop(self, connection_scope: trio.CancelScope) -> None:
         drain_deadline = float("inf")

@@ -71,6 +71,9 @@ class KafkaApis:
         first_producer_id: first id InitProducerId hands out; the server seeds
             it from the wall clock (ms) so ids are not reused across restarts.
         producers: idempotent producer state (recovered at start).
+        yield_before_sequencing: let other handlers run between parsing and
+            sequencing a produce, as a preempted pool thread would (set for
+            the shared-queue modes).
     """
 
     def __init__(
@@ -81,12 +84,14 @@ class KafkaApis:
         persister: BatchingPersister,
         first_producer_id: int,
         producers: ProducerStateManager | None = None,
+        yield_before_sequencing: bool = False,
     ) -> None:
         self.broker = broker
         self.catalog = catalog
         self.offsets = offsets
         self.persister = persister
         self.producers = producers or ProducerStateManager()
+        self.yield_before_sequencing = yield_before_sequencing
         self._producer_ids = itertools.count(first_producer_id)
         self._deadlines: list[tuple[float, int, PendingProduce]] = []
         self._deadline_seq = itertools.count()
@@ -140,12 +145,13 @@ class KafkaApis:
         header = request.header
         view = apis.produce_view(apis.decode_request(header, request.frame))
         self.stats.produce_requests += 1
-        # A scheduling point between parsing and sequencing, where a thread of
-        # Kafka's handler pool could be preempted. Harmless with one handler
-        # per queue or with mute; with a shared queue and no mute it lets two
-        # handlers sequence one connection's requests out of order, which is
-        # the hazard the benchmark's shared-unmuted ablation must expose.
-        await trio.lowlevel.checkpoint()
+        if self.yield_before_sequencing:
+            # A scheduling point between parsing and sequencing, where a thread
+            # of Kafka's handler pool could be preempted. With a shared queue
+            # and no mute it lets two handlers sequence one connection's
+            # requests out of order: the hazard the benchmark's shared-unmuted
+            # ablation must expose. A queue with one handler has no such race.
+            await trio.lowlevel.checkpoint()
         results: list[PartitionResult] = []
         checked: list[tuple[int, ProducePartition, RecordsInfo]] = []
         for part in view.partitions:
@@ -327,7 +333,8 @@ class RequestHandler:
     shares one. The loop ends when the RequestChannel is closed and drained.
     """
 
-    def __init__(self, handler_id: int, apis_: KafkaApis, receiver: trio.MemoryReceiveChannel[Request]) -> None:
+    def __init__(self, handler_id: int, apis_: KafkaApis,
+                 receiver: trio.MemoryReceiveChannel[list[Request]]) -> None:
         self.handler_id = handler_id
         self._apis = apis_
         self._receiver = receiver
@@ -336,15 +343,16 @@ class RequestHandler:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         async with self._receiver:
-            async for request in self._receiver:
-                try:
-                    await self._apis.handle(request)
-                except Exception:
-                    log.exception("handler %d: request from %s failed", self.handler_id,
-                                  request.connection.connection_id)
-                    request.connection.close("internal error while handling a request")
+            async for requests in self._receiver:
+                for request in requests:
                     try:
-                        request.connection.complete(request.token, None)
+                        await self._apis.handle(request)
                     except Exception:
-                        pass
-                self.handled += 1
+                        log.exception("handler %d: request from %s failed", self.handler_id,
+                                      request.connection.connection_id)
+                        request.connection.close("internal error while handling a request")
+                        try:
+                            request.connection.complete(request.token, None)
+                        except Exception:
+                            pass
+                    self.handled += 1
