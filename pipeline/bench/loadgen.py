@@ -77,6 +77,8 @@ class LoadSpec:
         acks: -1, 0 or 1.
         max_requests: bound on requests over all connections.
         duration_s: bound on the time spent sending.
+        rate: if > 0, at most this many requests/s in total (a token bucket
+            from the start; acks 1/-1 only), for latency at a given load.
         produce_version: Produce api version (9: flexible; 8: last non-flexible).
         max_prebuilt_bytes: memory bound for pre-built frames; ``max_requests``
             is lowered to fit (reported as ``prebuild_capped``).
@@ -101,6 +103,7 @@ class LoadSpec:
     drain_timeout_s: float = 120.0
     connect_timeout_s: float = 30.0
     timeline_ms: int = 250
+    rate: float = 0.0
 
     def __post_init__(self) -> None:
         if self.host != "127.0.0.1":
@@ -269,10 +272,14 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout, ready=_no
     counters = {"sent": 0, "completed": 0, "unknown": 0, "fenced": 0}
     fence_template = metadata_frame(spec.topic, 0)
 
+    start = [now()]
+
     def fill(c: _Conn, t: int) -> None:
         frames_, nxt = c.frames, c.next
         if windowed:
             room = min(window - len(c.inflight), len(frames_) - nxt)
+            if spec.rate:
+                room = min(room, int(spec.rate * (t - start[0]) / 1e9) - counters["sent"])
             if room <= 0:
                 return
             batch = frames_[nxt:nxt + room]
@@ -356,6 +363,7 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout, ready=_no
     print("START", file=out, flush=True)
     cpu0 = time.process_time()
     t0 = now()
+    start[0] = t0
     send_deadline = t0 + int(spec.duration_s * 1e9)
     drain_deadline: int | None = None
     stopped_by = "count"
@@ -388,7 +396,7 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout, ready=_no
                     c.mask = want
             if done:
                 break
-            for key, events in sel.select(timeout=0.05):
+            for key, events in sel.select(timeout=0.0005 if spec.rate else 0.05):
                 c = key.data
                 t = now()
                 if events & selectors.EVENT_READ:
