@@ -62,10 +62,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="bytes buffered for persistence above which handlers wait (default 256 MiB)")
     p.add_argument("--data-dir", type=Path, default=Path("data"),
                    help="where the table lives: DATA_DIR/records (default ./data)")
-    p.add_argument("--spark-master", default="local[*]",
-                   help="Spark master URL, e.g. spark://127.0.0.1:7077 (default local[*], embedded)")
-    p.add_argument("--spark-remote", default=None, metavar="URL",
-                   help="Spark Connect server, e.g. sc://127.0.0.1:15002 (instead of --spark-master)")
+    spark = p.add_mutually_exclusive_group()
+    spark.add_argument("--spark-master", default="local[*]",
+                       help="Spark master URL, e.g. spark://127.0.0.1:7077 (default local[*], embedded)")
+    spark.add_argument("--spark-remote", default=None, metavar="URL",
+                       help="Spark Connect server, e.g. sc://127.0.0.1:15002 (instead of --spark-master)")
     p.add_argument("--ack-on", choices=["wal", "spark"], default="wal",
                    help="acknowledge a produce once its records are fsynced in the write-ahead log "
                         "(wal, default) or once the Spark write holding them has committed (spark)")
@@ -167,7 +168,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
     from pipeline.persist.spark_sink import build_spark_session, run_sql
 
-    spark = build_spark_session(args.spark_master, app_name="pipeline-sql")
+    spark = build_spark_session(None if args.spark_remote else args.spark_master, app_name="pipeline-sql",
+                                remote=args.spark_remote)
     try:
         columns, rows = run_sql(spark, args.data_dir, args.query)
     finally:
@@ -191,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     sql = sub.add_parser("sql", help="run Spark SQL over the table (registered as `records`)")
     sql.add_argument("query", help='e.g. "SELECT topic, count(*) FROM records GROUP BY topic"')
     sql.add_argument("--data-dir", type=Path, default=Path("data"))
-    sql.add_argument("--spark-master", default="local[*]")
+    sql_spark = sql.add_mutually_exclusive_group()
+    sql_spark.add_argument("--spark-master", default="local[*]")
+    sql_spark.add_argument("--spark-remote", default=None, metavar="URL", help="Spark Connect server (sc://...)")
     sql.add_argument("--max-rows", type=positive_int, default=1000, help="rows to print (default 1000)")
     sql.set_defaults(func=cmd_sql)
     from pipeline.bench.options import add_bench_arguments  # argparse only; the benchmark loads lazily

@@ -20,3 +20,37 @@ def spark() -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
     session = build_spark_session("local[2]", app_name="pipeline-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory) -> Iterator["pipeline.persist.spark_cluster.StandaloneCluster"]:  # noqa: F821
+    """A standalone Spark Master + one Worker (1 core, 1 GiB) on 127.0.0.1, for the whole run.
+
+    Started on first use (~8 s) and stopped at the end; its logs and the
+    executors' are under the fixture's temp dir. One SparkContext per JVM:
+    a driver on this cluster must run in its own process (the ``spark``
+    fixture already holds this one's).
+    """
+    from pipeline.persist.spark_cluster import StandaloneCluster
+
+    with StandaloneCluster(tmp_path_factory.mktemp("spark-standalone")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory) -> Iterator["pipeline.persist.spark_cluster.ConnectServer"]:  # noqa: F821
+    """A Spark Connect server (local[*], 2 GiB heap) on 127.0.0.1, for the whole run (~7 s to start)."""
+    from pipeline.persist.spark_cluster import ConnectServer
+
+    with ConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def connect_spark(connect_server) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
+    """A Spark Connect client session to ``connect_server``, built like the server's own sink."""
+    from pipeline.persist.spark_sink import build_spark_session
+
+    session = build_spark_session(remote=connect_server.url)
+    yield session
+    session.stop()

@@ -29,6 +29,12 @@ from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.spark_sink import SparkSink, read_records
 
 
+LOCAL_RELATION_MAX_ROWS = 20_000
+"""Flushes with fewer rows go to Spark as a LocalRelation (see ``write``)."""
+LOCAL_RELATION_MAX_BYTES = 48 * 1024 * 1024
+"""Spark's default ``spark.sql.execution.arrow.localRelationThreshold``."""
+
+
 class SparkGroupSink:
     """The table side of the persister: Arrow conversion + Spark, blocking (worker thread).
 
@@ -49,8 +55,16 @@ class SparkGroupSink:
         self._pool: ProcessPoolExecutor | None = None
 
     def start(self) -> None:
-        """Start Spark (blocking, ~8 s) and the decode worker."""
+        """Start Spark (blocking, ~8 s), warm its write path, start the decode worker.
+
+        The first Parquet write of a JVM takes seconds (class loading, JIT);
+        one throwaway row written to ``DATA_DIR/_pipeline/warmup`` here keeps
+        that off the first produce request's latency.
+        """
         self._sink.start()
+        warmup = pa.table({"warmup": pa.array([1], pa.int32())})
+        path = os.path.join(self._sink.data_dir, "_pipeline", "warmup")
+        self._sink.spark.createDataFrame(warmup).write.mode("overwrite").parquet(path)
         if self._decode_in_subprocess and self._pool is None:
             # spawn, not fork: forking a process that runs a JVM gateway and
             # threads is unsafe.
@@ -75,6 +89,12 @@ class SparkGroupSink:
 
     def write(self, table: pa.Table, exclude: set[tuple[str, int, int]] | None = None) -> None:
         """One Spark append of ``table`` minus the (topic, partition, offset) rows in ``exclude``."""
+        # Small flushes are faster as a LocalRelation planned on the driver
+        # (measured 0.24 s vs 0.45 s median for 3,200 rows); large ones as
+        # Arrow batches shipped to executors (~2x faster for 100k rows). Writes
+        # are serialised, so setting the SQL conf per write is safe.
+        threshold = "0" if table.num_rows >= LOCAL_RELATION_MAX_ROWS else str(LOCAL_RELATION_MAX_BYTES)
+        self._sink.spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", threshold)
         if exclude:
             keep = [
                 (t, p, o) not in exclude

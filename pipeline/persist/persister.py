@@ -182,6 +182,7 @@ class BatchingPersister:
         self._in_wal_write = 0
         self._in_spark_prepare = 0
         self._in_spark_write = 0
+        self._spark_writing = False
         self._wal_wakeup = trio.Event()
         self._spark_wakeup = trio.Event()
         self._space = trio.Event()
@@ -339,6 +340,16 @@ class BatchingPersister:
             reason = acc.ready(now_ms)
             if reason is None and acc.pending and self.buffered_bytes >= self._max_buffer_bytes:
                 reason = FlushReason.MEMORY
+            if reason is FlushReason.LINGER and self._spark_writing:
+                # Group commit: while a write is in flight a lingered group
+                # keeps filling, and goes when the writer is free (or the
+                # group fills up, which still overlaps its decoding with the
+                # write). Draining it at once would split the next flush in
+                # two and pay the fixed cost of a Spark write twice.
+                reason = None
+                deadline_wait = float("inf")
+            else:
+                deadline_wait = None
             if reason is not None:
                 group = acc.drain(reason)
                 self._in_spark_prepare = group.size_bytes
@@ -354,14 +365,21 @@ class BatchingPersister:
                 return
             self._spark_wakeup = trio.Event()
             deadline = acc.linger_deadline_ms()
+            if deadline_wait is not None:
+                deadline = deadline_wait
             with trio.move_on_at(deadline / 1000.0 if deadline is not None else float("inf")):
                 await self._spark_wakeup.wait()
 
     async def _spark_writer(self, receive: trio.MemoryReceiveChannel) -> None:
         async with receive:
             async for group, table in receive:
-                if not await self._write_spark(group, table):
-                    return
+                self._spark_writing = True
+                try:
+                    if not await self._write_spark(group, table):
+                        return
+                finally:
+                    self._spark_writing = False
+                    self._spark_wakeup.set()  # a lingered group may go now
 
     async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: pa.Table) -> bool:
         """Write one group until it succeeds; False if given up at shutdown."""

@@ -15,8 +15,10 @@ Every process binds to 127.0.0.1 (``--host``, ``SPARK_LOCAL_IP``, the gRPC
 binding address), runs in its own process group (so ``stop`` also ends the
 executor JVMs a Worker launched) and writes its log to ``work_dir``; a
 process that does not come up within ``timeout_s`` is stopped and reported
-with the tail of its log. Memory is kept modest (daemons 512 MiB of heap,
-executors and the Connect driver 1 GiB): a laptop or a 2-core CI runner.
+with the tail of its log. Being in their own group, the JVMs also outlive a
+Python process killed before it could call ``stop`` (SIGKILL; SIGTERM without
+a handler): stop them by their group id then. Memory is kept modest (daemons 512 MiB of heap,
+executors 1 GiB, the Connect server 2 GiB): a laptop or a 2-core CI runner.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 _MASTER_STARTED = re.compile(r"Starting Spark master at (spark://\S+)")
 # Worker's "Successfully registered with master spark://..." (Worker.handleRegisterResponse).
 _WORKER_REGISTERED = re.compile(r"Successfully registered with master")
+# SparkConnectServer's "Spark Connect server started at: 127.0.0.1:PORT". The
+# port can differ from the one asked for: a taken port makes Spark try the
+# next ones (Utils.startServiceOnPort, spark.port.maxRetries); 0 picks a free one.
+_CONNECT_STARTED = re.compile(r"Spark Connect server started at: \S+:(\d+)")
 
 
 class SparkProcessError(RuntimeError):
@@ -54,13 +60,6 @@ def spark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port free on ``host`` right now (another process may take it before we bind)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
@@ -114,7 +113,7 @@ class SparkProcess:
 
     @property
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and self._exit_status() is None
 
     def log_text(self) -> str:
         try:
@@ -130,25 +129,38 @@ class SparkProcess:
 
     def check_alive(self) -> None:
         """Raises ``SparkProcessError`` (with the log tail) if the process has exited."""
-        if self.proc is not None and self.proc.poll() is not None:
-            raise self.fail(f"exited with code {self.proc.returncode}")
+        status = None if self.proc is None else self._exit_status()
+        if status is not None:
+            raise self.fail(f"exited with status {status}")
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the process group, SIGKILL it after ``timeout_s``. Safe to call twice."""
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self._signal_group(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    pass
-            # The leader may be gone while children it spawned (executors) linger.
+        """SIGTERM the process group, SIGKILL it after ``timeout_s``. Safe to call twice.
+
+        The group gets SIGKILL in any case once the leader has exited (a Worker's
+        executors may outlive it), but while the leader is still an unreaped
+        zombie: until then its pid, hence the group id, cannot be reused.
+        """
+        if self.proc is not None and self.proc.returncode is None:
+            self._signal_group(signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while self._exit_status() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
             self._signal_group(signal.SIGKILL)
-            if self.proc.poll() is None:
-                self.proc.wait(timeout_s)
+            self.proc.wait()
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def _exit_status(self) -> int | None:
+        """The leader's exit status (or killing signal) once it has exited, else None.
+
+        Never reaps it (``WNOWAIT``, unlike ``Popen.poll``): see ``stop``.
+        """
+        assert self.proc is not None
+        if self.proc.returncode is not None:
+            return self.proc.returncode
+        info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return None if info is None else info.si_status
 
     def _signal_group(self, sig: signal.Signals) -> None:
         assert self.proc is not None
@@ -258,37 +270,37 @@ class ConnectServer:
         work_dir: holds ``connect-server.log``.
         master: the master the server's own driver uses (``local[*]``, or a
             ``StandaloneCluster``'s ``master_url``).
-        port: gRPC port; default a free one.
-        driver_memory: the server's heap (``--driver-memory``); every Arrow
-            table a client sends is materialised there.
+        port: gRPC port to ask for; default a free one (the server picks it).
+        driver_memory: the server's heap. Every Arrow table a client sends
+            becomes rows in this heap and one serialised task: a 68 MiB table
+            (a full default ``--batch-max-bytes`` flush) fits in 1 GiB, a
+            106 MiB one needed more (passed with 3 GiB). Out of memory, the
+            server either exits (the client then sees UNAVAILABLE) or leaves
+            the write hanging.
         conf: extra ``--conf`` settings for the server.
         timeout_s: how long the server may take to accept connections.
 
     Attributes:
+        bound_port: the port the server listens on, once started.
         url: ``sc://127.0.0.1:PORT``, for ``SparkSession.builder.remote``.
 
     Raises (from ``start``/``__enter__``):
         SparkProcessError: the server exited or did not listen in time; it is stopped.
     """
 
-    # A produce flush of --batch-max-bytes (64 MiB) becomes a somewhat larger
-    # Arrow table. The client sends tables below
-    # spark.sql.session.localRelationCacheThreshold (64 MiB) inline in one
-    # gRPC message and larger ones as chunked artifacts, so the default
-    # 128 MiB inbound limit holds; 256 MiB leaves room for a raised threshold.
     DEFAULT_CONF: dict[str, str] = {
-        "spark.connect.grpc.maxInboundMessageSize": str(256 * 1024 * 1024),
         "spark.driver.host": LOOPBACK,
         "spark.driver.bindAddress": LOOPBACK,
         "spark.ui.enabled": "false",
     }
 
     def __init__(self, work_dir: str | os.PathLike[str], master: str = "local[*]",
-                 port: int | None = None, driver_memory: str = "1g",
+                 port: int | None = None, driver_memory: str = "2g",
                  conf: dict[str, str] | None = None, timeout_s: float = 120.0) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.master = master
         self.port = port
+        self.bound_port: int | None = None
         self.driver_memory = driver_memory
         self.conf = {**self.DEFAULT_CONF, **(conf or {})}
         self.timeout_s = timeout_s
@@ -296,17 +308,15 @@ class ConnectServer:
 
     @property
     def url(self) -> str:
-        if self.port is None:
+        if self.bound_port is None:
             raise RuntimeError("ConnectServer is not started")
-        return f"sc://{LOOPBACK}:{self.port}"
+        return f"sc://{LOOPBACK}:{self.bound_port}"
 
     def start(self) -> "ConnectServer":
-        if self.port is None:
-            self.port = free_port()
         conf = {
             **self.conf,
             "spark.connect.grpc.binding.address": LOOPBACK,
-            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.connect.grpc.binding.port": str(self.port or 0),
         }
         cmd = [str(spark_home() / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS,
                "--name", "Spark Connect server", "--master", self.master,
@@ -314,12 +324,23 @@ class ConnectServer:
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        # spark-submit's launcher sizes a "spark-internal" server's heap (the
+        # Thrift and Connect servers) by SPARK_DAEMON_MEMORY, not --driver-memory.
+        env = _spark_env({"SPARK_DAEMON_MEMORY": self.driver_memory})
         self.process = SparkProcess("Spark Connect server", cmd,
-                                    self.work_dir / "connect-server.log", _spark_env())
+                                    self.work_dir / "connect-server.log", env)
         self.process.start()
+
+        def listening() -> bool:
+            if self.bound_port is None:
+                m = _CONNECT_STARTED.search(self.process.log_text())
+                if m is None:
+                    return False
+                self.bound_port = int(m.group(1))
+            return port_open(LOOPBACK, self.bound_port)
+
         try:
-            _wait_for(self.process, lambda: port_open(LOOPBACK, self.port),
-                      f"listen on {LOOPBACK}:{self.port}", self.timeout_s)
+            _wait_for(self.process, listening, f"listen on {LOOPBACK}", self.timeout_s)
         except BaseException:
             self.stop()
             raise

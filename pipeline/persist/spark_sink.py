@@ -79,19 +79,21 @@ def build_spark_session(
             inference off). Sets ``SPARK_LOCAL_IP=127.0.0.1`` in the
             environment unless already set.
         remote: a Spark Connect URL, ``sc://host:port``, instead of a master:
-            the session is a Connect client (no local JVM) and only the
-            ``spark.sql.*`` defaults above and ``conf`` are sent, as session
-            confs (static ones the server refuses are ignored).
+            the session is a Connect client (no local JVM); only the
+            ``spark.sql.*`` defaults above that Connect knows and ``conf`` are
+            set, as session confs (``app_name`` and static confs belong to
+            whoever started the server).
 
     Returns:
         The session, with the log level set to WARN. Blocks while the JVM starts
         (~8 s the first time in a process). With ``remote``, always a new
-        Connect session (``create``, not ``getOrCreate``: a default session
-        left over from another server must not be reused); it connects lazily,
-        so an unreachable server is only reported by the first operation.
+        Connect session (a default session left over from another server is
+        not reused), which retries an unavailable server for ~17 s per call
+        (``CONNECT_RETRY_POLICY``), then raises ``SparkConnectGrpcException``.
 
     Raises:
         ValueError: both ``master`` and ``remote`` are given.
+        AnalysisException: ``conf`` sets a static conf through Connect.
         Whatever pyspark raises when the JVM cannot start or the master is
         unreachable (e.g. ``PySparkRuntimeError`` JAVA_GATEWAY_EXITED), or when
         the Connect client's dependencies (grpcio, grpcio-status,
@@ -100,7 +102,7 @@ def build_spark_session(
     if master is not None and remote is not None:
         raise ValueError(f"give a Spark master ({master!r}) or a Connect remote ({remote!r}), not both")
     if remote is not None:
-        return _build_connect_session(remote, app_name, conf)
+        return _build_connect_session(remote, conf)
     # The JVM picks its local address before any conf is read; without this a
     # host whose name resolves to 127.0.0.1 makes it pick another interface.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -113,14 +115,37 @@ def build_spark_session(
     return spark
 
 
-def _build_connect_session(remote: str, app_name: str, conf: dict[str, str] | None) -> SparkSession:
+# How the Connect client retries an RPC the server did not take (UNAVAILABLE,
+# e.g. the server is down): 5 retries, 50 ms x4 each time, ~17 s in all.
+# pyspark's default (15 retries, up to 60 s apart) keeps one write blocked for
+# 10+ minutes; the persister has its own retries and must hear of it sooner.
+CONNECT_RETRY_POLICY: dict[str, int | float] = {
+    "max_retries": 5,
+    "initial_backoff": 50,
+    "backoff_multiplier": 4.0,
+    "max_backoff": 15_000,
+}
+
+
+def _build_connect_session(remote: str, conf: dict[str, str] | None) -> SparkSession:
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+    from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
+
+    # Not the builder: its create() sends the confs before we could shorten the
+    # retries, so an unreachable server would block it for 10+ minutes.
+    spark = ConnectSparkSession(connection=remote)
+    spark.client.set_retry_policies([DefaultPolicy(**CONNECT_RETRY_POLICY)])
+    ConnectSparkSession._set_default_and_active_session(spark)  # as the builder does
     # Driver binding and the UI are the server's (static confs, set by whoever
-    # starts it: ConnectServer does); the SQL confs are per session.
-    session_conf = {k: v for k, v in _DEFAULT_CONF.items() if k.startswith("spark.sql.")}
-    builder = SparkSession.builder.remote(remote).appName(app_name)
+    # starts it: ConnectServer does); the SQL confs are per session, except
+    # the client-side Arrow switches Connect does not have (it always uses Arrow).
+    session_conf = {
+        k: v for k, v in _DEFAULT_CONF.items()
+        if k.startswith("spark.sql.") and not k.startswith("spark.sql.execution.arrow.pyspark.")
+    }
     for key, value in {**session_conf, **(conf or {})}.items():
-        builder = builder.config(key, value)
-    return builder.create()
+        spark.conf.set(key, value)
+    return spark
 
 
 def _quiet_task_size_warning(spark: SparkSession) -> None:
