@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import io
 import socket
 import struct
 
@@ -12,8 +11,10 @@ from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.schema.produce.v9.response import ProduceResponse
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import i16, i32
+
+from pipeline.bench.frames import encode_request
 
 
 def record_batch(values: list[bytes], timestamp_ms: int = 1_700_000_000_000) -> bytes:
@@ -27,14 +28,7 @@ def record_batch(values: list[bytes], timestamp_ms: int = 1_700_000_000_000) -> 
 
 def frame(entity, correlation_id: int, client_id: str = "raw-test") -> bytes:
     """Size prefix + request header (the version the entity's schema names) + body."""
-    header_cls = entity.__header_schema__
-    header = header_cls(request_api_key=entity.__api_key__, request_api_version=entity.__version__,
-                        correlation_id=i32(correlation_id), client_id=client_id)
-    buf = io.BytesIO()
-    entity_writer(header_cls)(buf, header)
-    entity_writer(type(entity))(buf, entity)
-    body = buf.getvalue()
-    return struct.pack(">i", len(body)) + body
+    return encode_request(entity, correlation_id, client_id)
 
 
 def api_versions() -> ApiVersionsRequest:
