@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import trio
@@ -30,7 +30,7 @@ from pipeline.network.framing import DEFAULT_MAX_RECEIVE_BYTES
 from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
 from pipeline.persist.group_sink import SparkGroupSink
-from pipeline.persist.persister import BatchingPersister
+from pipeline.persist.persister import DEFAULT_WAL_POLICY, BatchingPersister
 from pipeline.persist.recovery import Recovered, recover
 from pipeline.persist.state import StateStore
 from pipeline.persist.wal import WriteAheadLog
@@ -152,7 +152,7 @@ class Server:
         persister = BatchingPersister(
             self.sink, self.wal, self.store, checkpoint,
             FlushPolicy(c.batch_max_records, c.batch_max_bytes, c.linger_ms),
-            wal_policy=FlushPolicy(max_records=1_000_000, max_bytes=8 * 1024 * 1024, linger_ms=c.wal_linger_ms),
+            wal_policy=replace(DEFAULT_WAL_POLICY, linger_ms=c.wal_linger_ms),
             ack_on=c.ack_on,  # type: ignore[arg-type]
             max_buffer_bytes=c.buffer_memory,
         )

@@ -43,11 +43,14 @@ from pipeline.persist.accumulator import FlushGroup, FlushPolicy, FlushReason, R
 from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.state import Checkpoint, StateStore
 from pipeline.persist.wal import WalPosition, WriteAheadLog, encode_appends
-from pipeline.requests.producer_state import ProducerStateManager
+from pipeline.requests.producer_state import ProducerStateManager, next_sequence
 
 log = logging.getLogger(__name__)
 
 AckOn = Literal["wal", "spark"]
+
+DEFAULT_WAL_POLICY = FlushPolicy(max_records=1_000_000, max_bytes=8 * 1024 * 1024, linger_ms=0)
+"""WAL group commit: up to 8 MiB per fsync, no linger (group what arrived during the last fsync)."""
 
 
 class StorageFailedError(Exception):
@@ -122,7 +125,8 @@ class _SparkWaiter:
     position: WalPosition
 
 
-def _ranges(appends: Sequence[PartitionAppend]) -> dict[tuple[str, int], tuple[int, int]]:
+def offset_ranges(appends: Sequence[PartitionAppend]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, partition) -> [lowest offset, end offset) covered by ``appends``."""
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
     for a in appends:
         key = (a.topic, a.partition)
@@ -160,7 +164,7 @@ class BatchingPersister:
         checkpoint: Checkpoint,
         spark_policy: FlushPolicy,
         *,
-        wal_policy: FlushPolicy = FlushPolicy(max_records=1_000_000, max_bytes=8 * 1024 * 1024, linger_ms=0),
+        wal_policy: FlushPolicy = DEFAULT_WAL_POLICY,
         ack_on: AckOn = "wal",
         max_buffer_bytes: int = 256 * 1024 * 1024,
         retry_backoff_s: float = 0.25,
@@ -340,16 +344,14 @@ class BatchingPersister:
             reason = acc.ready(now_ms)
             if reason is None and acc.pending and self.buffered_bytes >= self._max_buffer_bytes:
                 reason = FlushReason.MEMORY
-            if reason is FlushReason.LINGER and self._spark_writing:
+            waiting_for_writer = reason is FlushReason.LINGER and self._spark_writing
+            if waiting_for_writer:
                 # Group commit: while a write is in flight a lingered group
                 # keeps filling, and goes when the writer is free (or the
                 # group fills up, which still overlaps its decoding with the
                 # write). Draining it at once would split the next flush in
                 # two and pay the fixed cost of a Spark write twice.
                 reason = None
-                deadline_wait = float("inf")
-            else:
-                deadline_wait = None
             if reason is not None:
                 group = acc.drain(reason)
                 self._in_spark_prepare = group.size_bytes
@@ -364,9 +366,7 @@ class BatchingPersister:
             if acc.closing and acc.pending == 0:
                 return
             self._spark_wakeup = trio.Event()
-            deadline = acc.linger_deadline_ms()
-            if deadline_wait is not None:
-                deadline = deadline_wait
+            deadline = None if waiting_for_writer else acc.linger_deadline_ms()
             with trio.move_on_at(deadline / 1000.0 if deadline is not None else float("inf")):
                 await self._spark_wakeup.wait()
 
@@ -395,7 +395,7 @@ class BatchingPersister:
                     if attempt > 1:
                         # The failed try may have landed some rows: never twice.
                         exclude = await trio.to_thread.run_sync(
-                            self._sink.present_offsets, _ranges(group.appends))
+                            self._sink.present_offsets, offset_ranges(group.appends))
                     await trio.to_thread.run_sync(self._sink.write, table, exclude)
                     break
                 except Exception as exc:  # Spark raises many types; all mean "not written"
@@ -432,7 +432,7 @@ class BatchingPersister:
             if a.producer_id >= 0:
                 self._committed_producers.update(
                     a.producer_id, a.producer_epoch, a.topic, a.partition, a.base_sequence,
-                    (a.base_sequence + a.record_count - 1) % 2**31, a.base_offset)
+                    next_sequence(a.base_sequence, a.record_count - 1), a.base_offset)
         for waiter in group.waiters:
             if waiter.commit is not None:
                 waiter.commit.resolve(None)

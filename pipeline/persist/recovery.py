@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from pipeline.persist.persister import GroupSink, _ranges
+from pipeline.persist.persister import GroupSink, offset_ranges
 from pipeline.persist.state import Checkpoint, StateStore
 from pipeline.persist.wal import WriteAheadLog, decode_appends
 from pipeline.requests.producer_state import ProducerStateManager, next_sequence
@@ -74,7 +74,7 @@ def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore) -> Recovered
     appends = [a for e in pending for a in decode_appends(e.payload)]
     result = Recovered(checkpoint)
     if appends:
-        present = sink.present_offsets(_ranges(appends))
+        present = sink.present_offsets(offset_ranges(appends))
         total = sum(a.record_count for a in appends)
         result.skipped_records = len(present)
         result.replayed_records = total - len(present)

@@ -16,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from pipeline.persist.schema import SPARK_SCHEMA
