@@ -8,8 +8,6 @@ import signal
 import sys
 from pathlib import Path
 
-from pipeline.network.framing import DEFAULT_MAX_RECEIVE_BYTES
-
 log = logging.getLogger("pipeline")
 
 
@@ -29,54 +27,96 @@ def positive_int(text: str) -> int:
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``serve`` options (also reused by ``pipeline bench`` for the servers it starts)."""
-    p.add_argument("--listen", type=host_port, default=("127.0.0.1", 9092), metavar="HOST:PORT",
-                   help="address to listen on (default 127.0.0.1:9092; port 0 picks a free one)")
+    """The ``serve`` options (also reused by ``pipeline bench`` for the servers it starts).
+
+    Every default comes from ``ServerConfig`` (defined once there).
+    """
+    from pipeline.server import ServerConfig
+
+    d = ServerConfig()
+    p.add_argument("--listen", type=host_port, default=(d.listen_host, d.listen_port), metavar="HOST:PORT",
+                   help=f"address to listen on (default {d.listen_host}:{d.listen_port}; port 0 picks a free one)")
     p.add_argument("--advertised-listener", type=host_port, default=None, metavar="HOST:PORT",
                    help="address given to clients in Metadata (default: the listen address)")
-    p.add_argument("--mode", choices=["multiqueue", "baseline", "shared-unmuted"], default="multiqueue",
+    p.add_argument("--mode", choices=["multiqueue", "baseline", "shared-unmuted"], default=d.mode.value,
                    help="multiqueue: N queues routed by crc32(connection id) %% N, one handler each "
                         "(AutoMQ); baseline: classic Kafka shared queue + handler pool + mute "
                         "until response; shared-unmuted: benchmark ablation that breaks "
-                        "per-connection ordering on purpose (default multiqueue)")
-    p.add_argument("--queues", type=positive_int, default=4,
-                   help="multiqueue: number of request queues = RequestHandlers (default 4)")
-    p.add_argument("--io-threads", type=positive_int, default=8,
-                   help="baseline: handler pool size, Kafka num.io.threads (default 8)")
-    p.add_argument("--queued-max-requests", type=positive_int, default=500,
+                        "per-connection ordering on purpose (default %(default)s)")
+    p.add_argument("--queues", type=positive_int, default=d.queues,
+                   help="multiqueue: number of request queues = RequestHandlers (default %(default)s)")
+    p.add_argument("--io-threads", type=positive_int, default=d.io_threads,
+                   help="baseline: handler pool size, Kafka num.io.threads (default %(default)s)")
+    p.add_argument("--queued-max-requests", type=positive_int, default=d.queued_max_requests,
                    help="requests that may wait in the RequestChannel, Kafka queued.max.requests; "
-                        "multiqueue splits it evenly over its queues (default 500)")
-    p.add_argument("--network-threads", type=positive_int, default=3,
-                   help="Processors, Kafka num.network.threads (default 3)")
-    p.add_argument("--socket-request-max-bytes", type=positive_int, default=DEFAULT_MAX_RECEIVE_BYTES,
-                   help="largest request frame in bytes, Kafka socket.request.max.bytes (default 104857600)")
-    p.add_argument("--num-partitions", type=positive_int, default=1,
-                   help="partitions of an auto-created topic, Kafka num.partitions (default 1)")
-    p.add_argument("--batch-max-records", type=positive_int, default=200_000,
-                   help="flush once a group holds this many records (default 200000)")
-    p.add_argument("--batch-max-bytes", type=positive_int, default=64 * 1024 * 1024,
-                   help="flush once a group holds this many bytes of record batches (default 64 MiB)")
-    p.add_argument("--linger-ms", type=float, default=50.0,
-                   help="flush a group this many ms after its first record (default 50)")
-    p.add_argument("--buffer-memory", type=positive_int, default=256 * 1024 * 1024,
-                   help="bytes buffered for persistence above which handlers wait (default 256 MiB)")
-    p.add_argument("--data-dir", type=Path, default=Path("data"),
-                   help="where the table lives: DATA_DIR/records (default ./data)")
+                        "multiqueue splits it evenly over its queues (default %(default)s)")
+    p.add_argument("--queued-max-request-bytes", type=positive_int, default=d.queued_max_request_bytes,
+                   help="MemoryPool: bytes all received requests may hold until handled, Kafka "
+                        "queued.max.request.bytes; a connection whose next request does not fit is "
+                        "muted until memory returns (default %(default)s)")
+    p.add_argument("--max-in-flight-requests-per-connection", type=positive_int,
+                   default=d.max_in_flight_requests_per_connection,
+                   help="multiqueue: requests of one connection read but not yet answered before its "
+                        "reading pauses; baseline is always 1 (default %(default)s)")
+    p.add_argument("--network-threads", type=positive_int, default=d.network_threads,
+                   help="Processors, Kafka num.network.threads (default %(default)s)")
+    p.add_argument("--socket-request-max-bytes", type=positive_int, default=d.socket_request_max_bytes,
+                   help="largest request frame in bytes, Kafka socket.request.max.bytes (default %(default)s)")
+    p.add_argument("--max-connections", type=positive_int, default=d.max_connections,
+                   help="open connections in all, Kafka max.connections; more are closed at accept "
+                        "(default %(default)s)")
+    p.add_argument("--max-connections-per-ip", type=positive_int, default=d.max_connections_per_ip,
+                   help="open connections of one client address, Kafka max.connections.per.ip "
+                        "(default: --max-connections)")
+    p.add_argument("--connections-max-idle-ms", type=positive_int, default=d.connections_max_idle_ms,
+                   help="close connections idle this long, Kafka connections.max.idle.ms (default %(default)s)")
+    p.add_argument("--request-receive-timeout-ms", type=positive_int, default=d.request_receive_timeout_ms,
+                   help="close a connection whose request frame is not complete this long after its first "
+                        "byte (time muted excluded) (default %(default)s)")
+    p.add_argument("--response-buffer-max-bytes", type=positive_int, default=d.response_buffer_max_bytes,
+                   help="stop reading a connection while this many bytes of its responses are unsent "
+                        "(default %(default)s)")
+    p.add_argument("--response-send-timeout-ms", type=positive_int, default=d.response_send_timeout_ms,
+                   help="close a connection that takes none of its responses for this long "
+                        "(default %(default)s)")
+    p.add_argument("--num-partitions", type=positive_int, default=d.num_partitions,
+                   help="partitions of an auto-created topic, Kafka num.partitions (default %(default)s)")
+    p.add_argument("--batch-max-records", type=positive_int, default=d.batch_max_records,
+                   help="flush once a group holds this many records (default %(default)s)")
+    p.add_argument("--batch-max-bytes", type=positive_int, default=d.batch_max_bytes,
+                   help="flush once a group holds this many bytes of record batches (default %(default)s)")
+    p.add_argument("--linger-ms", type=float, default=d.linger_ms,
+                   help="flush a group this many ms after its first record (default %(default)s)")
+    p.add_argument("--buffer-memory", type=positive_int, default=d.buffer_memory,
+                   help="bytes buffered for persistence above which handlers wait (default %(default)s)")
+    p.add_argument("--data-dir", type=Path, default=d.data_dir,
+                   help="where the table lives: DATA_DIR/records (default ./%(default)s)")
     spark = p.add_mutually_exclusive_group()
-    spark.add_argument("--spark-master", default="local[*]",
-                       help="Spark master URL, e.g. spark://127.0.0.1:7077 (default local[*], embedded)")
+    spark.add_argument("--spark-master", default=d.spark_master,
+                       help="Spark master URL, e.g. spark://127.0.0.1:7077 (default %(default)s, embedded)")
     spark.add_argument("--spark-remote", default=None, metavar="URL",
                        help="Spark Connect server, e.g. sc://127.0.0.1:15002 (instead of --spark-master)")
-    p.add_argument("--ack-on", choices=["wal", "spark"], default="wal",
+    p.add_argument("--ack-on", choices=["wal", "spark"], default=d.ack_on,
                    help="acknowledge a produce once its records are fsynced in the write-ahead log "
                         "(wal, default) or once the Spark write holding them has committed (spark)")
-    p.add_argument("--wal-segment-bytes", type=positive_int, default=64 * 1024 * 1024,
-                   help="roll WAL segment files at this size (default 64 MiB)")
-    p.add_argument("--wal-linger-ms", type=float, default=0.0,
-                   help="wait this long to gather more requests into one WAL fsync (default 0: "
+    p.add_argument("--wal-segment-bytes", type=positive_int, default=d.wal_segment_bytes,
+                   help="roll WAL segment files at this size (default %(default)s)")
+    p.add_argument("--wal-linger-ms", type=float, default=d.wal_linger_ms,
+                   help="wait this long to gather more requests into one WAL fsync (default %(default)s: "
                         "group whatever arrived during the previous fsync)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: a free port)")
+
+
+_PASSED_THROUGH = (
+    "queues", "io_threads", "queued_max_requests", "queued_max_request_bytes",
+    "max_in_flight_requests_per_connection", "network_threads", "socket_request_max_bytes",
+    "max_connections", "max_connections_per_ip", "connections_max_idle_ms", "request_receive_timeout_ms",
+    "response_buffer_max_bytes", "response_send_timeout_ms", "num_partitions", "batch_max_records",
+    "batch_max_bytes", "linger_ms", "buffer_memory", "data_dir", "spark_master", "metrics_port",
+    "spark_remote", "ack_on", "wal_segment_bytes", "wal_linger_ms",
+)
+"""ServerConfig fields that ``serve`` options set under the same name."""
 
 
 def _config_from_args(args: argparse.Namespace):
@@ -89,23 +129,7 @@ def _config_from_args(args: argparse.Namespace):
         advertised_host=advertised[0],
         advertised_port=advertised[1],
         mode=Mode(args.mode),
-        queues=args.queues,
-        io_threads=args.io_threads,
-        queued_max_requests=args.queued_max_requests,
-        network_threads=args.network_threads,
-        socket_request_max_bytes=args.socket_request_max_bytes,
-        num_partitions=args.num_partitions,
-        batch_max_records=args.batch_max_records,
-        batch_max_bytes=args.batch_max_bytes,
-        linger_ms=args.linger_ms,
-        buffer_memory=args.buffer_memory,
-        data_dir=args.data_dir,
-        spark_master=args.spark_master,
-        metrics_port=args.metrics_port,
-        spark_remote=args.spark_remote,
-        ack_on=args.ack_on,
-        wal_segment_bytes=args.wal_segment_bytes,
-        wal_linger_ms=args.wal_linger_ms,
+        **{name: getattr(args, name) for name in _PASSED_THROUGH},
     )
 
 

@@ -8,10 +8,13 @@ pays nothing per request for metrics.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from pipeline.network.connection_state import MuteReason
 
 if TYPE_CHECKING:
     from pipeline.server import Server
@@ -59,6 +62,25 @@ class ServerCollector:
                                     value=s.persister.buffered_bytes)
         yield GaugeMetricFamily("pipeline_connections", "Open client connections",
                                 value=sum(len(p.channels) for p in s.processors))
+        muted = GaugeMetricFamily("pipeline_muted_channels", "Connections not being read, by mute reason",
+                                  labels=["reason"])
+        reasons = Counter(ch.state.mute_reason.value for p in s.processors for ch in p.channels
+                          if ch.state.mute_reason is not None)
+        for reason in MuteReason:
+            muted.add_metric([reason.value], reasons[reason.value])
+        yield muted
+        yield GaugeMetricFamily("pipeline_memory_pool_available_bytes",
+                                "MemoryPool bytes free for received requests (queued.max.request.bytes)",
+                                value=s.memory_pool.available)
+        q = s.quotas
+        yield CounterMetricFamily("pipeline_connections_created", "Connections admitted", value=q.created)
+        yield CounterMetricFamily("pipeline_connections_closed", "Connections closed", value=q.closed)
+        rejected = CounterMetricFamily("pipeline_connections_rejected",
+                                       "Connections closed at accept, by the limit they were over",
+                                       labels=["limit"])
+        for limit in ("max.connections", "max.connections.per.ip"):
+            rejected.add_metric([limit], q.rejected[limit])
+        yield rejected
 
 
 def serve_metrics(server: Server, port: int, host: str = "127.0.0.1") -> int:

@@ -25,8 +25,19 @@ from pathlib import Path
 import trio
 
 from pipeline.network.acceptor import Acceptor
-from pipeline.network.channel import KafkaChannel
+from pipeline.network.channel import KafkaChannel, MemoryWaiters
+from pipeline.network.connection_quotas import DEFAULT_MAX_CONNECTIONS, ConnectionQuotas
+from pipeline.network.connection_state import (
+    DEFAULT_IDLE_TIMEOUT_MS,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_RECEIVE_TIMEOUT_MS,
+    DEFAULT_RESPONSE_BUFFER_MAX_BYTES,
+    DEFAULT_SEND_TIMEOUT_MS,
+    ConnectionLimits,
+    ConnectionState,
+)
 from pipeline.network.framing import DEFAULT_MAX_RECEIVE_BYTES
+from pipeline.network.memory_pool import DEFAULT_QUEUED_MAX_REQUEST_BYTES, MemoryPool
 from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
 from pipeline.persist.group_sink import SparkGroupSink
@@ -74,6 +85,14 @@ class ServerConfig:
     queued_max_requests: int = 500              # [queued.max.requests]
     network_threads: int = 3                    # [num.network.threads]
     socket_request_max_bytes: int = DEFAULT_MAX_RECEIVE_BYTES  # [socket.request.max.bytes]
+    queued_max_request_bytes: int = DEFAULT_QUEUED_MAX_REQUEST_BYTES  # [queued.max.request.bytes]
+    max_in_flight_requests_per_connection: int = DEFAULT_MAX_IN_FLIGHT  # multiqueue; baseline is 1
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # [max.connections]
+    max_connections_per_ip: int | None = None   # [max.connections.per.ip]; None: max_connections
+    connections_max_idle_ms: int = DEFAULT_IDLE_TIMEOUT_MS  # [connections.max.idle.ms]
+    request_receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS
+    response_buffer_max_bytes: int = DEFAULT_RESPONSE_BUFFER_MAX_BYTES
+    response_send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS
     num_partitions: int = 1                     # [num.partitions]
     auto_create_topics: bool = True             # [auto.create.topics.enable]
     batch_max_records: int = 200_000
@@ -109,6 +128,9 @@ class Server:
         self._shutdown = trio.Event()
         self.address: tuple[str, int] | None = None
         self.processors: list[Processor] = []
+        self.memory_pool = MemoryPool(config.queued_max_request_bytes)
+        self.quotas = ConnectionQuotas(config.max_connections,
+                                       config.max_connections_per_ip or config.max_connections)
         self.request_channel: RequestChannel | None = None
         self.persister: BatchingPersister | None = None
         self.handlers: list[RequestHandler] = []
@@ -176,19 +198,29 @@ class Server:
         )
         mute = c.mode is Mode.BASELINE
         ordered = c.mode is not Mode.SHARED_UNMUTED
+        limits = ConnectionLimits(
+            max_receive_bytes=c.socket_request_max_bytes,
+            # Classic Kafka mutes a channel after each request until its
+            # response is sent: an in-flight cap of one.
+            max_in_flight=1 if mute else c.max_in_flight_requests_per_connection,
+            response_buffer_max_bytes=c.response_buffer_max_bytes,
+            receive_timeout_ms=c.request_receive_timeout_ms,
+            send_timeout_ms=c.response_send_timeout_ms,
+            idle_timeout_ms=c.connections_max_idle_ms,
+        )
+        pool = self.memory_pool
+        memory = MemoryWaiters(pool)
+        if c.socket_request_max_bytes > pool.capacity:
+            log.warning("socket.request.max.bytes %d > queued.max.request.bytes %d: requests larger "
+                        "than the pool are refused", c.socket_request_max_bytes, pool.capacity)
 
         def channel_factory(connection_id: str, stream: trio.SocketStream) -> KafkaChannel:
-            return KafkaChannel(
-                connection_id, stream, request_channel,
-                max_receive_bytes=c.socket_request_max_bytes, mute_after_request=mute,
-                ordered_responses=ordered,
-            )
+            state = ConnectionState(pool, limits, trio.current_time(), ordered=ordered)
+            return KafkaChannel(connection_id, stream, request_channel, state, memory)
 
-        self.processors = [Processor(i, channel_factory) for i in range(c.network_threads)]
-        acceptor = Acceptor(listeners, self.processors)
-        self.handlers = [
-            RequestHandler(i, self.apis, request_channel.receiver(i)) for i in range(handler_count)
-        ]
+        self.processors = [Processor(i, channel_factory, self.quotas) for i in range(c.network_threads)]
+        acceptor = Acceptor(listeners, self.processors, self.quotas)
+        self.handlers = [RequestHandler(i, self.apis, request_channel) for i in range(handler_count)]
         async with trio.open_nursery() as nursery:
             await nursery.start(persister.run)
             await nursery.start(self.apis.run_timeouts)
@@ -220,11 +252,15 @@ class Server:
             log.info(
                 "mode %s: %s, %d network threads, persisting to %s",
                 c.mode.value,
-                f"{c.queues} queues" if c.mode is Mode.MULTIQUEUE else
+                f"{c.queues} queues, {limits.max_in_flight} in flight per connection"
+                if c.mode is Mode.MULTIQUEUE else
                 f"shared queue of {c.queued_max_requests}, {c.io_threads} handlers"
                 + (", mute until response" if mute else ", no mute, unordered responses"),
                 c.network_threads, Path(c.data_dir).resolve() / "records",
             )
+            log.info("limits: memory pool %d bytes, buffer.memory %d bytes, max.connections %d "
+                     "(%d per ip), idle %d ms", pool.capacity, c.buffer_memory, self.quotas.max_connections,
+                     self.quotas.max_connections_per_ip, c.connections_max_idle_ms)
             if c.metrics_port is not None:
                 from pipeline.metrics import serve_metrics
 

@@ -2,9 +2,11 @@
 
 Kafka SocketServer's Acceptor thread does only this: accept, then hand the
 socket to the next Processor in turn, so connections spread evenly over the
-network threads and each stays on one Processor for life. Running out of file
-descriptors is survived by logging and pausing accepts, as trio's
-``serve_listeners`` does.
+network threads and each stays on one Processor for life. A connection over
+``max.connections`` or ``max.connections.per.ip`` is closed at once
+(ConnectionQuotas), with a log line (at most one a second, counting the
+others) and a metric. Running out of file descriptors is survived by logging
+and pausing accepts, as trio's ``serve_listeners`` does.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Sequence
 
 import trio
 
+from pipeline.network.connection_quotas import ConnectionQuotas
 from pipeline.network.processor import Processor
 
 log = logging.getLogger(__name__)
@@ -22,18 +25,29 @@ log = logging.getLogger(__name__)
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 ACCEPT_BACKOFF_S = 0.1
 """Pause after an accept failed for lack of resources (seconds)."""
+REJECT_LOG_INTERVAL_S = 1.0
+"""At most one log line about refused connections per this many seconds."""
 
 
 class Acceptor:
-    """Accepts on ``listeners`` and hands each connection to the next Processor."""
+    """Accepts on ``listeners`` and hands each connection to the next Processor.
 
-    def __init__(self, listeners: Sequence[trio.SocketListener], processors: Sequence[Processor]) -> None:
+    Args:
+        listeners: bound listening sockets.
+        processors: where connections go, in turn.
+        quotas: connection limits, shared with the Processors (which release).
+    """
+
+    def __init__(self, listeners: Sequence[trio.SocketListener], processors: Sequence[Processor],
+                 quotas: ConnectionQuotas) -> None:
         if not processors:
             raise ValueError("at least one Processor is needed")
         self.listeners = list(listeners)
         self._processors = list(processors)
+        self._quotas = quotas
         self._next = 0
-        self.accepted = 0
+        self._last_reject_log = -float("inf")
+        self._unlogged_rejects = 0
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
@@ -62,10 +76,34 @@ class Acceptor:
                     await trio.sleep(ACCEPT_BACKOFF_S)
                     continue
                 raise
-            self.accepted += 1
+            ip = _peer_ip(stream)
+            limit = self._quotas.try_acquire(ip)
+            if limit is not None:
+                await trio.aclose_forcefully(stream)
+                self._log_reject(ip, limit)
+                continue
             processor = self._processors[self._next]
             self._next = (self._next + 1) % len(self._processors)
             try:
-                await processor.accept(stream)
+                await processor.accept(stream, ip)
             except trio.ClosedResourceError:  # processor stopping: shutdown under way
+                self._quotas.release(ip)
                 await trio.aclose_forcefully(stream)
+
+    def _log_reject(self, ip: str, limit: str) -> None:
+        self._unlogged_rejects += 1
+        now = trio.current_time()
+        if now - self._last_reject_log >= REJECT_LOG_INTERVAL_S:
+            limit_value = (self._quotas.max_connections if limit == "max.connections"
+                           else self._quotas.max_connections_per_ip)
+            log.warning("rejected %d connection(s) at accept, last from %s: over %s %d (%d open)",
+                        self._unlogged_rejects, ip, limit, limit_value, self._quotas.open)
+            self._last_reject_log = now
+            self._unlogged_rejects = 0
+
+
+def _peer_ip(stream: trio.SocketStream) -> str:
+    try:
+        return stream.socket.getpeername()[0]
+    except OSError:  # reset before we looked
+        return "unknown"

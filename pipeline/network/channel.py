@@ -1,20 +1,23 @@
 """KafkaChannel: one client connection, with one reader and one writer task.
 
-The reader (Kafka Selector's read path + Processor.processCompletedReceives)
-receives bytes, cuts them into frames with ``FrameDecoder``, parses each
-request header, registers the request in the connection's
-``ResponseSequencer`` and puts it on the RequestChannel. The writer (Kafka's
-NetworkSend path) waits for responses whose turn has come and writes every one
-that is ready in a single ``send_all``: one system call for many responses is
-what lets a trio server go from ~20k to 60-80k frames/s.
+The rules (framing, MemoryPool allocation, muting, in-flight cap, response
+backlog, timeouts, response order) live in the sans-I/O ``ConnectionState``;
+this layer only moves bytes and waits, in the shape of hypercorn's trio
+worker:
 
-Mute (Kafka KafkaChannel.mute / ChannelMuteState): with ``mute_after_request``
-the reader stops after each request until its response has been written,
-which is how classic Kafka keeps a connection ordered with a shared queue.
+* the reader (Kafka Selector's read path + Processor.processCompletedReceives)
+  feeds socket bytes to the state, puts every request it hands out on the
+  RequestChannel, and when the state says PAUSED (Kafka's mute) waits for
+  what the mute reason names: memory returned to the pool, or a response
+  written;
+* the writer (Kafka's NetworkSend path) writes every response whose turn has
+  come in a single ``send_all``: one system call for many responses is what
+  lets a trio server go from ~20k to 60-80k frames/s.
 
 A malformed frame closes only this connection, with a logged reason: reading
 stops at once, responses to the requests already accepted are still written
-(bounded by ``drain_timeout_s``), then the socket closes.
+(bounded by ``drain_timeout_s``), then the socket closes. A timeout (stalled
+sender, client not reading, idle) aborts the connection at once.
 """
 
 from __future__ import annotations
@@ -24,19 +27,44 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from pipeline.network.framing import FrameDecoder, InvalidReceiveError, encode_frame
+from pipeline.network.connection_state import (
+    NEED_DATA,
+    ConnectionState,
+    MuteReason,
+    ReceivedFrame,
+)
+from pipeline.network.framing import InvalidReceiveError
 from pipeline.protocol.errors import InvalidRequestError
-from pipeline.protocol.header import parse_request_header
 from pipeline.requests.channel import Request
-from pipeline.requests.sequencing import ResponseSequencer
 
 if TYPE_CHECKING:
+    from pipeline.network.memory_pool import MemoryPool
     from pipeline.requests.channel import RequestChannel
 
 log = logging.getLogger(__name__)
 
-RECEIVE_SIZE = 256 * 1024
-"""Bytes asked of the socket per read (Kafka's socket.receive.buffer.bytes is 100 KiB)."""
+RECEIVE_SIZE = 100 * 1024
+"""Bytes asked of the socket per read (Kafka's ``socket.receive.buffer.bytes`` default, 100 KiB).
+
+It bounds what a connection may hold beyond its MemoryPool allocation: one read.
+"""
+
+
+class MemoryWaiters:
+    """Wakes channels muted for memory whenever the MemoryPool gets bytes back (trio side of the pool)."""
+
+    def __init__(self, pool: MemoryPool) -> None:
+        self.pool = pool
+        self._released = trio.Event()
+        pool.add_release_listener(self._notify)
+
+    def _notify(self) -> None:
+        released, self._released = self._released, trio.Event()
+        released.set()
+
+    async def wait(self) -> None:
+        """Until the next release."""
+        await self._released.wait()
 
 
 class KafkaChannel:
@@ -46,13 +74,10 @@ class KafkaChannel:
         connection_id: Kafka's ``localAddr:localPort-remoteAddr:remotePort-index``.
         stream: the accepted trio stream.
         request_channel: where requests go.
-        max_receive_bytes: largest request frame accepted (socket.request.max.bytes).
-        mute_after_request: baseline mode: read the next request only after the
-            previous one's response has been written.
+        state: the connection's rules (owns the frame decoder and response order).
+        memory: wake-ups for memory returned to the state's MemoryPool.
         drain_timeout_s: how long a closing connection may wait for its
             in-flight responses (seconds).
-        ordered_responses: False only for the benchmark's shared-unmuted
-            ablation (responses written in completion order).
     """
 
     def __init__(
@@ -60,37 +85,33 @@ class KafkaChannel:
         connection_id: str,
         stream: trio.abc.Stream,
         request_channel: RequestChannel,
+        state: ConnectionState,
+        memory: MemoryWaiters,
         *,
-        max_receive_bytes: int,
-        mute_after_request: bool = False,
         drain_timeout_s: float = 60.0,
-        ordered_responses: bool = True,
     ) -> None:
         self.connection_id = connection_id
         self.client_software: tuple[str, str] | None = None
         self.close_reason: str | None = None
+        self.state = state
         self._stream = stream
         self._request_channel = request_channel
-        self._decoder = FrameDecoder(max_receive_bytes)
-        self._sequencer = ResponseSequencer(ordered=ordered_responses)
-        self._mute_after_request = mute_after_request
+        self._memory = memory
         self._drain_timeout_s = drain_timeout_s
         self._read_scope = trio.CancelScope()
+        self._connection_scope: trio.CancelScope | None = None
+        self._aborted = False
         self._reading_done = trio.Event()
         self._responses = trio.Event()
-        self._unmuted = trio.Event()
-        self._unmuted.set()
-        self._closed = False
-        self.requests_received = 0
-        self.responses_sent = 0
+        self._sent = trio.Event()
 
-    # -- called by handlers and the persister -------------------------------
+    # -- called by handlers, the persister and the Processor -------------------
 
     def complete(self, token: int, payload: bytes | None) -> None:
         """Response of request ``token`` is ready (None: it gets no response)."""
-        if self._closed:
+        if self.state.closed:
             return  # connection gone: nobody to answer
-        self._sequencer.complete(token, payload)
+        self.state.complete(token, payload)
         self._responses.set()
 
     def close(self, reason: str) -> None:
@@ -100,18 +121,24 @@ class KafkaChannel:
             log.warning("closing connection %s: %s", self.connection_id, reason)
         self.stop_reading()
 
+    def abort(self, reason: str) -> None:
+        """Close at once with a logged reason, dropping unsent responses (timeouts)."""
+        if self.close_reason is None:
+            self.close_reason = reason
+            log.warning("closing connection %s: %s", self.connection_id, reason)
+        self._aborted = True
+        self.stop_reading()
+        if self._connection_scope is not None:
+            self._connection_scope.cancel()
+
     def stop_reading(self) -> None:
         """Read no more requests (server shutdown, or ``close``)."""
         self._read_scope.cancel()
 
     @property
     def muted(self) -> bool:
-        return not self._unmuted.is_set()
-
-    @property
-    def in_flight(self) -> int:
-        """Requests read whose responses are not yet written."""
-        return self._sequencer.in_flight
+        """Not being read now (Kafka KafkaChannel.isMuted)."""
+        return self.state.mute_reason is not None
 
     async def wait_reading_done(self) -> None:
         await self._reading_done.wait()
@@ -119,13 +146,16 @@ class KafkaChannel:
     # -- the tasks -----------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve the connection until it is closed; closes the stream."""
+        """Serve the connection until it is closed; closes the stream and returns its memory."""
         try:
             async with trio.open_nursery() as nursery:
+                self._connection_scope = nursery.cancel_scope
+                if self._aborted:
+                    nursery.cancel_scope.cancel()
                 nursery.start_soon(self._write_loop, nursery.cancel_scope)
                 await self._read_loop()
         finally:
-            self._closed = True
+            self.state.close()
             self._reading_done.set()
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self._stream)
@@ -145,55 +175,62 @@ class KafkaChannel:
             self._responses.set()  # let the writer notice
 
     async def _read_requests(self) -> None:
-        decoder = self._decoder
+        state = self.state
         stream = self._stream
-        batch_reads = self._request_channel.batches_per_read and not self._mute_after_request
+        pool = self._memory.pool
+        batch_reads = self._request_channel.batches_per_read
         while True:
-            data = await stream.receive_some(RECEIVE_SIZE)
-            if not data:
-                if decoder.buffered_bytes:
-                    log.warning(
-                        "connection %s: peer closed with a truncated frame (%d bytes buffered)",
-                        self.connection_id, decoder.buffered_bytes,
-                    )
-                return
-            decoder.receive_data(data)
+            now = trio.current_time()
             batch: list[Request] = []
-            while (frame := decoder.next_frame()) is not None:
-                header = parse_request_header(frame)
-                token = self._sequencer.register(header.correlation_id)
-                self.requests_received += 1
-                batch.append(Request(self, header, frame, token, trio.current_time()))
+            while isinstance(event := state.next_request(now), ReceivedFrame):
+                batch.append(Request(self, event.header, event.frame, event.token, now, event.pool_bytes, pool))
                 if not batch_reads:
                     await self._dispatch(batch)
                     batch = []
+                    now = trio.current_time()
             if batch:
                 await self._dispatch(batch)
+                continue  # the state may have moved while we waited: ask again
+            if event is NEED_DATA:
+                data = await stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    if state.buffered_bytes:
+                        log.warning("connection %s: peer closed with a truncated frame (%d bytes buffered)",
+                                    self.connection_id, state.buffered_bytes)
+                    return
+                state.receive_data(data, trio.current_time())
+            elif state.mute_reason is MuteReason.MEMORY:
+                await self._memory.wait()
+            else:  # in-flight cap or response backlog: wait for the writer
+                self._sent = trio.Event()
+                await self._sent.wait()
 
     async def _dispatch(self, requests: list[Request]) -> None:
-        if self._mute_after_request:
-            self._unmuted = trio.Event()
         # Shielded: once registered, a request must reach a handler or its
-        # slot would block every later response of this connection.
+        # slot would block every later response of this connection, and its
+        # memory would never return to the pool.
         with trio.CancelScope(shield=True):
-            await self._request_channel.send_requests(requests)
-        if self._mute_after_request:
-            await self._unmuted.wait()
+            try:
+                await self._request_channel.send_requests(requests)
+            except trio.ClosedResourceError:  # server stopping: nobody will handle them
+                for request in requests:
+                    request.release()
+                raise
 
     async def _write_loop(self, connection_scope: trio.CancelScope) -> None:
+        state = self.state
         drain_deadline = float("inf")
         try:
             while True:
-                ready = self._sequencer.pop_ready()
-                if ready:
-                    data = b"".join(encode_frame(r.payload) for r in ready if r.payload is not None)
+                data = state.data_to_send(trio.current_time())
+                if data is not None:
                     if data:
                         await self._stream.send_all(data)
-                    self.responses_sent += len(ready)
-                    self._unmuted.set()
+                        state.send_done(trio.current_time())
+                    self._sent.set()  # a reader paused for the in-flight cap may go on
                     continue
                 if self._reading_done.is_set():
-                    if self._sequencer.in_flight == 0:
+                    if state.in_flight == 0:
                         break
                     if drain_deadline == float("inf"):
                         drain_deadline = trio.current_time() + self._drain_timeout_s
@@ -203,7 +240,7 @@ class KafkaChannel:
                 if scope.cancelled_caught:
                     log.warning(
                         "connection %s: closing with %d responses unsent after %.0f s",
-                        self.connection_id, self._sequencer.in_flight, self._drain_timeout_s,
+                        self.connection_id, state.in_flight, self._drain_timeout_s,
                     )
                     break
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:

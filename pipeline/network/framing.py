@@ -9,7 +9,11 @@ is tested with plain function calls (the h11 style).
 
 Extraction is linear in the bytes received: the buffer is consumed by moving a
 read position and compacting at most once per ``receive_data`` call, never by
-re-slicing the remainder after every frame.
+re-slicing the remainder after every frame. A frame of ``LARGE_FRAME_BYTES`` or
+more is read into a buffer of its declared size, allocated once its size
+prefix is known (Kafka NetworkReceive allocates the body from the MemoryPool
+the same way), so it is never held twice: peak memory per connection is the
+frame plus one read.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ SIZE_PREFIX: Final = struct.Struct(">i")
 
 DEFAULT_MAX_RECEIVE_BYTES: Final = 100 * 1024 * 1024
 """Kafka's default ``socket.request.max.bytes``: 104857600 bytes (100 MiB)."""
+
+
+LARGE_FRAME_BYTES: Final = 1024 * 1024
+"""Frames of at least this many bytes get their own buffer of exactly their size."""
 
 
 class InvalidReceiveError(Exception):
@@ -52,12 +60,16 @@ class FrameDecoder:
             ``socket.request.max.bytes``). A size of 0 is a valid empty frame.
 
     Raises:
-        InvalidReceiveError: from ``next_frame`` when the next size prefix is
-            negative or larger than ``max_receive_bytes``. The bytes of the
-            invalid frame are never buffered beyond what was already received.
+        InvalidReceiveError: from ``next_size``/``next_frame`` when the next
+            size prefix is negative or larger than ``max_receive_bytes``. The
+            bytes of the invalid frame are never buffered beyond what was
+            already received.
+
+    Frames are ``bytes``, except those of ``LARGE_FRAME_BYTES`` or more, which
+    are handed out as the ``bytearray`` they were received into (no copy).
     """
 
-    __slots__ = ("_buf", "_pos", "_max", "_error")
+    __slots__ = ("_buf", "_pos", "_max", "_error", "_body", "_filled")
 
     def __init__(self, max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES) -> None:
         if max_receive_bytes < 0:
@@ -66,14 +78,24 @@ class FrameDecoder:
         self._pos = 0
         self._max = max_receive_bytes
         self._error: InvalidReceiveError | None = None
+        self._body: bytearray | None = None  # the large frame being received
+        self._filled = 0
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes received but not yet handed out as frames."""
-        return len(self._buf) - self._pos
+        """Bytes received but not yet handed out as frames (size prefixes included)."""
+        body = SIZE_PREFIX.size + self._filled if self._body is not None else 0
+        return body + len(self._buf) - self._pos
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes read from the stream (any length, including 0)."""
+        if self._body is not None:
+            taken = min(len(data), len(self._body) - self._filled)
+            self._body[self._filled : self._filled + taken] = data[:taken]
+            self._filled += taken
+            data = data[taken:]
+            if not data:
+                return
         if self._pos:
             # Compact once per read, not once per frame: keeps total work
             # linear in bytes received however many frames a read holds.
@@ -81,19 +103,19 @@ class FrameDecoder:
             self._pos = 0
         self._buf += data
 
-    def next_frame(self) -> bytes | None:
-        """Return the next complete frame body, or None if more bytes are needed.
+    def next_size(self) -> int | None:
+        """Declared body size of the next frame (bytes), or None until its prefix is in.
 
         Raises:
-            InvalidReceiveError: see the class docstring.
+            InvalidReceiveError: see the class docstring (Kafka NetworkReceive.readFrom).
         """
         if self._error is not None:
             raise self._error
-        buf, pos = self._buf, self._pos
-        available = len(buf) - pos
-        if available < SIZE_PREFIX.size:
+        if self._body is not None:
+            return len(self._body)
+        if len(self._buf) - self._pos < SIZE_PREFIX.size:
             return None
-        (size,) = SIZE_PREFIX.unpack_from(buf, pos)
+        (size,) = SIZE_PREFIX.unpack_from(self._buf, self._pos)
         if size < 0:
             self._error = InvalidReceiveError(f"invalid receive: negative frame size {size}", size)
             raise self._error
@@ -104,8 +126,37 @@ class FrameDecoder:
                 size,
             )
             raise self._error
+        return size
+
+    def next_frame(self) -> bytes | bytearray | None:
+        """Return the next complete frame body, or None if more bytes are needed.
+
+        Raises:
+            InvalidReceiveError: see the class docstring.
+        """
+        size = self.next_size()
+        if size is None:
+            return None
+        if self._body is not None:
+            if self._filled < len(self._body):
+                return None
+            frame, self._body, self._filled = self._body, None, 0
+            return frame
+        buf, pos = self._buf, self._pos
         end = pos + SIZE_PREFIX.size + size
         if len(buf) < end:
+            if size >= LARGE_FRAME_BYTES:
+                # Move what arrived of it into a buffer of its own size; the
+                # rest is written straight there by receive_data.
+                body = bytearray(size)
+                with memoryview(buf) as view:
+                    part = view[pos + SIZE_PREFIX.size :]
+                    body[: len(part)] = part
+                    self._filled = len(part)
+                    del part
+                self._body = body
+                del buf[:]
+                self._pos = 0
             return None
         with memoryview(buf) as view:  # one copy, released before the next resize
             frame = bytes(view[pos + SIZE_PREFIX.size : end])

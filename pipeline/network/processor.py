@@ -5,6 +5,11 @@ assigned to it round-robin and stay with it for life (seed 004). Here a
 Processor is a trio task with a nursery: each of its connections is a
 ``KafkaChannel`` whose reader and writer tasks live in that nursery, so the
 Processor's lifetime bounds theirs.
+
+Like Kafka's Selector it also expires connections: a reaper task asks every
+connection's ``ConnectionState.timeout_reason`` a few times a second and
+aborts those that stalled inside a frame, stopped reading their responses,
+or sat idle past ``connections.max.idle.ms``.
 """
 
 from __future__ import annotations
@@ -17,10 +22,14 @@ from typing import Callable
 import trio
 
 from pipeline.network.channel import KafkaChannel
+from pipeline.network.connection_quotas import ConnectionQuotas
 
 log = logging.getLogger(__name__)
 
 _connection_index = itertools.count()
+
+REAP_INTERVAL_S = 0.25
+"""How often connection timeouts are checked (s): the precision of every connection timeout."""
 
 
 def connection_id(stream: trio.SocketStream) -> str:
@@ -45,6 +54,7 @@ class Processor:
         processor_id: index of this Processor (0-based).
         channel_factory: builds the KafkaChannel of a new connection from its
             id and stream.
+        quotas: told when a connection closes (the Acceptor admitted it).
         new_connection_queue_size: connections that may wait to be taken up
             (Kafka's per-Processor newConnections queue, default 20).
     """
@@ -53,19 +63,25 @@ class Processor:
         self,
         processor_id: int,
         channel_factory: Callable[[str, trio.SocketStream], KafkaChannel],
+        quotas: ConnectionQuotas,
         new_connection_queue_size: int = 20,
     ) -> None:
         self.processor_id = processor_id
         self._channel_factory = channel_factory
-        self._new_send, self._new_receive = trio.open_memory_channel[trio.SocketStream](
+        self._quotas = quotas
+        self._new_send, self._new_receive = trio.open_memory_channel[tuple[trio.SocketStream, str]](
             new_connection_queue_size
         )
         self.channels: set[KafkaChannel] = set()
         self._stopping = False
 
-    async def accept(self, stream: trio.SocketStream) -> None:
-        """Hand a new connection to this Processor (waits while its queue is full)."""
-        await self._new_send.send(stream)
+    async def accept(self, stream: trio.SocketStream, ip: str) -> None:
+        """Hand a new connection from ``ip`` to this Processor (waits while its queue is full).
+
+        Raises:
+            trio.ClosedResourceError: the Processor is stopping.
+        """
+        await self._new_send.send((stream, ip))
 
     def stop_reading(self) -> None:
         """Server shutdown: read no more requests on any connection, take no new ones."""
@@ -78,8 +94,10 @@ class Processor:
         """Serve connections until cancelled (all of them are closed on the way out)."""
         async with trio.open_nursery() as nursery:
             task_status.started()
-            async for stream in self._new_receive:
+            nursery.start_soon(self._reap)
+            async for stream, ip in self._new_receive:
                 if self._stopping:
+                    self._quotas.release(ip)
                     await trio.aclose_forcefully(stream)
                     continue
                 try:
@@ -88,12 +106,23 @@ class Processor:
                     pass
                 channel = self._channel_factory(connection_id(stream), stream)
                 self.channels.add(channel)
-                nursery.start_soon(self._serve, channel)
+                nursery.start_soon(self._serve, channel, ip)
 
-    async def _serve(self, channel: KafkaChannel) -> None:
+    async def _reap(self) -> None:
+        """Abort timed-out connections; ends once stopping and every connection is gone."""
+        while not (self._stopping and not self.channels):
+            await trio.sleep(REAP_INTERVAL_S)
+            now = trio.current_time()
+            for channel in list(self.channels):
+                reason = channel.state.timeout_reason(now)
+                if reason is not None:
+                    channel.abort(reason)
+
+    async def _serve(self, channel: KafkaChannel, ip: str) -> None:
         log.debug("processor %d: new connection %s", self.processor_id, channel.connection_id)
         try:
             await channel.run()
         finally:
             self.channels.discard(channel)
+            self._quotas.release(ip)
             log.debug("processor %d: connection %s closed", self.processor_id, channel.connection_id)

@@ -32,6 +32,7 @@ which blocks while more than ``max_buffer_bytes`` are buffered in both stages
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Literal, Protocol, Sequence
@@ -217,11 +218,23 @@ class BatchingPersister:
         return (self._wal_acc.size_bytes + self._in_wal_write + self._spark_acc.size_bytes
                 + self._in_spark_prepare + self._in_spark_write)
 
-    async def wait_for_capacity(self) -> None:
-        """Block while more than ``max_buffer_bytes`` are buffered (backpressure)."""
+    async def wait_for_capacity(self, deadline: float = math.inf) -> bool:
+        """Block while more than ``max_buffer_bytes`` are buffered (backpressure).
+
+        Args:
+            deadline: give up at this ``trio.current_time()`` (s).
+
+        Returns:
+            True when there is room (or the persister is closing), False if
+            ``deadline`` passed first (the caller answers REQUEST_TIMED_OUT).
+        """
         while self.buffered_bytes >= self._max_buffer_bytes and not self._wal_acc.closing:
             self._spark_wakeup.set()  # memory pressure is a flush trigger
-            await self._space.wait()
+            with trio.move_on_at(deadline):
+                await self._space.wait()
+            if trio.current_time() >= deadline:
+                return False
+        return True
 
     def append(self, appends: Sequence[PartitionAppend]) -> Commit:
         """Add one request's sequenced appends; returns its durability handle.

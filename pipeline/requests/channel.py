@@ -13,24 +13,31 @@ Two topologies (seed 004):
   handler may take any request, so Kafka mutes a connection after each request
   until its response is sent to keep it ordered.
 
-Queues are trio memory channels: ``send`` waits when a queue is full, which
-stops the Processor reading that connection (backpressure), and
-``statistics()`` gives queue depth. A queue item is a list of requests: the
-multiqueue channel takes every request cut from one socket read of a
-connection as one item (they go to the same handler anyway), which saves a
-queue hand-off and a scheduler round per request; the shared channel takes
+Every queue is bounded in requests (Kafka ``queued.max.requests``, which
+multiqueue splits evenly over its queues): ``send_requests`` waits while a
+queue is full, which stops the Processor reading that connection
+(backpressure). Bytes are bounded too: every queued frame holds its
+allocation from the MemoryPool (``queued.max.request.bytes``) until its
+handler is done with it (``Request.release``). A queue item is a list of
+requests: the multiqueue channel takes every request cut from one socket read
+of a connection as one item (they go to the same handler anyway), which saves
+a queue hand-off and a scheduler round per request; the shared channel takes
 one request per item, so its handler pool can interleave them as Kafka's can.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from pipeline.protocol.header import RequestHeader
+
+if TYPE_CHECKING:
+    from pipeline.network.memory_pool import MemoryPool
 
 
 class ConnectionHandle(Protocol):
@@ -54,16 +61,26 @@ class Request:
     Attributes:
         connection: where it came from and where its response goes.
         header: the parsed request header.
-        frame: the whole frame body (header + request body), bytes.
+        frame: the whole frame body (header + request body).
         token: its place in the connection's ResponseSequencer.
         received_at: trio.current_time() when the Processor read it (s).
+        pool_bytes: bytes it holds in ``pool`` until ``release``.
+        pool: the MemoryPool its frame was allocated from (None: not pooled).
     """
 
     connection: ConnectionHandle
     header: RequestHeader
-    frame: bytes
+    frame: bytes | bytearray
     token: int
     received_at: float = field(default=0.0)
+    pool_bytes: int = 0
+    pool: MemoryPool | None = None
+
+    def release(self) -> None:
+        """Return the frame's memory to the pool (the request is done with). Idempotent."""
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            pool.release(self.pool_bytes)
 
 
 def stable_queue_index(connection_id: str, queues: int) -> int:
@@ -75,9 +92,14 @@ class RequestChannel:
     """Base: ``send_requests`` from Processors, ``receiver`` for handlers."""
 
     def __init__(self, capacities: list[int]) -> None:
-        pairs = [trio.open_memory_channel[list[Request]](cap) for cap in capacities]
+        # The trio channels are unbounded; the bound is counted in requests
+        # here, since an item may hold several requests.
+        pairs = [trio.open_memory_channel[list[Request]](math.inf) for _ in capacities]
         self._senders = [s for s, _ in pairs]
         self._receivers = [r for _, r in pairs]
+        self._capacities = list(capacities)
+        self._queued = [0] * len(capacities)
+        self._space = [trio.Event() for _ in capacities]
 
     @property
     def queue_count(self) -> int:
@@ -87,24 +109,40 @@ class RequestChannel:
     """True if all requests of one read may travel as one item (same handler anyway)."""
 
     def queue_depths(self) -> list[int]:
-        """Items (request lists) waiting in each queue now."""
-        return [s.statistics().current_buffer_used for s in self._senders]
+        """Requests waiting in each queue now (taken by a handler: no longer counted)."""
+        return list(self._queued)
 
     def queue_index(self, connection_id: str) -> int:
         raise NotImplementedError
 
     async def send_requests(self, requests: list[Request]) -> None:
-        """Enqueue requests of ONE connection, in order, as one item; waits while the queue is full.
+        """Enqueue requests of ONE connection, in order, as one item.
+
+        Waits while the queue holds its capacity in requests; an item larger
+        than the whole capacity goes in once the queue is empty.
 
         Raises:
             trio.ClosedResourceError: after ``close``.
         """
-        await self._senders[self.queue_index(requests[0].connection.connection_id)].send(requests)
+        index = self.queue_index(requests[0].connection.connection_id)
+        queued, capacity = self._queued, self._capacities[index]
+        while queued[index] and queued[index] + len(requests) > capacity:
+            await self._space[index].wait()
+        queued[index] += len(requests)
+        self._senders[index].send_nowait(requests)
+
+    def taken(self, queue_index: int, count: int) -> None:
+        """A handler took ``count`` requests off queue ``queue_index``: room for more."""
+        self._queued[queue_index] -= count
+        space, self._space[queue_index] = self._space[queue_index], trio.Event()
+        space.set()
 
     def close(self) -> None:
         """No more requests: handlers drain their queues, then their loops end."""
         for s in self._senders:
             s.close()
+        for space in self._space:
+            space.set()  # a waiting sender finds the queue closed
 
 
 class MultiQueueRequestChannel(RequestChannel):
@@ -120,9 +158,9 @@ class MultiQueueRequestChannel(RequestChannel):
     def queue_index(self, connection_id: str) -> int:
         return stable_queue_index(connection_id, len(self._senders))
 
-    def receiver(self, handler_index: int) -> trio.MemoryReceiveChannel[list[Request]]:
-        """The queue owned by RequestHandler ``handler_index`` (one handler per queue)."""
-        return self._receivers[handler_index]
+    def receiver(self, handler_index: int) -> tuple[int, trio.MemoryReceiveChannel[list[Request]]]:
+        """(queue index, queue) owned by RequestHandler ``handler_index`` (one handler per queue)."""
+        return handler_index, self._receivers[handler_index]
 
 
 class SharedRequestChannel(RequestChannel):
@@ -136,6 +174,6 @@ class SharedRequestChannel(RequestChannel):
     def queue_index(self, connection_id: str) -> int:
         return 0
 
-    def receiver(self, handler_index: int) -> trio.MemoryReceiveChannel[list[Request]]:
-        """A clone of the shared queue's receive side for pool member ``handler_index``."""
-        return self._receivers[0].clone()
+    def receiver(self, handler_index: int) -> tuple[int, trio.MemoryReceiveChannel[list[Request]]]:
+        """(0, a clone of the shared queue's receive side) for pool member ``handler_index``."""
+        return 0, self._receivers[0].clone()

@@ -38,7 +38,7 @@ from pipeline.protocol.errors import (
 from pipeline.protocol.header import RequestHeader
 from pipeline.protocol.records import RecordsInfo, validate_records
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.requests.channel import Request
+from pipeline.requests.channel import Request, RequestChannel
 from pipeline.requests.producer_state import BatchMetadata, ProducerStateManager, Verdict, next_sequence
 from pipeline.requests.sequencing import OffsetSequencer
 
@@ -171,8 +171,17 @@ class KafkaApis:
                     self._log_partition_error(request, part, exc)
             results.append(PartitionResult(part.topic, part.partition, error, log_start_offset=0))
 
-        if checked:
-            await self.persister.wait_for_capacity()
+        deadline = request.received_at + max(view.timeout_ms, MIN_PRODUCE_TIMEOUT_MS) / 1000.0
+        if checked and not await self.persister.wait_for_capacity(deadline):
+            # Persistence is stalled (Spark down, buffer.memory full): answer
+            # within the request's timeout rather than hold it (Kafka
+            # REQUEST_TIMED_OUT); nothing of it was sequenced or stored.
+            log.warning("connection %s: produce (correlation id %d) timed out waiting for persister "
+                        "memory (buffer.memory full)", request.connection.connection_id, header.correlation_id)
+            for index, part, _info in checked:
+                results[index] = PartitionResult(part.topic, part.partition, ErrorCode.request_timed_out.value,
+                                                 error_message="persistence stalled: buffer.memory full")
+            checked = []
         # From here to persister.append: no await, so offsets, producer state
         # and the persister's groups all see requests in the same order.
         appends: list[PartitionAppend] = []
@@ -235,7 +244,6 @@ class KafkaApis:
                 pending.wait_for(batch.ticket, [index])
         if pending.start():
             return
-        deadline = trio.current_time() + max(view.timeout_ms, MIN_PRODUCE_TIMEOUT_MS) / 1000.0
         heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), pending))
 
     async def run_timeouts(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -330,20 +338,21 @@ class RequestHandler:
     """One handler task: takes requests from its queue and runs KafkaApis on them.
 
     In multiqueue mode each handler owns one queue; in baseline mode the pool
-    shares one. The loop ends when the RequestChannel is closed and drained.
+    shares one. Each request's frame memory goes back to the MemoryPool once
+    it is handled. The loop ends when the RequestChannel is closed and drained.
     """
 
-    def __init__(self, handler_id: int, apis_: KafkaApis,
-                 receiver: trio.MemoryReceiveChannel[list[Request]]) -> None:
+    def __init__(self, handler_id: int, apis_: KafkaApis, request_channel: RequestChannel) -> None:
         self.handler_id = handler_id
         self._apis = apis_
-        self._receiver = receiver
-        self.handled = 0
+        self._request_channel = request_channel
+        self._queue_index, self._receiver = request_channel.receiver(handler_id)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         async with self._receiver:
             async for requests in self._receiver:
+                self._request_channel.taken(self._queue_index, len(requests))
                 for request in requests:
                     try:
                         await self._apis.handle(request)
@@ -355,4 +364,5 @@ class RequestHandler:
                             request.connection.complete(request.token, None)
                         except Exception:
                             pass
-                    self.handled += 1
+                    finally:
+                        request.release()

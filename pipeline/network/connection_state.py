@@ -1,0 +1,316 @@
+"""The rules of one connection, without I/O: framing, memory, muting, timeouts, response order.
+
+``ConnectionState`` is to a KafkaChannel what h11's ``Connection`` is to an
+HTTP server: bytes and times go in as arguments, requests and bytes to write
+come out, and no socket or clock is touched, so every rule is tested with
+plain function calls. The trio layer (``pipeline/network/channel.py``) only
+moves bytes and waits.
+
+What it decides, and where each rule comes from:
+
+* **Framing** (Kafka NetworkReceive): a 4-byte size, then the body; negative
+  or oversize sizes raise ``InvalidReceiveError``.
+* **Memory** (Kafka MemoryPool, KafkaChannel.read): once a frame's size is
+  known its body is allocated from the shared ``MemoryPool``; a size the pool
+  cannot serve now mutes the connection (``PAUSED``, ``MuteReason.MEMORY``)
+  until memory returns; a size larger than the whole pool can never be served
+  and raises ``InvalidReceiveError``. The allocation travels with the request
+  (``ReceivedFrame.pool_bytes``) and is released by whoever finishes it.
+* **In-flight cap** (AutoMQ: 64 per connection; classic Kafka mutes after each
+  request, which is a cap of 1): with that many requests read but not yet
+  answered on the wire, reading pauses until a response has been sent.
+* **Response backlog**: once the responses waiting to be written pass
+  ``response_buffer_max_bytes`` (a client that does not read), reading pauses.
+* **Timeouts** (``timeout_reason``): a frame not completed within
+  ``receive_timeout_ms`` of its first byte while the connection is being read
+  (a stalled sender; time spent muted does not count); responses the client
+  has not taken for ``send_timeout_ms`` (a client that never reads); no
+  activity and nothing owed for ``idle_timeout_ms`` (Kafka
+  ``connections.max.idle.ms``, Selector's idle expiry).
+* **Response order** (Kafka's per-connection ordering promise): a
+  ``ResponseSequencer`` releases responses in request order.
+
+Times are seconds on any monotonic clock (the caller's), limits are in ms and
+bytes, as Kafka's properties are.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+from pipeline.network.framing import (
+    DEFAULT_MAX_RECEIVE_BYTES,
+    FrameDecoder,
+    InvalidReceiveError,
+    encode_frame,
+)
+from pipeline.network.memory_pool import MemoryPool
+from pipeline.protocol.errors import InvalidRequestError
+from pipeline.protocol.header import RequestHeader, parse_request_header
+from pipeline.requests.sequencing import ResponseSequencer
+
+DEFAULT_MAX_IN_FLIGHT: Final = 64
+"""Requests per connection read but not yet answered (AutoMQ's cap)."""
+DEFAULT_IDLE_TIMEOUT_MS: Final = 600_000
+"""Kafka ``connections.max.idle.ms``: 10 minutes."""
+DEFAULT_RECEIVE_TIMEOUT_MS: Final = 30_000
+"""Time a request frame may take from its first byte to its last, while read (ms)."""
+DEFAULT_SEND_TIMEOUT_MS: Final = 30_000
+"""Time responses may wait for a client that does not read them (ms)."""
+DEFAULT_RESPONSE_BUFFER_MAX_BYTES: Final = 1024 * 1024
+"""Unsent response bytes per connection above which reading pauses."""
+
+
+class MuteReason(enum.Enum):
+    """Why a connection is not being read (Kafka ChannelMuteState, by cause)."""
+
+    MEMORY = "memory"
+    """The MemoryPool cannot serve the next frame's size now."""
+    IN_FLIGHT = "in-flight"
+    """``max_in_flight`` requests are read and not yet answered."""
+    RESPONSE_BACKLOG = "response-backlog"
+    """Unsent responses exceed ``response_buffer_max_bytes``."""
+
+
+class _Sentinel(enum.Enum):
+    NEED_DATA = "NEED_DATA"
+    PAUSED = "PAUSED"
+
+
+NEED_DATA: Final = _Sentinel.NEED_DATA
+"""``next_request``: read more bytes from the socket, then ask again."""
+PAUSED: Final = _Sentinel.PAUSED
+"""``next_request``: do not read now; ``mute_reason`` says what to wait for."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """Per-connection limits; sizes in bytes, times in ms.
+
+    Attributes:
+        max_receive_bytes: largest frame (Kafka ``socket.request.max.bytes``).
+        max_in_flight: requests read and not yet answered before reading
+            pauses (>= 1; 1 is classic Kafka's mute-until-response).
+        response_buffer_max_bytes: unsent response bytes before reading pauses.
+        receive_timeout_ms: a frame's first-to-last byte, while being read.
+        send_timeout_ms: responses not taken by the client for this long close it.
+        idle_timeout_ms: no traffic and nothing owed for this long closes it
+            (Kafka ``connections.max.idle.ms``).
+    """
+
+    max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    response_buffer_max_bytes: int = DEFAULT_RESPONSE_BUFFER_MAX_BYTES
+    receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS
+    send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS
+    idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS
+
+    def __post_init__(self) -> None:
+        for name in ("max_receive_bytes", "max_in_flight", "response_buffer_max_bytes",
+                     "receive_timeout_ms", "send_timeout_ms", "idle_timeout_ms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedFrame:
+    """A whole request frame, read and registered for its response.
+
+    Attributes:
+        header: the parsed request header.
+        frame: the frame body (header + request body), without the size prefix.
+        token: its place in the connection's response order (for ``complete``).
+        pool_bytes: bytes allocated for it from the MemoryPool; the receiver
+            must ``MemoryPool.release`` them once done with the frame.
+    """
+
+    header: RequestHeader
+    frame: bytes | bytearray
+    token: int
+    pool_bytes: int
+
+
+class ConnectionState:
+    """One connection's rules; see the module docstring.
+
+    Reading::
+
+        state.receive_data(chunk, now)             # bytes from the socket
+        while isinstance(ev := state.next_request(now), ReceivedFrame):
+            dispatch(ev)                           # release ev.pool_bytes later
+        # ev is NEED_DATA (read more) or PAUSED (wait, see mute_reason)
+
+    Writing::
+
+        state.complete(token, payload)             # a handler's response, any order
+        data = state.data_to_send(now)             # None: nothing; b"": only acks=0 slots
+        ...send data...; state.send_done(now)
+
+    Args:
+        pool: the server's MemoryPool.
+        limits: see ConnectionLimits.
+        now: the time the connection was accepted (s).
+        ordered: False only for the benchmark's shared-unmuted ablation
+            (responses in completion order).
+    """
+
+    __slots__ = ("_pool", "limits", "_decoder", "_sequencer", "_allocated", "_frame_started",
+                 "_last_activity", "_unsent_bytes", "_sending_bytes", "_sending_count",
+                 "_sending_since", "mute_reason", "closed")
+
+    def __init__(self, pool: MemoryPool, limits: ConnectionLimits, now: float, *, ordered: bool = True) -> None:
+        self._pool = pool
+        self.limits = limits
+        self._decoder = FrameDecoder(limits.max_receive_bytes)
+        self._sequencer = ResponseSequencer(ordered=ordered)
+        self._allocated: int | None = None  # pool bytes held by the frame being received
+        self._frame_started: float | None = None  # first byte of it, or when reading resumed
+        self._last_activity = now
+        self._unsent_bytes = 0  # completed responses not yet written, incl. the send under way
+        self._sending_bytes = 0
+        self._sending_count = 0
+        self._sending_since: float | None = None
+        self.mute_reason: MuteReason | None = None
+        """Why the last ``next_request`` returned PAUSED (None: not muted)."""
+        self.closed = False
+
+    # -- reading -------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Requests read whose responses are not yet written (acks=0 ones leave at their turn)."""
+        return self._sequencer.in_flight + self._sending_count
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Received bytes not yet handed out as a request."""
+        return self._decoder.buffered_bytes
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Response bytes completed but not yet written (including a send under way)."""
+        return self._unsent_bytes
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Bytes read from the socket (any split, any number of frames)."""
+        if not data:
+            return
+        if self._frame_started is None and self._decoder.buffered_bytes == 0:
+            self._frame_started = now
+        self._decoder.receive_data(data)
+        self._last_activity = now
+
+    def next_request(self, now: float) -> ReceivedFrame | _Sentinel:
+        """The next whole request, NEED_DATA, or PAUSED.
+
+        Raises:
+            InvalidReceiveError: negative size, size over ``max_receive_bytes``,
+                or over the whole MemoryPool's capacity; the connection must close.
+            InvalidRequestError: the request header cannot be parsed; close.
+        """
+        if self.in_flight >= self.limits.max_in_flight:
+            return self._pause(MuteReason.IN_FLIGHT)
+        if self._unsent_bytes > self.limits.response_buffer_max_bytes:
+            return self._pause(MuteReason.RESPONSE_BACKLOG)
+        size = self._decoder.next_size()
+        if size is None:
+            self._resume(now)
+            return NEED_DATA
+        if self._allocated is None:
+            if size > self._pool.capacity:
+                raise InvalidReceiveError(
+                    f"invalid receive: frame size {size} bytes is larger than the whole memory pool "
+                    f"(queued.max.request.bytes {self._pool.capacity})", size)
+            if not self._pool.try_allocate(size):
+                return self._pause(MuteReason.MEMORY)
+            self._allocated = size
+        self._resume(now)
+        frame = self._decoder.next_frame()
+        if frame is None:
+            return NEED_DATA
+        pool_bytes, self._allocated = self._allocated, None
+        self._frame_started = now if self._decoder.buffered_bytes else None
+        self._last_activity = now
+        try:
+            header = parse_request_header(frame)
+        except InvalidRequestError:
+            self._pool.release(pool_bytes)
+            raise
+        return ReceivedFrame(header, frame, self._sequencer.register(header.correlation_id), pool_bytes)
+
+    def _pause(self, reason: MuteReason) -> _Sentinel:
+        self.mute_reason = reason
+        return PAUSED
+
+    def _resume(self, now: float) -> None:
+        if self.mute_reason is not None:
+            self.mute_reason = None
+            if self._decoder.buffered_bytes:
+                self._frame_started = now  # time spent muted is not the sender's
+
+    # -- writing -------------------------------------------------------------
+
+    def complete(self, token: int, payload: bytes | None) -> None:
+        """Response (without size prefix) of request ``token``; None: it gets no response.
+
+        Raises:
+            SequencingError: ``token`` is not in flight.
+        """
+        self._sequencer.complete(token, payload)
+        if payload is not None:
+            self._unsent_bytes += len(payload) + 4
+
+    def data_to_send(self, now: float) -> bytes | None:
+        """Frames of every response whose turn has come, joined for one write.
+
+        Returns None when no response is ready; b"" when the ready ones all
+        get no response (their slots are freed at once). Call ``send_done``
+        once non-empty data has been written; only one send at a time.
+        """
+        ready = self._sequencer.pop_ready()
+        if not ready:
+            return None
+        frames = [encode_frame(r.payload) for r in ready if r.payload is not None]
+        if not frames:
+            return b""
+        data = b"".join(frames)
+        self._sending_bytes = len(data)
+        self._sending_count = len(frames)
+        self._sending_since = now
+        return data
+
+    def send_done(self, now: float) -> None:
+        """The data of the last ``data_to_send`` has been written to the socket."""
+        self._unsent_bytes -= self._sending_bytes
+        self._sending_bytes = self._sending_count = 0
+        self._sending_since = None
+        self._last_activity = now
+
+    # -- time and end ----------------------------------------------------------
+
+    def timeout_reason(self, now: float) -> str | None:
+        """Why the connection must be closed now because of a timeout, or None."""
+        limits = self.limits
+        if self._sending_since is not None and now - self._sending_since >= limits.send_timeout_ms / 1000:
+            return (f"client did not read its responses for {limits.send_timeout_ms} ms "
+                    f"({self._unsent_bytes} bytes unsent)")
+        buffered = self._decoder.buffered_bytes
+        if (buffered and self.mute_reason is None and self._frame_started is not None
+                and now - self._frame_started >= limits.receive_timeout_ms / 1000):
+            size = self._allocated if self._allocated is not None else "?"
+            return (f"request frame not completed within {limits.receive_timeout_ms} ms "
+                    f"({buffered} bytes received, frame size {size})")
+        if (not buffered and self.in_flight == 0 and self._unsent_bytes == 0
+                and now - self._last_activity >= limits.idle_timeout_ms / 1000):
+            return f"idle for {limits.idle_timeout_ms} ms (connections.max.idle.ms)"
+        return None
+
+    def close(self) -> None:
+        """The connection is gone: return the memory of a frame still being received. Idempotent."""
+        if not self.closed:
+            self.closed = True
+            if self._allocated is not None:
+                self._pool.release(self._allocated)
+                self._allocated = None
