@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.network.framing import FrameDecoder, InvalidReceiveError, encode_frame
+from pipeline.network.framing import LARGE_FRAME_BYTES, FrameDecoder, InvalidReceiveError, encode_frame
 
 
 def drain(decoder: FrameDecoder) -> list[bytes]:
@@ -98,3 +98,25 @@ def test_frames_before_an_invalid_size_are_delivered():
 
 def test_encode_frame_prefixes_big_endian_size():
     assert encode_frame(b"abc") == b"\x00\x00\x00\x03abc"
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, 3 * LARGE_FRAME_BYTES), min_size=1, max_size=6), st.integers(1, 70_000))
+def test_large_frames_are_received_into_their_own_buffer(cuts, small):
+    big = bytes(range(256)) * (LARGE_FRAME_BYTES // 256 + 3)
+    stream = encode_frame(b"s" * small) + encode_frame(big) + encode_frame(b"tail")
+    frames = feed_in_chunks(stream, cuts, max_bytes=len(big))
+    assert frames == [b"s" * small, big, b"tail"]
+
+
+def test_large_frame_is_handed_out_without_a_copy():
+    decoder = FrameDecoder()
+    body = b"z" * LARGE_FRAME_BYTES
+    data = encode_frame(body) + encode_frame(b"next")
+    decoder.receive_data(data[:1000])
+    assert decoder.next_frame() is None
+    assert decoder.buffered_bytes == 1000
+    decoder.receive_data(data[1000:])
+    frame = decoder.next_frame()
+    assert isinstance(frame, bytearray) and frame == body
+    assert decoder.next_frame() == b"next"
