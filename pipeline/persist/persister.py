@@ -113,11 +113,8 @@ class PersisterStats:
     wal_seconds: float = 0.0
     flushes: int = 0
     records: int = 0
-    bytes: int = 0
     failed_flushes: int = 0
     write_seconds: float = 0.0
-    last_flush_records: int = 0
-    last_flush_reason: str = ""
 
 
 @dataclass(slots=True)
@@ -433,12 +430,9 @@ class BatchingPersister:
         stats = self.stats
         stats.flushes += 1
         stats.records += group.records
-        stats.bytes += group.size_bytes
         stats.write_seconds += elapsed
-        stats.last_flush_records = group.records
-        stats.last_flush_reason = group.reason.value if group.reason else ""
         log.debug("flushed %d records (%d bytes, %s) in %.0f ms", group.records, group.size_bytes,
-                  stats.last_flush_reason, elapsed * 1000)
+                  group.reason.value if group.reason else "", elapsed * 1000)
         for a in group.appends:
             key = (a.topic, a.partition)
             self._end_offsets[key] = max(self._end_offsets.get(key, 0), a.base_offset + a.record_count)
