@@ -22,8 +22,11 @@ from .apis import produce_view
 from .apis import validate_topic_name
 from .errors import CorruptRecordError
 from .errors import ErrorCode
+from .errors import InvalidRecordError
 from .errors import InvalidRequestError
-from .errors import UnsupportedRecordVersionError
+from .errors import InvalidTimestampError
+from .errors import RecordError
+from .errors import UnsupportedCompressionTypeError
 from .errors import UnsupportedVersionError
 from .header import RequestHeader
 from .header import encode_response
@@ -38,14 +41,17 @@ __all__ = (
     "BrokerInfo",
     "CorruptRecordError",
     "ErrorCode",
+    "InvalidRecordError",
     "InvalidRequestError",
+    "InvalidTimestampError",
     "PartitionResult",
     "ProducePartition",
     "ProduceRequestView",
+    "RecordError",
     "RecordsInfo",
     "RequestHeader",
     "TopicResolver",
-    "UnsupportedRecordVersionError",
+    "UnsupportedCompressionTypeError",
     "UnsupportedVersionError",
     "api_versions_response",
     "decode_request",

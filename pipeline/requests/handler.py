@@ -30,11 +30,7 @@ from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.persister import BatchingPersister, Commit, StorageFailedError
 from pipeline.protocol import apis
 from pipeline.protocol.apis import BrokerInfo, PartitionResult, ProducePartition
-from pipeline.protocol.errors import (
-    CorruptRecordError,
-    InvalidRequestError,
-    UnsupportedRecordVersionError,
-)
+from pipeline.protocol.errors import InvalidRequestError, RecordError
 from pipeline.protocol.header import RequestHeader
 from pipeline.protocol.records import RecordsInfo, validate_records
 from pipeline.requests.catalog import TopicCatalog
@@ -158,16 +154,13 @@ class KafkaApis:
             error = self._check_partition(view, part.topic, part.partition)
             if error == ErrorCode.none.value:
                 try:
-                    info = validate_records(part.records)
+                    info = validate_records(part.records, header.api_version)
                     if info.is_transactional:
                         error = ErrorCode.transactional_id_authorization_failed.value
                     else:
                         checked.append((len(results), part, info))
-                except CorruptRecordError as exc:
-                    error = ErrorCode.corrupt_message.value
-                    self._log_partition_error(request, part, exc)
-                except UnsupportedRecordVersionError as exc:
-                    error = ErrorCode.unsupported_for_message_format.value
+                except RecordError as exc:
+                    error = exc.error_code
                     self._log_partition_error(request, part, exc)
             results.append(PartitionResult(part.topic, part.partition, error, log_start_offset=0))
 

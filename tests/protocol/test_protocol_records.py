@@ -13,9 +13,12 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 
 from pipeline.protocol import CorruptRecordError
+from pipeline.protocol import InvalidRecordError
+from pipeline.protocol import InvalidTimestampError
 from pipeline.protocol import RecordsInfo
-from pipeline.protocol import UnsupportedRecordVersionError
+from pipeline.protocol import UnsupportedCompressionTypeError
 from pipeline.protocol import validate_records
+from pipeline.protocol.records import MAX_TIMESTAMP_MS
 
 T0 = 1_700_000_000_000
 CRC_OFFSET = DefaultRecordBatch.CRC_OFFSET  # 17
@@ -117,13 +120,57 @@ def test_compressed_batch(name: str, codec_id: int, available) -> None:
 
 
 @pytest.mark.parametrize("codec_id", [1, 2, 3, 4])
-def test_codec_bits_need_no_codec_library(codec_id: int) -> None:
-    # validate_records never decompresses: an uncompressed batch relabelled
-    # with any known codec (and re-checksummed) still validates.
+def test_codec_bits_on_uncompressed_records_are_invalid(codec_id: int) -> None:
+    # The records are read: an uncompressed batch relabelled with a codec (and
+    # re-checksummed) cannot be decompressed, so it is refused before any ack.
     data = bytearray(batch(3))
     (attributes,) = struct.unpack_from(">h", data, ATTRIBUTES_OFFSET)
     struct.pack_into(">h", data, ATTRIBUTES_OFFSET, attributes | codec_id)
-    assert validate_records(recrc(data)).record_count == 3
+    with pytest.raises(InvalidRecordError, match="batch 0 at byte 0: record 0 of 3 is truncated or malformed"):
+        validate_records(recrc(data))
+
+
+def test_zstd_needs_produce_v7() -> None:
+    data = batch(3, codec_id=DefaultRecordBatch.CODEC_ZSTD)
+    with pytest.raises(UnsupportedCompressionTypeError, match="zstd needs Produce v7"):
+        validate_records(data, produce_version=6)
+    assert validate_records(data, produce_version=7).record_count == 3
+
+
+def _edit_records(count_kept: int, total: int) -> bytes:
+    """A batch whose header says ``total`` records but whose body holds the first ``count_kept``'s bytes."""
+    full = batch(total)
+    fewer = batch(count_kept)
+    data = bytearray(full[: len(fewer)])
+    struct.pack_into(">i", data, 8, len(data) - 12)
+    return recrc(data)
+
+
+def test_records_cut_short_are_invalid() -> None:
+    with pytest.raises(InvalidRecordError, match="record 3 of 5 is truncated or malformed"):
+        validate_records(_edit_records(3, 5))
+
+
+def test_bytes_after_the_declared_records_are_invalid() -> None:
+    three = bytearray(batch(3))
+    two = batch(2)
+    three[23:27] = two[23:27]  # last offset delta 1
+    three[COUNT_OFFSET : COUNT_OFFSET + 4] = two[COUNT_OFFSET : COUNT_OFFSET + 4]
+    with pytest.raises(InvalidRecordError, match="bytes left after the 2 records"):
+        validate_records(recrc(three))
+
+
+@pytest.mark.parametrize("timestamp", [MAX_TIMESTAMP_MS + 1, 2**62, -(2**62)])
+def test_timestamp_the_table_cannot_hold_is_invalid(timestamp: int) -> None:
+    with pytest.raises(InvalidTimestampError, match=f"record timestamp {timestamp} ms"):
+        validate_records(batch(1, first_timestamp=timestamp))
+
+
+def test_log_append_time_batch_timestamps_are_not_checked() -> None:
+    data = bytearray(batch(1, first_timestamp=2**62))
+    (attributes,) = struct.unpack_from(">h", data, ATTRIBUTES_OFFSET)
+    struct.pack_into(">h", data, ATTRIBUTES_OFFSET, attributes | DefaultRecordBatch.TIMESTAMP_TYPE_MASK)
+    assert validate_records(recrc(data)).record_count == 1
 
 
 @pytest.mark.parametrize("codec_id", [5, 6, 7])
@@ -183,35 +230,35 @@ def test_legacy_magic_is_unsupported(magic: int) -> None:
     builder = LegacyRecordBatchBuilder(magic=magic, compression_type=0, batch_size=1 << 20)
     for i in range(3):
         builder.append(i, timestamp=T0 if magic else None, key=None, value=b"v")
-    with pytest.raises(UnsupportedRecordVersionError, match=f"magic {magic}"):
+    with pytest.raises(InvalidRecordError, match=f"magic {magic}"):
         validate_records(bytes(builder.build()))
 
 
-def test_magic_3_is_unsupported() -> None:
+def test_magic_3_is_corrupt() -> None:
     data = bytearray(batch(1))
     data[16] = 3
-    with pytest.raises(UnsupportedRecordVersionError, match="magic 3"):
+    with pytest.raises(CorruptRecordError, match="magic 3"):
         validate_records(bytes(data))
 
 
 def test_legacy_batch_after_a_v2_batch_is_unsupported() -> None:
     builder = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
     builder.append(0, timestamp=T0, key=None, value=b"v")
-    with pytest.raises(UnsupportedRecordVersionError, match="batch 1"):
+    with pytest.raises(InvalidRecordError, match="batch 1"):
         validate_records(batch(1) + bytes(builder.build()))
 
 
 @pytest.mark.parametrize("keep", [1, 11, 12, 16, 17, 60, 61, 200, -1])
-def test_truncated_batch_is_corrupt(keep: int) -> None:
+def test_truncated_batch_is_refused(keep: int) -> None:
     data = batch(5)
-    with pytest.raises(CorruptRecordError, match="batch 0"):
+    with pytest.raises((CorruptRecordError, InvalidRecordError), match="batch 0"):
         validate_records(data[:keep])
 
 
 @pytest.mark.parametrize("tail", [1, 11, 12, 30, 70])
-def test_trailing_partial_batch_is_corrupt(tail: int) -> None:
+def test_trailing_partial_batch_is_invalid(tail: int) -> None:
     first = batch(2)
-    with pytest.raises(CorruptRecordError, match=f"batch 1 at byte {len(first)}"):
+    with pytest.raises(InvalidRecordError, match=f"batch 1 at byte {len(first)}"):
         validate_records(first + batch(2)[:tail])
 
 
@@ -222,10 +269,10 @@ def test_length_too_small_for_header_is_corrupt() -> None:
         validate_records(bytes(data[:32]))
 
 
-def test_negative_length_is_corrupt() -> None:
+def test_negative_length_is_invalid() -> None:
     data = bytearray(batch(1))
     struct.pack_into(">i", data, 8, -1)
-    with pytest.raises(CorruptRecordError, match="length field -1"):
+    with pytest.raises(InvalidRecordError, match="length field -1"):
         validate_records(bytes(data))
 
 
@@ -233,18 +280,18 @@ def test_negative_length_is_corrupt() -> None:
 def test_record_count_must_match_offset_delta(count: int) -> None:
     data = bytearray(batch(5))
     struct.pack_into(">i", data, COUNT_OFFSET, count)
-    with pytest.raises(CorruptRecordError, match="record count"):
+    with pytest.raises(InvalidRecordError, match="record count"):
         validate_records(recrc(data))
 
 
-def test_control_batch_from_producer_is_corrupt() -> None:
+def test_control_batch_from_producer_is_invalid() -> None:
     data = bytearray(batch(1))
     (attributes,) = struct.unpack_from(">h", data, ATTRIBUTES_OFFSET)
     struct.pack_into(">h", data, ATTRIBUTES_OFFSET, attributes | DefaultRecordBatch.CONTROL_MASK)
-    with pytest.raises(CorruptRecordError, match="control batch"):
+    with pytest.raises(InvalidRecordError, match="control batch"):
         validate_records(recrc(data))
 
 
-def test_batches_of_different_producers_are_corrupt() -> None:
-    with pytest.raises(CorruptRecordError, match="batch 1 .* producer 1001/2 differs"):
+def test_batches_of_different_producers_are_invalid() -> None:
+    with pytest.raises(InvalidRecordError, match="batch 1 .* producer 1001/2 differs"):
         validate_records(batch(1) + batch(1, producer_id=1001))
