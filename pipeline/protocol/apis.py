@@ -146,7 +146,8 @@ _API_VERSIONS_V0 = load_response_schema(API_VERSIONS, 0)
 _WRITERS.setdefault(_API_VERSIONS_V0, entity_writer(_API_VERSIONS_V0))
 
 
-def _api_name(api_key: int) -> str:
+def api_name(api_key: int) -> str:
+    """kio's snake_case name of ``api_key`` (e.g. 1 -> "fetch"), "unknown" if none."""
     return api_key_map.get(api_key, "unknown")
 
 
@@ -185,13 +186,13 @@ def decode_request(header: RequestHeader, frame: bytes | bytearray | memoryview)
     versions = SUPPORTED_VERSIONS.get(api_key)
     if versions is None:
         raise UnsupportedVersionError(
-            f"api key {api_key} ({_api_name(api_key)}) is not served "
+            f"api key {api_key} ({api_name(api_key)}) is not served "
             f"(correlation_id={header.correlation_id})"
         )
     low, high = versions
     if not low <= version <= high:
         raise UnsupportedVersionError(
-            f"{_api_name(api_key)} v{version} is not supported, only v{low}-v{high} "
+            f"{api_name(api_key)} v{version} is not supported, only v{low}-v{high} "
             f"(correlation_id={header.correlation_id})"
         )
     frame = readonly_buffer(frame)
@@ -207,13 +208,13 @@ def decode_request(header: RequestHeader, frame: bytes | bytearray | memoryview)
             raise  # KeyboardInterrupt, SystemExit, trio.Cancelled
         detail = str(exc) if isinstance(exc, InvalidRequestError) else f"{type(exc).__name__}: {exc}"
         raise InvalidRequestError(
-            f"cannot parse {_api_name(api_key)} v{version} request body "
+            f"cannot parse {api_name(api_key)} v{version} request body "
             f"(correlation_id={header.correlation_id}): {detail}"
         ) from exc
     trailing = len(frame) - header.body_offset - size
     if trailing:
         raise InvalidRequestError(
-            f"{trailing} trailing bytes after {_api_name(api_key)} v{version} request body "
+            f"{trailing} trailing bytes after {api_name(api_key)} v{version} request body "
             f"(correlation_id={header.correlation_id})"
         )
     return entity

@@ -117,7 +117,7 @@ class KafkaApis:
             elif header.api_key == INIT_PRODUCER_ID:
                 self._init_producer_id(request)
             else:
-                raise InvalidRequestError(f"api key {header.api_key} is not served")
+                raise InvalidRequestError(f"api key {header.api_key} ({apis.api_name(header.api_key)}) is not served")
         except InvalidRequestError as exc:
             request.connection.close(
                 f"invalid request (api key {header.api_key} v{header.api_version}, "
