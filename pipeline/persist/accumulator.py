@@ -62,7 +62,7 @@ class FlushGroup(Generic[W]):
         appends: partition appends in sequencing order.
         waiters: one per ``append`` call, in call order.
         records: total records.
-        size_bytes: total bytes of raw record batches.
+        size_bytes: total ``PartitionAppend.size_bytes`` (decompressed bytes).
         reason: why it was flushed.
     """
 

@@ -1,8 +1,9 @@
 """What the RequestHandler hands to the persister: sequenced, still-opaque record batches.
 
-A produce request's records stay raw RecordBatch v2 bytes on the network path
-(decoding costs ~5-7 us per record); the handler only checks their CRC, counts
-them and assigns offsets. They are decoded once, in the persister, when a flush
+A produce request's records stay raw RecordBatch v2 bytes on the network path:
+the handler validates them (CRC, every record read once, decompressed size
+bounded), counts them and assigns offsets, and they are kept as the client
+sent them. They are decoded into columns once, in the persister, when a flush
 turns many appends into one Arrow table for one Spark write.
 """
 
@@ -30,6 +31,8 @@ class PartitionAppend:
         producer_id, producer_epoch, base_sequence: the idempotent producer
             fields of the first batch (-1 when the producer is not
             idempotent); kept so producer state can be rebuilt on recovery.
+        uncompressed_bytes: size of ``records`` once decompressed (bytes), as
+            validation measured it; 0 when unknown (then ``len(records)`` counts).
     """
 
     topic: str
@@ -41,6 +44,7 @@ class PartitionAppend:
     producer_id: int = -1
     producer_epoch: int = -1
     base_sequence: int = -1
+    uncompressed_bytes: int = 0
 
     def __reduce__(self):
         # Plain positional pickling: the default for slotted dataclasses looks
@@ -48,9 +52,12 @@ class PartitionAppend:
         # worker hand-off.
         return (PartitionAppend, (self.topic, self.partition, self.base_offset, self.records,
                                   self.record_count, self.log_append_time_ms, self.producer_id,
-                                  self.producer_epoch, self.base_sequence))
+                                  self.producer_epoch, self.base_sequence, self.uncompressed_bytes))
 
     @property
     def size_bytes(self) -> int:
-        """Size of the raw record batches, in bytes (what batch-max-bytes counts)."""
-        return len(self.records)
+        """Memory the records take once decoded, in bytes: the decompressed
+        size (or the raw size, whichever is larger). What ``batch.max.bytes``
+        and ``buffer.memory`` count, so compressed data cannot slip a flush
+        past them by its compression ratio."""
+        return max(len(self.records), self.uncompressed_bytes)

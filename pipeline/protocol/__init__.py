@@ -26,6 +26,7 @@ from .errors import InvalidRecordError
 from .errors import InvalidRequestError
 from .errors import InvalidTimestampError
 from .errors import RecordError
+from .errors import RecordTooLargeError
 from .errors import UnsupportedCompressionTypeError
 from .errors import UnsupportedVersionError
 from .header import RequestHeader
@@ -48,6 +49,7 @@ __all__ = (
     "ProducePartition",
     "ProduceRequestView",
     "RecordError",
+    "RecordTooLargeError",
     "RecordsInfo",
     "RequestHeader",
     "TopicResolver",

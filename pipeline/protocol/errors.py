@@ -25,6 +25,7 @@ __all__ = (
     "InvalidRequestError",
     "InvalidTimestampError",
     "RecordError",
+    "RecordTooLargeError",
     "UnsupportedCompressionTypeError",
     "UnsupportedVersionError",
 )
@@ -92,6 +93,17 @@ class InvalidTimestampError(RecordError):
     """
 
     error_code = ErrorCode.invalid_timestamp.value
+
+
+class RecordTooLargeError(RecordError):
+    """A compressed batch would inflate past the server's limit
+    (:data:`pipeline.protocol.records.MAX_UNCOMPRESSED_BATCH_BYTES`): a
+    decompression bomb, or data too big to hold in memory at once.
+
+    ``ErrorCode.message_too_large`` (10): Kafka's RecordTooLargeException.
+    """
+
+    error_code = ErrorCode.message_too_large.value
 
 
 class UnsupportedCompressionTypeError(RecordError):

@@ -196,7 +196,8 @@ class KafkaApis:
             base = self.offsets.assign(part.topic, part.partition, info.record_count)
             appends.append(PartitionAppend(part.topic, part.partition, base, part.records or b"",
                                            info.record_count, now_ms, info.producer_id,
-                                           info.producer_epoch, info.base_sequence))
+                                           info.producer_epoch, info.base_sequence,
+                                           info.uncompressed_bytes))
             appended.append(index)
             results[index] = PartitionResult(part.topic, part.partition, 0, base_offset=base, log_start_offset=0)
         commit = None

@@ -519,6 +519,17 @@ def _length_too_short() -> bytes:
     return set_length(data, len(data) - 12 - 1)
 
 
+def _decompression_bomb() -> bytes:
+    # 100 MiB of zeros in a few KiB of zstd: refused before it is inflated
+    return batch([b"reject:bomb" + bytes(100 * 1024 * 1024)], codec=4)
+
+
+def _not_really_gzip() -> bytes:
+    data = bytearray(batch([b"reject:gzip:0", b"reject:gzip:1"]))
+    struct.pack_into(">h", data, ATTRIBUTES_OFFSET, 1)
+    return recrc(data)
+
+
 def _huge_timestamp() -> bytes:
     # a CreateTime no table column can hold (microseconds overflow int64)
     return batch([b"reject:timestamp"], timestamp_ms=2**62)
@@ -547,6 +558,11 @@ RECORD_CASES = [
     ("length too long", _length_too_long, INVALID_RECORD, r"length field \d+ does not fit"),
     # the batch ends one byte early: its CRC cannot match
     ("length too short", _length_too_short, CORRUPT_MESSAGE, r"CRC32C mismatch"),
+    # RecordTooLargeException -> MESSAGE_TOO_LARGE: the records would inflate
+    # past MAX_UNCOMPRESSED_BATCH_BYTES (Kafka has no such bound; it streams)
+    ("decompression bomb", _decompression_bomb, 10, r"more than the limit of \d+ bytes"),
+    # the codec says gzip, the bytes are not: Kafka fails reading the batch
+    ("undecodable compressed data", _not_really_gzip, CORRUPT_MESSAGE, r"cannot decompress \(codec 1\)"),
     # LogValidator.validateTimestamp: InvalidTimestampException (here: unstorable)
     ("huge timestamp", _huge_timestamp, 32, r"timestamp"),
 ]

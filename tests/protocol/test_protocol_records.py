@@ -16,9 +16,11 @@ from pipeline.protocol import CorruptRecordError
 from pipeline.protocol import InvalidRecordError
 from pipeline.protocol import InvalidTimestampError
 from pipeline.protocol import RecordsInfo
+from pipeline.protocol import RecordTooLargeError
 from pipeline.protocol import UnsupportedCompressionTypeError
 from pipeline.protocol import validate_records
 from pipeline.protocol.records import MAX_TIMESTAMP_MS
+from pipeline.protocol.records import MAX_UNCOMPRESSED_BATCH_BYTES
 
 T0 = 1_700_000_000_000
 CRC_OFFSET = DefaultRecordBatch.CRC_OFFSET  # 17
@@ -35,6 +37,7 @@ def batch(
     base_sequence: int = 0,
     transactional: bool = False,
     first_timestamp: int = T0,
+    value: bytes | None = None,
 ) -> bytes:
     builder = DefaultRecordBatchBuilder(
         magic=2,
@@ -50,7 +53,7 @@ def batch(
             i,
             timestamp=first_timestamp + i,
             key=b"key-%d" % i,
-            value=b"value-%d " % i * 20,
+            value=b"value-%d " % i * 20 if value is None else value,
             headers=[("h", b"v")],
         )
     return bytes(builder.build())
@@ -77,6 +80,7 @@ def test_plain_batch() -> None:
         last_sequence=4,
         is_transactional=False,
         max_timestamp_ms=T0 + 4,
+        uncompressed_bytes=len(data),
     )
 
 
@@ -120,14 +124,31 @@ def test_compressed_batch(name: str, codec_id: int, available) -> None:
 
 
 @pytest.mark.parametrize("codec_id", [1, 2, 3, 4])
-def test_codec_bits_on_uncompressed_records_are_invalid(codec_id: int) -> None:
+def test_codec_bits_on_uncompressed_records_are_corrupt(codec_id: int) -> None:
     # The records are read: an uncompressed batch relabelled with a codec (and
     # re-checksummed) cannot be decompressed, so it is refused before any ack.
     data = bytearray(batch(3))
     (attributes,) = struct.unpack_from(">h", data, ATTRIBUTES_OFFSET)
     struct.pack_into(">h", data, ATTRIBUTES_OFFSET, attributes | codec_id)
-    with pytest.raises(InvalidRecordError, match="batch 0 at byte 0: record 0 of 3 is truncated or malformed"):
+    with pytest.raises(CorruptRecordError, match=f"batch 0 at byte 0: cannot decompress \\(codec {codec_id}\\)"):
         validate_records(recrc(data))
+
+
+@pytest.mark.parametrize(("name", "codec_id", "available"), CODECS, ids=[c[0] for c in CODECS])
+def test_decompression_bomb_is_refused_before_inflating(name: str, codec_id: int, available) -> None:
+    # 100 MiB of zeros in well under 16 MiB: MESSAGE_TOO_LARGE, and
+    # decompression stops at the limit (the test process would show it).
+    data = batch(1, codec_id=codec_id, value=bytes(100 * 1024 * 1024))
+    assert len(data) < 16 * 1024 * 1024
+    with pytest.raises(RecordTooLargeError, match=f"more than the limit of {MAX_UNCOMPRESSED_BATCH_BYTES} bytes"):
+        validate_records(data)
+
+
+def test_uncompressed_bytes_count_the_inflated_size() -> None:
+    plain = validate_records(batch(50))
+    for codec_id in (1, 2, 3, 4):
+        info = validate_records(batch(50, codec_id=codec_id))
+        assert info.uncompressed_bytes == plain.uncompressed_bytes
 
 
 def test_zstd_needs_produce_v7() -> None:
