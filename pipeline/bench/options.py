@@ -11,6 +11,9 @@ of every run. Presets:
   with K=5 and acks=-1; C=64, K=5, acks=0) against baseline, multiqueue with 4
   queues and the ablation, 2.5 s per run: about 2 minutes on the 2-core
   machine it was tuned on, half of it the servers' Spark start-ups.
+* ``--hostile`` (not a preset of the sweep; see ``pipeline.bench.hostile_runner``):
+  good producers at ``--rate`` alone, then beside every hostile client, each
+  phase ``--duration`` seconds (default 270, ~10 minutes in all).
 * ``--full``: every configuration and queue count 1, 2, 4, 8, connections
   1, 8, 64, in-flight 1 and 5, acks -1 and 0, 8 s per run (~15-20 minutes).
 
@@ -131,13 +134,28 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="raw: this package's socket load generator; confluent: confluent-kafka producers")
     p.add_argument("--io-threads", type=int, default=8, help="handler pool of baseline/shared-unmuted (default 8)")
     p.add_argument("--linger-ms", type=float, default=50.0, help="server --linger-ms (default 50)")
-    p.add_argument("--ack-on", choices=["spark", "wal"], default="spark",
+    p.add_argument("--ack-on", choices=["spark", "wal"], default=None,
                    help="server --ack-on: acks=-1 answered after the Spark write (default, as the "
-                        "targets are stated) or after the WAL fsync")
+                        "targets are stated) or after the WAL fsync (the default with --hostile, the "
+                        "server's own default)")
     p.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                    help="skip the echo framing-ceiling measurement")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every `pipeline serve` (repeatable), e.g. --server-arg=--network-threads=2")
+    hostile = p.add_argument_group("hostile clients (--hostile)")
+    hostile.add_argument("--hostile", action="store_true",
+                         help="good producers at a steady rate, alone and then beside every hostile client on "
+                              "repeat; server RSS against the memory bound, acknowledged records lost, p99 "
+                              "clean vs hostile (--duration = seconds of each phase, default "
+                              f"{HOSTILE_DEFAULT_DURATION:g}: ~10 minutes in all)")
+    hostile.add_argument("--rate", type=float, default=None,
+                         help=f"--hostile: good producers' requests/s (default {HOSTILE_DEFAULT_RATE:g})")
+    hostile.add_argument("--memory-attack-connections", type=int, default=40,
+                         help="--hostile: connections per memory-attack round, each sending 40 MiB of a "
+                              "declared 90 MiB frame and stalling (default 40)")
+    hostile.add_argument("--burst-connections", type=int, default=10_000,
+                         help="--hostile: connections of the first open-and-drop burst; later bursts are a "
+                              "fifth of it (default 10000)")
     p.set_defaults(func=_run, preset=None)
 
 
@@ -161,7 +179,7 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         connections=pick("connections"), in_flight=pick("in_flight"), acks=pick("acks"), shapes=shapes,
         records=args.records_per_request or 10, record_bytes=args.record_bytes if args.record_bytes is not None else 64,
         partitions=args.partitions or 4, requests=pick("requests"), duration=pick("duration"),
-        client=args.client, io_threads=args.io_threads, linger_ms=args.linger_ms, ack_on=args.ack_on,
+        client=args.client, io_threads=args.io_threads, linger_ms=args.linger_ms, ack_on=args.ack_on or "spark",
         ceiling=args.ceiling, server_args=list(args.server_arg),
     )
     if any(c < 1 for c in opts.connections) or max(opts.connections) > 1000:
@@ -177,7 +195,45 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
     return opts
 
 
+HOSTILE_DEFAULT_DURATION = 270.0
+"""--hostile: seconds of each phase (clean, hostile); with Spark start-up, shutdown and
+verification the whole run takes about 10 minutes."""
+HOSTILE_DEFAULT_RATE = 300.0
+
+
+def resolve_hostile(args: argparse.Namespace):
+    """The ``--hostile`` plan (``pipeline.bench.hostile_runner.HostileOptions``).
+
+    Raises:
+        ValueError: an option out of range (the message names it).
+    """
+    from pipeline.bench.hostile_runner import HostileOptions
+
+    opts = HostileOptions(
+        out=args.out, duration=HOSTILE_DEFAULT_DURATION if args.duration is None else args.duration,
+        rate=HOSTILE_DEFAULT_RATE if args.rate is None else args.rate,
+        memory_attack_connections=args.memory_attack_connections, burst_connections=args.burst_connections,
+        ack_on=args.ack_on or "wal", linger_ms=args.linger_ms,
+        server_args=list(args.server_arg))
+    if not 5 <= opts.duration <= 600:
+        raise ValueError("--duration must be in [5, 600] s with --hostile")
+    if not 1 <= opts.rate <= 5000:
+        raise ValueError("--rate must be in [1, 5000] requests/s")
+    if not 1 <= opts.memory_attack_connections <= 200 or not 1 <= opts.burst_connections <= 20_000:
+        raise ValueError("--memory-attack-connections must be 1..200 and --burst-connections 1..20,000")
+    return opts
+
+
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "hostile", False):
+        from pipeline.bench.hostile_runner import main as hostile_main
+
+        try:
+            hostile_opts = resolve_hostile(args)
+        except ValueError as exc:
+            raise SystemExit(f"pipeline bench: {exc}") from None
+        return hostile_main(hostile_opts)
+
     from pipeline.bench.runner import main
 
     try:

@@ -1,0 +1,53 @@
+"""``pipeline bench --hostile`` end to end, very short: a real server (Spark), good producers, every hostile case."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_hostile_bench_smoke(tmp_path):
+    out = tmp_path / "hostile"
+    # 2 x 12 s of load; one 10,000-connection burst; a 3-connection memory-attack round.
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--hostile", "--duration", "12",
+                           "--memory-attack-connections", "3", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    results = json.loads((out / "results.json").read_text())
+    checks = results["checks"]
+    assert proc.returncode == 0, (checks["failures"], proc.stdout[-3000:], proc.stderr[-3000:])
+
+    assert checks["ok"] and checks["table_verified"]
+    assert checks["acked_records_lost"] == 0
+    for phase in ("clean", "hostile"):
+        v = results["phases"][phase]["verification"]
+        assert v["violations"] == 0 and v["table"]["expected"] > 0
+        assert v["table"]["rows"] == v["table"]["expected"]
+        assert results["phases"][phase]["figures"]["latency_ms"]["p99"] > 0
+    assert checks["p99_ratio"] is not None and checks["p99_ms"]["clean"] > 0
+
+    cases = {c["case"]: c for c in results["cases"]}
+    for name in ("size: negative", "size: over socket.request.max.bytes", "size: larger than the pool",
+                 "slow: frame never completed", "header: truncated inside the client id",
+                 "api key: unknown (9999)", "api version: Produce v99", "topic: invalid names in Metadata",
+                 "topic: Produce to invalid names", "batch: bad CRC", "batch: magic 1", "batch: wrong record count",
+                 "batch: truncated records", "batch: unknown codec 7", "batch: length too long",
+                 "body: records length lies", "slow: 1 byte at a time", "slow: never reads its responses",
+                 "burst: 1000-connection waves opened and dropped",
+                 "memory: many connections stalling in big frames"):
+        assert name in cases, name
+    for c in results["cases"]:
+        assert c["executed"] >= 1 and c["as_expected"] == c["executed"], c
+    assert checks["unexpected_answers"] == 0
+    assert checks["largest_burst"] == 10_000
+
+    rss = results["rss"]
+    assert rss["samples"] > 10 and 0 < rss["peak"] <= rss["bound"] == results["memory_bound"]["total"]
+    assert checks["rss_under_bound"]
+    assert results["checks"]["hostile_table"]["missing"]["count"] == 0
+    assert (out / "rss_over_time.png").stat().st_size > 1000
+    assert "| phase |" in (out / "summary.md").read_text()
