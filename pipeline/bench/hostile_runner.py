@@ -66,6 +66,8 @@ PARTITIONS = 4
 CLEAN_TOPIC = "good-clean"
 HOSTILE_PHASE_TOPIC = "good-hostile"
 HOSTILE_TOPIC = "hostile"
+DRIVER_STARTUP_S = 1.0
+"""About how long the hostile clients' process takes from its start to its first case (imports, topic)."""
 DRIVER_MARGIN_S = 120.0
 """The hostile clients may run this much past their own hard bound before they are killed."""
 
@@ -313,6 +315,64 @@ def table_findings(report: verify.TableReport | None) -> dict | None:
                ("missing", "duplicated", "unexpected", "misplaced", "out_of_order", "gaps")}}
 
 
+def latency_points(load: dict | None, rate: float) -> list[tuple[float, float]]:
+    """(estimated send time in s since the phase start, latency in ms) of every good response.
+
+    The loadgen keeps latencies, not send times. The token bucket releases
+    requests at a steady rate, so each connection's requests are spread over
+    the sending time: request ``r`` of a connection that sent ``n`` is placed
+    at ``(r + 0.5) / n`` of it. When the window (K per connection) is full the
+    real send is later, so a slow response is placed at or before the moment
+    it was sent: good enough to line spikes up with what the hostile clients
+    were doing, not to the millisecond. (``rate`` is unused; kept for callers.)
+    """
+    if not load:
+        return []
+    sending_s = min(load["spec"]["duration_s"], load.get("elapsed_s") or load["spec"]["duration_s"])
+    out = []
+    for conn in load.get("connections", []):
+        n = max(1, conn["sent"])
+        for req, latency_us, _, _ in conn["responses"]:
+            if latency_us > 0:
+                out.append(((req + 0.5) / n * sending_s, latency_us / 1000))
+    out.sort()
+    return out
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ys = sorted(values)
+    return ys[min(len(ys) - 1, int(round(p / 100 * (len(ys) - 1))))]
+
+
+def busy_spans(executions: list[dict], wall_start: float, prefixes: tuple[str, ...], after_s: float = 2.0
+               ) -> list[tuple[float, float]]:
+    """(start, end) in s since ``wall_start`` of the executions whose case starts with one of ``prefixes``."""
+    return [(ex["t0"] - wall_start, ex["t1"] - wall_start + after_s) for ex in executions
+            if ex["case"].startswith(prefixes)]
+
+
+def p99_outside(points: list[tuple[float, float]], spans: list[tuple[float, float]]) -> float | None:
+    return percentile([lat for t, lat in points if not any(a <= t <= b for a, b in spans)], 99)
+
+
+def analyse_latency(load: dict, executions: list[dict], phase_wall0: float, rate: float) -> dict:
+    """The hostile phase's p99 inside and outside the connection bursts (and 2 s after
+    each) and the memory-attack rounds; ``phase_wall0``: wall-clock time of the phase start."""
+    pts = latency_points(load, rate)
+    bursts = busy_spans(executions, phase_wall0, ("burst",))
+    memory = busy_spans(executions, phase_wall0, ("memory",), after_s=0.0)
+    return {
+        "p99_ms_outside_bursts": p99_outside(pts, bursts),
+        "p99_ms_during_bursts": percentile([lat for t, lat in pts if any(a <= t <= b for a, b in bursts)], 99),
+        "p99_ms_outside_bursts_and_memory_rounds": p99_outside(pts, bursts + memory),
+        "burst_spans_s": bursts, "memory_round_spans_s": memory,
+        "share_of_requests_in_burst_spans": (sum(any(a <= t <= b for a, b in bursts) for t, _ in pts)
+                                             / max(1, len(pts))),
+    }
+
+
 # ------------------------------------------------------------------ the run
 
 
@@ -395,8 +455,11 @@ def main(opts: HostileOptions) -> int:
         result_path.unlink(missing_ok=True)
         driver_log = open(out / "logs" / "hostile-clients.log", "wb")
 
+        driver_started = [time.monotonic()]
+
         def start_driver() -> None:
             nonlocal driver_proc
+            driver_started[0] = time.monotonic()
             driver_proc = subprocess.Popen([sys.executable, "-m", "pipeline.bench.hostile_clients", str(spec_path),
                                             str(result_path)], stdout=driver_log, stderr=driver_log)
 
@@ -407,7 +470,7 @@ def main(opts: HostileOptions) -> int:
             hard = (opts.duration + spec.grace_s + spec.memory_attack_connections
                     * (spec.receive_timeout_ms / 1000 + 3) + 60 + DRIVER_MARGIN_S)
             try:
-                driver_proc.wait(max(10.0, hard - (time.monotonic() - started)))
+                driver_proc.wait(max(10.0, hard - (time.monotonic() - driver_started[0])))
             except subprocess.TimeoutExpired:
                 driver_proc.kill()
                 driver_proc.wait(30)
@@ -481,6 +544,12 @@ def main(opts: HostileOptions) -> int:
     p99 = {k: ((phases.get(k, {}).get("figures") or {}).get("latency_ms") or {}).get("p99")
            for k in ("clean", "hostile")}
     ratio = p99["hostile"] / p99["clean"] if p99["clean"] and p99["hostile"] else None
+    # where the hostile phase's tail comes from: its p99 outside the bursts (and the 2 s after each)
+    latency_analysis = None
+    hostile_o = outcomes.get("hostile")
+    if hostile_o is not None and hostile_o.load and driver_result is not None and rss is not None:
+        latency_analysis = analyse_latency(hostile_o.load, executions,
+                                           rss.wall0 + rss.marks.get("hostile_start", 0.0), opts.rate)
     verified = all((phases.get(k) or {}).get("verification") and phases[k]["verification"]["table"] is not None
                    for k in ("clean", "hostile")) and hostile_table is not None
     unexpected = sum(c["unexpected"] for c in cases)
@@ -497,6 +566,7 @@ def main(opts: HostileOptions) -> int:
         "p99_ms": p99,
         "p99_ratio": ratio,
         "p99_within_target": None if ratio is None else ratio <= P99_TARGET_RATIO,
+        "latency_analysis": latency_analysis,
         "hostile_cases": len(cases),
         "hostile_executions": len(executions),
         "unexpected_answers": unexpected,
@@ -533,11 +603,13 @@ def main(opts: HostileOptions) -> int:
     checks["ok"] = not failures
 
     results.update(phases=phases, rss=rss_figures, rss_series=samples, marks=rss.marks if rss else {},
+                   wall_clock_at_0=rss.wall0 if rss else None,
                    cases=cases, bursts=(driver_result or {}).get("bursts", []), checks=checks,
                    finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=time.monotonic() - started)
     (out / "runs" / "executions.json").write_text(json.dumps(executions, separators=(",", ":")))
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     write_rss_plot(results, out)
+    write_latency_plot(results, out, {k: o.load for k, o in outcomes.items() if o is not None})
     (out / "summary.md").write_text(markdown(results))
     wide = Console(width=None if Console().is_terminal else 200)
     print_report(results, wide)
@@ -597,6 +669,12 @@ def verdict_lines(results: dict) -> list[str]:
         f"good producers' p99: clean {_ms(c['p99_ms']['clean'])} ms, hostile {_ms(c['p99_ms']['hostile'])} ms, "
         f"ratio {'-' if ratio is None else f'{ratio:.2f}'} (target <= {P99_TARGET_RATIO:g}): "
         f"{'-' if ratio is None else 'met' if c['p99_within_target'] else 'not met'}",
+        *([f"hostile phase p99 outside the connection bursts (and 2 s after each): "
+           f"{_ms(c['latency_analysis']['p99_ms_outside_bursts'])} ms, during them "
+           f"{_ms(c['latency_analysis']['p99_ms_during_bursts'])} ms "
+           f"({100 * c['latency_analysis']['share_of_requests_in_burst_spans']:.0f} % of the requests); outside "
+           f"bursts and memory-attack rounds {_ms(c['latency_analysis']['p99_ms_outside_bursts_and_memory_rounds'])}"
+           f" ms"] if c.get("latency_analysis") else []),
         f"hostile: {c['hostile_cases']} cases, {c['hostile_executions']} executions, "
         f"{c['unexpected_answers']} unexpected answer(s); largest connection burst {c['largest_burst']}, "
         f"{c['connections_burst_total']} burst connections in all",
@@ -677,6 +755,46 @@ def write_rss_plot(results: dict, out: Path) -> Path | None:
     return path
 
 
+def write_latency_plot(results: dict, out: Path, loads: dict[str, dict | None]) -> Path | None:
+    """Good producers' latency over (estimated send) time, 1 s p99 windows, clean vs hostile,
+    with the hostile phase's bursts and memory-attack rounds shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rate = results["good_producers"]["rate_requests_per_s"]
+    series = {k: latency_points(loads.get(k), rate) for k in ("clean", "hostile")}
+    if not any(series.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for name, colour in (("clean", "tab:blue"), ("hostile", "tab:orange")):
+        pts = series[name]
+        if not pts:
+            continue
+        buckets: dict[int, list[float]] = defaultdict(list)
+        for t, lat in pts:
+            buckets[int(t)].append(lat)
+        xs = sorted(buckets)
+        ax.plot(xs, [percentile(buckets[x], 99) for x in xs], color=colour, linewidth=1, label=f"{name}: p99 per s")
+        ax.plot(xs, [percentile(buckets[x], 50) for x in xs], color=colour, linewidth=0.6, linestyle=":",
+                label=f"{name}: p50 per s")
+    analysis = (results.get("checks") or {}).get("latency_analysis") or {}
+    for i, (a, b) in enumerate(analysis.get("burst_spans_s", [])):
+        ax.axvspan(a, b, color="red", alpha=0.12, label="hostile: connection burst" if i == 0 else None)
+    for i, (a, b) in enumerate(analysis.get("memory_round_spans_s", [])):
+        ax.axvspan(a, b, color="purple", alpha=0.06, label="hostile: memory-attack round" if i == 0 else None)
+    ax.set(yscale="log", xlabel="seconds into the phase (estimated send time)", ylabel="latency (ms)",
+           title=f"good producers ({rate:g} req/s, acks=-1): clean vs beside the hostile clients")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "latency_over_time.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _redraw(argv: list[str] | None = None) -> int:
     """Redraw from an earlier run: ``python -m pipeline.bench.hostile_runner DIR``."""
     from rich.console import Console
@@ -685,6 +803,29 @@ def _redraw(argv: list[str] | None = None) -> int:
     out = Path(argv[0] if argv else "bench-results/hostile")
     results = json.loads((out / "results.json").read_text())
     write_rss_plot(results, out)
+    loads = {}
+    for name in ("clean", "hostile"):
+        path = out / "runs" / f"{name}.result.json"
+        loads[name] = json.loads(path.read_text()) if path.exists() else None
+    executions_path = out / "runs" / "executions.json"
+    if loads["hostile"] and executions_path.exists() and "hostile_start" in results.get("marks", {}):
+        executions = json.loads(executions_path.read_text())
+        if results.get("wall_clock_at_0"):
+            phase_wall0 = results["wall_clock_at_0"] + results["marks"]["hostile_start"]
+        elif executions:
+            # results.json of a run before wall_clock_at_0 was recorded: the phase
+            # began when the hostile clients' process was started, about
+            # DRIVER_STARTUP_S before its first execution.
+            phase_wall0 = min(ex["t0"] for ex in executions) - DRIVER_STARTUP_S
+            results["checks"]["latency_analysis_note"] = (
+                f"phase start estimated as the first hostile execution - {DRIVER_STARTUP_S:g} s (+-1 s)")
+        else:
+            phase_wall0 = None
+        if phase_wall0 is not None:
+            results["checks"]["latency_analysis"] = analyse_latency(
+                loads["hostile"], executions, phase_wall0, results["good_producers"]["rate_requests_per_s"])
+            (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    write_latency_plot(results, out, loads)
     (out / "summary.md").write_text(markdown(results))
     print_report(results, Console())
     return 0
