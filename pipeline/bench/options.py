@@ -117,7 +117,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     size.add_argument("--smoke", dest="preset", action="store_const", const="smoke",
                       help="tiny end-to-end check for CI (a few seconds of load)")
     p.add_argument("--out", type=Path, default=Path("bench-results"),
-                   help="output directory (default ./bench-results)")
+                   help="output directory (default ./bench-results; with --hostile ./bench-results/hostile)")
     p.add_argument("--configs", type=config_list, default=None,
                    help="comma list of baseline,multiqueue,shared-unmuted")
     p.add_argument("--queues", type=int_list, default=None, help="multiqueue queue counts, e.g. 1,2,4,8")
@@ -209,8 +209,9 @@ def resolve_hostile(args: argparse.Namespace):
     """
     from pipeline.bench.hostile_runner import HostileOptions
 
+    out = args.out if args.out != Path("bench-results") else Path("bench-results") / "hostile"
     opts = HostileOptions(
-        out=args.out, duration=HOSTILE_DEFAULT_DURATION if args.duration is None else args.duration,
+        out=out, duration=HOSTILE_DEFAULT_DURATION if args.duration is None else args.duration,
         rate=HOSTILE_DEFAULT_RATE if args.rate is None else args.rate,
         memory_attack_connections=args.memory_attack_connections, burst_connections=args.burst_connections,
         ack_on=args.ack_on or "wal", linger_ms=args.linger_ms,
