@@ -41,7 +41,7 @@ from .errors import InvalidTimestampError
 from .errors import RecordTooLargeError
 from .errors import UnsupportedCompressionTypeError
 
-__all__ = ("RecordsInfo", "validate_records")
+__all__ = ("RecordsInfo", "has_compressed_batch", "validate_records")
 
 _HEADER = DefaultRecordBatch.HEADER_STRUCT  # 61 bytes, big-endian
 _HEADER_SIZE = _HEADER.size
@@ -99,6 +99,29 @@ def _last_sequence(base_sequence: int, last_offset_delta: int) -> int:
     if base_sequence == _NO_SEQUENCE:
         return _NO_SEQUENCE
     return (base_sequence + last_offset_delta) % (_INT32_MAX + 1)
+
+
+def has_compressed_batch(records: bytes | None) -> bool:
+    """Whether any batch of ``records`` says it is compressed (codec bits != 0).
+
+    Walks the batch length fields only (a few us): callers use it to move
+    the inflation of compressed records off their event loop. Stops at the
+    first batch that does not fit; ``validate_records`` reports those.
+    """
+    if not records:
+        return False
+    view = memoryview(records)
+    end = len(view)
+    pos = 0
+    while pos + _CRC_START + 2 <= end:
+        (attributes,) = _ATTRIBUTES.unpack_from(view, pos + _CRC_START)
+        if attributes & _CODEC_MASK:
+            return True
+        (length,) = _LENGTH.unpack_from(view, pos + 8)
+        if length <= 0:
+            return False
+        pos += _LOG_OVERHEAD + length
+    return False
 
 
 def validate_records(records: bytes | None, produce_version: int = ZSTD_MIN_PRODUCE_VERSION) -> RecordsInfo:

@@ -32,7 +32,7 @@ from pipeline.protocol import apis
 from pipeline.protocol.apis import BrokerInfo, PartitionResult, ProducePartition
 from pipeline.protocol.errors import InvalidRequestError, RecordError
 from pipeline.protocol.header import RequestHeader
-from pipeline.protocol.records import RecordsInfo, validate_records
+from pipeline.protocol.records import RecordsInfo, has_compressed_batch, validate_records
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import Request, RequestChannel
 from pipeline.requests.producer_state import BatchMetadata, ProducerStateManager, Verdict, next_sequence
@@ -91,6 +91,11 @@ class KafkaApis:
         self._producer_ids = itertools.count(first_producer_id)
         self._deadlines: list[tuple[float, int, PendingProduce]] = []
         self._deadline_seq = itertools.count()
+        # Compressed records are inflated (up to MAX_UNCOMPRESSED_BATCH_BYTES)
+        # in a worker thread, one at a time: the event loop keeps serving
+        # every other connection meanwhile (zlib, lz4 and zstd release the
+        # GIL), and the memory bound counts one inflated batch.
+        self._inflate_limiter = trio.CapacityLimiter(1)
         self.stats = HandlerStats()
 
     async def handle(self, request: Request) -> None:
@@ -154,7 +159,11 @@ class KafkaApis:
             error = self._check_partition(view, part.topic, part.partition)
             if error == ErrorCode.none.value:
                 try:
-                    info = validate_records(part.records, header.api_version)
+                    if has_compressed_batch(part.records):
+                        info = await trio.to_thread.run_sync(validate_records, part.records, header.api_version,
+                                                             limiter=self._inflate_limiter)
+                    else:
+                        info = validate_records(part.records, header.api_version)
                     if info.is_transactional:
                         error = ErrorCode.transactional_id_authorization_failed.value
                     else:

@@ -20,6 +20,7 @@ from pipeline.protocol import RecordTooLargeError
 from pipeline.protocol import UnsupportedCompressionTypeError
 from pipeline.protocol import validate_records
 from pipeline.protocol.records import MAX_TIMESTAMP_MS
+from pipeline.protocol.records import has_compressed_batch
 from pipeline.protocol.records import MAX_UNCOMPRESSED_BATCH_BYTES
 
 T0 = 1_700_000_000_000
@@ -316,3 +317,11 @@ def test_control_batch_from_producer_is_invalid() -> None:
 def test_batches_of_different_producers_are_invalid() -> None:
     with pytest.raises(InvalidRecordError, match="batch 1 .* producer 1001/2 differs"):
         validate_records(batch(1) + batch(1, producer_id=1001))
+
+
+def test_has_compressed_batch_looks_at_every_batch() -> None:
+    plain, gzip = batch(2), batch(2, codec_id=DefaultRecordBatch.CODEC_GZIP)
+    assert not has_compressed_batch(plain + plain)
+    assert has_compressed_batch(gzip)
+    assert has_compressed_batch(plain + gzip)  # a bomb behind a harmless first batch
+    assert not has_compressed_batch(None) and not has_compressed_batch(b"\x00" * 5)
