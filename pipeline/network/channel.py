@@ -182,12 +182,22 @@ class KafkaChannel:
         while True:
             now = trio.current_time()
             batch: list[Request] = []
-            while isinstance(event := state.next_request(now), ReceivedFrame):
-                batch.append(Request(self, event.header, event.frame, event.token, now, event.pool_bytes, pool))
-                if not batch_reads:
+            try:
+                while isinstance(event := state.next_request(now), ReceivedFrame):
+                    batch.append(Request(self, event.header, event.frame, event.token, now, event.pool_bytes, pool))
+                    if not batch_reads:
+                        await self._dispatch(batch)
+                        batch = []
+                        now = trio.current_time()
+            except (InvalidReceiveError, InvalidRequestError):
+                # A malformed frame after good ones of the same read: those
+                # are registered for a response and hold pool memory, so they
+                # go to a handler like any accepted request (dropped here,
+                # their memory would never return and the close would wait
+                # for responses that never come).
+                if batch:
                     await self._dispatch(batch)
-                    batch = []
-                    now = trio.current_time()
+                raise
             if batch:
                 await self._dispatch(batch)
                 continue  # the state may have moved while we waited: ask again
