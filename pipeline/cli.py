@@ -8,6 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
+from pipeline.lifecycle import STOP_SIGNALS, StartupInterrupted, StartupSignals, stop_children
+
 log = logging.getLogger("pipeline")
 
 
@@ -140,22 +142,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pipeline.server import Server
 
     config = _config_from_args(args)
-    log.info("starting Spark (%s); data in %s", config.spark_remote or config.spark_master,
-             config.data_dir.resolve() / "records")
+    # Until trio's signal receiver is open, a stop signal interrupts start-up
+    # where it is (Spark can take a minute to start) and everything started
+    # so far is stopped (pipeline/lifecycle.py).
     sink = SparkGroupSink(config.data_dir, config.spark_master, config.spark_remote)
-    sink.start()
-    server = Server(config, sink)
+    signals = StartupSignals()
+    signals.install()
     try:
+        log.info("starting Spark (%s); data in %s", config.spark_remote or config.spark_master,
+                 config.data_dir.resolve() / "records")
+        sink.start()
+        server = Server(config, sink)
         recovered = server.recover()
+        log.info("recovered: %d partitions, %d producer batches, %d records replayed from the WAL",
+                 len(recovered.checkpoint.end_offsets), len(recovered.checkpoint.producers),
+                 recovered.replayed_records)
+        signals.defer()
+    except StartupInterrupted as exc:
+        log.warning("%s: stopping what was started", exc)
+        _stop_bounded(sink)
+        log.info("stopped before serving")
+        return 0
     except BaseException:
-        sink.stop()
+        _stop_bounded(sink)
         raise
-    log.info("recovered: %d partitions, %d producer batches, %d records replayed from the WAL",
-             len(recovered.checkpoint.end_offsets), len(recovered.checkpoint.producers),
-             recovered.replayed_records)
 
     async def main() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with trio.open_signal_receiver(*STOP_SIGNALS) as received:
+            if signals.pending is not None:  # came between recovery and this receiver
+                log.warning("received %s during start-up: not serving", signal.Signals(signals.pending).name)
+                return
             async with trio.open_nursery() as nursery:
 
                 async def run_server(task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -163,7 +179,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     nursery.cancel_scope.cancel()  # served and drained: stop watching signals
 
                 async def watch_signals() -> None:
-                    async for signum in signals:
+                    async for signum in received:
                         name = signal.Signals(signum).name
                         if server.shutting_down:
                             log.warning("second %s: stopping at once", name)
@@ -182,8 +198,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         trio.run(main)
     finally:
         log.info("stopping Spark")
-        sink.stop()
+        _stop_bounded(sink)
+        signals.restore()
     return 0
+
+
+STOP_TIMEOUT_S = 60.0
+"""How long stopping Spark and the decode worker may take before the process exits anyway (s)."""
+
+
+def _stop_bounded(sink, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """``sink.stop()``, given at most ``timeout_s`` (a Spark call cut short
+    by a signal can leave py4j unable to answer), then every child process
+    still running is terminated (``stop_children``)."""
+    import threading
+
+    stopper = threading.Thread(target=sink.stop, name="stop-spark", daemon=True)
+    stopper.start()
+    stopper.join(timeout_s)
+    if stopper.is_alive():
+        log.warning("Spark did not stop within %.0f s; exiting without it", timeout_s)
+    for child in stop_children():
+        log.warning("stopped child process left running: %s", child)
 
 
 def cmd_sql(args: argparse.Namespace) -> int:

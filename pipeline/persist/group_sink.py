@@ -24,6 +24,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from pipeline.lifecycle import die_with_parent
 from pipeline.persist.arrow import appends_to_table
 from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.spark_sink import SparkSink, read_records
@@ -67,8 +68,10 @@ class SparkGroupSink:
         self._sink.spark.createDataFrame(warmup).write.mode("overwrite").parquet(path)
         if self._decode_in_subprocess and self._pool is None:
             # spawn, not fork: forking a process that runs a JVM gateway and
-            # threads is unsafe.
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            # threads is unsafe. The worker dies with this process, however
+            # it dies (kill -9 included), and so does the resource tracker.
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=die_with_parent, initargs=(os.getpid(),))
             self._pool.submit(appends_to_table, []).result()  # import pyarrow/kafka there now
 
     def stop(self) -> None:

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 
@@ -32,12 +34,17 @@ class ServerProcess:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def start(self, timeout_s: float = 180.0) -> "ServerProcess":
+    def launch(self) -> "ServerProcess":
+        """Start the process and return at once (``start`` also waits for "listening on")."""
         self._log = open(self.log_path, "ab")
         cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--listen", f"127.0.0.1:{self.port}",
                "--data-dir", str(self.data_dir), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return self
+
+    def start(self, timeout_s: float = 180.0) -> "ServerProcess":
+        self.launch()
         deadline = time.monotonic() + timeout_s
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -55,9 +62,24 @@ class ServerProcess:
         self.kill()
         raise TimeoutError(f"server did not listen within {timeout_s} s:\n{self.log_text()}")
 
+    def descendants(self) -> list[psutil.Process]:
+        """The server's child processes, recursively (Spark JVM, decode worker, resource tracker, ...)."""
+        if not self.running:
+            return []
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
     def stop(self, timeout_s: float = 120.0) -> int:
-        """SIGTERM, wait for the ordered shutdown; returns the exit code."""
+        """SIGTERM, wait for the ordered shutdown; returns the exit code.
+
+        Child processes still alive 15 s after the server exited are killed
+        (and the test fails in ``tests/e2e/test_lifecycle.py``, which checks
+        that there are none).
+        """
         assert self.proc is not None
+        children = self.descendants()
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout_s)
@@ -66,14 +88,22 @@ class ServerProcess:
             raise
         finally:
             self._log.close()
+            reap(children)
 
-    def kill(self) -> None:
-        """SIGKILL (a crash: no shutdown, no flush) and reap."""
+    def kill(self, grace_s: float = 15.0) -> list[psutil.Process]:
+        """SIGKILL (a crash: no shutdown, no flush) and reap.
+
+        The server's children must then exit by themselves; any still alive
+        after ``grace_s`` are killed so tests leave nothing behind, and
+        returned (already dead) so a test can assert there were none.
+        """
+        children = self.descendants()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
         if getattr(self, "_log", None) is not None:
             self._log.close()
+        return reap(children, grace_s)
 
     @property
     def running(self) -> bool:
@@ -84,3 +114,18 @@ class ServerProcess:
             return self.log_path.read_text(errors="replace")[-20000:]
         except OSError:
             return ""
+
+
+def reap(processes: list[psutil.Process], grace_s: float = 15.0) -> list[psutil.Process]:
+    """Wait up to ``grace_s`` for ``processes`` to exit; SIGKILL the rest.
+
+    Returns the ones that had to be killed.
+    """
+    _gone, alive = psutil.wait_procs(processes, timeout=grace_s)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    return alive

@@ -1,0 +1,145 @@
+"""Process lifecycle: children that die with the server, signals before the event loop.
+
+No process may outlive ``pipeline serve``, however it ends:
+
+* SIGTERM/SIGINT while serving: the ordered shutdown (``Server.shutdown``),
+  then Spark and the decode worker are stopped;
+* SIGTERM/SIGINT during start-up (Spark starting, recovery), before trio's
+  signal handling exists: :class:`StartupSignals` turns the signal into
+  :class:`StartupInterrupted` in the main thread, so start-up unwinds at
+  once (blocking calls are interrupted, PEP 475) and stops what was started;
+  a JVM caught half-way through its launch (it only watches its stdin once
+  its gateway is up, and pyspark deletes the directory it reports to) is
+  terminated by :func:`stop_children`, the last step of every exit;
+* SIGKILL or a crash: nothing of ours runs, so each child must notice by
+  itself. The decode worker sets ``PR_SET_PDEATHSIG`` (Linux prctl(2)) in
+  :func:`die_with_parent`; the multiprocessing resource tracker exits on EOF
+  of its pipe, which happens once the server and the worker are gone; Spark's
+  JVM (pyspark's ``PythonGatewayServer``) exits on EOF of its stdin, a pipe
+  from the server, and takes its Python workers with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal this process gets when its parent thread dies (linux/prctl.h)."""
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make the calling (child) process get SIGKILL when its parent dies.
+
+    For ``ProcessPoolExecutor(initializer=die_with_parent,
+    initargs=(os.getpid(),))``. On Linux it sets ``PR_SET_PDEATHSIG``, then
+    exits at once if the parent is already gone (it died before the prctl:
+    the child was reparented and ``getppid()`` no longer matches). Elsewhere
+    only that check is made.
+
+    Args:
+        parent_pid: the pid of the process that started this one.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+STOP_CHILDREN_TIMEOUT_S = 10.0
+"""How long children get between SIGTERM and SIGKILL in :func:`stop_children` (s)."""
+
+
+def stop_children(timeout_s: float = STOP_CHILDREN_TIMEOUT_S) -> list[str]:
+    """Terminate every process this one started that is still running.
+
+    SIGTERM to all descendants, then SIGKILL to those alive after
+    ``timeout_s``. Normally there are none by then (Spark and the decode
+    worker were stopped in order); this is the net under interrupted
+    start-ups and stops that ran out of time.
+
+    Returns:
+        A description (pid and command) of each process that had to be stopped.
+    """
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    stopped = []
+    for child in children:
+        try:
+            stopped.append(f"{child.pid} {' '.join(child.cmdline())[:120]}")
+            child.terminate()
+        except psutil.Error:
+            pass
+    _gone, alive = psutil.wait_procs(children, timeout=timeout_s)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=timeout_s)
+    return stopped
+
+
+class StartupInterrupted(BaseException):
+    """SIGINT/SIGTERM arrived during start-up; ``signum`` says which.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception``
+    in the libraries being started swallows it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"received {signal.Signals(signum).name} during start-up")
+        self.signum = signum
+
+
+class StartupSignals:
+    """Signal handling of the main thread before trio's exists.
+
+    ``install()``: a stop signal raises :class:`StartupInterrupted` where the
+    main thread is (starting Spark, recovering). ``defer()``: just before the
+    event loop starts, a stop signal is only remembered in ``pending``, so
+    it cannot land inside trio's set-up; the loop looks at ``pending`` once
+    its own signal receiver is open and shuts down if one came.
+    """
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._raise)
+
+    def defer(self) -> None:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._remember)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _raise(self, signum: int, _frame: FrameType | None) -> None:
+        # Only the first signal interrupts; a second during the unwinding
+        # (stopping Spark) must not interrupt that too.
+        self.defer()
+        self.pending = signum
+        raise StartupInterrupted(signum)
+
+    def _remember(self, signum: int, _frame: FrameType | None) -> None:
+        self.pending = signum
