@@ -46,6 +46,10 @@ def die_with_parent(parent_pid: int) -> None:
     the child was reparented and ``getppid()`` no longer matches). Elsewhere
     only that check is made.
 
+    prctl(2) ties the signal to the *thread* that forked the child: start
+    the pool's workers from the main thread (``SparkGroupSink.start`` does,
+    with its first submit), never from a short-lived worker thread.
+
     Args:
         parent_pid: the pid of the process that started this one.
     """
