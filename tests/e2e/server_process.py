@@ -20,6 +20,14 @@ class ServerProcess:
     """``pipeline serve --listen 127.0.0.1:0 ...``; ``bootstrap`` once started.
 
     The server's stderr (its log) goes to ``log_path`` so a failing test can show it.
+
+    The server runs in a process group of its own (its pid is the group id),
+    which every process it starts inherits (Spark's JVM and the JVM's Python
+    workers, the decode worker, the multiprocessing resource tracker). A
+    child the server leaves behind is reparented away from it and no longer
+    shows in ``descendants()``, but it stays in that group: ``kill()`` and
+    ``stop()`` end with every process of the group gone, so a test leaves
+    nothing running even when the server leaked a child.
     """
 
     def __init__(self, data_dir: Path, *args: str, log_path: Path | None = None, port: int = 0) -> None:
@@ -40,7 +48,7 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--listen", f"127.0.0.1:{self.port}",
                "--data-dir", str(self.data_dir), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, process_group=0)
         return self
 
     def start(self, timeout_s: float = 180.0) -> "ServerProcess":
@@ -71,6 +79,28 @@ class ServerProcess:
         except psutil.NoSuchProcess:
             return []
 
+    def group(self) -> list[psutil.Process]:
+        """Every live process of the server's process group but the server itself.
+
+        Unlike ``descendants()`` it still finds a child after the server has
+        exited (an orphan is reparented to init or a subreaper but keeps its
+        process group).
+        """
+        if self.proc is None:
+            return []
+        members = []
+        for process in psutil.process_iter():
+            try:
+                if process.pid != self.proc.pid and os.getpgid(process.pid) == self.proc.pid:
+                    members.append(process)
+            except (ProcessLookupError, psutil.Error):
+                pass
+        return members
+
+    def _tree(self) -> list[psutil.Process]:
+        """``descendants()`` plus ``group()``, each process once."""
+        return list({p.pid: p for p in [*self.descendants(), *self.group()]}.values())
+
     def stop(self, timeout_s: float = 120.0) -> int:
         """SIGTERM, wait for the ordered shutdown; returns the exit code.
 
@@ -79,7 +109,7 @@ class ServerProcess:
         that there are none).
         """
         assert self.proc is not None
-        children = self.descendants()
+        children = self._tree()
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout_s)
@@ -89,21 +119,25 @@ class ServerProcess:
         finally:
             self._log.close()
             reap(children)
+            reap(self.group(), 0)  # started during the shutdown, or not a descendant any more
 
     def kill(self, grace_s: float = 15.0) -> list[psutil.Process]:
         """SIGKILL (a crash: no shutdown, no flush) and reap.
 
         The server's children must then exit by themselves; any still alive
         after ``grace_s`` are killed so tests leave nothing behind, and
-        returned (already dead) so a test can assert there were none.
+        returned (already dead) so a test can assert there were none. That
+        includes children an already exited server left behind (found by
+        process group, see the class docstring).
         """
-        children = self.descendants()
+        children = self._tree()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
         if getattr(self, "_log", None) is not None:
             self._log.close()
-        return reap(children, grace_s)
+        killed = reap(children, grace_s)
+        return killed + reap(self.group(), 0)
 
     @property
     def running(self) -> bool:
