@@ -7,14 +7,18 @@ codecs behind it) inflate the whole batch at once, so the size must be known
 to be bounded *before* that. Each codec here stops producing output past
 ``limit`` bytes, with the codec library's own streaming interface:
 
-* gzip (codec 1): :func:`zlib.decompressobj` with ``max_length``;
+* gzip (codec 1): :func:`zlib.decompressobj` with ``max_length``; one gzip
+  member and nothing after it;
 * snappy (codec 2): Kafka's xerial framing (snappy-java's
   ``SnappyOutputStream``: a 16-byte header, then big-endian int32 block
-  lengths) or one raw block; every raw block starts with its uncompressed
+  lengths) or one raw block, told apart exactly as the persister's decoder
+  (aiokafka's ``snappy_decode``) does: xerial only when the whole 16-byte v1
+  header (magic, version 1, compatible version 1) is there and data follows
+  it; every raw block starts with its uncompressed
   length (a uvarint), summed before anything is inflated, then
   ``cramjam.snappy.decompress_raw``;
 * lz4 (codec 3): the LZ4 frame format, ``lz4.frame.LZ4FrameDecompressor``
-  with ``max_length``;
+  with ``max_length``; one frame and nothing after it;
 * zstd (codec 4): ``zstandard``'s ``stream_reader`` read to ``limit + 1``
   bytes, then (once bounded) ``decompressobj`` per frame, which notices a
   frame cut short.
@@ -34,8 +38,9 @@ import zstandard
 __all__ = ("DecompressionError", "DecompressedTooLargeError", "decompress_bounded")
 
 GZIP, SNAPPY, LZ4, ZSTD = 1, 2, 3, 4
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
-_XERIAL_HEADER_BYTES = 16  # magic (8), version int32, compatible-version int32
+# magic (8 bytes), version int32 = 1, compatible-version int32 = 1
+_XERIAL_V1_HEADER = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
+_XERIAL_HEADER_BYTES = len(_XERIAL_V1_HEADER)
 _BLOCK_LENGTH = struct.Struct(">i")
 
 
@@ -87,6 +92,11 @@ def _gzip(data: bytes | memoryview, limit: int) -> bytes:
         raise DecompressedTooLargeError(len(out), limit)
     if not inflater.eof:
         raise DecompressionError("gzip stream ends early")
+    if inflater.unused_data:
+        # The persister's gzip (aiokafka, Python's gzip module) reads on past
+        # the first member: junk there fails it, a second member adds bytes
+        # no record accounts for. Refused here, before it is acknowledged.
+        raise DecompressionError(f"{len(inflater.unused_data)} bytes after the gzip stream")
     return out
 
 
@@ -104,7 +114,12 @@ def _uvarint(view: memoryview, pos: int) -> int:
 
 
 def _snappy(view: memoryview, limit: int) -> bytes:
-    if bytes(view[: len(_XERIAL_MAGIC)]) != _XERIAL_MAGIC:
+    # The persister decodes these bytes again with aiokafka, whose
+    # _detect_xerial_stream wants the exact v1 header *and* more than 16
+    # bytes; anything else is one raw block there, so it must be here too:
+    # a header with another version read as xerial here passed validation
+    # and then failed every flush that held it (fuzzing, issue 8).
+    if len(view) <= _XERIAL_HEADER_BYTES or bytes(view[:_XERIAL_HEADER_BYTES]) != _XERIAL_V1_HEADER:
         blocks = [view]
     else:
         blocks = []
@@ -131,6 +146,10 @@ def _lz4(data: bytes | memoryview, limit: int) -> bytes:
         raise DecompressedTooLargeError(len(out), limit)
     if not inflater.eof:
         raise DecompressionError("lz4 frame ends early")
+    if inflater.unused_data:
+        # As for gzip: the persister's lz4 (cramjam) decodes concatenated
+        # frames and fails on junk, so only one frame, and nothing after it.
+        raise DecompressionError(f"{len(inflater.unused_data)} bytes after the lz4 frame")
     return out
 
 
