@@ -1,0 +1,317 @@
+"""RequestHandler + KafkaApis + BatchingPersister in-process, behind real KafkaChannels over memory streams.
+
+Everything between the socket and Spark is the server's own: KafkaChannel,
+MultiQueueRequestChannel, RequestHandler/KafkaApis, BatchingPersister with a
+real WriteAheadLog (in tmp_path, without fsync). Only the table side is a test
+double: ``MemorySink`` implements the persister's ``GroupSink`` protocol with
+the real Arrow decoding and keeps the rows in memory; its writes can be held
+to play a stalled Spark. Time is pytest-trio's autojump_clock.
+
+The persister runs its blocking calls in worker threads, and the autojump clock
+may move on while one runs (nothing in trio is runnable then). So requests
+that must not time out say so with a very long ``timeout_ms``, and waits poll
+the state they need rather than counting on time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pytest
+import trio
+from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+from kio.static.primitive import i16, i32
+
+from pipeline.network.channel import KafkaChannel, MemoryWaiters
+from pipeline.network.connection_state import ConnectionLimits, ConnectionState
+from pipeline.network.memory_pool import MemoryPool
+from pipeline.persist.accumulator import FlushPolicy
+from pipeline.persist.arrow import appends_to_table
+from pipeline.persist.batch import PartitionAppend
+from pipeline.persist.persister import BatchingPersister
+from pipeline.persist.state import Checkpoint, StateStore
+from pipeline.persist.wal import WriteAheadLog
+from pipeline.protocol.apis import BrokerInfo
+from pipeline.requests.catalog import TopicCatalog
+from pipeline.requests.channel import MultiQueueRequestChannel
+from pipeline.requests.handler import KafkaApis, RequestHandler
+from pipeline.requests.sequencing import OffsetSequencer
+from tests.e2e import raw_client as rc
+from tests.network.trio_harness import Client, stream_pair
+
+pytestmark = pytest.mark.trio
+
+NO_TIMEOUT_MS = 2_000_000_000
+"""A produce timeout (~23 days) no test reaches, however far the clock jumps while threads run."""
+REQUEST_TIMED_OUT = 7
+EPS = 1e-9
+"""Float slack on virtual times: a deadline computed as ``t + d`` minus ``t`` may come out below ``d``."""
+_connection_numbers = itertools.count()
+
+
+class MemorySink:
+    """The persister's GroupSink without Spark: real Arrow decoding, tables kept in memory.
+
+    ``hold`` makes every write wait (Spark stalled) until ``resume``.
+    """
+
+    def __init__(self) -> None:
+        self.tables: list[pa.Table] = []
+        self.written_at: list[float] = []
+        """trio.current_time() when each write finished."""
+        self.writes_started = 0
+        self._open = trio.Event()
+        self._open.set()
+
+    def hold(self) -> None:
+        if self._open.is_set():
+            self._open = trio.Event()
+
+    def resume(self) -> None:
+        self._open.set()
+
+    def to_table(self, appends: Sequence[PartitionAppend]) -> pa.Table:
+        return appends_to_table(appends)
+
+    def write(self, table: pa.Table, exclude: set[tuple[str, int, int]] | None = None) -> None:
+        trio.from_thread.run(self._wait_open)
+        if exclude:
+            keep = [(t, p, o) not in exclude for t, p, o in zip(
+                table.column("topic").to_pylist(), table.column("partition").to_pylist(),
+                table.column("offset").to_pylist())]
+            table = table.filter(pa.array(keep, pa.bool_()))
+        self.tables.append(table)
+        self.written_at.append(trio.from_thread.run_sync(trio.current_time))
+
+    async def _wait_open(self) -> None:
+        self.writes_started += 1
+        await self._open.wait()
+
+    def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
+        return {(r["topic"], r["partition"], r["offset"]) for r in self.rows()
+                if (r["topic"], r["partition"]) in ranges
+                and ranges[r["topic"], r["partition"]][0] <= r["offset"] < ranges[r["topic"], r["partition"]][1]}
+
+    def rows(self) -> list[dict]:
+        return [row for table in self.tables for row in table.select(
+            ["topic", "partition", "offset", "value"]).to_pylist()]
+
+
+@dataclass
+class Broker:
+    nursery: trio.Nursery
+    sink: MemorySink
+    persister: BatchingPersister
+    apis: KafkaApis
+    request_channel: MultiQueueRequestChannel
+    pool: MemoryPool
+    memory: MemoryWaiters
+
+    async def connect(self) -> tuple[Client, KafkaChannel]:
+        client, stream = stream_pair()
+        state = ConnectionState(self.pool, ConnectionLimits(), trio.current_time())
+        channel = KafkaChannel(f"127.0.0.1:9092-{client.remote[0]}:{client.remote[1]}-{next(_connection_numbers)}",
+                               stream, self.request_channel, state, self.memory)
+        self.nursery.start_soon(channel.run)
+        self.nursery.start_soon(client.run)
+        return client, channel
+
+
+@asynccontextmanager
+async def broker(tmp_path, *, ack_on: str = "wal", max_buffer_bytes: int = 64 << 20,
+                 queues: int = 2) -> AsyncIterator[Broker]:
+    """The server's middle as ``Server.serve`` wires it, with ``MemorySink`` for Spark; topic "t", 2 partitions."""
+    sink = MemorySink()
+    wal = WriteAheadLog(tmp_path / "wal", fsync=False)
+    wal.open()
+    persister = BatchingPersister(sink, wal, StateStore(tmp_path / "state"), Checkpoint(),
+                                  FlushPolicy(linger_ms=0), ack_on=ack_on,  # type: ignore[arg-type]
+                                  max_buffer_bytes=max_buffer_bytes)
+    apis = KafkaApis(BrokerInfo(0, "127.0.0.1", 9092, "test"), TopicCatalog(initial={"t": 2}),
+                     OffsetSequencer(), persister, first_producer_id=1000)
+    request_channel = MultiQueueRequestChannel(queues, 100)
+    pool = MemoryPool(16 << 20)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(persister.run)
+            await nursery.start(apis.run_timeouts)
+            for i in range(queues):
+                await nursery.start(RequestHandler(i, apis, request_channel).run)
+            try:
+                yield Broker(nursery, sink, persister, apis, request_channel, pool, MemoryWaiters(pool))
+            finally:
+                sink.resume()
+            nursery.cancel_scope.cancel()
+    finally:
+        wal.close()
+
+
+def produce(correlation_id: int, values: list[bytes], *, acks: int = -1, partition: int = 0,
+            timeout_ms: int = NO_TIMEOUT_MS, topic: str = "t") -> bytes:
+    return rc.frame(rc.produce(topic, values, acks=acks, partition=partition, timeout_ms=timeout_ms),
+                    correlation_id)
+
+
+def partition_result(body: bytes):
+    """(error code, base offset) of the one partition of a Produce v9 response."""
+    part = rc.decode_produce_response(body).responses[0].partition_responses[0]
+    return int(part.error_code), int(part.base_offset)
+
+
+async def eventually(predicate: Callable[[], bool]) -> None:
+    """Poll (virtual time) until ``predicate()``: for state that worker threads change."""
+    while not predicate():
+        await trio.sleep(0.01)
+
+
+async def test_acks_all_is_answered_only_after_the_sink_write_completes(autojump_clock, tmp_path):
+    async with broker(tmp_path, ack_on="spark") as b:
+        client, _ = await b.connect()
+        b.sink.hold()
+        await client.send(produce(1, [b"a", b"b"]))
+        await eventually(lambda: b.sink.writes_started == 1)
+        await trio.sleep(60)  # Spark stalled for a minute: durable in the WAL, not yet in the table
+        assert client.responses == [] and b.sink.tables == []
+        b.sink.resume()
+        await client.wait_responses(1)
+        assert partition_result(client.responses[0][1]) == (0, 0)
+        assert [r["value"] for r in b.sink.rows()] == [b"a", b"b"]
+        assert b.sink.written_at[0] <= client.arrived_at[0]
+
+
+async def test_ack_on_wal_answers_before_the_sink_write(autojump_clock, tmp_path):
+    async with broker(tmp_path, ack_on="wal") as b:
+        client, _ = await b.connect()
+        b.sink.hold()
+        await client.send(produce(1, [b"a"]))
+        await client.wait_responses(1)
+        assert partition_result(client.responses[0][1]) == (0, 0)
+        assert b.sink.tables == []  # acknowledged from the write-ahead log
+        b.sink.resume()
+        await eventually(lambda: len(b.sink.rows()) == 1)
+
+
+async def test_acks_zero_gets_no_response_but_its_records_are_persisted(autojump_clock, tmp_path):
+    async with broker(tmp_path) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"r1"], acks=0) + produce(2, [b"r2"]) + rc.frame(rc.api_versions(), 3)
+                          + produce(4, [b"r4a", b"r4b"], acks=0) + produce(5, [b"r5"], acks=1))
+        await client.wait_responses(3)
+        await eventually(lambda: len(b.sink.rows()) == 5)
+        await trio.sleep(5)
+        assert client.correlation_ids == [2, 3, 5]  # never a frame for 1 or 4
+        assert [partition_result(client.responses[i][1]) for i in (0, 2)] == [(0, 1), (0, 4)]
+        rows = sorted(b.sink.rows(), key=lambda r: r["offset"])
+        assert [(r["offset"], r["value"]) for r in rows] == [
+            (0, b"r1"), (1, b"r2"), (2, b"r4a"), (3, b"r4b"), (4, b"r5")]
+
+
+async def test_produce_times_out_when_the_persister_is_full_and_spark_stalled(autojump_clock, tmp_path):
+    async with broker(tmp_path, max_buffer_bytes=1) as b:
+        client, _ = await b.connect()
+        b.sink.hold()
+        await client.send(produce(1, [b"first"]))
+        await client.wait_responses(1)
+        assert partition_result(client.responses[0][1]) == (0, 0)  # acknowledged from the WAL
+        await eventually(lambda: b.sink.writes_started == 1)
+        assert b.persister.buffered_bytes >= 1  # buffer.memory full: the Spark write holds it
+        sent = trio.current_time()
+        await client.send(produce(2, [b"late0", b"late1"], timeout_ms=2500))
+        await client.wait_responses(2)
+        assert client.correlation_ids == [1, 2]
+        assert partition_result(client.responses[1][1]) == (REQUEST_TIMED_OUT, -1)
+        assert 2.5 - EPS <= client.arrived_at[1] - sent <= 2.5 + 0.01
+        assert b.apis.offsets.log_end_offset("t", 0) == 1  # request 2 was never sequenced
+        assert b.apis.stats.records == 1  # nor handed to the persister
+        # Spark comes back: the next produce gets the offset after "first", the
+        # timed-out records never reach the table.
+        await client.send(produce(3, [b"after"]))
+        await trio.sleep(1)
+        assert len(client.responses) == 2  # still waiting for room
+        b.sink.resume()
+        await client.wait_responses(3)
+        assert partition_result(client.responses[2][1]) == (0, 1)
+        await eventually(lambda: len(b.sink.rows()) == 2)
+        assert [(r["offset"], r["value"]) for r in b.sink.rows()] == [(0, b"first"), (1, b"after")]
+        await trio.sleep(5)
+        assert client.correlation_ids == [1, 2, 3] and len(b.sink.rows()) == 2
+
+
+async def test_records_not_durable_within_the_timeout_are_answered_once_with_request_timed_out(
+        autojump_clock, tmp_path):
+    async with broker(tmp_path, ack_on="spark") as b:
+        client, _ = await b.connect()
+        b.sink.hold()
+        sent = trio.current_time()
+        await client.send(produce(1, [b"slow"], timeout_ms=2000))
+        await client.wait_responses(1)
+        assert partition_result(client.responses[0][1]) == (REQUEST_TIMED_OUT, -1)
+        assert 2.0 - EPS <= client.arrived_at[0] - sent <= 2.0 + 0.1 + 0.01  # the handler checks every 0.1 s
+        assert b.sink.tables == []
+        b.sink.resume()
+        await eventually(lambda: len(b.sink.rows()) == 1)
+        await trio.sleep(5)
+        assert client.correlation_ids == [1]  # answered exactly once, never with success
+
+
+async def test_offsets_are_sequential_per_partition_across_connections(autojump_clock, tmp_path):
+    async with broker(tmp_path, queues=2) as b:
+        clients = [await b.connect() for _ in range(4)]
+        sent: dict[tuple[int, int], tuple[int, int]] = {}  # (conn, req) -> (partition, records)
+        for req in range(6):
+            for conn, (client, _) in enumerate(clients):
+                partition, records = (conn + req) % 2, 1 + (conn * 7 + req) % 3
+                sent[conn, req] = (partition, records)
+                values = [f"c{conn}r{req}k{k}".encode() for k in range(records)]
+                await client.send(produce(conn * 100 + req, values, partition=partition))
+        for client, _ in clients:
+            await client.wait_responses(6)
+        base: dict[tuple[int, int], int] = {}
+        for conn, (client, _) in enumerate(clients):
+            assert client.correlation_ids == [conn * 100 + req for req in range(6)]
+            for cid, body in client.responses:
+                error, offset = partition_result(body)
+                assert error == 0
+                base[conn, cid - conn * 100] = offset
+        by_partition = defaultdict(list)
+        for key, (partition, records) in sent.items():
+            by_partition[partition].append((base[key], records, key))
+        for partition, appends in by_partition.items():
+            appends.sort()
+            expected = 0
+            for offset, records, _ in appends:  # contiguous from 0: no gap, no overlap
+                assert offset == expected
+                expected += records
+            for conn in range(4):  # and in each connection's request order
+                own = [offset for offset, _, (c, req) in appends if c == conn]
+                assert own == sorted(own)
+        total = sum(records for _, records in sent.values())
+        await eventually(lambda: len(b.sink.rows()) == total)
+        for row in b.sink.rows():
+            conn, req, k = (int(x) for x in row["value"].decode()[1:].replace("r", " ").replace("k", " ").split())
+            assert (row["partition"], row["offset"]) == (sent[conn, req][0], base[conn, req] + k)
+
+
+async def test_invalid_partitions_and_corrupt_batches_are_refused_without_taking_offsets(autojump_clock, tmp_path):
+    async with broker(tmp_path) as b:
+        client, _ = await b.connect()
+        batch = bytearray(rc.record_batch([b"x"]))
+        batch[-1] ^= 0xFF  # the CRC no longer matches
+        corrupt = ProduceRequest(
+            transactional_id=None, acks=i16(-1), timeout=datetime.timedelta(milliseconds=NO_TIMEOUT_MS),
+            topic_data=(TopicProduceData(name="t", partition_data=(
+                PartitionProduceData(index=i32(0), records=bytes(batch)),)),))
+        await client.send(produce(1, [b"a"], partition=5) + produce(2, [b"b"], topic="nope")
+                          + rc.frame(corrupt, 3) + produce(4, [b"ok"]))
+        await client.wait_responses(4)
+        errors = [partition_result(body) for _, body in client.responses]
+        assert [e for e, _ in errors] == [3, 3, 2, 0]  # UNKNOWN_TOPIC_OR_PARTITION x2, CORRUPT_MESSAGE
+        assert errors[3] == (0, 0)
+        await eventually(lambda: len(b.sink.rows()) == 1)
+        assert [(r["partition"], r["offset"], r["value"]) for r in b.sink.rows()] == [(0, 0, b"ok")]
