@@ -125,3 +125,22 @@ async def test_malformed_frame_closes_only_its_connection(autojump_clock, bad, r
         assert good.correlation_ids == [1, 2, 3]
         assert good_channel.close_reason is None and good_channel in h.processor.channels
         assert h.pool.available == h.pool.capacity
+
+
+async def test_stop_reading_answers_what_is_in_flight_then_closes(autojump_clock):
+    async with serving(auto_answer=False) as h:
+        client, channel = await h.connect()
+        await client.send(request_frame(1))
+        (first,) = await h.handlers.wait_requests(1)
+        h.processor.stop_reading()  # server shutdown, first stage
+        await client.send(request_frame(2))
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.handlers.correlation_ids() == [1]  # nothing more is read
+        assert channel in h.processor.channels  # but the connection stays for its response
+        with pytest.raises(trio.ClosedResourceError):
+            await h.processor.accept(None, "10.0.0.2")  # type: ignore[arg-type]
+        h.handlers.answer(first)
+        await client.wait_until(lambda: client.eof)
+        assert client.correlation_ids == [1]
+        await h.wait_closed(channel)
+        assert h.quotas.open == 0 and h.pool.available == h.pool.capacity
