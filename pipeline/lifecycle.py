@@ -69,9 +69,17 @@ def stop_children(timeout_s: float = STOP_CHILDREN_TIMEOUT_S) -> list[str]:
     """Terminate every process this one started that is still running.
 
     SIGTERM to all descendants, then SIGKILL to those alive after
-    ``timeout_s``. Normally there are none by then (Spark and the decode
-    worker were stopped in order); this is the net under interrupted
-    start-ups and stops that ran out of time.
+    ``timeout_s``. After an ordered stop only Spark's gateway JVM is left
+    (``SparkSession.stop`` stops the SparkContext, not the JVM, which pyspark
+    leaves to the EOF of its stdin when this process exits); otherwise this
+    is the net under interrupted start-ups and stops that ran out of time.
+
+    The multiprocessing resource tracker is left alone: it ignores SIGTERM
+    and SIGINT by design (``multiprocessing/resource_tracker.py``), so
+    terminating it would cost the whole ``timeout_s`` and then a SIGKILL
+    that skips its clean-up; it exits by itself on EOF of its pipe once this
+    process and the decode worker are gone (measured: a SIGTERM shutdown
+    took 10 s longer with it included).
 
     Returns:
         A description (pid and command) of each process that had to be stopped.
@@ -79,7 +87,8 @@ def stop_children(timeout_s: float = STOP_CHILDREN_TIMEOUT_S) -> list[str]:
     import psutil
 
     try:
-        children = psutil.Process().children(recursive=True)
+        children = [child for child in psutil.Process().children(recursive=True)
+                    if not _is_resource_tracker(child)]
     except psutil.Error:
         return []
     stopped = []
@@ -97,6 +106,17 @@ def stop_children(timeout_s: float = STOP_CHILDREN_TIMEOUT_S) -> list[str]:
             pass
     psutil.wait_procs(alive, timeout=timeout_s)
     return stopped
+
+
+def _is_resource_tracker(process) -> bool:
+    """Whether ``process`` (psutil) is a multiprocessing resource tracker
+    (``python -c 'from multiprocessing.resource_tracker import main;main(FD)'``)."""
+    import psutil
+
+    try:
+        return any("multiprocessing.resource_tracker" in arg for arg in process.cmdline())
+    except psutil.Error:
+        return False
 
 
 class StartupInterrupted(BaseException):

@@ -144,6 +144,9 @@ def test_sigterm_under_load_answers_flushes_and_exits_0(tmp_path, spark):
     assert code == 0, log
     assert took < 60, f"shutdown took {took:.1f} s"
     assert "responses unsent" not in log, log
+    # the resource tracker ignores SIGTERM: it must be left to exit on EOF,
+    # not terminated (that cost 10 s and a SIGKILL), see stop_children
+    assert not [line for line in log.splitlines() if "stopped child" in line and "resource_tracker" in line], log
 
     rows = read_records(spark, server.data_dir).select("topic", "offset", "value").collect()
     stored: dict[bytes, list[tuple[str, int]]] = defaultdict(list)
