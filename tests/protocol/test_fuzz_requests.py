@@ -9,7 +9,7 @@ records validation). Only ``InvalidRequestError`` (request) and
 ``RecordError`` (records) may escape, and records that validation accepts
 must decode in the persister.
 
-Bounded for CI: ``PIPELINE_FUZZ_EXAMPLES`` (default 200) examples per
+Bounded for CI: ``PIPELINE_FUZZ_EXAMPLES`` (default 300) examples per
 hypothesis test and 20x that many frames in the child process. A longer
 run is documented in docs/benchmarks.md ("Fuzzing")."""
 
@@ -54,7 +54,7 @@ from tests.protocol.fuzz_corpus import record_ops_strategy
 from tests.protocol.fuzz_corpus import serve
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = fuzz_examples(200)
+EXAMPLES = fuzz_examples(300)
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FIELDS = {key: length_fields(frame) for key, frame in VALID_FRAMES.items()}
 
