@@ -18,6 +18,14 @@ A malformed frame closes only this connection, with a logged reason: reading
 stops at once, responses to the requests already accepted are still written
 (bounded by ``drain_timeout_s``), then the socket closes. A timeout (stalled
 sender, client not reading, idle) aborts the connection at once.
+
+Closing after we stopped reading (shutdown, a bad frame) is a *lingering
+close*: closing a TCP socket with unread bytes in its receive buffer sends
+RST, and a peer that gets RST may discard the responses it has not read yet.
+So the writer's last act is a FIN (``send_eof``), then whatever the peer
+still sends is read and dropped until it closes too, for at most
+``CLOSE_LINGER_S`` (what HTTP servers call lingering close, e.g. Apache's
+``lingering_close``).
 """
 
 from __future__ import annotations
@@ -48,6 +56,10 @@ RECEIVE_SIZE = 100 * 1024
 
 It bounds what a connection may hold beyond its MemoryPool allocation: one read.
 """
+
+
+CLOSE_LINGER_S = 2.0
+"""How long a closing connection drains the peer's unread bytes after its FIN (seconds)."""
 
 
 class MemoryWaiters:
@@ -101,6 +113,7 @@ class KafkaChannel:
         self._read_scope = trio.CancelScope()
         self._connection_scope: trio.CancelScope | None = None
         self._aborted = False
+        self._stopped_reading_first = False  # we stopped reading while the peer may still be sending
         self._reading_done = trio.Event()
         self._responses = trio.Event()
         self._sent = trio.Event()
@@ -133,6 +146,8 @@ class KafkaChannel:
 
     def stop_reading(self) -> None:
         """Read no more requests (server shutdown, or ``close``)."""
+        if not self._reading_done.is_set():
+            self._stopped_reading_first = True
         self._read_scope.cancel()
 
     @property
@@ -158,7 +173,21 @@ class KafkaChannel:
             self.state.close()
             self._reading_done.set()
             with trio.CancelScope(shield=True):
+                if self._stopped_reading_first and not self._aborted:
+                    await self._linger()
                 await trio.aclose_forcefully(self._stream)
+
+    async def _linger(self) -> None:
+        """FIN, then read and drop until the peer closes, at most ``CLOSE_LINGER_S``."""
+        if not isinstance(self._stream, trio.abc.HalfCloseableStream):
+            return
+        with trio.move_on_after(CLOSE_LINGER_S):
+            try:
+                await self._stream.send_eof()
+                while await self._stream.receive_some(RECEIVE_SIZE):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError):
+                pass
 
     async def _read_loop(self) -> None:
         try:
