@@ -43,19 +43,21 @@ def describe(processes: list[psutil.Process]) -> list[str]:
 
 def test_children_exit_after_kill_9(tmp_path):
     server = ServerProcess(tmp_path / "data").start()
-    client = rc.RawClient(server.host, server.port)
-    client.send(rc.frame(rc.produce("t", [b"a", b"b"]), 1))
-    assert client.read_response()[0] == 1  # the decode worker and Spark have worked
-    client.close()
-    children = server.descendants()
-    names = " ".join(describe(children))  # a short-lived child may already be a zombie
-    assert "java" in names and "resource_tracker" in names and "spawn_main" in names, describe(children)
-    server.proc.send_signal(signal.SIGKILL)
-    server.proc.wait(30)
-    _gone, alive = psutil.wait_procs(children, timeout=CHILDREN_GRACE_S)
-    leftover = describe(alive)
-    reap(alive, 0)
-    server.kill()
+    try:
+        client = rc.RawClient(server.host, server.port)
+        client.send(rc.frame(rc.produce("t", [b"a", b"b"]), 1))
+        assert client.read_response()[0] == 1  # the decode worker and Spark have worked
+        client.close()
+        children = server.descendants()
+        names = " ".join(describe(children))  # a short-lived child may already be a zombie
+        assert "java" in names and "resource_tracker" in names and "spawn_main" in names, describe(children)
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(30)
+        _gone, alive = psutil.wait_procs(children, timeout=CHILDREN_GRACE_S)
+        leftover = describe(alive)
+        reap(alive, 0)
+    finally:
+        server.kill()
     assert leftover == [], f"outlived the server by {CHILDREN_GRACE_S} s: {leftover}"
 
 
@@ -124,19 +126,22 @@ class LoadConnection(threading.Thread):
 
 def test_sigterm_under_load_answers_flushes_and_exits_0(tmp_path, spark):
     server = ServerProcess(tmp_path / "data", "--linger-ms", "50").start()
-    setup = rc.RawClient(server.host, server.port)
-    for i in range(4):
-        setup.send(rc.frame(rc.metadata(f"load-{i}"), i))
-        setup.read_response()
-    setup.close()
-    loads = [LoadConnection(server.host, server.port, f"load-{i}") for i in range(4)]
-    for load in loads:
-        load.start()
-    for load in loads:
-        assert load.started.wait(60)
-    started = time.monotonic()
-    code = server.stop(timeout_s=90)
-    took = time.monotonic() - started
+    try:
+        setup = rc.RawClient(server.host, server.port)
+        for i in range(4):
+            setup.send(rc.frame(rc.metadata(f"load-{i}"), i))
+            setup.read_response()
+        setup.close()
+        loads = [LoadConnection(server.host, server.port, f"load-{i}") for i in range(4)]
+        for load in loads:
+            load.start()
+        for load in loads:
+            assert load.started.wait(60)
+        started = time.monotonic()
+        code = server.stop(timeout_s=90)
+        took = time.monotonic() - started
+    finally:
+        server.kill()  # no-op once stopped; a failure above must not leave it running
     for load in loads:
         load.join(30)
         assert not load.is_alive()
