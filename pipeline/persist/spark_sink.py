@@ -23,6 +23,7 @@ from a worker thread, one call at a time.
 from __future__ import annotations
 
 import os
+import warnings
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -32,6 +33,14 @@ from pipeline.persist.schema import COLUMNS, SPARK_SCHEMA
 RECORDS_DIR = "records"
 
 # Defaults for every session we build; the caller's ``conf`` wins.
+LOG4J2_PROPERTIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+"""Spark driver logging: WARN and up to stderr, no start-up banner."""
+
+# pyspark checks the pandas version when Arrow is first used and warns about
+# pandas >= 3 on every start, a warning users can do nothing about; the
+# Arrow paths this project uses are covered by its tests with that pandas.
+warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+
 _DEFAULT_CONF: dict[str, str] = {
     # We only ever run on loopback: keep the driver off other interfaces
     # (and away from a hostname that may not resolve) for any master.
@@ -54,6 +63,8 @@ _DEFAULT_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.maxRecordsPerBatch": "100000",
     # A topic named "123" is a string, never an int partition value.
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+    # Quiet start-up: warnings and errors only, no banner (log4j2.properties).
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES}",
 }
 
 
