@@ -27,15 +27,29 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import pytest
-from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
-from kafka.record.util import calc_crc32c
 from kio.index import load_response_schema
 from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.metadata.v9.response import MetadataResponse
 from kio.serial import entity_reader
 
-from pipeline.bench.frames import produce_request
+from pipeline.bench import hostile
+from pipeline.bench.hostile import (
+    ATTRIBUTES_OFFSET,
+    COUNT_OFFSET,
+    CORRUPT_MESSAGE,
+    INVALID_RECORD,
+    INVALID_TOPIC_EXCEPTION,
+    MAGIC_OFFSET,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    UNSUPPORTED_COMPRESSION_TYPE,
+    UNSUPPORTED_VERSION,
+    batch,
+    raw_frame,
+    recrc,
+    set_length,
+    uvarint,
+)
 from pipeline.persist.spark_sink import read_records
 from tests.e2e import raw_client as rc
 from tests.e2e.server_process import ServerProcess
@@ -57,54 +71,13 @@ RECEIVE_TIMEOUT_MS = 3_000
 RESPONSE_BUFFER_MAX_BYTES = 64 * 1024
 SEND_TIMEOUT_MS = 2_000
 
-CORRUPT_MESSAGE = 2
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_TOPIC_EXCEPTION = 17
-UNSUPPORTED_VERSION = 35
-UNSUPPORTED_COMPRESSION_TYPE = 76
-INVALID_RECORD = 87
-
-CRC_OFFSET = 17
-ATTRIBUTES_OFFSET = 21
-MAGIC_OFFSET = 16
-COUNT_OFFSET = 57
-
 
 # ------------------------------------------------------------------ bytes on the wire
 
 
-def batch(values: list[bytes], codec: int = 0, timestamp_ms: int = 1_700_000_000_000) -> bytes:
-    builder = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=0,
-                                        producer_id=-1, producer_epoch=-1, base_sequence=-1,
-                                        batch_size=1 << 24)
-    for i, value in enumerate(values):
-        builder.append(i, timestamp=timestamp_ms + i, key=None, value=value, headers=[])
-    return bytes(builder.build())
-
-
-def recrc(data: bytes | bytearray) -> bytes:
-    """Recompute the CRC32C of a single batch after editing it (so only the edit is wrong)."""
-    data = bytearray(data)
-    struct.pack_into(">I", data, CRC_OFFSET, calc_crc32c(bytes(data[ATTRIBUTES_OFFSET:])))
-    return bytes(data)
-
-
-def set_length(data: bytes | bytearray, length: int) -> bytes:
-    data = bytearray(data)
-    struct.pack_into(">i", data, 8, length)
-    return bytes(data)
-
-
 def produce_frame(records: bytes, correlation_id: int, acks: int = -1, version: int = 9,
                   topic: str = HOSTILE_TOPIC) -> bytes:
-    return rc.frame(produce_request(topic, 0, records, acks, version), correlation_id, "hostile")
-
-
-def raw_frame(api_key: int, api_version: int, correlation_id: int, rest: bytes = b"",
-              client_id: bytes = b"hostile") -> bytes:
-    """A frame with a hand-made request header v1 (+ ``rest``)."""
-    body = struct.pack(">hhih", api_key, api_version, correlation_id, len(client_id)) + client_id + rest
-    return struct.pack(">i", len(body)) + body
+    return hostile.produce_frame(records, correlation_id, topic, acks, version)
 
 
 def decode_produce(body: bytes, version: int = 9):
@@ -608,15 +581,6 @@ def test_bad_batch_with_acks_0_closes_the_connection(env, case):
     client.close()
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def test_records_length_lying_in_the_produce_body_closes_the_connection(env, case):
     # Produce v9 carries the records as compact bytes: uvarint(length + 1), bytes.
     # Claim 200 bytes more than the frame holds: the body cannot be parsed.
@@ -624,9 +588,9 @@ def test_records_length_lying_in_the_produce_body_closes_the_connection(env, cas
     env.rejected.add(b"reject:bodylen")
     frame = produce_frame(records, 91)
     at = frame.index(records)
-    length = _uvarint(len(records) + 1)
+    length = uvarint(len(records) + 1)
     assert frame[at - len(length) : at] == length
-    body = frame[4 : at - len(length)] + _uvarint(len(records) + 1 + 200) + frame[at:]
+    body = frame[4 : at - len(length)] + uvarint(len(records) + 1 + 200) + frame[at:]
     client = hostile_client(env)
     client.send(struct.pack(">i", len(body)) + body)
     expect_closed_with(client, case, r"invalid request \(api key 0 v9, correlation id 91\): cannot parse "
