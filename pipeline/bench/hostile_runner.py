@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -52,7 +51,8 @@ from pipeline.bench import verify
 from pipeline.bench.hostile import MiB, memory_bound
 from pipeline.bench.hostile_clients import HostileSpec
 from pipeline.bench.loadgen import LoadSpec
-from pipeline.bench.runner import ManagedProcess, _machine, _tree, figures, read_topic_rows, run_load, verify_run
+from pipeline.bench.runner import (ManagedProcess, _machine, _tree, figures, prepare_out, read_topic_rows, run_load,
+                                   verify_run)
 
 RSS_INTERVAL_S = 0.5
 RSS_BAND = 0.10
@@ -386,11 +386,7 @@ def main(opts: HostileOptions) -> int:
     from rich.console import Console
 
     console = Console(stderr=True)
-    out = opts.out.resolve()
-    for stale in ("data", "runs", "logs"):
-        shutil.rmtree(out / stale, ignore_errors=True)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
+    out = prepare_out(opts.out)
     data_dir = out / "data" / "hostile"
     config = hostile_server_config(opts, data_dir)
     bound = memory_bound(config)

@@ -603,6 +603,16 @@ def _judge(config: ServerConfiguration, entry: dict, o: RunOutcome, rows, table_
     }
 
 
+def prepare_out(out: Path) -> Path:
+    """``out`` resolved, with the previous run's data/, runs/ and logs/ removed and runs/, logs/ made."""
+    out = out.resolve()
+    for stale in ("data", "runs", "logs"):
+        shutil.rmtree(out / stale, ignore_errors=True)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def main(opts: BenchOptions) -> int:
     """Run the plan; returns the exit code (1 if a baseline/multiqueue run failed)."""
     from rich.console import Console
@@ -611,11 +621,7 @@ def main(opts: BenchOptions) -> int:
     from pipeline.bench import report
 
     console = Console(stderr=True)
-    out = opts.out.resolve()
-    for stale in ("data", "runs", "logs"):
-        shutil.rmtree(out / stale, ignore_errors=True)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
+    out = prepare_out(opts.out)
     configs = configurations(opts)
     shapes = opts.all_shapes()
     ceiling_shapes = sorted({(c, k) for c, k, _ in shapes})

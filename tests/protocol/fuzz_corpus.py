@@ -46,6 +46,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 from kafka import codec as kafka_codec
 
+from pipeline.bench.hostile import uvarint
 from pipeline.persist.arrow import appends_to_table
 from pipeline.persist.batch import PartitionAppend
 from pipeline.protocol import SUPPORTED_VERSIONS
@@ -270,16 +271,7 @@ def _hostile_length(kind: str, width: int, original: int, remaining: int, value_
         return HOSTILE_VARINTS[raw % len(HOSTILE_VARINTS)]
     if value < 0:  # the compact null (0) or a huge unsigned value
         value = 0 if value == -1 else (1 << 32) - 1
-    return encode_uvarint(min(value, (1 << 35) - 1))
-
-
-def encode_uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return uvarint(min(value, (1 << 35) - 1))
 
 
 def _read_length(kind: str, frame: bytes, pos: int) -> int:
