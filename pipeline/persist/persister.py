@@ -34,11 +34,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol, Sequence
 
 import pyarrow as pa
 import trio
+from hdrh.histogram import HdrHistogram
 
 from pipeline.persist.accumulator import FlushGroup, FlushPolicy, FlushReason, RecordAccumulator
 from pipeline.persist.batch import PartitionAppend
@@ -104,9 +105,25 @@ class GroupSink(Protocol):
         """(topic, partition, offset) already in the table within [start, end) per partition."""
 
 
+LATENCY_HISTOGRAM_MAX_MS = 3_600_000
+"""Largest latency the histograms below record (1 h); larger values are clamped to it."""
+
+
+def latency_histogram() -> HdrHistogram:
+    """An HdrHistogram of milliseconds, 1 ms to 1 h, 3 significant digits."""
+    return HdrHistogram(1, LATENCY_HISTOGRAM_MAX_MS, 3)
+
+
 @dataclass(slots=True)
 class PersisterStats:
-    """Counters since start (logs, metrics, benchmarks)."""
+    """Counters since start (logs, metrics, benchmarks).
+
+    The histograms hold milliseconds (values clamped to 1..``LATENCY_HISTOGRAM_MAX_MS``):
+    ``wal_write_ms`` one WAL append + fsync each, ``flush_ms`` one successful
+    Spark write each (retries included), ``queryable_lag_ms`` per request: from
+    its acknowledgement (the WAL fsync, ``ack_on="wal"``) or its WAL write
+    (``ack_on="spark"``) to the Spark commit that made its records queryable.
+    """
 
     wal_writes: int = 0
     wal_bytes: int = 0
@@ -115,12 +132,21 @@ class PersisterStats:
     records: int = 0
     failed_flushes: int = 0
     write_seconds: float = 0.0
+    flush_bytes: int = 0
+    wal_write_ms: HdrHistogram = field(default_factory=latency_histogram)
+    flush_ms: HdrHistogram = field(default_factory=latency_histogram)
+    queryable_lag_ms: HdrHistogram = field(default_factory=latency_histogram)
+
+
+def _record_ms(histogram: HdrHistogram, ms: float) -> None:
+    histogram.record_value(min(max(1, round(ms)), LATENCY_HISTOGRAM_MAX_MS))
 
 
 @dataclass(slots=True)
 class _SparkWaiter:
     commit: Commit | None          # resolved here when ack_on == "spark"
     position: WalPosition
+    acked_at: float                # trio.current_time() (s) of the WAL commit
 
 
 def offset_ranges(appends: Sequence[PartitionAppend]) -> dict[tuple[str, int], tuple[int, int]]:
@@ -312,9 +338,11 @@ class BatchingPersister:
         finally:
             self._in_wal_write = 0
         stats = self.stats
+        elapsed = time.perf_counter() - started
         stats.wal_writes += 1
         stats.wal_bytes += len(payload)
-        stats.wal_seconds += time.perf_counter() - started
+        stats.wal_seconds += elapsed
+        _record_ms(stats.wal_write_ms, elapsed * 1000.0)
         spark_commit = None
         if self.ack_on == "wal":
             for commit in group.waiters:
@@ -328,8 +356,8 @@ class BatchingPersister:
                     commit.resolve(c.error)
 
             spark_commit.add_callback(release)
-        self._spark_acc.append(group.appends, _SparkWaiter(spark_commit, position),
-                               trio.current_time() * 1000.0)
+        now = trio.current_time()
+        self._spark_acc.append(group.appends, _SparkWaiter(spark_commit, position, now), now * 1000.0)
         self._spark_wakeup.set()
 
     # -- stage 2: Spark flushes --------------------------------------------
@@ -430,7 +458,12 @@ class BatchingPersister:
         stats = self.stats
         stats.flushes += 1
         stats.records += group.records
+        stats.flush_bytes += group.size_bytes
         stats.write_seconds += elapsed
+        _record_ms(stats.flush_ms, elapsed * 1000.0)
+        committed_at = trio.current_time()
+        for waiter in group.waiters:
+            _record_ms(stats.queryable_lag_ms, (committed_at - waiter.acked_at) * 1000.0)
         log.debug("flushed %d records (%d bytes, %s) in %.0f ms", group.records, group.size_bytes,
                   group.reason.value if group.reason else "", elapsed * 1000)
         for a in group.appends:
