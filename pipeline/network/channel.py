@@ -14,6 +14,11 @@ worker:
   come in a single ``send_all``: one system call for many responses is what
   lets a trio server go from ~20k to 60-80k frames/s.
 
+Each request is stamped as it passes (read, response complete, response taken
+by the writer, written; its handler stamps the rest), and once its response
+is written its stage times go to the RequestChannel's ``RequestMetrics``
+(Kafka: ``updateRequestMetrics`` after the Processor's send completes).
+
 A malformed frame closes only this connection, with a logged reason: reading
 stops at once, responses to the requests already accepted are still written
 (bounded by ``drain_timeout_s``), then the socket closes. A timeout (stalled
@@ -117,6 +122,8 @@ class KafkaChannel:
         self._reading_done = trio.Event()
         self._responses = trio.Event()
         self._sent = trio.Event()
+        self._requests: dict[int, Request] = {}  # token -> request, until its response is written
+        self._metrics = request_channel.metrics
 
     # -- called by handlers, the persister and the Processor -------------------
 
@@ -125,6 +132,9 @@ class KafkaChannel:
         if self.state.closed:
             return  # connection gone: nobody to answer
         self.state.complete(token, payload)
+        request = self._requests.get(token)
+        if request is not None:
+            request.response_at = trio.current_time()
         self._responses.set()
 
     def close(self, reason: str) -> None:
@@ -208,12 +218,15 @@ class KafkaChannel:
         stream = self._stream
         pool = self._memory.pool
         batch_reads = self._request_channel.batches_per_read
+        requests = self._requests
         while True:
             now = trio.current_time()
             batch: list[Request] = []
             try:
                 while isinstance(event := state.next_request(now), ReceivedFrame):
-                    batch.append(Request(self, event.header, event.frame, event.token, now, event.pool_bytes, pool))
+                    request = Request(self, event.header, event.frame, event.token, now, event.pool_bytes, pool)
+                    requests[event.token] = request
+                    batch.append(request)
                     if not batch_reads:
                         await self._dispatch(batch)
                         batch = []
@@ -256,16 +269,31 @@ class KafkaChannel:
                     request.release()
                 raise
 
+    def _record_sent(self, tokens: list[int], taken: float, sent: float) -> None:
+        """The responses of ``tokens`` were taken at ``taken`` and written at ``sent`` (s)."""
+        record = self._metrics.record
+        requests = self._requests
+        for token in tokens:
+            request = requests.pop(token, None)
+            if request is not None:
+                header = request.header
+                record(header.api_key, header.api_version, request.received_at, request.dequeued_at,
+                       request.local_done_at, request.response_at, taken, sent)
+
     async def _write_loop(self, connection_scope: trio.CancelScope) -> None:
         state = self.state
         drain_deadline = float("inf")
         try:
             while True:
-                data = state.data_to_send(trio.current_time())
+                taken = trio.current_time()
+                data = state.data_to_send(taken)
                 if data is not None:
+                    sent = taken
                     if data:
                         await self._stream.send_all(data)
-                        state.send_done(trio.current_time())
+                        sent = trio.current_time()
+                        state.send_done(sent)
+                    self._record_sent(state.sending_tokens, taken, sent)
                     self._sent.set()  # a reader paused for the in-flight cap may go on
                     continue
                 if self._reading_done.is_set():

@@ -158,7 +158,7 @@ class ConnectionState:
 
     __slots__ = ("_pool", "limits", "_decoder", "_sequencer", "_allocated", "_frame_started",
                  "_last_activity", "_unsent_bytes", "_sending_bytes", "_sending_count",
-                 "_sending_since", "mute_reason", "closed")
+                 "_sending_since", "mute_reason", "closed", "sending_tokens")
 
     def __init__(self, pool: MemoryPool, limits: ConnectionLimits, now: float, *, ordered: bool = True) -> None:
         self._pool = pool
@@ -175,6 +175,10 @@ class ConnectionState:
         self.mute_reason: MuteReason | None = None
         """Why the last ``next_request`` returned PAUSED (None: not muted)."""
         self.closed = False
+        self.sending_tokens: list[int] = []
+        """Tokens of the requests answered by the last ``data_to_send``, in
+        writing order (those that get no response included): whose response
+        times to record once the data is written."""
 
     # -- reading -------------------------------------------------------------
 
@@ -268,10 +272,12 @@ class ConnectionState:
         Returns None when no response is ready; b"" when the ready ones all
         get no response (their slots are freed at once). Call ``send_done``
         once non-empty data has been written; only one send at a time.
+        ``sending_tokens`` then names the requests the data answers.
         """
         ready = self._sequencer.pop_ready()
         if not ready:
             return None
+        self.sending_tokens = [r.token for r in ready]
         frames = [encode_frame(r.payload) for r in ready if r.payload is not None]
         if not frames:
             return b""

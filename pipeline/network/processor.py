@@ -73,6 +73,10 @@ class Processor:
             new_connection_queue_size
         )
         self.channels: set[KafkaChannel] = set()
+        self.connections_created = 0
+        """Connections this Processor has served (Kafka socket-server-metrics connection-creation-total)."""
+        self.connections_closed = 0
+        """Of those, connections closed (Kafka connection-close-total)."""
         self._stopping = False
 
     async def accept(self, stream: trio.SocketStream, ip: str) -> None:
@@ -106,6 +110,7 @@ class Processor:
                     pass
                 channel = self._channel_factory(connection_id(stream), stream)
                 self.channels.add(channel)
+                self.connections_created += 1
                 nursery.start_soon(self._serve, channel, ip)
 
     async def _reap(self) -> None:
@@ -124,5 +129,6 @@ class Processor:
             await channel.run()
         finally:
             self.channels.discard(channel)
+            self.connections_closed += 1
             self._quotas.release(ip)
             log.debug("processor %d: connection %s closed", self.processor_id, channel.connection_id)

@@ -234,13 +234,15 @@ def _api_keys(module: Any) -> tuple[Any, ...]:
 
 
 def api_versions_response(
-    header: RequestHeader, frame: bytes | bytearray | memoryview
+    header: RequestHeader, frame: bytes | bytearray | memoryview,
+    error_counts: dict[int, int] | None = None,
 ) -> tuple[bytes, tuple[str, str] | None]:
     """Answer an ApiVersions request.
 
     Returns the response frame and ``(client_software_name,
     client_software_version)`` when a v3+ request carried valid ones, else
-    None.
+    None. The response's error code is counted in ``error_counts`` if given
+    (Kafka ``ApiVersionsResponse.errorCounts``).
 
     KIP-511: a version outside ``SUPPORTED_VERSIONS`` is not an error; the
     answer is an ApiVersions *v0* body with ``UNSUPPORTED_VERSION`` (35) and
@@ -259,6 +261,7 @@ def api_versions_response(
         body = v0.ApiVersionsResponse(
             error_code=ErrorCode.unsupported_version, api_keys=_api_keys(v0)
         )
+        _count_error(error_counts, ErrorCode.unsupported_version.value)
         return encode_response(header, _encode(body)), None
     request = decode_request(header, frame)
     module = _RESPONSE_MODULES[(API_VERSIONS, version)]
@@ -276,7 +279,13 @@ def api_versions_response(
         api_keys=_api_keys(module) if error is ErrorCode.none else (),
         throttle_time=_ZERO_MS,
     )
+    _count_error(error_counts, error.value)
     return encode_response(header, _encode(body)), software
+
+
+def _count_error(error_counts: dict[int, int] | None, code: int) -> None:
+    if error_counts is not None:
+        error_counts[code] = error_counts.get(code, 0) + 1
 
 
 # ------------------------------------------------------------------------ Metadata
@@ -337,9 +346,13 @@ class BrokerInfo:
 
 
 def metadata_response(
-    header: RequestHeader, request: Any, broker: BrokerInfo, topics: TopicResolver
+    header: RequestHeader, request: Any, broker: BrokerInfo, topics: TopicResolver,
+    error_counts: dict[int, int] | None = None,
 ) -> bytes:
     """Answer a Metadata request (kio entity from :func:`decode_request`).
+
+    Each topic's error code is counted in ``error_counts`` if given (Kafka
+    ``MetadataResponse.errorCounts``).
 
     Topic selection (Kafka ``MetadataRequest``): v0 with an empty list and
     v1+ with a null list mean all topics; v1+ with an empty list means
@@ -425,6 +438,9 @@ def metadata_response(
             seen_names.add(name)
             entries.append(named(name))
 
+    if error_counts is not None:
+        for entry in entries:
+            _count_error(error_counts, int(entry.error_code))
     body = _make(
         module.MetadataResponse,
         throttle_time=_ZERO_MS,

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from pipeline.protocol.header import RequestHeader
+from pipeline.requests.metrics import RequestMetrics
 
 if TYPE_CHECKING:
     from pipeline.network.memory_pool import MemoryPool
@@ -66,6 +67,11 @@ class Request:
         received_at: trio.current_time() when the Processor read it (s).
         pool_bytes: bytes it holds in ``pool`` until ``release``.
         pool: the MemoryPool its frame was allocated from (None: not pooled).
+        dequeued_at, local_done_at, response_at: trio.current_time() (s) when
+            a handler took it, when the handler was done with it, and when its
+            response was complete; -1 until then. With ``received_at`` and the
+            writer's times they make Kafka's request stage times
+            (``pipeline.requests.metrics``).
     """
 
     connection: ConnectionHandle
@@ -75,12 +81,20 @@ class Request:
     received_at: float = field(default=0.0)
     pool_bytes: int = 0
     pool: MemoryPool | None = None
+    dequeued_at: float = -1.0
+    local_done_at: float = -1.0
+    response_at: float = -1.0
 
     def release(self) -> None:
-        """Return the frame's memory to the pool (the request is done with). Idempotent."""
+        """Return the frame's memory to the pool and drop the frame (the request
+        is done with; its times stay until its response is written). Idempotent.
+
+        Kafka ``RequestChannel.Request.releaseBuffer``.
+        """
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.release(self.pool_bytes)
+        self.frame = b""
 
 
 def stable_queue_index(connection_id: str, queues: int) -> int:
@@ -89,9 +103,14 @@ def stable_queue_index(connection_id: str, queues: int) -> int:
 
 
 class RequestChannel:
-    """Base: ``send_requests`` from Processors, ``receiver`` for handlers."""
+    """Base: ``send_requests`` from Processors, ``receiver`` for handlers.
+
+    Also holds the request metrics every stage records into (Kafka
+    ``RequestChannel.metrics``).
+    """
 
     def __init__(self, capacities: list[int]) -> None:
+        self.metrics = RequestMetrics()
         # The trio channels are unbounded; the bound is counted in requests
         # here, since an item may hold several requests.
         pairs = [trio.open_memory_channel[list[Request]](math.inf) for _ in capacities]

@@ -21,7 +21,7 @@ import heapq
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -35,6 +35,7 @@ from pipeline.protocol.header import RequestHeader
 from pipeline.protocol.records import RecordsInfo, has_compressed_batch, validate_records
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import Request, RequestChannel
+from pipeline.requests.metrics import RequestMetrics, add_error
 from pipeline.requests.producer_state import BatchMetadata, ProducerStateManager, Verdict, next_sequence
 from pipeline.requests.sequencing import OffsetSequencer
 
@@ -48,12 +49,20 @@ TIMEOUT_CHECK_INTERVAL_S = 0.1
 
 @dataclass(slots=True)
 class HandlerStats:
-    """Counters since start."""
+    """Counters since start.
+
+    ``bytes_in`` and ``messages_in`` are per topic: the RecordBatch bytes (as
+    sent, compressed or not) and the records handed to the persister, Kafka
+    BrokerTopicStats BytesInPerSec and MessagesInPerSec. Duplicates of an
+    idempotent producer and refused partitions are not counted.
+    """
 
     requests: int = 0
     produce_requests: int = 0
     records: int = 0
     partition_errors: int = 0
+    bytes_in: dict[str, int] = field(default_factory=dict)
+    messages_in: dict[str, int] = field(default_factory=dict)
 
 
 class KafkaApis:
@@ -70,6 +79,8 @@ class KafkaApis:
         yield_before_sequencing: let other handlers run between parsing and
             sequencing a produce, as a preempted pool thread would (set for
             the shared-queue modes).
+        request_metrics: where complete responses' error codes are counted
+            (the RequestChannel's; a fresh one if None).
     """
 
     def __init__(
@@ -81,6 +92,7 @@ class KafkaApis:
         first_producer_id: int,
         producers: ProducerStateManager | None = None,
         yield_before_sequencing: bool = False,
+        request_metrics: RequestMetrics | None = None,
     ) -> None:
         self.broker = broker
         self.catalog = catalog
@@ -97,6 +109,8 @@ class KafkaApis:
         # GIL), and the memory bound counts one inflated batch.
         self._inflate_limiter = trio.CapacityLimiter(1)
         self.stats = HandlerStats()
+        self.request_metrics = request_metrics if request_metrics is not None else RequestMetrics()
+        self._produce_errors = self.request_metrics.errors(PRODUCE)
 
     async def handle(self, request: Request) -> None:
         """Handle one request; its response is completed on its connection (now or later).
@@ -109,7 +123,8 @@ class KafkaApis:
             if header.api_key == PRODUCE:
                 await self._produce(request)
             elif header.api_key == API_VERSIONS:
-                payload, software = apis.api_versions_response(header, request.frame)
+                payload, software = apis.api_versions_response(
+                    header, request.frame, self.request_metrics.errors(API_VERSIONS))
                 if software is not None:
                     request.connection.client_software = software
                     log.info("connection %s: client %s %s", request.connection.connection_id, *software)
@@ -117,7 +132,8 @@ class KafkaApis:
             elif header.api_key == METADATA:
                 body = apis.decode_request(header, request.frame)
                 request.connection.complete(
-                    request.token, apis.metadata_response(header, body, self.broker, self.catalog)
+                    request.token, apis.metadata_response(header, body, self.broker, self.catalog,
+                                                          self.request_metrics.errors(METADATA))
                 )
             elif header.api_key == INIT_PRODUCER_ID:
                 self._init_producer_id(request)
@@ -135,11 +151,12 @@ class KafkaApis:
         body = apis.decode_request(header, request.frame)
         if getattr(body, "transactional_id", None) is not None:
             # Transactions need a coordinator this front end does not have.
-            payload = apis.init_producer_id_response(
-                header, body, -1, -1, ErrorCode.transactional_id_authorization_failed.value
-            )
+            error = ErrorCode.transactional_id_authorization_failed.value
+            payload = apis.init_producer_id_response(header, body, -1, -1, error)
         else:
+            error = ErrorCode.none.value
             payload = apis.init_producer_id_response(header, body, next(self._producer_ids), 0)
+        add_error(self.request_metrics.errors(INIT_PRODUCER_ID), error)
         request.connection.complete(request.token, payload)
 
     async def _produce(self, request: Request) -> None:
@@ -224,7 +241,12 @@ class KafkaApis:
                         self.producers.update(a.producer_id, a.producer_epoch, a.topic, a.partition,
                                               a.base_sequence, next_sequence(a.base_sequence, a.record_count - 1),
                                               a.base_offset, ticket=commit)
-                self.stats.records += sum(a.record_count for a in appends)
+                stats = self.stats
+                bytes_in, messages_in = stats.bytes_in, stats.messages_in
+                for a in appends:
+                    stats.records += a.record_count
+                    bytes_in[a.topic] = bytes_in.get(a.topic, 0) + len(a.records)
+                    messages_in[a.topic] = messages_in.get(a.topic, 0) + a.record_count
         self.stats.partition_errors += sum(1 for r in results if r.error_code)
 
         connection, token = request.connection, request.token
@@ -235,11 +257,14 @@ class KafkaApis:
             failed = [r for r in results if r.error_code]
             if failed:
                 # acks=0 clients never read a response, so Kafka closes the
-                # connection to tell them something went wrong.
+                # connection to tell them something went wrong (and counts the
+                # errors of the response it did not send).
+                for r in results:
+                    add_error(self._produce_errors, r.error_code)
                 connection.close(f"acks=0 produce failed for {len(failed)} partition(s), "
                                  f"first error code {failed[0].error_code}")
             return
-        pending = PendingProduce(connection, token, header, results)
+        pending = PendingProduce(connection, token, header, results, self._produce_errors)
         if commit is not None:
             pending.wait_for(commit, appended)
         for index, batch in duplicates:
@@ -283,12 +308,14 @@ class PendingProduce:
     Its response is completed exactly once: when every Commit it waits for has
     resolved (partitions of a failed Commit get KAFKA_STORAGE_ERROR), or at its
     timeout, when partitions not yet durable get REQUEST_TIMED_OUT. Never
-    success for a record that is not durable.
+    success for a record that is not durable. Each partition's error code is
+    then counted in ``errors`` (Kafka ``ProduceResponse.errorCounts``).
     """
 
-    __slots__ = ("connection", "token", "header", "results", "waiting", "answered", "_durable")
+    __slots__ = ("connection", "token", "header", "results", "waiting", "answered", "_durable", "_errors")
 
-    def __init__(self, connection, token: int, header: RequestHeader, results: list[PartitionResult]) -> None:
+    def __init__(self, connection, token: int, header: RequestHeader, results: list[PartitionResult],
+                 errors: dict[int, int] | None = None) -> None:
         self.connection = connection
         self.token = token
         self.header = header
@@ -296,6 +323,7 @@ class PendingProduce:
         self.waiting = 0
         self.answered = False
         self._durable = [r.error_code != 0 for r in results]  # error results need no wait
+        self._errors = errors
 
     def wait_for(self, commit: Commit, indices: list[int]) -> None:
         for i in indices:
@@ -334,6 +362,9 @@ class PendingProduce:
     def _answer(self) -> None:
         if not self.answered:
             self.answered = True
+            if self._errors is not None:
+                for r in self.results:
+                    add_error(self._errors, r.error_code)
             self.connection.complete(self.token, apis.produce_response(self.header, self.results))
 
 
@@ -343,6 +374,12 @@ class RequestHandler:
     In multiqueue mode each handler owns one queue; in baseline mode the pool
     shares one. Each request's frame memory goes back to the MemoryPool once
     it is handled. The loop ends when the RequestChannel is closed and drained.
+
+    It stamps each request when it takes it and when it is done with it (the
+    next request of a queue item is taken when the previous one is done), and
+    adds up the time it waits for its queue (``idle_seconds``; Kafka
+    KafkaRequestHandler: the time blocked in ``receiveRequest``, behind
+    RequestHandlerAvgIdlePercent).
     """
 
     def __init__(self, handler_id: int, apis_: KafkaApis, request_channel: RequestChannel) -> None:
@@ -350,13 +387,41 @@ class RequestHandler:
         self._apis = apis_
         self._request_channel = request_channel
         self._queue_index, self._receiver = request_channel.receiver(handler_id)
+        # (idle seconds of the waits that ended, perf_counter() when the
+        # current wait began or None): one attribute, replaced whole, so the
+        # metrics thread never sees half an update.
+        self._idle: tuple[float, float | None] = (0.0, None)
+
+    @property
+    def idle_seconds(self) -> float:
+        """Time spent waiting for the queue to give it work, the current wait included (s).
+
+        Safe to read from another thread (a reading that races the end of a
+        wait may be a few microseconds off).
+        """
+        total, since = self._idle
+        if since is not None:
+            total += max(0.0, time.perf_counter() - since)
+        return total
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        async with self._receiver:
-            async for requests in self._receiver:
+        receiver = self._receiver
+        perf_counter = time.perf_counter
+        async with receiver:
+            while True:
+                self._idle = (self._idle[0], perf_counter())
+                try:
+                    requests = await receiver.receive()
+                except trio.EndOfChannel:
+                    break
+                finally:
+                    total, since = self._idle
+                    self._idle = (total + max(0.0, perf_counter() - since), None)  # type: ignore[operator]
+                now = trio.current_time()
                 self._request_channel.taken(self._queue_index, len(requests))
                 for request in requests:
+                    request.dequeued_at = now
                     try:
                         await self._apis.handle(request)
                     except Exception:
@@ -368,4 +433,5 @@ class RequestHandler:
                         except Exception:
                             pass
                     finally:
+                        now = request.local_done_at = trio.current_time()
                         request.release()

@@ -30,10 +30,12 @@ class ReadyResponse:
         correlation_id: the correlation id of the request it answers.
         payload: response bytes without the size prefix, or None when the
             request gets no response (Produce with acks=0).
+        token: the request's token (from ``register``).
     """
 
     correlation_id: int
     payload: bytes | None
+    token: int = -1
 
 
 class ResponseSequencer:
@@ -90,12 +92,12 @@ class ResponseSequencer:
         done, cids = self._done, self._cids
         if not self._ordered:
             tokens, self._completion_order = self._completion_order, []
-            return [ReadyResponse(cids.pop(t), done.pop(t)) for t in tokens]
+            return [ReadyResponse(cids.pop(t), done.pop(t), t) for t in tokens]
         ready: list[ReadyResponse] = []
         order = self._order
         while order and order[0] in done:
             token = order.popleft()
-            ready.append(ReadyResponse(cids.pop(token), done.pop(token)))
+            ready.append(ReadyResponse(cids.pop(token), done.pop(token), token))
         return ready
 
 
