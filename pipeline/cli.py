@@ -142,6 +142,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pipeline.server import Server
 
     config = _config_from_args(args)
+    endpoint = _metrics_endpoint(config)  # before Spark: /readyz answers 503 until serving
     # Until trio's signal receiver is open, a stop signal interrupts start-up
     # where it is (Spark can take a minute to start) and everything started
     # so far is stopped (pipeline/lifecycle.py).
@@ -153,17 +154,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
                  config.data_dir.resolve() / "records")
         sink.start()
         server = Server(config, sink)
+        _set_phase(endpoint, "RECOVERING", server)
         recovered = server.recover()
         log.info("recovered: %d partitions, %d producer batches, %d records replayed from the WAL",
                  len(recovered.checkpoint.end_offsets), len(recovered.checkpoint.producers),
                  recovered.replayed_records)
+        _set_phase(endpoint, "STARTING_LISTENER")
         signals.defer()
     except StartupInterrupted as exc:
+        _set_phase(endpoint, "STOPPING")
         log.warning("%s: stopping what was started", exc)
         _stop_bounded(sink)
         log.info("stopped before serving")
         return 0
     except BaseException:
+        _set_phase(endpoint, "STOPPING")
         _stop_bounded(sink)
         raise
 
@@ -189,18 +194,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         server.shutdown()
 
                 host, port = await nursery.start(run_server)
-                if server.metrics_port is not None:
-                    print(f"metrics on http://127.0.0.1:{server.metrics_port}/metrics", flush=True)
+                _set_phase(endpoint, "SERVING")
                 print(f"pipeline {config.mode.value}: listening on {host}:{port}", flush=True)
                 nursery.start_soon(watch_signals)
 
     try:
         trio.run(main)
     finally:
+        _set_phase(endpoint, "STOPPING")
         log.info("stopping Spark")
         _stop_bounded(sink)
         signals.restore()
+        if endpoint is not None:
+            endpoint.close()
     return 0
+
+
+def _metrics_endpoint(config):
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on 127.0.0.1:``--metrics-port``; None if not asked for.
+
+    Prints ``metrics on URL`` (``pipeline bench`` and tests read it) at once,
+    before Spark starts, so a probe sees start-up.
+    """
+    if config.metrics_port is None:
+        return None
+    from pipeline.metrics import MetricsEndpoint
+
+    endpoint = MetricsEndpoint()
+    port = endpoint.start(config.metrics_port)
+    log.info("metrics on http://127.0.0.1:%d/metrics, health on /healthz and /readyz", port)
+    print(f"metrics on http://127.0.0.1:{port}/metrics", flush=True)
+    return endpoint
+
+
+def _set_phase(endpoint, phase: str, server=None) -> None:
+    """Tell ``/readyz`` where start-up or shutdown is (a ``pipeline.metrics.Phase`` name);
+    ``server``: export its metrics from now on."""
+    if endpoint is None:
+        return
+    from pipeline.metrics import Phase
+
+    if server is not None:
+        endpoint.attach(server)
+    endpoint.readiness.phase = Phase[phase]
 
 
 STOP_TIMEOUT_S = 60.0

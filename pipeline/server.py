@@ -37,6 +37,7 @@ from pipeline.network.connection_state import (
     ConnectionState,
 )
 from pipeline.network.framing import DEFAULT_MAX_RECEIVE_BYTES
+from pipeline.network.io_wait import IoWaitMeter
 from pipeline.network.memory_pool import DEFAULT_QUEUED_MAX_REQUEST_BYTES, MemoryPool
 from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
@@ -135,7 +136,8 @@ class Server:
         self.persister: BatchingPersister | None = None
         self.handlers: list[RequestHandler] = []
         self.apis: KafkaApis | None = None
-        self.metrics_port: int | None = None
+        self.io_wait = IoWaitMeter()
+        """The event loop's time waiting for I/O while serving (NetworkProcessorAvgIdlePercent)."""
 
     def recover(self) -> Recovered:
         """Replay the WAL into the table and rebuild offsets and producer state (blocking)."""
@@ -195,6 +197,7 @@ class Server:
             first_producer_id=time.time_ns() // 1_000_000,
             producers=producers,
             yield_before_sequencing=c.mode is not Mode.MULTIQUEUE,
+            request_metrics=request_channel.metrics,
         )
         mute = c.mode is Mode.BASELINE
         ordered = c.mode is not Mode.SHARED_UNMUTED
@@ -221,6 +224,8 @@ class Server:
         self.processors = [Processor(i, channel_factory, self.quotas) for i in range(c.network_threads)]
         acceptor = Acceptor(listeners, self.processors, self.quotas)
         self.handlers = [RequestHandler(i, self.apis, request_channel) for i in range(handler_count)]
+        # Removed when the run ends if serving ends by an exception or a second signal.
+        trio.lowlevel.add_instrument(self.io_wait)
         async with trio.open_nursery() as nursery:
             await nursery.start(persister.run)
             await nursery.start(self.apis.run_timeouts)
@@ -261,11 +266,6 @@ class Server:
             log.info("limits: memory pool %d bytes, buffer.memory %d bytes, max.connections %d "
                      "(%d per ip), idle %d ms", pool.capacity, c.buffer_memory, self.quotas.max_connections,
                      self.quotas.max_connections_per_ip, c.connections_max_idle_ms)
-            if c.metrics_port is not None:
-                from pipeline.metrics import serve_metrics
-
-                self.metrics_port = serve_metrics(self, c.metrics_port)
-                log.info("metrics on http://127.0.0.1:%d/metrics", self.metrics_port)
             task_status.started((host, port))
 
             await self._shutdown.wait()
@@ -286,5 +286,6 @@ class Server:
             with trio.move_on_after(30):
                 await processors_done.wait()
             nursery.cancel_scope.cancel()
+        trio.lowlevel.remove_instrument(self.io_wait)
         self.wal.close()
         log.info("stopped: %d flushes, %d records persisted", persister.stats.flushes, persister.stats.records)

@@ -216,15 +216,16 @@ def scrape_metrics(port: int, timeout_s: float = 1.0) -> dict[str, dict[tuple, f
 
 
 def queue_depths(metrics: dict[str, dict[tuple, float]]) -> list[float]:
-    """Per-queue depth, ordered by queue number."""
-    samples = metrics.get("pipeline_request_queue_depth", {})
+    """Per-queue depth (Kafka RequestQueueSize), ordered by queue number."""
+    samples = metrics.get("kafka_network_requestchannel_requestqueuesize", {})
     by_queue = {int(dict(labels)["queue"]): v for labels, v in samples.items() if "queue" in dict(labels)}
     return [by_queue[q] for q in sorted(by_queue)]
 
 
-def counter(metrics: dict[str, dict[tuple, float]], name: str) -> float | None:
-    values = metrics.get(name)
-    return sum(values.values()) if values else None
+def counter(metrics: dict[str, dict[tuple, float]], name: str, **labels: str) -> float | None:
+    """Sum of sample ``name`` over the label sets that have ``labels``; None if there is no such sample."""
+    values = [v for key, v in (metrics.get(name) or {}).items() if labels.items() <= dict(key).items()]
+    return sum(values) if values else None
 
 
 class Sampler:
@@ -234,9 +235,15 @@ class Sampler:
     CPU seconds, peak RSS, per-queue depth series and counter deltas.
     """
 
-    COUNTERS = ("pipeline_requests_total", "pipeline_produce_requests_total",
-                "pipeline_records_persisted_total", "pipeline_flushes_total",
-                "pipeline_flush_write_seconds_total", "pipeline_wal_writes_total")
+    COUNTERS = {
+        "requests": ("kafka_network_requestmetrics_requests_total", {}),
+        "produce_requests": ("kafka_network_requestmetrics_requests_total", {"request": "Produce"}),
+        "records_persisted": ("pipeline_flush_records_total", {}),
+        "flushes": ("pipeline_flush_time_ms_count", {}),
+        "flush_time_ms": ("pipeline_flush_time_ms_sum", {}),
+        "wal_writes": ("kafka_log_logflushstats_logflushrateandtimems_count", {}),
+    }
+    """Counter deltas reported per load window: key -> (sample name, labels to match)."""
 
     def __init__(self, pid: int, metrics_port: int | None) -> None:
         self.pid = pid
@@ -284,10 +291,10 @@ class Sampler:
         if w is None:
             return {}
         deltas = {}
-        for name in self.COUNTERS:
-            a = counter(w["m0"], name) if w["m0"] else None
-            b = counter(m, name) if m else None
-            deltas[name] = None if a is None or b is None else b - a
+        for key, (name, labels) in self.COUNTERS.items():
+            a = counter(w["m0"], name, **labels) if w["m0"] else None
+            b = counter(m, name, **labels) if m else None
+            deltas[key] = None if a is None or b is None else b - a
         depths = [d for _, d in w["depth"]]
         queues = max((len(d) for d in depths), default=0)
         return {
@@ -421,7 +428,7 @@ def figures(outcome: RunOutcome, ceiling_rps: float | None) -> dict:
     records = requests * per_unit
     if spec["client"] == "confluent":
         # Units are records; librdkafka chose the requests: take them from the server.
-        server_requests = (outcome.server.get("counters") or {}).get("pipeline_produce_requests_total")
+        server_requests = (outcome.server.get("counters") or {}).get("produce_requests")
         requests = server_requests if server_requests is not None else None
     request_bytes = load.get("request_bytes")
     out = {
