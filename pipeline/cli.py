@@ -1,4 +1,4 @@
-"""The ``pipeline`` command: ``serve`` the front end, or run ``sql`` over the table."""
+"""The ``pipeline`` command: ``serve`` the front end, run ``sql`` over the table, or watch a server (``top``)."""
 
 from __future__ import annotations
 
@@ -281,6 +281,12 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from pipeline.top import run
+
+    return run(args.metrics_url, args.interval, once=args.once)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipeline", description=__doc__)
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING... (default INFO)")
@@ -296,6 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
     sql_spark.add_argument("--spark-remote", default=None, metavar="URL", help="Spark Connect server (sc://...)")
     sql.add_argument("--max-rows", type=positive_int, default=1000, help="rows to print (default 1000)")
     sql.set_defaults(func=cmd_sql)
+    top = sub.add_parser("top", help="live view of a running server, from its metrics endpoint")
+    top.add_argument("--metrics-url", default="http://127.0.0.1:9464/metrics", metavar="URL",
+                     help="the server's /metrics (serve --metrics-port; default %(default)s)")
+    top.add_argument("--interval", type=float, default=2.0, metavar="S",
+                     help="seconds between scrapes; rates and percentiles are over this window "
+                          "(default %(default)s)")
+    top.add_argument("--once", action="store_true",
+                     help="scrape twice, --interval apart, print one screen and exit (1 if unreachable)")
+    top.set_defaults(func=cmd_top)
     from pipeline.bench.options import add_bench_arguments  # argparse only; the benchmark loads lazily
 
     add_bench_arguments(sub.add_parser("bench", help="benchmark serve modes (see docs/benchmarks.md)"))
