@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -108,6 +109,34 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "group whatever arrived during the previous fsync)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: a free port)")
+    t = p.add_argument_group("table (flags override --config)")
+    t.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="TOML configuration file: table settings and per-topic [topic.\"NAME\"] tables "
+                        "(see docs/table.md)")
+    t.add_argument("--table-commit-interval-ms", type=positive_int, default=None,
+                   help=f"with --ack-on wal: commit to the table this often, table.commit.interval.ms "
+                        f"(default {d.table_commit_interval_ms}); with --ack-on spark --linger-ms applies")
+    t.add_argument("--table-target-file-bytes", type=positive_int, default=None,
+                   help=f"compaction merges small files up to this size, table.target.file.bytes "
+                        f"(default {d.table.target_file_bytes})")
+    t.add_argument("--table-compaction-interval-ms", type=int, default=None,
+                   help=f"look for partitions to compact this often, table.compaction.interval.ms; 0: never "
+                        f"(default {d.table_compaction_interval_ms})")
+    t.add_argument("--table-compaction-min-files", type=int, default=None,
+                   help=f"compact a partition once it has this many small files, table.compaction.min.files "
+                        f"(default {d.table.compaction_min_files})")
+    t.add_argument("--file-delete-delay-ms", type=int, default=None,
+                   help=f"keep files a compaction or retention replaced this long for running queries, "
+                        f"file.delete.delay.ms (default {d.table.file_delete_delay_ms})")
+    t.add_argument("--metastore-uris", default=None, metavar="URIS",
+                   help="external Hive metastore, hive.metastore.uris, e.g. thrift://127.0.0.1:9083 "
+                        "(default: embedded, in DATA_DIR/_pipeline/metastore_db)")
+    t.add_argument("--spark-connect-port", type=int, default=d.spark_connect_port,
+                   help="serve Spark Connect on 127.0.0.1:PORT so other Spark sessions and `pipeline sql` "
+                        "query the tables while the server runs; 0: off (default %(default)s)")
+    t.add_argument("--thrift-port", type=int, default=d.thrift_port,
+                   help="serve JDBC/ODBC (Spark Thrift Server, jdbc:hive2://127.0.0.1:PORT/) on 127.0.0.1; "
+                        "0: off (default %(default)s)")
 
 
 _PASSED_THROUGH = (
@@ -116,21 +145,58 @@ _PASSED_THROUGH = (
     "max_connections", "max_connections_per_ip", "connections_max_idle_ms", "request_receive_timeout_ms",
     "response_buffer_max_bytes", "response_send_timeout_ms", "num_partitions", "batch_max_records",
     "batch_max_bytes", "linger_ms", "buffer_memory", "data_dir", "spark_master", "metrics_port",
-    "spark_remote", "ack_on", "wal_segment_bytes", "wal_linger_ms",
+    "spark_remote", "ack_on", "wal_segment_bytes", "wal_linger_ms", "spark_connect_port", "thrift_port",
 )
 """ServerConfig fields that ``serve`` options set under the same name."""
 
 
+_TABLE_FLAGS = {
+    "table_commit_interval_ms": "table_commit_interval_ms",
+    "table_compaction_interval_ms": "table_compaction_interval_ms",
+    "metastore_uris": "metastore_uris",
+}
+"""Flags (default None: not given) over the config file, by ServerConfig field."""
+
+_TABLE_CONFIG_FLAGS = {
+    "table_target_file_bytes": "target_file_bytes",
+    "table_compaction_min_files": "compaction_min_files",
+    "file_delete_delay_ms": "file_delete_delay_ms",
+}
+"""Flags over the config file, by TableConfig field."""
+
+
 def _config_from_args(args: argparse.Namespace):
+    """The ServerConfig: defaults, then the ``--config`` file, then flags.
+
+    Raises:
+        pipeline.config.ConfigError: the file or a flag value is wrong.
+    """
+    from dataclasses import replace
+
+    from pipeline.config import ConfigError, FileConfig, load_config
     from pipeline.server import Mode, ServerConfig
 
+    file = load_config(args.config) if getattr(args, "config", None) else FileConfig()
     advertised = args.advertised_listener or (None, None)
+    fields = {**file.server}
+    for flag, name in _TABLE_FLAGS.items():
+        if getattr(args, flag, None) is not None:
+            fields[name] = getattr(args, flag)
+    table = file.table
+    table_fields = {name: getattr(args, flag) for flag, name in _TABLE_CONFIG_FLAGS.items()
+                    if getattr(args, flag, None) is not None}
+    if table_fields.get("compaction_min_files", 2) < 2:
+        raise ConfigError("--table-compaction-min-files: expected an integer >= 2")
+    if any(v < 0 for v in (table_fields.get("file_delete_delay_ms", 0), fields.get("table_compaction_interval_ms", 0))):
+        raise ConfigError("--file-delete-delay-ms and --table-compaction-interval-ms must be >= 0")
     return ServerConfig(
         listen_host=args.listen[0],
         listen_port=args.listen[1],
         advertised_host=advertised[0],
         advertised_port=advertised[1],
         mode=Mode(args.mode),
+        table=replace(table, **table_fields),
+        **fields,
         **{name: getattr(args, name) for name in _PASSED_THROUGH},
     )
 
@@ -138,21 +204,30 @@ def _config_from_args(args: argparse.Namespace):
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
-    from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.server import Server
 
-    config = _config_from_args(args)
+    from pipeline.config import ConfigError
+
+    try:
+        config = _config_from_args(args)
+    except ConfigError as exc:
+        print(f"pipeline: configuration error: {exc}", file=sys.stderr)
+        return 2
+    lock = _lock_data_dir(config.data_dir)
+    if lock is None:
+        return 1
     endpoint = _metrics_endpoint(config)  # before Spark: /readyz answers 503 until serving
     # Until trio's signal receiver is open, a stop signal interrupts start-up
     # where it is (Spark can take a minute to start) and everything started
     # so far is stopped (pipeline/lifecycle.py).
-    sink = SparkGroupSink(config.data_dir, config.spark_master, config.spark_remote)
+    sink = _group_sink(config)
     signals = StartupSignals()
     signals.install()
     try:
         log.info("starting Spark (%s); data in %s", config.spark_remote or config.spark_master,
-                 config.data_dir.resolve() / "records")
+                 config.data_dir.resolve())
         sink.start()
+        _write_endpoints(config)
         server = Server(config, sink)
         _set_phase(endpoint, "RECOVERING", server)
         recovered = server.recover()
@@ -202,6 +277,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         trio.run(main)
     finally:
         _set_phase(endpoint, "STOPPING")
+        _endpoints_path(config.data_dir).unlink(missing_ok=True)
         log.info("stopping Spark")
         _stop_bounded(sink)
         signals.restore()
@@ -239,6 +315,51 @@ def _set_phase(endpoint, phase: str, server=None) -> None:
     endpoint.readiness.phase = Phase[phase]
 
 
+def _group_sink(config):
+    from pipeline.persist.group_sink import SparkGroupSink
+
+    return SparkGroupSink(config.data_dir, config.spark_master, config.spark_remote,
+                          table_config=config.table, metastore_uris=config.metastore_uris,
+                          connect_port=config.spark_connect_port or None if not config.spark_remote else None,
+                          thrift_port=config.thrift_port or None if not config.spark_remote else None)
+
+
+def _lock_data_dir(data_dir: Path):
+    """Take ``DATA_DIR/_pipeline/lock`` (flock) for this process's lifetime; None (logged) if another holds it."""
+    import fcntl
+
+    state = Path(data_dir) / "_pipeline"
+    state.mkdir(parents=True, exist_ok=True)
+    f = open(state / "lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.error("%s is in use by another pipeline process (serve or compact); one process per data directory",
+                  Path(data_dir).resolve())
+        f.close()
+        return None
+    return f
+
+
+def _endpoints_path(data_dir: Path) -> Path:
+    return Path(data_dir) / "_pipeline" / "endpoints.json"
+
+
+def _write_endpoints(config) -> None:
+    """Tell ``pipeline sql`` (and users) where the running server serves SQL: ``DATA_DIR/_pipeline/endpoints.json``."""
+    import json
+
+    endpoints = {}
+    if config.spark_connect_port and not config.spark_remote:
+        endpoints["spark_connect"] = f"sc://127.0.0.1:{config.spark_connect_port}"
+        log.info("tables queryable by name over Spark Connect at sc://127.0.0.1:%d (database %s)",
+                 config.spark_connect_port, config.table.database)
+    if config.thrift_port and not config.spark_remote:
+        endpoints["jdbc"] = f"jdbc:hive2://127.0.0.1:{config.thrift_port}/{config.table.database}"
+        log.info("JDBC (Spark Thrift Server) at %s", endpoints["jdbc"])
+    _endpoints_path(config.data_dir).write_text(json.dumps(endpoints))
+
+
 STOP_TIMEOUT_S = 60.0
 """How long stopping Spark and the decode worker may take before the process exits anyway (s)."""
 
@@ -260,24 +381,136 @@ def _stop_bounded(sink, timeout_s: float = STOP_TIMEOUT_S) -> None:
         log.info("stopped child process: %s", child)
 
 
+def table_session(data_dir: Path, spark_master: str = "local[*]", spark_remote: str | None = None,
+                  metastore_uris: str | None = None, app_name: str = "pipeline-sql", locked: bool = False):
+    """A Spark session that sees the pipeline's tables by name.
+
+    ``spark_remote`` if given; else the running server's Spark Connect endpoint
+    (``DATA_DIR/_pipeline/endpoints.json``) if it serves one; else a classic
+    session on the data directory's metastore (the embedded one is free only
+    while no server runs). ``locked``: the caller holds the data directory's lock.
+
+    Raises:
+        RuntimeError: a server runs on ``data_dir`` without a Spark Connect endpoint.
+    """
+    import json
+
+    from pipeline.persist.spark_sink import build_spark_session
+    from pipeline.table.catalog import catalog_conf
+
+    if spark_remote is None and not locked:
+        try:
+            spark_remote = json.loads(_endpoints_path(data_dir).read_text()).get("spark_connect")
+        except (OSError, ValueError):
+            spark_remote = None
+        if spark_remote is None and metastore_uris is None and _data_dir_in_use(data_dir):
+            raise RuntimeError(f"a pipeline server runs on {Path(data_dir).resolve()} without --spark-connect-port: "
+                               "its embedded metastore is in use; query it over Spark Connect or JDBC")
+    if spark_remote is not None:
+        return build_spark_session(remote=spark_remote)
+    return build_spark_session(spark_master, app_name=app_name, conf=catalog_conf(data_dir, metastore_uris))
+
+
+def _data_dir_in_use(data_dir: Path) -> bool:
+    lock = _lock_data_dir_quiet(data_dir)
+    if lock is None:
+        return True
+    lock.close()
+    return False
+
+
+def _lock_data_dir_quiet(data_dir: Path):
+    import fcntl
+
+    path = Path(data_dir) / "_pipeline" / "lock"
+    if not path.exists():
+        return open(os.devnull)
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from pipeline.persist.spark_sink import build_spark_session, run_sql
+    from pipeline.persist.spark_sink import run_sql
 
-    spark = build_spark_session(None if args.spark_remote else args.spark_master, app_name="pipeline-sql",
-                                remote=args.spark_remote)
     try:
-        columns, rows = run_sql(spark, args.data_dir, args.query)
+        spark = table_session(args.data_dir, args.spark_master, args.spark_remote, args.metastore_uris)
+    except RuntimeError as exc:
+        print(f"pipeline sql: {exc}", file=sys.stderr)
+        return 1
+    try:
+        columns, rows = run_sql(spark, args.query, args.database)
     finally:
         spark.stop()
+    if args.format == "json":
+        import json
+
+        for row in rows[: args.max_rows]:
+            print(json.dumps(dict(zip(columns, row)), default=_json_value))
+        return 0
     table = Table(*columns, title=f"{len(rows)} row(s)")
     for row in rows[: args.max_rows]:
         table.add_row(*("NULL" if v is None else str(v) for v in row))
     Console().print(table)
     if len(rows) > args.max_rows:
         print(f"... {len(rows) - args.max_rows} more row(s) not shown (--max-rows)")
+    return 0
+
+
+def _json_value(value):
+    import base64
+    import datetime
+
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode()
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        return value.isoformat()
+    if hasattr(value, "asDict"):
+        return value.asDict(recursive=True)
+    return str(value)
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    """Compact every partition that needs it and delete replaced files whose delay has passed (server stopped)."""
+    from dataclasses import replace
+
+    from pipeline.config import ConfigError, FileConfig, load_config
+    from pipeline.table.catalog import TableCatalog
+
+    try:
+        file = load_config(args.config) if args.config else FileConfig()
+    except ConfigError as exc:
+        print(f"pipeline: configuration error: {exc}", file=sys.stderr)
+        return 2
+    lock = _lock_data_dir(args.data_dir)
+    if lock is None:
+        print("pipeline compact: a server runs on this data directory and compacts it in the background "
+              "(--table-compaction-interval-ms); stop it to compact now", file=sys.stderr)
+        return 1
+    table = file.table
+    if args.table_target_file_bytes:
+        table = replace(table, target_file_bytes=args.table_target_file_bytes)
+    if args.file_delete_delay_ms is not None:
+        table = replace(table, file_delete_delay_ms=args.file_delete_delay_ms)
+    spark = table_session(args.data_dir, args.spark_master, None, file.server.get("metastore_uris"),
+                          app_name="pipeline-compact", locked=True)
+    try:
+        catalog = TableCatalog(spark, args.data_dir, table)
+        catalog.ensure()
+        result = catalog.compact()
+    finally:
+        spark.stop()
+    print(f"compacted {result.compacted_partitions} partition(s): {result.files_before} files into "
+          f"{result.files_after}; {result.dropped_partitions} dropped by retention; "
+          f"{result.deleted_directories} replaced directories deleted, "
+          f"{len(catalog.pending_deletions())} waiting for file.delete.delay.ms; {result.seconds:.1f} s")
     return 0
 
 
@@ -294,14 +527,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the Kafka-compatible front end")
     add_serve_arguments(serve)
     serve.set_defaults(func=cmd_serve)
-    sql = sub.add_parser("sql", help="run Spark SQL over the table (registered as `records`)")
+    from pipeline.table.layout import DEFAULT_DATABASE
+
+    sql = sub.add_parser("sql", help="run Spark SQL over the tables (the current database is `pipeline`)")
     sql.add_argument("query", help='e.g. "SELECT topic, count(*) FROM records GROUP BY topic"')
     sql.add_argument("--data-dir", type=Path, default=Path("data"))
     sql_spark = sql.add_mutually_exclusive_group()
     sql_spark.add_argument("--spark-master", default="local[*]")
-    sql_spark.add_argument("--spark-remote", default=None, metavar="URL", help="Spark Connect server (sc://...)")
+    sql_spark.add_argument("--spark-remote", default=None, metavar="URL",
+                           help="Spark Connect server (sc://...); default: the running server's, if any")
+    sql.add_argument("--metastore-uris", default=None, help="external Hive metastore (hive.metastore.uris)")
+    sql.add_argument("--database", default=DEFAULT_DATABASE, help="current database (default %(default)s)")
+    sql.add_argument("--format", choices=["table", "json"], default="table",
+                     help="table (default) or JSON lines (binary as base64)")
     sql.add_argument("--max-rows", type=positive_int, default=1000, help="rows to print (default 1000)")
     sql.set_defaults(func=cmd_sql)
+    compact = sub.add_parser("compact", help="compact the table now (with the server stopped)")
+    compact.add_argument("--data-dir", type=Path, default=Path("data"))
+    compact.add_argument("--config", type=Path, default=None, metavar="FILE")
+    compact.add_argument("--spark-master", default="local[*]")
+    compact.add_argument("--table-target-file-bytes", type=positive_int, default=None)
+    compact.add_argument("--file-delete-delay-ms", type=int, default=None)
+    compact.set_defaults(func=cmd_compact)
     top = sub.add_parser("top", help="live view of a running server, from its metrics endpoint")
     top.add_argument("--metrics-url", default="http://127.0.0.1:9464/metrics", metavar="URL",
                      help="the server's /metrics (serve --metrics-port; default %(default)s)")

@@ -52,6 +52,8 @@ from pipeline.requests.channel import MultiQueueRequestChannel, RequestChannel, 
 from pipeline.requests.handler import KafkaApis, RequestHandler
 from pipeline.requests.producer_state import ProducerStateManager
 from pipeline.requests.sequencing import OffsetSequencer
+from pipeline.table.catalog import TableConfig
+from pipeline.table.layout import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_COMPACTION_INTERVAL_MS
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,12 @@ class ServerConfig:
     wal_segment_bytes: int = 64 * 1024 * 1024
     wal_linger_ms: float = 0.0
     spark_remote: str | None = None
+    table_commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS    # ack-on wal: linger of a table commit
+    table_compaction_interval_ms: int = DEFAULT_COMPACTION_INTERVAL_MS  # 0: no background compaction
+    table: TableConfig = field(default_factory=TableConfig)       # database, file sizes, per-topic settings
+    metastore_uris: str | None = None           # [hive.metastore.uris]; None: embedded Derby
+    spark_connect_port: int = 15002             # Spark Connect's default port; 0: off
+    thrift_port: int = 0                        # [hive.server2.thrift.port]; 0: off
     metrics_port: int | None = None
     node_id: int = 0
     cluster_id: str = "pipeline"
@@ -152,6 +160,19 @@ class Server:
         """Begin the ordered shutdown (see module docstring). Safe to call twice."""
         self._shutdown.set()
 
+    def commit_policy(self) -> FlushPolicy:
+        """When the Spark stage commits to the table.
+
+        With ``ack_on="wal"`` produce latency does not depend on it, so a
+        commit waits ``table_commit_interval_ms`` (large files, one commit per
+        interval); with ``ack_on="spark"`` every produce waits for its commit,
+        so it waits only ``linger_ms``. Either way a commit goes early at
+        ``batch_max_records`` / ``batch_max_bytes``.
+        """
+        c = self.config
+        linger = c.table_commit_interval_ms if c.ack_on == "wal" else c.linger_ms
+        return FlushPolicy(c.batch_max_records, c.batch_max_bytes, linger)
+
     def _build_request_channel(self) -> tuple[RequestChannel, int]:
         c = self.config
         if c.mode is Mode.MULTIQUEUE:
@@ -175,10 +196,11 @@ class Server:
         checkpoint = recovered.checkpoint
         persister = BatchingPersister(
             self.sink, self.wal, self.store, checkpoint,
-            FlushPolicy(c.batch_max_records, c.batch_max_bytes, c.linger_ms),
+            self.commit_policy(),
             wal_policy=replace(DEFAULT_WAL_POLICY, linger_ms=c.wal_linger_ms),
             ack_on=c.ack_on,  # type: ignore[arg-type]
             max_buffer_bytes=c.buffer_memory,
+            maintenance_interval_s=c.table_compaction_interval_ms / 1000.0 if c.table_compaction_interval_ms else None,
         )
         self.persister = persister
         request_channel, handler_count = self._build_request_channel()
@@ -261,7 +283,7 @@ class Server:
                 if c.mode is Mode.MULTIQUEUE else
                 f"shared queue of {c.queued_max_requests}, {c.io_threads} handlers"
                 + (", mute until response" if mute else ", no mute, unordered responses"),
-                c.network_threads, Path(c.data_dir).resolve() / "records",
+                c.network_threads, f"{c.table.database}.records",
             )
             log.info("limits: memory pool %d bytes, buffer.memory %d bytes, max.connections %d "
                      "(%d per ip), idle %d ms", pool.capacity, c.buffer_memory, self.quotas.max_connections,

@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import pytest
 
+_databases = itertools.count()
+
+
+def unique_database() -> str:
+    """A catalog database name no other test of this run uses (tests share one metastore)."""
+    return f"test_{next(_databases)}"
+
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
-    """One local Spark session (2 cores) for the whole run, stopped at the end.
+def spark(tmp_path_factory) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
+    """One local Spark session (2 cores) with a Hive catalog for the whole run, stopped at the end.
 
-    Built with ``build_spark_session`` so tests see the server's confs (UTC
-    session time zone, Arrow on, ...). Starting it takes ~8 s, hence session
-    scope; pyspark is imported here so runs without Spark tests stay fast.
+    Built with ``build_spark_session`` and ``catalog_conf`` so tests see the
+    server's confs (UTC session time zone, Arrow on, the embedded Hive
+    metastore, ...), on a metastore of its own in a temp dir: a test that
+    writes tables gives them a database of its own (``unique_database``).
+    Starting it takes ~8 s, hence session scope; pyspark is imported here so
+    runs without Spark tests stay fast.
     """
     from pipeline.persist.spark_sink import build_spark_session
+    from pipeline.table.catalog import catalog_conf
 
-    session = build_spark_session("local[2]", app_name="pipeline-tests")
+    session = build_spark_session("local[2]", app_name="pipeline-tests",
+                                  conf=catalog_conf(tmp_path_factory.mktemp("spark-metastore")))
     yield session
     session.stop()
 
@@ -39,10 +52,13 @@ def standalone_cluster(tmp_path_factory) -> Iterator["pipeline.persist.spark_clu
 
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory) -> Iterator["pipeline.persist.spark_cluster.ConnectServer"]:  # noqa: F821
-    """A Spark Connect server (local[*], 2 GiB heap) on 127.0.0.1, for the whole run (~7 s to start)."""
+    """A Spark Connect server (local[*], 2 GiB heap, a Hive catalog of its own) on 127.0.0.1, for the whole run (~7 s to start)."""
     from pipeline.persist.spark_cluster import ConnectServer
 
-    with ConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
+    from pipeline.table.catalog import catalog_conf
+
+    work_dir = tmp_path_factory.mktemp("spark-connect")
+    with ConnectServer(work_dir, conf=catalog_conf(work_dir / "catalog")) as server:
         yield server
 
 

@@ -17,17 +17,16 @@ from __future__ import annotations
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from functools import reduce
 from typing import Sequence
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from pipeline.lifecycle import die_with_parent
 from pipeline.persist.arrow import appends_to_table
 from pipeline.persist.batch import PartitionAppend
-from pipeline.persist.spark_sink import SparkSink, read_records
+from pipeline.persist.spark_sink import SparkSink
+from pipeline.table.catalog import MaintenanceResult, TableConfig, end_offsets, present_offsets
 
 
 LOCAL_RELATION_MAX_ROWS = 20_000
@@ -46,11 +45,16 @@ class SparkGroupSink:
         spark: an existing session to use (then ``stop`` leaves it running).
         decode_in_subprocess: decode records in a worker process (default) rather
             than in the calling thread.
+        table_config, metastore_uris, connect_port, thrift_port: see ``SparkSink``.
     """
 
     def __init__(self, data_dir: str | os.PathLike, master: str | None = "local[*]", remote: str | None = None,
-                 spark: SparkSession | None = None, decode_in_subprocess: bool = True) -> None:
-        self._sink = SparkSink(data_dir, master=None if remote else master, remote=remote, spark=spark)
+                 spark: SparkSession | None = None, decode_in_subprocess: bool = True,
+                 table_config: TableConfig | None = None, metastore_uris: str | None = None,
+                 connect_port: int | None = None, thrift_port: int | None = None) -> None:
+        self._sink = SparkSink(data_dir, master=None if remote else master, remote=remote, spark=spark,
+                               table_config=table_config, metastore_uris=metastore_uris,
+                               connect_port=connect_port, thrift_port=thrift_port)
         self.data_dir = data_dir
         self._decode_in_subprocess = decode_in_subprocess
         self._pool: ProcessPoolExecutor | None = None
@@ -107,19 +111,19 @@ class SparkGroupSink:
             table = table.filter(pa.array(keep, pa.bool_()))
         self._sink.write(table)
 
+    @property
+    def catalog(self):
+        """The ``TableCatalog`` (after ``start``)."""
+        return self._sink.catalog
+
     def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
         """Rows already in the table within [start, end) of each (topic, partition)."""
-        if not ranges:
-            return set()
-        conditions = [
-            (F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") >= lo) & (F.col("offset") < hi)
-            for (t, p), (lo, hi) in ranges.items()
-        ]
-        df = read_records(self._sink.spark, self.data_dir).where(reduce(lambda a, b: a | b, conditions))
-        return {(r[0], r[1], r[2]) for r in df.select("topic", "partition", "offset").collect()}
+        return present_offsets(self._sink.catalog.read(), ranges)
 
     def end_offsets(self) -> dict[tuple[str, int], int]:
         """(topic, partition) -> max(offset) + 1 over the whole table."""
-        df = read_records(self._sink.spark, self.data_dir)
-        rows = df.groupBy("topic", "partition").agg({"offset": "max"}).collect()
-        return {(r[0], r[1]): r[2] + 1 for r in rows}
+        return end_offsets(self._sink.catalog.read())
+
+    def maintain(self) -> MaintenanceResult:
+        """Table maintenance (retention, compaction, deleting replaced files): ``TableCatalog.maintain``."""
+        return self._sink.catalog.maintain()

@@ -104,6 +104,9 @@ class GroupSink(Protocol):
     def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
         """(topic, partition, offset) already in the table within [start, end) per partition."""
 
+    # Optional: ``maintain() -> pipeline.table.catalog.MaintenanceResult``, called
+    # every ``maintenance_interval_s`` between two writes when that is set.
+
 
 LATENCY_HISTOGRAM_MAX_MS = 3_600_000
 """Largest latency the histograms below record (1 h); larger values are clamped to it."""
@@ -133,6 +136,8 @@ class PersisterStats:
     failed_flushes: int = 0
     write_seconds: float = 0.0
     flush_bytes: int = 0
+    maintenance_runs: int = 0
+    compacted_partitions: int = 0
     wal_write_ms: HdrHistogram = field(default_factory=latency_histogram)
     flush_ms: HdrHistogram = field(default_factory=latency_histogram)
     queryable_lag_ms: HdrHistogram = field(default_factory=latency_histogram)
@@ -178,6 +183,8 @@ class BatchingPersister:
         retry_backoff_s, max_retry_backoff_s: Spark retry delays (seconds).
         shutdown_grace_s: at close, how long a failing Spark stage keeps
             retrying before giving up (the WAL keeps the records).
+        maintenance_interval_s: call ``sink.maintain()`` (table compaction
+            and retention) this often, between two Spark writes; None: never.
     """
 
     def __init__(
@@ -194,6 +201,7 @@ class BatchingPersister:
         retry_backoff_s: float = 0.25,
         max_retry_backoff_s: float = 5.0,
         shutdown_grace_s: float = 30.0,
+        maintenance_interval_s: float | None = None,
     ) -> None:
         if ack_on not in ("wal", "spark"):
             raise ValueError(f"ack_on must be 'wal' or 'spark', got {ack_on!r}")
@@ -207,6 +215,8 @@ class BatchingPersister:
         self._retry_backoff_s = retry_backoff_s
         self._max_retry_backoff_s = max_retry_backoff_s
         self._shutdown_grace_s = shutdown_grace_s
+        self._maintenance_interval_s = maintenance_interval_s
+        self._next_maintenance = math.inf  # set by run()
         self._in_wal_write = 0
         self._in_spark_prepare = 0
         self._in_spark_write = 0
@@ -291,6 +301,8 @@ class BatchingPersister:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Both stages; returns after ``close`` once everything is written (or given up)."""
+        if self._maintenance_interval_s is not None:
+            self._next_maintenance = trio.current_time() + self._maintenance_interval_s
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._wal_stage)
@@ -410,7 +422,17 @@ class BatchingPersister:
 
     async def _spark_writer(self, receive: trio.MemoryReceiveChannel) -> None:
         async with receive:
-            async for group, table in receive:
+            while True:
+                with trio.move_on_at(self._next_maintenance) as maintenance_due:
+                    try:
+                        group, table = await receive.receive()
+                    except trio.EndOfChannel:
+                        return
+                if maintenance_due.cancelled_caught:
+                    # Between two writes, never during one: a compaction
+                    # must not swap a partition a write is adding files to.
+                    await self._maintain()
+                    continue
                 self._spark_writing = True
                 try:
                     if not await self._write_spark(group, table):
@@ -418,6 +440,23 @@ class BatchingPersister:
                 finally:
                     self._spark_writing = False
                     self._spark_wakeup.set()  # a lingered group may go now
+
+    async def _maintain(self) -> None:
+        """One ``sink.maintain()`` (compaction, retention) in the writer's slot; failures are logged."""
+        assert self._maintenance_interval_s is not None
+        try:
+            result = await trio.to_thread.run_sync(self._sink.maintain)  # type: ignore[attr-defined]
+        except Exception as exc:  # the next run retries; the table's journal keeps what must be deleted
+            log.warning("table maintenance failed: %s", str(exc).splitlines()[0] if str(exc) else exc)
+        else:
+            self.stats.maintenance_runs += 1
+            self.stats.compacted_partitions += result.compacted_partitions
+            if result.compacted_partitions or result.dropped_partitions:
+                log.info("table maintenance: %d partitions compacted (%d files into %d), %d dropped by "
+                         "retention, %d directories deleted, %.1f s", result.compacted_partitions,
+                         result.files_before, result.files_after, result.dropped_partitions,
+                         result.deleted_directories, result.seconds)
+        self._next_maintenance = trio.current_time() + self._maintenance_interval_s
 
     async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: pa.Table) -> bool:
         """Write one group until it succeeds; False if given up at shutdown."""

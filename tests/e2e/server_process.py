@@ -16,6 +16,15 @@ import psutil
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the kernel's pick for port 0)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class ServerProcess:
     """``pipeline serve --listen 127.0.0.1:0 ...``; ``bootstrap`` once started.
 
@@ -37,6 +46,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.host = "127.0.0.1"
         self.port = port
+        self.connect_port: int | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -45,8 +55,13 @@ class ServerProcess:
     def launch(self) -> "ServerProcess":
         """Start the process and return at once (``start`` also waits for "listening on")."""
         self._log = open(self.log_path, "ab")
+        extra = []
+        if "--spark-connect-port" not in self.args:
+            # The default (15002) would clash between servers of one run.
+            self.connect_port = free_port()
+            extra = ["--spark-connect-port", str(self.connect_port)]
         cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--listen", f"127.0.0.1:{self.port}",
-               "--data-dir", str(self.data_dir), *self.args]
+               "--data-dir", str(self.data_dir), *extra, *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, process_group=0)
         return self

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.persist.spark_sink import read_records
+from tests.e2e.table_reader import read_table
 from tests.e2e.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -92,11 +92,11 @@ def test_compressed_produce_is_acknowledged(server, client, codec):
     ACKED[topic] = acked
 
 
-def test_compressed_records_land_intact(server, spark):
+def test_compressed_records_land_intact(server):
     assert len(ACKED) == len(CASES), "a produce case failed"
     assert server.stop() == 0, server.log_text()
-    rows = read_records(spark, server.data_dir).selectExpr(
-        "topic", "offset", "key", "value", "headers", "unix_millis(timestamp) AS ts_ms").collect()
+    rows = read_table(server.data_dir, "SELECT topic, `offset`, key, value, headers, "
+                                       "unix_millis(`timestamp`) AS ts_ms FROM records")
     assert len(rows) == N * len(CASES)
     for row in rows:
         topic = row["topic"]

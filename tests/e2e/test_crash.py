@@ -10,27 +10,20 @@ producer's records are in send order. Run in both acknowledgement modes.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections import defaultdict
 
 import pytest
 
-from pipeline.persist.spark_sink import read_records
-from tests.e2e.server_process import ServerProcess
+from tests.e2e.table_reader import read_table
+from tests.e2e.server_process import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 
 PRODUCERS = 2
 N = 6_000
 TOPIC = "crash"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class IdempotentProducer(threading.Thread):
@@ -78,7 +71,7 @@ class IdempotentProducer(threading.Thread):
 
 
 @pytest.mark.parametrize("ack_on", ["wal", "spark"])
-def test_kill_9_under_load_loses_no_acknowledged_record(ack_on, tmp_path, spark):
+def test_kill_9_under_load_loses_no_acknowledged_record(ack_on, tmp_path):
     data_dir = tmp_path / "data"
     port = free_port()
     args = ("--ack-on", ack_on, "--num-partitions", "2", "--linger-ms", "100")
@@ -103,7 +96,7 @@ def test_kill_9_under_load_loses_no_acknowledged_record(ack_on, tmp_path, spark)
     assert code == 0, server.log_text()
     assert "recovery:" in server.log_text()
 
-    rows = read_records(spark, data_dir).select("partition", "offset", "value").collect()
+    rows = read_table(data_dir, "SELECT `partition`, `offset`, value FROM records")
     stored: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     by_partition: dict[int, list[tuple[int, str, int]]] = defaultdict(list)
     for row in rows:

@@ -50,7 +50,7 @@ from pipeline.bench.hostile import (
     set_length,
     uvarint,
 )
-from pipeline.persist.spark_sink import read_records
+from tests.e2e.table_reader import read_table
 from tests.e2e import raw_client as rc
 from tests.e2e.server_process import ServerProcess
 
@@ -721,14 +721,14 @@ def test_ten_thousand_connections_opened_and_dropped_in_a_burst(env, case):
 # ------------------------------------------------------------------ the table
 
 
-def test_every_acknowledged_record_is_in_the_table_exactly_once(env, spark):
+def test_every_acknowledged_record_is_in_the_table_exactly_once(env):
     good = env.good
     good.stop_event.set()
     good.join(60)
     assert not good.is_alive() and not good.errors, good.errors
     assert env.server.stop() == 0, env.server.log_text()
 
-    rows = read_records(spark, env.server.data_dir).select("topic", "partition", "offset", "value").collect()
+    rows = read_table(env.server.data_dir, "SELECT topic, `partition`, `offset`, value FROM records")
     stored: dict[bytes, list[tuple[str, int, int]]] = defaultdict(list)
     offsets: dict[tuple[str, int], list[int]] = defaultdict(list)
     for row in rows:

@@ -21,7 +21,7 @@ from collections import defaultdict
 import psutil
 import pytest
 
-from pipeline.persist.spark_sink import read_records
+from tests.e2e.table_reader import read_table
 from tests.e2e import raw_client as rc
 from tests.e2e.server_process import ServerProcess, reap
 
@@ -124,7 +124,7 @@ class LoadConnection(threading.Thread):
             self.client.close()
 
 
-def test_sigterm_under_load_answers_flushes_and_exits_0(tmp_path, spark):
+def test_sigterm_under_load_answers_flushes_and_exits_0(tmp_path):
     server = ServerProcess(tmp_path / "data", "--linger-ms", "50").start()
     try:
         setup = rc.RawClient(server.host, server.port)
@@ -153,7 +153,7 @@ def test_sigterm_under_load_answers_flushes_and_exits_0(tmp_path, spark):
     # not terminated (that cost 10 s and a SIGKILL), see stop_children
     assert not [line for line in log.splitlines() if "stopped child" in line and "resource_tracker" in line], log
 
-    rows = read_records(spark, server.data_dir).select("topic", "offset", "value").collect()
+    rows = read_table(server.data_dir, "SELECT topic, `offset`, value FROM records")
     stored: dict[bytes, list[tuple[str, int]]] = defaultdict(list)
     for row in rows:
         stored[bytes(row["value"])].append((row["topic"], row["offset"]))

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import pytest
 
-from pipeline.persist.spark_sink import read_records
+from tests.e2e.table_reader import read_table
 from tests.e2e.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,7 @@ def run_kafka_python(bootstrap: str, acked: dict, errors: list) -> None:
 
 
 @pytest.mark.parametrize("mode", ["multiqueue", "baseline"])
-def test_real_producers_land_in_the_table_exactly_once_in_order(mode, tmp_path, spark):
+def test_real_producers_land_in_the_table_exactly_once_in_order(mode, tmp_path):
     data_dir = tmp_path / "data"
     server = ServerProcess(data_dir, "--mode", mode, "--num-partitions", "3").start()
     acked: dict = {}
@@ -103,11 +103,8 @@ def test_real_producers_land_in_the_table_exactly_once_in_order(mode, tmp_path, 
     assert errors == [], errors[:5]
     assert len(acked) == 2 * N
 
-    df = read_records(spark, data_dir).selectExpr(
-        "topic", "partition", "offset", "key", "value", "headers",
-        "unix_millis(timestamp) AS ts_ms", "timestampType",
-    )
-    rows = df.collect()
+    rows = read_table(data_dir, "SELECT topic, `partition`, `offset`, key, value, headers, "
+                                "unix_millis(`timestamp`) AS ts_ms, timestampType FROM records")
     assert len(rows) == 2 * N, server.log_text()
 
     seen: dict[tuple[str, int], tuple] = {}

@@ -35,14 +35,14 @@ def server_process_with(*extra_args: str, started: list[ServerProcess]) -> type[
     return WithSpark
 
 
-def test_real_producers_through_a_standalone_cluster(standalone_cluster, monkeypatch, tmp_path, spark):
+def test_real_producers_through_a_standalone_cluster(standalone_cluster, monkeypatch, tmp_path):
     apps = standalone_cluster.work_dir / "worker"
     apps_before = set(apps.glob("app-*"))
     started: list[ServerProcess] = []
     monkeypatch.setattr(test_producers, "ServerProcess", server_process_with(
         "--spark-master", standalone_cluster.master_url, *ACK_ON_SPARK, started=started))
 
-    test_producers.test_real_producers_land_in_the_table_exactly_once_in_order(MODE, tmp_path, spark)
+    test_producers.test_real_producers_land_in_the_table_exactly_once_in_order(MODE, tmp_path)
 
     assert len(started) == 1
     # the server's Spark application got an executor on the Worker
@@ -54,8 +54,14 @@ def test_real_producers_through_spark_connect(connect_server, connect_spark, mon
     monkeypatch.setattr(test_producers, "ServerProcess", server_process_with(
         "--spark-remote", connect_server.url, *ACK_ON_SPARK, started=started))
 
-    # read back through Connect as well
-    test_producers.test_real_producers_land_in_the_table_exactly_once_in_order(MODE, tmp_path, connect_spark)
+    # read back through Connect as well: the table is in the Connect server's catalog
+
+    def read_through_connect(data_dir, query):
+        connect_spark.catalog.setCurrentDatabase("pipeline")
+        return connect_spark.sql(query).toArrow().to_pylist()
+
+    monkeypatch.setattr(test_producers, "read_table", read_through_connect)
+    test_producers.test_real_producers_land_in_the_table_exactly_once_in_order(MODE, tmp_path)
 
     assert len(started) == 1
     assert connect_server.url in started[0].log_text()  # "starting Spark (sc://...)"

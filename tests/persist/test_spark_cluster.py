@@ -20,6 +20,9 @@ import pytest
 
 from pipeline.persist.schema import SPARK_SCHEMA
 from pipeline.persist.spark_sink import SparkSink, build_spark_session, read_records, run_sql
+from pipeline.table.catalog import TableConfig
+from pipeline.table.layout import DEFAULT_DATABASE
+from tests.conftest import unique_database
 from tests.persist.test_spark_sink import read_back, rows_for, table_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,9 +51,9 @@ def standalone_round_trip(master_url: str, data_dir: str) -> dict:
             "master": sc.master,
             # executors of this application (the driver is not one); none in local mode
             "executors": sc._jsc.sc().getExecutorIds().size(),
-            "records_path": sink.records_path,
-            "rows_equal": read_back(sink.spark, data_dir) == expected_rows(),
-            "sql": run_sql(sink.spark, data_dir, SQL),
+            "partitions": sorted(r[0] for r in sink.spark.sql("SHOW PARTITIONS records").collect()),
+            "rows_equal": read_back(sink.spark, DEFAULT_DATABASE) == expected_rows(),
+            "sql": run_sql(sink.spark, SQL),
         }
     finally:
         sink.stop()
@@ -71,7 +74,8 @@ def test_round_trip_on_a_standalone_cluster(standalone_cluster, tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["master"] == standalone_cluster.master_url
     assert result["executors"] >= 1  # the Worker's executor did the writing
-    assert result["records_path"] == str(data_dir / "records")
+    assert result["partitions"] == ["topic=123/date=2023-11-14/hour=22", "topic=orders/date=2023-11-14/hour=22"]
+    assert list((data_dir / "tables" / "records" / "topic=orders").rglob("*.parquet"))
     assert result["rows_equal"]
     assert result["sql"] == [["topic", "n", "last"], [["123", 5, 4], ["orders", 9, 12]]]
     # the executor ran in the Worker: its work dir holds this application's logs
@@ -80,21 +84,22 @@ def test_round_trip_on_a_standalone_cluster(standalone_cluster, tmp_path):
 
 def test_round_trip_through_spark_connect(connect_server, tmp_path):
     data_dir = tmp_path / "data"
-    sink = SparkSink(data_dir, remote=connect_server.url)
+    database = unique_database()
+    sink = SparkSink(data_dir, remote=connect_server.url, table_config=TableConfig(database=database))
     sink.start()
     try:
         assert type(sink.spark).__module__ == "pyspark.sql.connect.session"
-        assert read_records(sink.spark, data_dir).count() == 0  # before any write
+        assert read_records(sink.spark, database).count() == 0  # before any write
         for flush in two_flushes():
             sink.write(table_of(flush))
         sink.write(table_of([]))  # empty: no-op, no Spark call
 
-        assert read_back(sink.spark, data_dir) == expected_rows()
-        df = read_records(sink.spark, data_dir)
+        assert read_back(sink.spark, database) == expected_rows()
+        df = read_records(sink.spark, database)
         assert df.schema == SPARK_SCHEMA
-        assert run_sql(sink.spark, data_dir, SQL) == (["topic", "n", "last"], [("123", 5, 4), ("orders", 9, 12)])
-        assert sorted(p.name for p in (data_dir / "records").iterdir() if p.is_dir()) == [
-            "topic=123", "topic=orders"]
+        assert run_sql(sink.spark, SQL, database) == (["topic", "n", "last"], [("123", 5, 4), ("orders", 9, 12)])
+        records = data_dir / "tables" / "records"
+        assert sorted(p.name for p in records.iterdir() if p.is_dir()) == ["topic=123", "topic=orders"]
     finally:
         sink.stop()
 
@@ -108,12 +113,13 @@ def test_a_flush_above_the_inline_limit_goes_through_connect(connect_spark, tmp_
     rows = [{**r, "value": value + b"%d" % r["offset"]} for r in rows_for("big", 0, n)]
     table = table_of(rows)
     assert table.nbytes > 16 * 1024 * 1024
-    sink = SparkSink(tmp_path / "data", spark=connect_spark)
+    database = unique_database()
+    sink = SparkSink(tmp_path / "data", spark=connect_spark, table_config=TableConfig(database=database))
     sink.start()
     sink.write(table)
     sink.stop()  # a given session keeps running
-    assert run_sql(connect_spark, tmp_path / "data",
-                   "SELECT count(*), count(DISTINCT value), max(offset) FROM records") == (
+    assert run_sql(connect_spark, "SELECT count(*), count(DISTINCT value), max(offset) FROM records",
+                   database) == (
         ["count(1)", "count(DISTINCT value)", "max(offset)"], [(n, n, n - 1)])
 
 

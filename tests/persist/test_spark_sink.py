@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
@@ -10,6 +9,8 @@ import pytest
 
 from pipeline.persist.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
 from pipeline.persist.spark_sink import SparkSink, read_records, run_sql
+from pipeline.table.catalog import TableConfig
+from tests.conftest import unique_database
 
 pytestmark = pytest.mark.slow
 
@@ -50,32 +51,36 @@ def table_of(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=ARROW_SCHEMA)
 
 
-def read_back(spark, data_dir) -> list[dict]:
+def read_back(spark, database) -> list[dict]:
     """All rows, sorted, as Python dicts with tz-aware UTC timestamps (via Arrow)."""
-    df = read_records(spark, data_dir).orderBy("topic", "partition", "offset")
+    df = read_records(spark, database).orderBy("topic", "partition", "offset")
     return df.toArrow().to_pylist()
 
 
 @pytest.fixture
-def sink(spark, tmp_path):
-    sink = SparkSink(tmp_path / "data", spark=spark)
+def database() -> str:
+    return unique_database()
+
+
+@pytest.fixture
+def sink(spark, tmp_path, database):
+    sink = SparkSink(tmp_path / "data", spark=spark, table_config=TableConfig(database=database))
     sink.start()
     yield sink
     sink.stop()
 
 
-def test_two_topics_round_trip_exactly(spark, sink, tmp_path):
+def test_two_topics_round_trip_exactly(spark, sink, database):
     orders = rows_for("orders", 0, 6) + rows_for("orders", 1, 3, base_offset=10)
     numeric = rows_for("123", 0, 5)
     sink.write(table_of(orders))
     sink.write(table_of(numeric))
 
-    assert sink.records_path == os.path.join(str(tmp_path), "data", "records")
-    got = read_back(spark, tmp_path / "data")
+    got = read_back(spark, database)
     expected = sorted(orders + numeric, key=lambda r: (r["topic"], r["partition"], r["offset"]))
     assert got == expected
 
-    df = read_records(spark, tmp_path / "data")
+    df = read_records(spark, database)
     assert df.columns == list(COLUMNS)
     assert df.schema == SPARK_SCHEMA
     assert df.schema == spark.createDataFrame([], KAFKA_SOURCE_DDL).schema
@@ -83,51 +88,64 @@ def test_two_topics_round_trip_exactly(spark, sink, tmp_path):
     assert [r.topic for r in df.select("topic").distinct().collect()].count("123") == 1
 
 
-def test_directory_layout_is_partitioned_by_topic(sink, tmp_path):
+def test_the_table_is_in_the_catalog_partitioned_by_topic_date_and_hour(spark, sink, database, tmp_path):
     sink.write(table_of(rows_for("orders", 0, 3)))
     sink.write(table_of(rows_for("123", 0, 2)))
     sink.write(table_of(rows_for("orders", 0, 2, base_offset=3)))
 
-    records = tmp_path / "data" / "records"
-    assert sorted(p.name for p in records.iterdir() if p.is_dir()) == ["topic=123", "topic=orders"]
-    for topic_dir in ("topic=123", "topic=orders"):
-        assert list((records / topic_dir).glob("*.parquet"))
-    # the topic lives in the path only, not in the files
+    table = spark.catalog.getTable(f"{database}.records")
+    assert table.tableType == "EXTERNAL"
+    described = {r[0]: r[1] for r in spark.sql(f"DESCRIBE TABLE EXTENDED {database}.records").collect()}
+    assert described["Provider"] == "parquet"
+    assert described["Location"] == f"file:{tmp_path / 'data' / 'tables' / 'records'}"
+    # TS0 is 2023-11-14 22:13:20 UTC
+    assert sorted(r[0] for r in spark.sql(f"SHOW PARTITIONS {database}.records").collect()) == [
+        "topic=123/date=2023-11-14/hour=22", "topic=orders/date=2023-11-14/hour=22"]
+    records = tmp_path / "data" / "tables" / "records"
+    hour_dir = records / "topic=orders" / "date=2023-11-14" / "hour=22"
+    # one file per commit (small flushes are coalesced), the partition columns only in the path
     import pyarrow.parquet as pq
 
-    some_file = next((records / "topic=orders").glob("*.parquet"))
-    assert "topic" not in pq.read_schema(some_file).names
+    files = sorted(hour_dir.glob("*.parquet"))
+    assert len(files) == 2
+    assert not {"topic", "date", "hour"} & set(pq.read_schema(files[0]).names)
 
 
-def test_run_sql_counts_per_topic(spark, sink, tmp_path):
+def test_run_sql_counts_per_topic(spark, sink, database):
     sink.write(table_of(rows_for("orders", 0, 4) + rows_for("123", 0, 2)))
     sink.write(table_of(rows_for("orders", 1, 3)))
 
     columns, rows = run_sql(
-        spark, tmp_path / "data",
-        "SELECT topic, count(*) AS n, max(offset) AS last FROM records GROUP BY topic ORDER BY topic",
+        spark, "SELECT topic, count(*) AS n, max(offset) AS last FROM records GROUP BY topic ORDER BY topic",
+        database,
     )
     assert columns == ["topic", "n", "last"]
     assert rows == [("123", 2, 1), ("orders", 7, 3)]
 
 
-def test_empty_table_write_is_a_noop(spark, sink, tmp_path):
+def test_empty_table_write_is_a_noop(spark, sink, database, tmp_path):
+    records = tmp_path / "data" / "tables" / "records"
     sink.write(ARROW_SCHEMA.empty_table())
-    assert not (tmp_path / "data").exists()
+    assert not list(records.rglob("*.parquet"))
 
     sink.write(table_of(rows_for("orders", 0, 2)))
-    files_before = sorted(str(p) for p in (tmp_path / "data").rglob("*"))
+    files_before = sorted(str(p) for p in records.rglob("*"))
     sink.write(ARROW_SCHEMA.empty_table())
-    assert sorted(str(p) for p in (tmp_path / "data").rglob("*")) == files_before
+    assert sorted(str(p) for p in records.rglob("*")) == files_before
 
 
-def test_reading_before_any_write_gives_an_empty_table(spark, tmp_path):
-    df = read_records(spark, tmp_path / "nothing-here")
+def test_reading_before_any_write_gives_an_empty_table(spark, sink, database):
+    df = read_records(spark, database)
     assert df.schema == SPARK_SCHEMA
     assert df.count() == 0
-    assert run_sql(spark, tmp_path / "nothing-here", "SELECT count(*) AS n FROM records") == (
-        ["n"], [(0,)]
-    )
+    assert run_sql(spark, "SELECT count(*) AS n FROM records", database) == (["n"], [(0,)])
+
+
+def test_start_is_idempotent_and_keeps_the_rows(spark, sink, database, tmp_path):
+    sink.write(table_of(rows_for("orders", 0, 3)))
+    again = SparkSink(tmp_path / "data", spark=spark, table_config=TableConfig(database=database))
+    again.start()
+    assert read_records(spark, database).count() == 3
 
 
 def test_wrong_columns_are_rejected(sink):
@@ -137,7 +155,7 @@ def test_wrong_columns_are_rejected(sink):
 
 
 def test_stop_leaves_a_given_session_running(spark, tmp_path):
-    sink = SparkSink(tmp_path / "data", spark=spark)
+    sink = SparkSink(tmp_path / "data", spark=spark, table_config=TableConfig(database=unique_database()))
     sink.start()
     sink.stop()
     assert spark.range(3).count() == 3

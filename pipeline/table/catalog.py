@@ -1,0 +1,446 @@
+"""The catalog tables: writes, reads, compaction and retention through a Spark catalog.
+
+Blocking (Spark jobs and metastore calls); the persister calls ``write`` and
+``maintain`` from its Spark worker thread, one call at a time, so a
+compaction never runs while a flush writes into the same partition.
+
+The table (``pipeline.table.layout`` has the layout and why) is a Spark
+datasource table ``USING parquet`` registered in the session's catalog: the
+Hive metastore pyspark ships, embedded (Derby under ``DATA_DIR/_pipeline``)
+unless ``hive.metastore.uris`` points at an external one. Its partitions
+are tracked in the metastore: an insert registers new partitions after its
+files are committed, a compaction swaps a partition's location in one
+metastore call, retention drops partitions there. Directories a reader may
+still be reading are deleted only ``file.delete.delay.ms`` later, from a
+journal (``DATA_DIR/_pipeline/table-journal.json``) that survives a crash:
+a compaction cut short before its swap leaves a directory nothing points at,
+which the journal deletes at the next start; after its swap, the old one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+from pipeline.persist.schema import COLUMNS, SPARK_SCHEMA
+from pipeline.table.layout import (
+    DEFAULT_COMPACTION_MIN_FILES,
+    DEFAULT_DATABASE,
+    DEFAULT_FILE_DELETE_DELAY_MS,
+    DEFAULT_TARGET_FILE_BYTES,
+    PARTITION_COLUMNS,
+    RECORDS_TABLE,
+    TABLES_DIR,
+    DataFile,
+    Granularity,
+    add_time_partitions,
+    compacted_location,
+    partition_spec_sql,
+    plan_compaction,
+)
+
+log = logging.getLogger(__name__)
+
+DATA_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c != "topic")
+"""Columns stored in the Parquet files (the partition columns live in directory names)."""
+
+TABLE_COLUMNS: tuple[str, ...] = (*DATA_COLUMNS, *PARTITION_COLUMNS)
+"""The records table's columns in catalog order (Spark puts partition columns last)."""
+
+DATA_SPARK_SCHEMA = StructType([f for f in SPARK_SCHEMA.fields if f.name != "topic"])
+TABLE_SPARK_SCHEMA = StructType(
+    [*DATA_SPARK_SCHEMA.fields, StructField("topic", StringType()), StructField("date", StringType()),
+     StructField("hour", IntegerType())]
+)
+
+COALESCE_BELOW_ROWS = 200_000
+"""A flush of fewer rows is written as one file per time partition (one task)."""
+
+STATE_DIR = "_pipeline"
+JOURNAL_FILE = "table-journal.json"
+METASTORE_DIR = "metastore_db"
+
+
+def catalog_conf(data_dir: str | os.PathLike[str], metastore_uris: str | None = None) -> dict[str, str]:
+    """Spark confs that give a classic session the pipeline's catalog (static: set before the JVM starts).
+
+    Args:
+        data_dir: the data directory; the embedded metastore lives in
+            ``DATA_DIR/_pipeline/metastore_db`` and managed tables (none of
+            ours) under ``DATA_DIR/warehouse``.
+        metastore_uris: an external Hive metastore (``thrift://host:9083``,
+            Hive ``hive.metastore.uris``) instead of the embedded one.
+
+    Returns:
+        ``spark.sql.catalogImplementation=hive`` and where the metastore is,
+        plus ``spark.sql.hive.filesourcePartitionFileCacheSize=0``: file
+        listings are not cached between queries, so a reader sees the files a
+        commit added since its last query (the cache is per session and
+        nothing tells another session's cache that a commit happened).
+    """
+    root = Path(os.path.abspath(os.fspath(data_dir)))
+    conf = {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.sql.warehouse.dir": str(root / "warehouse"),
+        "spark.sql.hive.filesourcePartitionFileCacheSize": "0",
+    }
+    if metastore_uris:
+        conf["spark.hadoop.hive.metastore.uris"] = metastore_uris
+    else:
+        conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
+            f"jdbc:derby:;databaseName={root / STATE_DIR / METASTORE_DIR};create=true")
+        # derby.log goes beside the metastore instead of the working directory.
+        conf["spark.driver.extraJavaOptions"] = f"-Dderby.stream.error.file={root / STATE_DIR / 'derby.log'}"
+    return conf
+
+
+@dataclass(frozen=True, slots=True)
+class TopicTableConfig:
+    """Per-topic table settings (``[topic."<name>"]`` in the config file).
+
+    Attributes:
+        granularity: ``table.partition.granularity``, hour (default) or day.
+        retention_days: ``table.retention.days``: time partitions whose date is
+            older than this many days are dropped (None: kept forever).
+    """
+
+    granularity: Granularity = Granularity.HOUR
+    retention_days: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TableConfig:
+    """Table-wide settings. Sizes in bytes, times in ms.
+
+    Attributes:
+        database: catalog database (``table.database``).
+        target_file_bytes: ``table.target.file.bytes``.
+        compaction_min_files: ``table.compaction.min.files``.
+        file_delete_delay_ms: ``file.delete.delay.ms``.
+        topics: per-topic settings; a topic not named has the defaults.
+    """
+
+    database: str = DEFAULT_DATABASE
+    target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES
+    compaction_min_files: int = DEFAULT_COMPACTION_MIN_FILES
+    file_delete_delay_ms: int = DEFAULT_FILE_DELETE_DELAY_MS
+    topics: dict[str, TopicTableConfig] = field(default_factory=dict)
+
+    def topic(self, name: str) -> TopicTableConfig:
+        return self.topics.get(name) or TopicTableConfig()
+
+    @property
+    def day_topics(self) -> frozenset[str]:
+        return frozenset(t for t, c in self.topics.items() if c.granularity is Granularity.DAY)
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """One catalog partition: its column values (None: Hive's default partition) and location."""
+
+    values: dict[str, object]
+    location: str
+
+
+@dataclass(slots=True)
+class MaintenanceResult:
+    """What one ``maintain`` call did."""
+
+    compacted_partitions: int = 0
+    files_before: int = 0
+    files_after: int = 0
+    dropped_partitions: int = 0
+    deleted_directories: int = 0
+    seconds: float = 0.0
+
+
+class Journal:
+    """Directories to delete, and compactions in progress, saved atomically as JSON.
+
+    Entries: ``{"delete": path, "after_ms": wall-clock ms}`` and
+    ``{"compacting": new_path, "replaces": old_path, "partition": values}``.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.entries: list[dict] = json.loads(path.read_text())["entries"]
+        except FileNotFoundError:
+            self.entries = []
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"entries": self.entries}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+def local_path(location: str) -> str | None:
+    """The local filesystem path of a ``file:`` location (or a bare path); None for other schemes."""
+    if location.startswith("file://"):
+        return location[len("file://"):]
+    if location.startswith("file:"):
+        return location[len("file:"):]
+    if "://" in location:
+        return None
+    return location
+
+
+def list_data_files(location: str) -> list[DataFile]:
+    """Parquet data files directly under a partition location (not ``_``/``.`` names), sorted by path."""
+    path = local_path(location)
+    if path is None or not os.path.isdir(path):
+        return []
+    out = []
+    with os.scandir(path) as it:
+        for entry in it:
+            if entry.is_file() and not entry.name.startswith(("_", ".")):
+                out.append(DataFile(entry.path, entry.stat().st_size))
+    return sorted(out, key=lambda f: f.path)
+
+
+class TableCatalog:
+    """The records table in a Spark catalog. See the module docstring.
+
+    Args:
+        spark: a session whose catalog is Hive (``catalog_conf``), classic or Connect.
+        data_dir: the data directory; the table's files are under ``DATA_DIR/tables/records``.
+        config: table settings.
+    """
+
+    def __init__(self, spark: SparkSession, data_dir: str | os.PathLike[str], config: TableConfig | None = None) -> None:
+        self.spark = spark
+        self.data_dir = Path(os.path.abspath(os.fspath(data_dir)))
+        self.config = config or TableConfig()
+        self.table_dir = str(self.data_dir / TABLES_DIR / RECORDS_TABLE)
+        self.records_table = f"{self.config.database}.{RECORDS_TABLE}"
+        self._journal_path = self.data_dir / STATE_DIR / JOURNAL_FILE
+
+    # -- set-up ------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        """Create the database and the records table if missing (idempotent).
+
+        Raises:
+            RuntimeError: the session's catalog is not Hive (tables would vanish with it).
+        """
+        impl = self.spark.conf.get("spark.sql.catalogImplementation", "in-memory")
+        if impl != "hive":
+            raise RuntimeError(f"the Spark session's catalog is {impl!r}; the tables need a Hive metastore "
+                               "(build the session with pipeline.table.catalog.catalog_conf)")
+        db = self.config.database
+        table_path = local_path(self.table_dir)
+        if table_path is not None:  # (Spark warns about a missing directory, then creates it)
+            os.makedirs(table_path, exist_ok=True)
+        self.spark.sql(f"CREATE DATABASE IF NOT EXISTS `{db}`")
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in TABLE_SPARK_SCHEMA.fields)
+        partitioned = ", ".join(f"`{c}`" for c in PARTITION_COLUMNS)
+        self.spark.sql(
+            f"CREATE TABLE IF NOT EXISTS `{db}`.`{RECORDS_TABLE}` ({columns}) USING parquet "
+            f"PARTITIONED BY ({partitioned}) LOCATION '{self.table_dir}' "
+            "COMMENT 'Kafka records written by pipeline (Spark Kafka source schema)'"
+        )
+        self.resume_journal()
+
+    # -- writes and reads --------------------------------------------------------
+
+    def write(self, table: pa.Table) -> None:
+        """Append records (``COLUMNS``) to the table in one Spark job: time partitions added, partitions registered.
+
+        A flush below ``COALESCE_BELOW_ROWS`` rows is written as one file per
+        time partition.
+
+        Raises:
+            ValueError: the table's columns are not ``COLUMNS`` in that order.
+            Whatever Spark raises when the write fails; the caller retries.
+        """
+        if table.num_rows == 0:
+            return
+        if tuple(table.column_names) != COLUMNS:
+            raise ValueError(f"table columns {table.column_names} are not the records columns {list(COLUMNS)}")
+        table = add_time_partitions(table, self.config.day_topics).select(list(TABLE_COLUMNS))
+        df = self.spark.createDataFrame(table, schema=TABLE_SPARK_SCHEMA)
+        if table.num_rows < COALESCE_BELOW_ROWS:
+            df = df.coalesce(1)
+        df.write.insertInto(self.records_table)
+
+    def read(self) -> DataFrame:
+        """The records table as a DataFrame with ``SPARK_SCHEMA`` (columns in ``COLUMNS`` order)."""
+        return self.spark.table(self.records_table).select(*COLUMNS)
+
+    # -- partitions --------------------------------------------------------------
+
+    def partition_values(self) -> list[dict[str, object]]:
+        """Every partition's column values (``SHOW PARTITIONS``); None for Hive's default partition."""
+        out = []
+        for row in self.spark.sql(f"SHOW PARTITIONS {self.records_table}").collect():
+            values: dict[str, object] = {}
+            for part in row[0].split("/"):
+                column, _, text = part.partition("=")
+                if text == "__HIVE_DEFAULT_PARTITION__":
+                    values[column] = None
+                elif column == "hour":
+                    values[column] = int(text)
+                else:
+                    values[column] = text
+            out.append(values)
+        return out
+
+    def partition_location(self, values: dict[str, object]) -> str:
+        """The location the catalog gives one partition (``DESCRIBE FORMATTED ... PARTITION``)."""
+        rows = self.spark.sql(
+            f"DESCRIBE FORMATTED {self.records_table} PARTITION ({partition_spec_sql(values)})"
+        ).collect()
+        for row in rows:
+            if row[0] == "Location":
+                return row[1]
+        raise LookupError(f"no location for partition {values}")
+
+    def partitions(self) -> list[Partition]:
+        return [Partition(v, self.partition_location(v)) for v in self.partition_values()]
+
+    # -- maintenance --------------------------------------------------------------
+
+    def maintain(self, *, time_budget_s: float = 30.0, now_ms: int | None = None) -> MaintenanceResult:
+        """Retention, then compaction, then deletion of directories whose delay has passed.
+
+        Args:
+            time_budget_s: no new partition is compacted after this long (the
+                one under way finishes); the rest waits for the next call.
+            now_ms: wall-clock ms (default: now); partitions dates compare in UTC.
+
+        Raises:
+            Whatever Spark raises; the journal keeps every directory it must
+            delete, so a failed call loses nothing and leaks nothing.
+        """
+        started = time.monotonic()
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        result = MaintenanceResult()
+        journal = Journal(self._journal_path)
+        values = self.partition_values()
+        survivors = []
+        for v in values:
+            if self._expired(v, now_ms):
+                location = self.partition_location(v)
+                self.spark.sql(f"ALTER TABLE {self.records_table} DROP IF EXISTS PARTITION "
+                               f"({partition_spec_sql(v)})")
+                journal.entries.append({"delete": location, "after_ms": now_ms + self.config.file_delete_delay_ms})
+                journal.save()
+                result.dropped_partitions += 1
+                log.info("retention: dropped partition %s", v)
+            else:
+                survivors.append(v)
+        for v in survivors:
+            if time.monotonic() - started > time_budget_s:
+                break
+            done = self._compact_partition(v, journal, now_ms)
+            if done is not None:
+                result.compacted_partitions += 1
+                result.files_before += done[0]
+                result.files_after += done[1]
+        result.deleted_directories = self._delete_due(journal, now_ms)
+        result.seconds = time.monotonic() - started
+        return result
+
+    def compact(self, *, now_ms: int | None = None) -> MaintenanceResult:
+        """Compact every partition that needs it now, without a time budget (``pipeline compact``)."""
+        return self.maintain(time_budget_s=float("inf"), now_ms=now_ms)
+
+    def _expired(self, values: dict[str, object], now_ms: int) -> bool:
+        days = self.config.topic(str(values["topic"])).retention_days
+        date = values.get("date")
+        if days is None or date is None:
+            return False
+        cutoff = time.strftime("%Y-%m-%d", time.gmtime(now_ms / 1000 - days * 86400))
+        return str(date) < cutoff
+
+    def _compact_partition(self, values: dict[str, object], journal: Journal, now_ms: int) -> tuple[int, int] | None:
+        location = self.partition_location(values)
+        files = list_data_files(location)
+        n = plan_compaction(files, self.config.target_file_bytes, self.config.compaction_min_files)
+        if n is None:
+            return None
+        new = compacted_location(self.table_dir, values, now_ms)
+        entry = {"compacting": new, "replaces": location, "partition": values}
+        journal.entries.append(entry)
+        journal.save()
+        df = self.spark.read.schema(DATA_SPARK_SCHEMA).parquet(*(f"file://{f.path}" for f in files))
+        df.coalesce(n).sortWithinPartitions("partition", "offset").write.parquet(new)
+        self.spark.sql(f"ALTER TABLE {self.records_table} PARTITION ({partition_spec_sql(values)}) "
+                       f"SET LOCATION '{new}'")
+        journal.entries.remove(entry)
+        journal.entries.append({"delete": location, "after_ms": now_ms + self.config.file_delete_delay_ms})
+        journal.save()
+        log.info("compacted %s: %d files (%d bytes) into %d", partition_spec_sql(values), len(files),
+                 sum(f.size for f in files), n)
+        return len(files), n
+
+    def resume_journal(self) -> None:
+        """Settle compactions a crash cut short: keep whichever directory the catalog points at."""
+        journal = Journal(self._journal_path)
+        changed = False
+        for entry in [e for e in journal.entries if "compacting" in e]:
+            journal.entries.remove(entry)
+            try:
+                current = local_path(self.partition_location(entry["partition"]))
+            except Exception:  # the partition is gone (dropped): both directories are garbage
+                current = None
+            new, old = entry["compacting"], entry["replaces"]
+            garbage = old if current == local_path(new) else new
+            journal.entries.append({"delete": garbage, "after_ms": 0 if garbage == new else
+                                    int(time.time() * 1000) + self.config.file_delete_delay_ms})
+            changed = True
+        if changed:
+            journal.save()
+
+    def _delete_due(self, journal: Journal, now_ms: int) -> int:
+        due = [e for e in journal.entries if "delete" in e and e["after_ms"] <= now_ms]
+        if not due:
+            return 0
+        table_root = self.table_dir + os.sep
+        for entry in due:
+            path = local_path(entry["delete"])
+            # Only ever inside the table's own directory.
+            if path is not None and (path + os.sep).startswith(table_root) and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            journal.entries.remove(entry)
+        journal.save()
+        return len(due)
+
+    def pending_deletions(self) -> list[str]:
+        """Directories waiting for ``file.delete.delay.ms`` (tests, ``pipeline compact``)."""
+        return [e["delete"] for e in Journal(self._journal_path).entries if "delete" in e]
+
+
+def present_offsets(df: DataFrame, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
+    """(topic, partition, offset) rows of ``df`` within [start, end) of each (topic, partition)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    if not ranges:
+        return set()
+    conditions = [
+        (F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") >= lo) & (F.col("offset") < hi)
+        for (t, p), (lo, hi) in ranges.items()
+    ]
+    rows = df.where(reduce(lambda a, b: a | b, conditions)).select("topic", "partition", "offset").collect()
+    return {(r[0], r[1], r[2]) for r in rows}
+
+
+def end_offsets(df: DataFrame) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> max(offset) + 1 over ``df``."""
+    rows = df.groupBy("topic", "partition").agg({"offset": "max"}).collect()
+    return {(r[0], r[1]): r[2] + 1 for r in rows}
