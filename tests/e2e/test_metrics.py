@@ -19,6 +19,7 @@ whole module, in file order:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import selectors
@@ -52,6 +53,7 @@ RAW_REQUESTS = 30          # acks=-1 produce requests, 1-3 records each
 RAW_ACKS0_REQUESTS = 5     # acks=0 produce requests, 2 records each
 CONFLUENT_TOPIC, KAFKA_PYTHON_TOPIC = "metrics-confluent", "metrics-kafka-python"
 CLIENT_RECORDS = 500
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "pipeline-dashboard.json"
 
 
 @dataclass
@@ -325,6 +327,12 @@ def test_every_family_is_exported_and_idle_moves_with_time(started):
     assert first.label_values("pipeline_muted_channels", "reason") == ["in-flight", "memory", "response-backlog"]
     assert first.value("pipeline_ready") == 1
     assert first.value("pipeline_wal_size_bytes") >= 0
+    # the Grafana dashboard queries only what the server exports
+    dashboard = json.loads(DASHBOARD.read_text())
+    queried = {name for panel in dashboard["panels"] for target in panel.get("targets", [])
+               for name in re.findall(r"\b(?:kafka|pipeline)_[a-z_]+", target["expr"])}
+    assert len(queried) > 25
+    assert sorted(name for name in queried if not first.samples.get(name)) == []
     # with nobody producing, handlers and the network thread are idle most of the time, never more than always
     time.sleep(1.0)
     second = started.scrape()
