@@ -415,6 +415,14 @@ class TableCatalog:
             # Only ever inside the table's own directory.
             if path is not None and (path + os.sep).startswith(table_root) and os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
+                # and the partition directories above it that are now empty
+                parent = os.path.dirname(path)
+                while (parent + os.sep).startswith(table_root) and parent != self.table_dir:
+                    try:
+                        os.rmdir(parent)
+                    except OSError:  # not empty
+                        break
+                    parent = os.path.dirname(parent)
             journal.entries.remove(entry)
         journal.save()
         return len(due)

@@ -1,0 +1,221 @@
+"""The catalog table against a real Spark session, a real embedded Hive metastore and real Parquet files.
+
+Compaction, retention and the crash journal are driven through
+``TableCatalog`` directly; the server's background maintenance and a reader
+in another process are in ``tests/e2e/test_table.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pytest
+
+from pipeline.config import ConfigError, load_config
+from pipeline.persist.schema import ARROW_SCHEMA
+from pipeline.table.catalog import Journal, TableCatalog, TableConfig, TopicTableConfig, list_data_files, local_path
+from pipeline.table.layout import Granularity, add_time_partitions, plan_compaction, table_name_for_topic, DataFile
+from tests.conftest import unique_database
+
+UTC = timezone.utc
+DAY0 = datetime(2026, 11, 20, tzinfo=UTC)
+
+
+def rows(topic: str, n: int, start: datetime, step: timedelta, partition: int = 0, base: int = 0) -> pa.Table:
+    return pa.Table.from_pylist([
+        {"key": b"k", "value": b"v%d" % (base + i), "topic": topic, "partition": partition, "offset": base + i,
+         "timestamp": start + i * step, "timestampType": 0, "headers": None}
+        for i in range(n)
+    ], schema=ARROW_SCHEMA)
+
+
+@pytest.fixture
+def catalog(spark, tmp_path):
+    catalog = TableCatalog(spark, tmp_path / "data", TableConfig(
+        database=unique_database(), target_file_bytes=1 << 20, compaction_min_files=3, file_delete_delay_ms=0,
+        topics={"daily": TopicTableConfig(granularity=Granularity.DAY, retention_days=2)}))
+    catalog.ensure()
+    return catalog
+
+
+def count(catalog: TableCatalog, where: str = "true") -> int:
+    return catalog.spark.sql(f"SELECT count(*) FROM {catalog.records_table} WHERE {where}").collect()[0][0]
+
+
+# -- sans-Spark rules -----------------------------------------------------------------
+
+def test_time_partitions_are_utc_date_and_hour_and_null_without_a_timestamp():
+    t = pa.Table.from_pylist([
+        {"topic": "a", "timestamp": datetime(2026, 11, 23, 23, 59, tzinfo=UTC)},
+        {"topic": "a", "timestamp": datetime(2026, 11, 24, 0, 0, tzinfo=UTC)},
+        {"topic": "d", "timestamp": datetime(2026, 11, 24, 5, 0, tzinfo=UTC)},
+        {"topic": "a", "timestamp": datetime(1969, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)},  # Kafka's -1
+        {"topic": "a", "timestamp": None},
+    ], schema=pa.schema([("topic", pa.string()), ("timestamp", pa.timestamp("us", tz="UTC"))]))
+    out = add_time_partitions(t, frozenset({"d"}))
+    assert out.column("date").to_pylist() == ["2026-11-23", "2026-11-24", "2026-11-24", None, None]
+    assert out.column("hour").to_pylist() == [23, 0, None, None, None]
+
+
+def test_compaction_plan():
+    small = [DataFile(f"f{i}", 100) for i in range(5)]
+    assert plan_compaction(small, 1000, 5) == 1
+    assert plan_compaction(small[:4], 1000, 5) is None                   # too few small files
+    assert plan_compaction([DataFile("big", 900), *small[:2]], 1000, 2) == 2  # 1100 bytes -> 2 files < 3
+    assert plan_compaction([DataFile("a", 600), DataFile("b", 600)], 1000, 2) is None  # none small
+    with pytest.raises(ValueError):
+        plan_compaction(small, 1000, 1)
+
+
+def test_table_names_for_topics_are_metastore_safe_and_distinct():
+    assert table_name_for_topic("orders") == "orders"
+    dotted, underscored = table_name_for_topic("a.b"), table_name_for_topic("a_b")
+    assert dotted != underscored and dotted.startswith("a_b_")
+    assert table_name_for_topic("Orders-V1") != table_name_for_topic("orders-v1")
+
+
+def test_config_file_keys_and_errors(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text('table.commit.interval.ms = 2000\n"file.delete.delay.ms" = 0\n'
+                    '[topic."orders.v1"]\ntable.partition.granularity = "day"\ntable.retention.days = 7\n')
+    config = load_config(good)
+    assert config.server == {"table_commit_interval_ms": 2000}
+    assert config.table.file_delete_delay_ms == 0
+    assert config.table.topic("orders.v1") == TopicTableConfig(Granularity.DAY, 7)
+    assert config.table.topic("other") == TopicTableConfig()
+    assert config.sources["topic.orders.v1.table.retention.days"] == f"file:{good}"
+    for text, named in [("table.comit.interval.ms = 1", "'table.comit.interval.ms'"),
+                        ("table.commit.interval.ms = -5", "table.commit.interval.ms"),
+                        ("table.commit.interval.ms = \"10s\"", "table.commit.interval.ms"),
+                        ('[topic.t]\ntable.partition.granularity = "week"', "table.partition.granularity"),
+                        ('[topic.t]\nretention = 1', "'retention'"),
+                        ("not toml = = 1", "not valid TOML")]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=named.replace(".", r"\.").replace("'", "'")):
+            load_config(bad)
+
+
+# -- Spark -------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_time_range_query_reads_only_its_partition_directories(catalog):
+    # 24 hours of one topic, 10 records an hour, one commit per hour
+    for h in range(24):
+        catalog.write(rows("clicks", 10, DAY0 + timedelta(hours=h), timedelta(minutes=5), base=10 * h))
+    df = catalog.spark.table(catalog.records_table).where(
+        "topic = 'clicks' AND date = '2026-11-20' AND hour BETWEEN 10 AND 12")
+    assert df.count() == 30
+    files = df.inputFiles()
+    assert files and all(any(f"/hour={h}/" in f for h in (10, 11, 12)) for f in files)
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    assert "PartitionFilters: [" in plan and "(hour#" in plan  # pruned by the partition columns
+    assert count(catalog) == 240
+
+
+@pytest.mark.slow
+def test_compaction_swaps_files_without_a_reader_ever_seeing_a_wrong_count(catalog):
+    for i in range(8):  # 8 commits into one hour: 8 small files
+        catalog.write(rows("orders", 50, DAY0 + timedelta(minutes=i), timedelta(seconds=1), base=50 * i))
+    (partition,) = catalog.partitions()
+    before = list_data_files(partition.location)
+    assert len(before) == 8
+
+    counts: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        session = catalog.spark.newSession()  # its own session state, the same catalog
+        while not stop.is_set():
+            try:
+                counts.append(session.sql(f"SELECT count(*) FROM {catalog.records_table}").collect()[0][0])
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        while len(counts) < 2:
+            stop.wait(0.05)
+        result = catalog.compact()
+        catalog.write(rows("orders", 50, DAY0 + timedelta(minutes=30), timedelta(seconds=1), base=400))
+        n = len(counts)
+        while len(counts) < n + 2 and not errors:
+            stop.wait(0.05)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors, errors
+    assert result.compacted_partitions == 1 and (result.files_before, result.files_after) == (8, 1)
+    assert counts == sorted(counts) and set(counts) <= {400, 450}, counts
+    assert counts[-1] == 450
+    # the partition now lives in the compacted directory: 1 merged file + the new commit's
+    (partition,) = catalog.partitions()
+    assert "/_compacted/topic=orders/date=2026-11-20/hour=0/v" in partition.location
+    assert len(list_data_files(partition.location)) == 2
+    # the old directory is gone (file.delete.delay.ms = 0), nothing else is pending
+    assert not any(__import__("os").path.exists(f.path) for f in before)
+    assert catalog.pending_deletions() == []
+    offsets = sorted(r[0] for r in catalog.read().select("offset").collect())
+    assert offsets == list(range(450))
+
+
+@pytest.mark.slow
+def test_replaced_files_wait_for_file_delete_delay(catalog):
+    delayed = TableCatalog(catalog.spark, catalog.data_dir,
+                           TableConfig(database=catalog.config.database, target_file_bytes=1 << 20,
+                                       compaction_min_files=3, file_delete_delay_ms=60_000))
+    for i in range(3):
+        delayed.write(rows("orders", 5, DAY0, timedelta(seconds=1), base=5 * i))
+    old = catalog.partitions()[0].location
+    now = int(DAY0.timestamp() * 1000)
+    delayed.maintain(now_ms=now)
+    assert delayed.pending_deletions() == [old]
+    assert __import__("os").path.isdir(local_path(old))      # a query planned before the swap can still read it
+    delayed.maintain(now_ms=now + 59_000)
+    assert __import__("os").path.isdir(local_path(old))
+    delayed.maintain(now_ms=now + 60_000)
+    assert delayed.pending_deletions() == [] and not __import__("os").path.exists(local_path(old))
+    assert count(delayed) == 15
+
+
+@pytest.mark.slow
+def test_a_compaction_cut_short_before_its_swap_leaves_no_trace(catalog):
+    for i in range(3):
+        catalog.write(rows("orders", 5, DAY0, timedelta(seconds=1), base=5 * i))
+    (partition,) = catalog.partitions()
+    # a crash after the compacted copy was written but before the swap
+    orphan = f"{catalog.table_dir}/_compacted/topic=orders/date=2026-11-20/hour=0/v1"
+    catalog.read().where("false").write.parquet(orphan)
+    journal = Journal(catalog.data_dir / "_pipeline" / "table-journal.json")
+    journal.entries.append({"compacting": orphan, "replaces": partition.location, "partition": partition.values})
+    journal.save()
+
+    catalog.resume_journal()   # what ensure() does at start-up
+    assert catalog.pending_deletions() == [orphan]
+    catalog.maintain(now_ms=int(DAY0.timestamp() * 1000))
+    import os
+
+    assert not os.path.exists(orphan)
+    assert count(catalog) == 15
+
+
+@pytest.mark.slow
+def test_retention_drops_old_day_partitions_through_the_catalog(catalog):
+    for d in range(5):  # 'daily' keeps 2 days, by day; 'orders' keeps everything, by hour
+        catalog.write(rows("daily", 3, DAY0 + timedelta(days=d), timedelta(hours=1), base=3 * d))
+        catalog.write(rows("orders", 2, DAY0 + timedelta(days=d), timedelta(hours=1), base=2 * d))
+    daily = sorted((p["date"], p["hour"]) for p in catalog.partition_values() if p["topic"] == "daily")
+    assert daily == [(f"2026-11-2{d}", None) for d in range(5)]  # one partition per day
+    now = int((DAY0 + timedelta(days=4, hours=12)).timestamp() * 1000)
+    result = catalog.maintain(now_ms=now)
+    assert result.dropped_partitions == 2   # 11-20 and 11-21 are older than 2 days before 11-24 12:00
+    kept = sorted(p["date"] for p in catalog.partition_values() if p["topic"] == "daily")
+    assert kept == ["2026-11-22", "2026-11-23", "2026-11-24"]
+    assert count(catalog, "topic = 'daily'") == 9
+    assert count(catalog, "topic = 'orders'") == 10
+    assert not list((catalog.data_dir / "tables" / "records" / "topic=daily").glob("date=2026-11-2[01]"))
