@@ -19,6 +19,7 @@ whole module, in file order:
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -63,8 +64,10 @@ class Poll:
     at: float
     status: int
     body: str
-    recovered_logged: bool
-    """The server's log already said ``recovered:`` when this answer came back."""
+    recovered_before: bool
+    """The server's log said ``recovered:`` before this request was sent."""
+    recovered_after: bool
+    """The server's log said ``recovered:`` when this answer had come back."""
 
 
 @dataclass
@@ -115,8 +118,9 @@ def started(tmp_path_factory) -> Started:
             if (m := LISTENING.search(out)) and not listening:
                 server.port, listening = int(m.group(2)), True
             if started is not None:
+                recovered_before = "recovered:" in server.log_text()
                 status, body = get(f"{started.base}/readyz")
-                started.polls.append(Poll(time.monotonic(), status, body.strip(),
+                started.polls.append(Poll(time.monotonic(), status, body.strip(), recovered_before,
                                           "recovered:" in server.log_text()))
         yield started
     finally:
@@ -134,8 +138,9 @@ def test_readyz_says_503_until_spark_and_recovery_are_done_then_200(started):
     assert polls[first_ready].at - polls[0].at > 1.0
     assert {p.body for p in polls[:first_ready]} <= {"starting Spark", "recovering from the write-ahead log",
                                                        "starting the listener"}
-    assert polls[first_ready].recovered_logged
-    assert not any(p.recovered_logged for p in polls if p.body == "starting Spark")
+    assert polls[first_ready].recovered_after
+    assert not any(p.recovered_before for p in polls if p.body in ("starting Spark",
+                                                                  "recovering from the write-ahead log"))
     assert polls[first_ready].body == "ready"
     assert get(f"{started.base}/healthz") == (200, "ok\n")
 
@@ -366,7 +371,11 @@ def test_top_renders_the_live_server(started):
 
 
 def test_readyz_says_503_from_sigterm_on(started):
-    """Last in the module: stops the server."""
+    """Last in the module: stops the server.
+
+    The signal is taken by the server's event loop a moment after it is sent,
+    so the first answers may still be 200; from the first 503 on, never 200 again.
+    """
     server = started.server
     assert get(f"{started.base}/readyz")[0] == 200
     assert server.proc is not None
@@ -375,12 +384,14 @@ def test_readyz_says_503_from_sigterm_on(started):
     while server.running:
         try:
             answers.append(get(f"{started.base}/readyz", timeout_s=2.0))
-        except OSError:  # the endpoint is gone: the process is ending
+        except (OSError, http.client.HTTPException):  # the endpoint is closing: the process is ending
             break
         time.sleep(0.02)
     code = server.proc.wait(120)
     server.kill()  # reaps what is left of its process group (a second SIGTERM would stop it at once)
     assert code == 0, server.log_text()
-    assert answers, "no /readyz answer after SIGTERM"
-    assert all(status == 503 for status, _ in answers), answers
-    assert {body.strip() for _, body in answers} <= {"shutting down", "stopping"}
+    first_503 = next((i for i, (status, _) in enumerate(answers) if status == 503), None)
+    assert first_503 is not None and first_503 <= 50, answers  # taken within a second or so
+    stopping = answers[first_503:]
+    assert all(status == 503 for status, _ in stopping), answers
+    assert {body.strip() for _, body in stopping} <= {"shutting down", "stopping"}
