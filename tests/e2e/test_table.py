@@ -1,0 +1,178 @@
+"""The table as Spark users meet it, against a real server, real clients, real Spark and the metastore.
+
+* A trickle producer (20 records/s for 60 s, confluent-kafka) while a reader
+  in another Spark session (Spark Connect, by name) counts rows in a loop
+  through commits and background compactions: the count never goes down,
+  never exceeds what was acknowledged, and ends equal to it; afterwards each
+  time partition holds a handful of files.
+* The table queried by name over JDBC (beeline through the Spark Thrift
+  Server the server runs), then after ``kill -9`` and a restart from a
+  classic Spark session in another process: no row lost, none twice.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.server_process import ServerProcess, free_port
+from tests.e2e.table_reader import read_table
+
+pytestmark = pytest.mark.slow
+
+RATE = 20          # records per second
+SECONDS = 60
+
+
+def produce_trickle(bootstrap: str, topic: str, acked: list[int], stop: threading.Event) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+
+    def delivered(err, msg) -> None:
+        if err is None:
+            acked.append(msg.offset())
+
+    started = time.monotonic()
+    for i in range(RATE * SECONDS):
+        if stop.is_set():
+            break
+        producer.produce(topic, value=b"trickle-%d" % i, on_delivery=delivered)
+        producer.poll(0)
+        # keep to the rate: the i-th record leaves at i / RATE seconds
+        delay = started + (i + 1) / RATE - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    producer.flush(30)
+
+
+def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(tmp_path):
+    from pipeline.persist.spark_sink import build_spark_session
+
+    data_dir = tmp_path / "data"
+    server = ServerProcess(data_dir, "--table-commit-interval-ms", "2000", "--table-compaction-interval-ms", "6000",
+                           "--table-compaction-min-files", "3", "--file-delete-delay-ms", "10000").start()
+    acked: list[int] = []
+    observed: list[tuple[int, int]] = []   # (rows counted, acknowledged when the count returned)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    reader_session = build_spark_session(remote=f"sc://127.0.0.1:{server.connect_port}")
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                n = reader_session.sql("SELECT count(*) FROM pipeline.records WHERE topic = 'trickle'").collect()[0][0]
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                return
+            observed.append((n, len(acked)))
+
+    try:
+        producer = threading.Thread(target=produce_trickle, args=(server.bootstrap, "trickle", acked, stop))
+        read = threading.Thread(target=reader)
+        producer.start()
+        read.start()
+        producer.join(SECONDS + 60)
+        assert not producer.is_alive()
+        total = len(acked)
+        assert total == RATE * SECONDS
+        # the last commit lands within table.commit.interval.ms; the reader keeps counting meanwhile
+        deadline = time.monotonic() + 60
+        while (not observed or observed[-1][0] < total) and time.monotonic() < deadline and not errors:
+            time.sleep(0.2)
+        # and the background compaction gets a last turn
+        log_deadline = time.monotonic() + 30
+        while server.log_text().count("compacted `topic`='trickle'") < 2 and time.monotonic() < log_deadline:
+            time.sleep(0.5)
+        stop.set()
+        read.join(60)
+        counts = [n for n, _ in observed]
+        assert not errors, errors
+        assert counts == sorted(counts), "the row count went down"
+        assert all(n <= a for n, a in observed), "more rows than acknowledged records"
+        assert counts[-1] == total
+        assert len(counts) > 20  # the reader ran through many commits and compactions
+        assert "compacted `topic`='trickle'" in server.log_text(), server.log_text()[-3000:]
+        # a handful of files per partition and hour, not one per commit
+        files_per_partition = {
+            partition: len(list_files(Path(partition))) for partition in partition_dirs(reader_session, "trickle")}
+        assert files_per_partition and all(n <= 4 for n in files_per_partition.values()), files_per_partition
+    finally:
+        stop.set()
+        reader_session.stop()
+        code = server.stop() if server.running else None
+    assert code == 0, server.log_text()
+    offsets = sorted(r["offset"] for r in read_table(data_dir, "SELECT `offset` FROM records WHERE topic = 'trickle'"))
+    assert offsets == sorted(acked) == list(range(RATE * SECONDS))
+
+
+def partition_dirs(session, topic: str) -> list[str]:
+    """The locations the catalog gives the topic's partitions right now."""
+    out = []
+    for row in session.sql("SHOW PARTITIONS pipeline.records").collect():
+        if row[0].startswith(f"topic={topic}/"):
+            spec = ", ".join(
+                f"`{k}`={v}" if k == "hour" else f"`{k}`='{v}'"
+                for k, v in (part.split("=", 1) for part in row[0].split("/")))
+            described = session.sql(f"DESCRIBE FORMATTED pipeline.records PARTITION ({spec})").collect()
+            out.append(next(r[1] for r in described if r[0] == "Location").removeprefix("file:"))
+    return out
+
+
+def list_files(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir() if p.is_file() and not p.name.startswith(("_", "."))]
+
+
+def beeline(port: int, query: str) -> str:
+    import pyspark
+
+    beeline = Path(pyspark.__file__).parent / "bin" / "beeline"
+    proc = subprocess.run([str(beeline), "-u", f"jdbc:hive2://127.0.0.1:{port}/pipeline", "--silent=true",
+                           "--outputformat=csv2", "-e", query],
+                          capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # csv2 rows; beeline echoes its prompt before the header line
+    lines = [line.rsplit("> ", 1)[-1] for line in proc.stdout.splitlines() if line.strip()]
+    return "\n".join(lines)
+
+
+def test_queried_by_name_over_jdbc_and_from_another_session_across_kill_9(tmp_path):
+    from kafka import KafkaProducer
+
+    data_dir = tmp_path / "data"
+    thrift = free_port()
+    port = free_port()
+    args = ("--thrift-port", str(thrift), "--table-commit-interval-ms", "500")
+    server = ServerProcess(data_dir, *args, port=port).start()
+    try:
+        producer = KafkaProducer(bootstrap_servers=server.bootstrap, acks="all")
+        for i in range(300):
+            producer.send("jdbc", key=b"k%d" % (i % 7), value=b"row-%d" % i)
+        producer.flush()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            out = beeline(thrift, "SELECT count(*) AS n, count(DISTINCT `offset`) AS d FROM records WHERE topic = 'jdbc'")
+            if out.splitlines()[-1] == "300,300":
+                break
+            time.sleep(0.5)
+        assert out.splitlines()[-2:] == ["n,d", "300,300"], out
+        assert "records" in beeline(thrift, "SHOW TABLES")
+
+        server.kill()  # kill -9: the next start recovers from the WAL
+        server = ServerProcess(data_dir, *args, port=port, log_path=tmp_path / "restarted.log").start()
+        for i in range(300, 400):
+            producer.send("jdbc", value=b"row-%d" % i)
+        producer.flush()
+        producer.close()
+    finally:
+        code = server.stop() if server.running else None
+    assert code == 0, server.log_text()
+    # a classic Spark session in another process, on the same metastore, by name
+    rows = read_table(data_dir, "SELECT `offset`, value FROM pipeline.records WHERE topic = 'jdbc' ORDER BY `offset`")
+    assert [r["offset"] for r in rows] == list(range(400))
+    assert [r["value"] for r in rows] == [b"row-%d" % i for i in range(400)]
