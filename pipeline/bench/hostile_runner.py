@@ -121,13 +121,16 @@ def hostile_server_config(opts: HostileOptions, data_dir: Path):
         linger_ms=opts.linger_ms,
         ack_on=opts.ack_on,
         metrics_port=0,
+        table_compaction_interval_ms=0,   # its verifier reads the files (read_uncompacted_files)
+        spark_connect_port=0,
     )
 
 
 _FLAGS = ("mode", "queues", "socket_request_max_bytes", "queued_max_request_bytes", "max_connections",
           "max_in_flight_requests_per_connection", "response_buffer_max_bytes", "request_receive_timeout_ms",
           "response_send_timeout_ms", "connections_max_idle_ms", "buffer_memory", "batch_max_bytes",
-          "batch_max_records", "num_partitions", "linger_ms", "ack_on", "metrics_port", "data_dir")
+          "batch_max_records", "num_partitions", "linger_ms", "ack_on", "metrics_port", "data_dir",
+          "table_compaction_interval_ms", "spark_connect_port")
 
 
 def serve_command(config) -> list[str]:

@@ -328,8 +328,13 @@ class ServerConfiguration:
     io_threads: int | None = None
 
     def serve_args(self, opts: BenchOptions) -> list[str]:
+        # No compaction (the bench measures the request path, and its verifier
+        # reads the files of several data directories without their catalogs);
+        # no Spark Connect endpoint (the servers start at once and would
+        # share its port).
         args = ["--mode", self.mode, "--num-partitions", str(opts.partitions),
-                "--linger-ms", str(opts.linger_ms), "--ack-on", opts.ack_on, "--metrics-port", "0"]
+                "--linger-ms", str(opts.linger_ms), "--ack-on", opts.ack_on, "--metrics-port", "0",
+                "--table-compaction-interval-ms", "0", "--spark-connect-port", "0"]
         if self.queues is not None:
             args += ["--queues", str(self.queues)]
         if self.io_threads is not None:
@@ -498,12 +503,13 @@ def verify_run(outcome: RunOutcome, rows: list | None) -> verify.RunVerification
 
 def read_topic_rows(spark, data_dir: Path, topics: list[str]) -> dict[str, list[tuple]]:
     """Stored rows of each of ``topics`` as (partition, offset, record name), read
-    with ``read_records`` in one Spark job; the name is None for a foreign key."""
+    from the table's files in one Spark job (the benchmark's servers never
+    compact, ``serve_args``); the name is None for a foreign key."""
     from pyspark.sql import functions as F
 
-    from pipeline.persist.spark_sink import read_records
+    from pipeline.table.catalog import read_uncompacted_files
 
-    table = (read_records(spark, data_dir).where(F.col("topic").isin(topics))
+    table = (read_uncompacted_files(spark, data_dir).where(F.col("topic").isin(topics))
              .select("topic", "partition", "offset", "key").toArrow())
     rows: dict[str, list[tuple]] = {t: [] for t in topics}
     for t, p, o, k in zip(table.column("topic").to_pylist(), table.column("partition").to_pylist(),

@@ -116,14 +116,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.persist.spark_sink import build_spark_session, read_records
+    from pipeline.table.catalog import catalog_conf
 
     batches = build_batches(args.records_per_flush, args.record_bytes, args.batch_records)
     flushes = [flush_appends(batches, args.batch_records, k, args.partitions) for k in range(args.flushes)]
     records = args.records_per_flush * args.flushes
-    spark = build_spark_session(args.spark_master, app_name="pipeline-sink-bench")
-    try:
-        with tempfile.TemporaryDirectory(prefix="pipeline-sink-bench-") as tmp:
-            tmp_path = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="pipeline-sink-bench-") as tmp:
+        tmp_path = Path(tmp)
+        spark = build_spark_session(args.spark_master, app_name="pipeline-sink-bench",
+                                    conf=catalog_conf(tmp_path / "sink"))
+        try:
             table = appends_to_table(flushes[0])
             decode_started = time.perf_counter()
             appends_to_table(flushes[1 % len(flushes)])
@@ -136,11 +138,11 @@ def main(argv: list[str] | None = None) -> int:
             group_sink.start()
             sink_s = run_sink(group_sink, tmp_path / "sink", flushes, args.records_per_flush)
             group_sink.stop()
-            stored = read_records(spark, tmp_path / "sink").count()
+            stored = read_records(spark).count()
             if stored != records:
                 raise SystemExit(f"sink stored {stored} records, expected {records}")
-    finally:
-        spark.stop()
+        finally:
+            spark.stop()
 
     raw_rate, sink_rate = records / raw_s, records / sink_s
     fraction = sink_rate / raw_rate

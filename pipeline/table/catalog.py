@@ -432,6 +432,25 @@ class TableCatalog:
         return [e["delete"] for e in Journal(self._journal_path).entries if "delete" in e]
 
 
+def read_uncompacted_files(spark: SparkSession, data_dir: str | os.PathLike[str]) -> DataFrame:
+    """The records table read from its files, without a catalog (``COLUMNS`` order).
+
+    For a reader that cannot reach the data directory's metastore (the
+    benchmarks verify several data directories from one Spark session). It
+    is exact only for a table that was never compacted: after a compaction
+    the catalog, not the directory tree, says which files are current.
+
+    Raises:
+        RuntimeError: the table has been compacted (``_compacted`` exists).
+    """
+    root = Path(os.path.abspath(os.fspath(data_dir))) / TABLES_DIR / RECORDS_TABLE
+    if (root / "_compacted").exists():
+        raise RuntimeError(f"{root} has been compacted: read it through its catalog")
+    if not root.is_dir():
+        return spark.createDataFrame([], SPARK_SCHEMA)
+    return spark.read.schema(TABLE_SPARK_SCHEMA).option("basePath", str(root)).parquet(str(root)).select(*COLUMNS)
+
+
 def present_offsets(df: DataFrame, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
     """(topic, partition, offset) rows of ``df`` within [start, end) of each (topic, partition)."""
     from functools import reduce
