@@ -13,6 +13,10 @@ in a ``[topic."<name>"]`` table. Command-line flags override the file::
     table.partition.granularity = "day"
     table.retention.days = 30
 
+    [topic."payments"]                # typed columns (pipeline.table.typed)
+    value.format = "json"
+    value.schema = "id BIGINT, amount DECIMAL(12,2), at TIMESTAMP"
+
 An unknown key, or a value of the wrong type or range, raises ``ConfigError``
 naming the key, before anything starts.
 """
@@ -75,9 +79,33 @@ SERVER_KEYS: dict[str, tuple[Callable[[Any], Any], str]] = {
 }
 """Top-level keys this version reads."""
 
+def _value_format(v: Any) -> str:
+    if v not in ("json", "avro"):
+        raise ValueError(f"expected json or avro, got {v!r}")
+    return v
+
+
+def _wire_format(v: Any) -> str:
+    if v not in ("auto", "confluent", "none"):
+        raise ValueError(f"expected auto, confluent or none, got {v!r}")
+    return v
+
+
+def _schema(v: Any) -> str:
+    """A DDL string, or an Avro schema given as a TOML table/array or a JSON string."""
+    import json
+
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    return _string(v)
+
+
 TOPIC_KEYS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "table.partition.granularity": (_granularity, "granularity"),
     "table.retention.days": (_positive, "retention_days"),
+    "value.format": (_value_format, "value_format"),
+    "value.schema": (_schema, "value_schema"),
+    "value.wire.format": (_wire_format, "value_wire_format"),
 }
 """Keys of a ``[topic."<name>"]`` table."""
 
@@ -145,6 +173,9 @@ def load_config(path: str | Path) -> FileConfig:
         if not isinstance(settings, dict):
             raise ConfigError(f"{path}: topic.{topic} must be a table of settings")
         topic_fields: dict[str, Any] = {}
+        schema = settings.get("value", {}).pop("schema", None) if isinstance(settings.get("value"), dict) else None
+        if schema is not None:  # an Avro schema given as a TOML table is not flattened
+            settings = {**settings, "value.schema": schema}
         for key, value in _flatten(settings).items():
             if key not in TOPIC_KEYS:
                 raise ConfigError(f"{path}: topic {topic!r}: unknown key {key!r} "

@@ -32,6 +32,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from pipeline.persist.schema import COLUMNS, SPARK_SCHEMA
+from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables
+from pipeline.table.values import ValueFormat
 from pipeline.table.layout import (
     DEFAULT_COMPACTION_MIN_FILES,
     DEFAULT_DATABASE,
@@ -46,6 +48,7 @@ from pipeline.table.layout import (
     compacted_location,
     partition_spec_sql,
     plan_compaction,
+    table_name_for_topic,
 )
 
 log = logging.getLogger(__name__)
@@ -111,10 +114,20 @@ class TopicTableConfig:
         granularity: ``table.partition.granularity``, hour (default) or day.
         retention_days: ``table.retention.days``: time partitions whose date is
             older than this many days are dropped (None: kept forever).
+        value_format: ``value.format``: None (raw bytes, the records table),
+            ``json`` or ``avro`` (a table of the topic's own with typed columns,
+            ``pipeline.table.typed``).
+        value_schema: ``value.schema``: for json a Spark DDL string
+            (``"id BIGINT, name STRING"``), for avro the writer schema (JSON).
+        value_wire_format: ``value.wire.format``: auto, confluent or none
+            (the Schema Registry header, ``pipeline.table.values.ValueFormat``).
     """
 
     granularity: Granularity = Granularity.HOUR
     retention_days: int | None = None
+    value_format: str | None = None
+    value_schema: str | None = None
+    value_wire_format: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +154,23 @@ class TableConfig:
     @property
     def day_topics(self) -> frozenset[str]:
         return frozenset(t for t, c in self.topics.items() if c.granularity is Granularity.DAY)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnedTable:
+    """A catalog table this module writes and maintains.
+
+    Attributes:
+        name: ``database.table``.
+        directory: absolute path of its files (``DATA_DIR/tables/<table>``).
+        partition_columns: in directory order.
+        topic: the one topic a typed topic's table holds (None: ``topic`` is a column).
+    """
+
+    name: str
+    directory: str
+    partition_columns: tuple[str, ...]
+    topic: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +257,14 @@ class TableCatalog:
         self.table_dir = str(self.data_dir / TABLES_DIR / RECORDS_TABLE)
         self.records_table = f"{self.config.database}.{RECORDS_TABLE}"
         self._journal_path = self.data_dir / STATE_DIR / JOURNAL_FILE
+        self.records = OwnedTable(self.records_table, self.table_dir, PARTITION_COLUMNS)
+        self.dead_letters = OwnedTable(f"{self.config.database}.{DEAD_LETTERS_TABLE}",
+                                       str(self.data_dir / TABLES_DIR / DEAD_LETTERS_TABLE), ("topic", "date"))
+        self.typed_tables = {
+            topic: OwnedTable(f"{self.config.database}.{table_name_for_topic(topic)}",
+                              str(self.data_dir / TABLES_DIR / table_name_for_topic(topic)), ("date", "hour"), topic)
+            for topic, c in self.config.topics.items() if c.value_format is not None
+        }
 
     # -- set-up ------------------------------------------------------------------
 
@@ -280,12 +318,95 @@ class TableCatalog:
         """The records table as a DataFrame with ``SPARK_SCHEMA`` (columns in ``COLUMNS`` order)."""
         return self.spark.table(self.records_table).select(*COLUMNS)
 
+    def value_formats(self) -> dict[str, ValueFormat]:
+        """topic -> ``ValueFormat`` of every typed topic (a json schema's DDL is parsed by Spark).
+
+        Raises:
+            ValueError: a topic's format or schema is unusable (names the topic).
+        """
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        formats = {}
+        for topic, c in self.config.topics.items():
+            if c.value_format is None:
+                continue
+            try:
+                if c.value_format == "json":
+                    if not c.value_schema:
+                        raise ValueError("value.schema (a Spark DDL string) is required for json")
+                    struct = self.spark.createDataFrame([], c.value_schema).schema
+                    formats[topic] = ValueFormat("json", to_arrow_schema(struct, timezone="UTC"),
+                                                 wire_format=c.value_wire_format)  # type: ignore[arg-type]
+                elif c.value_format == "avro":
+                    if not c.value_schema:
+                        raise ValueError("value.schema (the Avro writer schema) is required for avro")
+                    formats[topic] = ValueFormat.for_avro(c.value_schema, c.value_wire_format)  # type: ignore[arg-type]
+                else:
+                    raise ValueError(f"value.format must be json or avro, not {c.value_format!r}")
+            except Exception as exc:
+                raise ValueError(f"topic {topic!r}: {str(exc).splitlines()[0]}") from None
+        return formats
+
+    def write_flush(self, flush: FlushTables) -> None:
+        """Write one flush: raw rows to the records table, typed rows to their topics' tables,
+        dead letters to theirs; one Spark job per destination with rows.
+
+        Raises:
+            Whatever Spark raises; rows already written before the failure are
+            found by ``present_offsets`` and not written again by the retry.
+        """
+        self.write(flush.records)
+        for topic, table in flush.typed.items():
+            if table.num_rows:
+                self._write_owned(self.typed_tables[topic], table)
+        if flush.dead_letters.num_rows:
+            self._write_owned(self.dead_letters, flush.dead_letters)
+
+    def _write_owned(self, owned: OwnedTable, table: pa.Table) -> None:
+        table = add_time_partitions(table, self.config.day_topics)
+        if "hour" not in owned.partition_columns:
+            table = table.drop_columns(["hour"])
+        data = [c for c in table.column_names if c not in owned.partition_columns]
+        table = table.select(data + list(owned.partition_columns))
+        df = self.spark.createDataFrame(table)
+        if table.num_rows < COALESCE_BELOW_ROWS:
+            df = df.coalesce(1)
+        database, name = owned.name.split(".", 1)
+        if not self.spark.catalog.tableExists(name, database):
+            df.write.partitionBy(*owned.partition_columns).option("path", owned.directory).saveAsTable(owned.name)
+        else:
+            df.write.insertInto(owned.name)
+
+    def tables(self) -> list[OwnedTable]:
+        """The tables that exist: records, typed topics' tables, dead letters."""
+        out = [self.records]
+        for owned in [*self.typed_tables.values(), self.dead_letters]:
+            database, name = owned.name.split(".", 1)
+            if self.spark.catalog.tableExists(name, database):
+                out.append(owned)
+        return out
+
+    def read_positions(self) -> DataFrame:
+        """(topic, partition, offset) of every row of every table (records, typed, dead letters)."""
+        frames = []
+        for owned in self.tables():
+            df = self.spark.table(owned.name)
+            if owned.topic is not None:
+                from pyspark.sql import functions as F
+
+                df = df.withColumn("topic", F.lit(owned.topic))
+            frames.append(df.select("topic", "partition", "offset"))
+        out = frames[0]
+        for df in frames[1:]:
+            out = out.unionByName(df)
+        return out
+
     # -- partitions --------------------------------------------------------------
 
-    def partition_values(self) -> list[dict[str, object]]:
+    def partition_values(self, owned: OwnedTable | None = None) -> list[dict[str, object]]:
         """Every partition's column values (``SHOW PARTITIONS``); None for Hive's default partition."""
         out = []
-        for row in self.spark.sql(f"SHOW PARTITIONS {self.records_table}").collect():
+        for row in self.spark.sql(f"SHOW PARTITIONS {(owned or self.records).name}").collect():
             values: dict[str, object] = {}
             for part in row[0].split("/"):
                 column, _, text = part.partition("=")
@@ -298,18 +419,18 @@ class TableCatalog:
             out.append(values)
         return out
 
-    def partition_location(self, values: dict[str, object]) -> str:
+    def partition_location(self, values: dict[str, object], owned: OwnedTable | None = None) -> str:
         """The location the catalog gives one partition (``DESCRIBE FORMATTED ... PARTITION``)."""
         rows = self.spark.sql(
-            f"DESCRIBE FORMATTED {self.records_table} PARTITION ({partition_spec_sql(values)})"
+            f"DESCRIBE FORMATTED {(owned or self.records).name} PARTITION ({partition_spec_sql(values)})"
         ).collect()
         for row in rows:
             if row[0] == "Location":
                 return row[1]
         raise LookupError(f"no location for partition {values}")
 
-    def partitions(self) -> list[Partition]:
-        return [Partition(v, self.partition_location(v)) for v in self.partition_values()]
+    def partitions(self, owned: OwnedTable | None = None) -> list[Partition]:
+        return [Partition(v, self.partition_location(v, owned)) for v in self.partition_values(owned)]
 
     # -- maintenance --------------------------------------------------------------
 
@@ -329,27 +450,27 @@ class TableCatalog:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         result = MaintenanceResult()
         journal = Journal(self._journal_path)
-        values = self.partition_values()
-        survivors = []
-        for v in values:
-            if self._expired(v, now_ms):
-                location = self.partition_location(v)
-                self.spark.sql(f"ALTER TABLE {self.records_table} DROP IF EXISTS PARTITION "
-                               f"({partition_spec_sql(v)})")
-                journal.entries.append({"delete": location, "after_ms": now_ms + self.config.file_delete_delay_ms})
-                journal.save()
-                result.dropped_partitions += 1
-                log.info("retention: dropped partition %s", v)
-            else:
-                survivors.append(v)
-        for v in survivors:
-            if time.monotonic() - started > time_budget_s:
-                break
-            done = self._compact_partition(v, journal, now_ms)
-            if done is not None:
-                result.compacted_partitions += 1
-                result.files_before += done[0]
-                result.files_after += done[1]
+        for owned in self.tables():
+            survivors = []
+            for v in self.partition_values(owned):
+                if self._expired(v, owned, now_ms):
+                    location = self.partition_location(v, owned)
+                    self.spark.sql(f"ALTER TABLE {owned.name} DROP IF EXISTS PARTITION ({partition_spec_sql(v)})")
+                    journal.entries.append({"delete": location,
+                                            "after_ms": now_ms + self.config.file_delete_delay_ms})
+                    journal.save()
+                    result.dropped_partitions += 1
+                    log.info("retention: dropped %s partition %s", owned.name, v)
+                else:
+                    survivors.append(v)
+            for v in survivors:
+                if time.monotonic() - started > time_budget_s:
+                    break
+                done = self._compact_partition(v, journal, now_ms, owned)
+                if done is not None:
+                    result.compacted_partitions += 1
+                    result.files_before += done[0]
+                    result.files_after += done[1]
         result.deleted_directories = self._delete_due(journal, now_ms)
         result.seconds = time.monotonic() - started
         return result
@@ -358,27 +479,34 @@ class TableCatalog:
         """Compact every partition that needs it now, without a time budget (``pipeline compact``)."""
         return self.maintain(time_budget_s=float("inf"), now_ms=now_ms)
 
-    def _expired(self, values: dict[str, object], now_ms: int) -> bool:
-        days = self.config.topic(str(values["topic"])).retention_days
+    def _expired(self, values: dict[str, object], owned: OwnedTable, now_ms: int) -> bool:
+        topic = owned.topic if owned.topic is not None else values.get("topic")
+        if topic is None:
+            return False
+        days = self.config.topic(str(topic)).retention_days
         date = values.get("date")
         if days is None or date is None:
             return False
         cutoff = time.strftime("%Y-%m-%d", time.gmtime(now_ms / 1000 - days * 86400))
         return str(date) < cutoff
 
-    def _compact_partition(self, values: dict[str, object], journal: Journal, now_ms: int) -> tuple[int, int] | None:
-        location = self.partition_location(values)
+    def _compact_partition(self, values: dict[str, object], journal: Journal, now_ms: int,
+                           owned: OwnedTable | None = None) -> tuple[int, int] | None:
+        owned = owned or self.records
+        location = self.partition_location(values, owned)
         files = list_data_files(location)
         n = plan_compaction(files, self.config.target_file_bytes, self.config.compaction_min_files)
         if n is None:
             return None
-        new = compacted_location(self.table_dir, values, now_ms)
-        entry = {"compacting": new, "replaces": location, "partition": values}
+        new = compacted_location(owned.directory, values, now_ms)
+        entry = {"compacting": new, "replaces": location, "partition": values, "table": owned.name}
         journal.entries.append(entry)
         journal.save()
-        df = self.spark.read.schema(DATA_SPARK_SCHEMA).parquet(*(f"file://{f.path}" for f in files))
+        schema = (DATA_SPARK_SCHEMA if owned is self.records else StructType(
+            [f for f in self.spark.table(owned.name).schema.fields if f.name not in owned.partition_columns]))
+        df = self.spark.read.schema(schema).parquet(*(f"file://{f.path}" for f in files))
         df.coalesce(n).sortWithinPartitions("partition", "offset").write.parquet(new)
-        self.spark.sql(f"ALTER TABLE {self.records_table} PARTITION ({partition_spec_sql(values)}) "
+        self.spark.sql(f"ALTER TABLE {owned.name} PARTITION ({partition_spec_sql(values)}) "
                        f"SET LOCATION '{new}'")
         journal.entries.remove(entry)
         journal.entries.append({"delete": location, "after_ms": now_ms + self.config.file_delete_delay_ms})
@@ -393,8 +521,10 @@ class TableCatalog:
         changed = False
         for entry in [e for e in journal.entries if "compacting" in e]:
             journal.entries.remove(entry)
+            owned = next((t for t in [self.records, self.dead_letters, *self.typed_tables.values()]
+                          if t.name == entry.get("table", self.records.name)), self.records)
             try:
-                current = local_path(self.partition_location(entry["partition"]))
+                current = local_path(self.partition_location(entry["partition"], owned))
             except Exception:  # the partition is gone (dropped): both directories are garbage
                 current = None
             new, old = entry["compacting"], entry["replaces"]
@@ -409,15 +539,17 @@ class TableCatalog:
         due = [e for e in journal.entries if "delete" in e and e["after_ms"] <= now_ms]
         if not due:
             return 0
-        table_root = self.table_dir + os.sep
+        tables_root = str(self.data_dir / TABLES_DIR) + os.sep
         for entry in due:
             path = local_path(entry["delete"])
-            # Only ever inside the table's own directory.
-            if path is not None and (path + os.sep).startswith(table_root) and os.path.isdir(path):
+            # Only ever inside a table directory (DATA_DIR/tables/<table>/...).
+            if path is not None and path.startswith(tables_root) and os.sep in path[len(tables_root):] \
+                    and os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
                 # and the partition directories above it that are now empty
+                table_dir = tables_root + path[len(tables_root):].split(os.sep, 1)[0]
                 parent = os.path.dirname(path)
-                while (parent + os.sep).startswith(table_root) and parent != self.table_dir:
+                while parent.startswith(table_dir + os.sep):
                     try:
                         os.rmdir(parent)
                     except OSError:  # not empty

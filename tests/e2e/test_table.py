@@ -176,3 +176,86 @@ def test_queried_by_name_over_jdbc_and_from_another_session_across_kill_9(tmp_pa
     rows = read_table(data_dir, "SELECT `offset`, value FROM pipeline.records WHERE topic = 'jdbc' ORDER BY `offset`")
     assert [r["offset"] for r in rows] == list(range(400))
     assert [r["value"] for r in rows] == [b"row-%d" % i for i in range(400)]
+
+
+PAYMENTS_DDL = "id BIGINT, amount DECIMAL(12,2), at TIMESTAMP, tags ARRAY<STRING>"
+SENSOR_SCHEMA = {"type": "record", "name": "Reading", "fields": [
+    {"name": "sensor", "type": "string"}, {"name": "celsius", "type": "double"},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+
+
+def avro_value(reading: dict, schema_id: int = 7) -> bytes:
+    """Confluent wire format: magic 0, schema id, Avro binary."""
+    import io
+    import struct
+
+    import fastavro
+
+    out = io.BytesIO()
+    out.write(b"\0" + struct.pack(">I", schema_id))
+    fastavro.schemaless_writer(out, fastavro.parse_schema(SENSOR_SCHEMA), reading)
+    return out.getvalue()
+
+
+def test_typed_topics_get_columns_and_bad_values_go_to_the_dead_letters_across_kill_9(tmp_path):
+    import json
+    from datetime import datetime, timezone
+    from decimal import Decimal
+
+    from kafka import KafkaProducer
+
+    config = tmp_path / "pipeline.toml"
+    config.write_text(
+        '[topic."payments"]\nvalue.format = "json"\n'
+        f'value.schema = "{PAYMENTS_DDL}"\n'
+        '[topic."sensors"]\nvalue.format = "avro"\nvalue.wire.format = "confluent"\n'
+        f"value.schema = '{json.dumps(SENSOR_SCHEMA)}'\n")
+    data_dir = tmp_path / "data"
+    port = free_port()
+    server = ServerProcess(data_dir, "--config", str(config), port=port).start()
+
+    def payment(i: int) -> bytes:
+        return json.dumps({"id": i, "amount": f"{i}.25", "at": "2026-11-23T10:00:00Z", "tags": ["a", str(i)],
+                           "ignored": True}).encode()
+
+    bad = {3: b"{not json", 5: b'{"id": "five"}', 8: b"[1, 2]"}  # malformed, wrong type, not an object
+    at = datetime(2026, 11, 23, 10, tzinfo=timezone.utc)
+    try:
+        producer = KafkaProducer(bootstrap_servers=server.bootstrap, acks="all", linger_ms=100)
+        for i in range(10):  # one batch: good and bad values together
+            producer.send("payments", value=bad.get(i, payment(i)))
+            producer.send("sensors", value=avro_value({"sensor": f"s{i}", "celsius": i / 2, "at": at})
+                          if i != 4 else b"\0\0\0\0\7garbage")
+        producer.flush()
+        server.kill()  # acknowledged (WAL), not yet committed to the table: replayed at the next start
+        server = ServerProcess(data_dir, "--config", str(config), port=port,
+                               log_path=tmp_path / "restarted.log").start()
+        producer.send("payments", value=payment(10))
+        producer.flush()
+        producer.close()
+    finally:
+        code = server.stop() if server.running else None
+    assert code == 0, server.log_text()
+
+    payments = read_table(data_dir, "SELECT `offset`, id, amount, at, tags, value FROM payments ORDER BY `offset`")
+    good = [i for i in range(11) if i not in bad]
+    assert [r["offset"] for r in payments] == good
+    assert [r["id"] for r in payments] == good
+    assert [r["amount"] for r in payments] == [Decimal(f"{i}.25") for i in good]
+    assert {r["at"] for r in payments} == {at}
+    assert [r["tags"] for r in payments] == [["a", str(i)] for i in good]
+    assert [r["value"] for r in payments] == [payment(i) for i in good]  # the raw bytes stay beside
+
+    dead = read_table(data_dir, "SELECT topic, `partition`, `offset`, value, error FROM dead_letters "
+                                "ORDER BY topic, `offset`")
+    assert [(r["topic"], r["offset"]) for r in dead] == [("payments", 3), ("payments", 5), ("payments", 8),
+                                                         ("sensors", 4)]
+    assert [r["value"] for r in dead[:3]] == [bad[3], bad[5], bad[8]]
+    assert "JSON" in dead[0]["error"] and "id" in dead[1]["error"]
+    assert all(r["error"] for r in dead)
+
+    sensors = read_table(data_dir, "SELECT `offset`, sensor, celsius, at FROM sensors ORDER BY `offset`")
+    assert [(r["offset"], r["sensor"], r["celsius"], r["at"]) for r in sensors] == [
+        (i, f"s{i}", i / 2, at) for i in range(10) if i != 4]
+    # nothing of a typed topic in the records table
+    assert read_table(data_dir, "SELECT count(*) AS n FROM records") == [{"n": 0}]
