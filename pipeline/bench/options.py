@@ -142,6 +142,16 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the echo framing-ceiling measurement")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for every `pipeline serve` (repeatable), e.g. --server-arg=--network-threads=2")
+    table = p.add_argument_group("the table (--table)")
+    table.add_argument("--table", action="store_true",
+                       help="a steady confluent-kafka load over --hours simulated hours, then files per "
+                            "partition-hour, mean file size, acknowledgement-to-queryable lag and query times "
+                            "before and after compaction (pipeline.bench.table_bench; --rate records/s for "
+                            "--duration s, default 200/s for 60 s)")
+    table.add_argument("--hours", type=int, default=24, help="--table: simulated hours (default 24)")
+    table.add_argument("--commit-interval-ms", type=int, default=None,
+                       help="--table: server --table-commit-interval-ms (default: the server's)")
+    table.add_argument("--repeats", type=int, default=5, help="--table: runs of each query, median (default 5)")
     hostile = p.add_argument_group("hostile clients (--hostile)")
     hostile.add_argument("--hostile", action="store_true",
                          help="good producers at a steady rate, alone and then beside every hostile client on "
@@ -226,6 +236,21 @@ def resolve_hostile(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "table", False):
+        import sys
+
+        from pipeline.bench.table_bench import TableBenchOptions, main as table_main
+
+        out = args.out if args.out != Path("bench-results") else Path("bench-results") / "table"
+        d = TableBenchOptions()
+        table_opts = TableBenchOptions(out=out, rate=args.rate or d.rate, duration=args.duration or d.duration,
+                                       record_bytes=args.record_bytes or d.record_bytes, hours=args.hours,
+                                       commit_interval_ms=(args.commit_interval_ms if args.commit_interval_ms is not None
+                                                           else d.commit_interval_ms),
+                                       repeats=args.repeats)
+        if not (1 <= table_opts.hours <= 24 * 31 and table_opts.duration <= 3600 and table_opts.rate > 0):
+            raise SystemExit("pipeline bench: --table needs 1 <= --hours <= 744, --duration <= 3600, --rate > 0")
+        return table_main(table_opts, sys.argv[2:] if len(sys.argv) > 2 else [])
     if getattr(args, "hostile", False):
         from pipeline.bench.hostile_runner import main as hostile_main
 

@@ -371,8 +371,7 @@ class TableCatalog:
         df = self.spark.createDataFrame(table)
         if table.num_rows < COALESCE_BELOW_ROWS:
             df = df.coalesce(1)
-        database, name = owned.name.split(".", 1)
-        if not self.spark.catalog.tableExists(name, database):
+        if not self.spark.catalog.tableExists(owned.name):
             df.write.partitionBy(*owned.partition_columns).option("path", owned.directory).saveAsTable(owned.name)
         else:
             df.write.insertInto(owned.name)
@@ -381,8 +380,7 @@ class TableCatalog:
         """The tables that exist: records, typed topics' tables, dead letters."""
         out = [self.records]
         for owned in [*self.typed_tables.values(), self.dead_letters]:
-            database, name = owned.name.split(".", 1)
-            if self.spark.catalog.tableExists(name, database):
+            if self.spark.catalog.tableExists(owned.name):
                 out.append(owned)
         return out
 

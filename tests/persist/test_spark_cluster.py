@@ -51,7 +51,7 @@ def standalone_round_trip(master_url: str, data_dir: str) -> dict:
             "master": sc.master,
             # executors of this application (the driver is not one); none in local mode
             "executors": sc._jsc.sc().getExecutorIds().size(),
-            "partitions": sorted(r[0] for r in sink.spark.sql("SHOW PARTITIONS records").collect()),
+            "partitions": sorted(r[0] for r in sink.spark.sql("SHOW PARTITIONS pipeline.records").collect()),
             "rows_equal": read_back(sink.spark, DEFAULT_DATABASE) == expected_rows(),
             "sql": run_sql(sink.spark, SQL),
         }
