@@ -122,7 +122,7 @@ def main(opts: TableBenchOptions, argv: list[str] | None = None) -> int:
     from pipeline.bench.runner import ManagedProcess
     from pipeline.top import histogram_quantile, scrape
 
-    console = Console()
+    console = Console(width=None if Console().is_terminal else 160)
     out = opts.out
     data_dir = out / "data"
     shutil.rmtree(data_dir, ignore_errors=True)
@@ -175,7 +175,7 @@ def main(opts: TableBenchOptions, argv: list[str] | None = None) -> int:
         "after": after,
         "compaction": {"seconds": compaction_s, "partitions": compaction.compacted_partitions,
                        "files_before": compaction.files_before, "files_after": compaction.files_after},
-        "command": "pipeline bench --table " + " ".join(argv or []),
+        "command": "pipeline bench " + " ".join(argv or ["--table"]),
     }
     (out / "table_results.json").write_text(json.dumps(result, indent=1))
     table = Table(title=f"table after {delivered} records at {opts.rate:g}/s over {opts.hours} simulated hours "
