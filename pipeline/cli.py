@@ -398,13 +398,13 @@ def table_session(data_dir: Path, spark_master: str = "local[*]", spark_remote: 
     from pipeline.persist.spark_sink import build_spark_session
     from pipeline.table.catalog import catalog_conf
 
-    if spark_remote is None and not locked and _data_dir_in_use(data_dir):
+    if spark_remote is None and metastore_uris is None and not locked and _data_dir_in_use(data_dir):
         # (after a kill -9 the endpoints file outlives the server: only trust it while the server runs)
         try:
             spark_remote = json.loads(_endpoints_path(data_dir).read_text()).get("spark_connect")
         except (OSError, ValueError):
             spark_remote = None
-        if spark_remote is None and metastore_uris is None:
+        if spark_remote is None:
             raise RuntimeError(f"a pipeline server runs on {Path(data_dir).resolve()} without --spark-connect-port: "
                                "its embedded metastore is in use; query it over Spark Connect or JDBC")
     if spark_remote is not None:
