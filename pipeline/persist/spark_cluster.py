@@ -356,3 +356,85 @@ class ConnectServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+METASTORE_CLASS = "org.apache.hadoop.hive.metastore.HiveMetaStore"
+
+
+class MetastoreServer:
+    """A Hive metastore service (Thrift, ``hive.metastore.uris``) from pyspark's own jars, on 127.0.0.1.
+
+    Runs Hive's ``HiveMetaStore`` (hive-metastore 2.3, shipped in
+    ``pyspark/jars``) on an embedded Derby database in ``work_dir``, so several
+    Spark applications (the server, ``pipeline sql``, a user's own session)
+    share one catalog at the same time: pass ``uris`` to ``pipeline serve
+    --metastore-uris`` and to ``pipeline.table.catalog.catalog_conf``.
+
+    It listens on EVERY interface, not only 127.0.0.1: Hive 2.3's
+    ``HiveMetaStore`` opens its Thrift server socket without a bind address
+    (``hive.metastore.thrift.bind.host`` came with Hive 3). It has no
+    authentication either: use it on a machine whose network you trust (CI,
+    a laptop), and a managed metastore elsewhere.
+
+    Args:
+        work_dir: holds ``metastore_db`` (the Derby database), ``warehouse`` and ``metastore.log``.
+        port: Thrift port (default: a free one, picked before start).
+        timeout_s: how long it may take to accept connections (~5 s here).
+
+    Raises (from ``start``/``__enter__``):
+        SparkProcessError: it exited or did not listen in time; it is stopped.
+        FileNotFoundError: no ``java`` on PATH or in JAVA_HOME.
+    """
+
+    def __init__(self, work_dir: str | os.PathLike[str], port: int | None = None, timeout_s: float = 120.0) -> None:
+        self.work_dir = Path(work_dir).resolve()
+        self.port = port
+        self.timeout_s = timeout_s
+        self.process: SparkProcess | None = None
+
+    @property
+    def uris(self) -> str:
+        if self.port is None:
+            raise RuntimeError("MetastoreServer is not started")
+        return f"thrift://{LOOPBACK}:{self.port}"
+
+    def start(self) -> "MetastoreServer":
+        import shutil
+
+        java_home = os.environ.get("JAVA_HOME")
+        java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+        if not java:
+            raise FileNotFoundError("java (Java 17) is needed by the Hive metastore")
+        if self.port is None:
+            with socket.socket() as s:
+                s.bind((LOOPBACK, 0))
+                self.port = s.getsockname()[1]
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [java, "-Xmx512m", "-cp", str(spark_home() / "jars" / "*"),
+               # Hive's own log set-up wants the LMAX disruptor for async logging, which pyspark does not ship.
+               "-Dhive.async.log.enabled=false",
+               f"-Djavax.jdo.option.ConnectionURL=jdbc:derby:;databaseName={self.work_dir / 'metastore_db'};create=true",
+               f"-Dderby.stream.error.file={self.work_dir / 'derby.log'}",
+               "-Ddatanucleus.schema.autoCreateAll=true", "-Dhive.metastore.schema.verification=false",
+               f"-Dhive.metastore.warehouse.dir={self.work_dir / 'warehouse'}",
+               METASTORE_CLASS, "-p", str(self.port)]
+        self.process = SparkProcess("Hive metastore", cmd, self.work_dir / "metastore.log", _spark_env())
+        self.process.start()
+        try:
+            _wait_for(self.process, lambda: port_open(LOOPBACK, self.port), f"listen on {LOOPBACK}:{self.port}",
+                      self.timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the service (SIGTERM, then SIGKILL). Safe to call twice."""
+        if self.process is not None:
+            self.process.stop()
+
+    def __enter__(self) -> "MetastoreServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

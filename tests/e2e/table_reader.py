@@ -20,10 +20,13 @@ from pathlib import Path
 import pyarrow as pa
 
 
-def read_table(data_dir: Path, query: str, timeout_s: float = 300.0) -> list[dict]:
-    """Rows of ``query`` over the tables of ``data_dir``. Raises AssertionError with the reader's log on failure."""
+def read_table(data_dir: Path, query: str, timeout_s: float = 300.0, metastore_uris: str | None = None) -> list[dict]:
+    """Rows of ``query`` over the tables of ``data_dir`` (through ``metastore_uris`` if given).
+
+    Raises AssertionError with the reader's log on failure."""
     with tempfile.NamedTemporaryFile(suffix=".arrow") as out:
-        proc = subprocess.run([sys.executable, "-m", "tests.e2e.table_reader", str(data_dir), query, out.name],
+        proc = subprocess.run([sys.executable, "-m", "tests.e2e.table_reader", str(data_dir), query, out.name,
+                               *([metastore_uris] if metastore_uris else [])],
                               capture_output=True, timeout=timeout_s)
         assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
         with pa.ipc.open_stream(out.name) as reader:
@@ -31,12 +34,13 @@ def read_table(data_dir: Path, query: str, timeout_s: float = 300.0) -> list[dic
 
 
 def main(argv: list[str]) -> int:
-    data_dir, query, out = argv
+    data_dir, query, out, *uris = argv
     from pipeline.cli import table_session
     from pipeline.persist.spark_sink import run_sql  # noqa: F401  (same current-database rule)
     from pipeline.table.layout import DEFAULT_DATABASE
 
-    spark = table_session(Path(data_dir), "local[1]", app_name="pipeline-test-reader")
+    spark = table_session(Path(data_dir), "local[1]", metastore_uris=uris[0] if uris else None,
+                          app_name="pipeline-test-reader")
     try:
         spark.catalog.setCurrentDatabase(DEFAULT_DATABASE)
         table = spark.sql(query).toArrow()

@@ -259,3 +259,34 @@ def test_typed_topics_get_columns_and_bad_values_go_to_the_dead_letters_across_k
         (i, f"s{i}", i / 2, at) for i in range(10) if i != 4]
     # nothing of a typed topic in the records table
     assert read_table(data_dir, "SELECT count(*) AS n FROM records") == [{"n": 0}]
+
+
+def test_an_external_metastore_is_shared_with_a_classic_session_while_the_server_runs(tmp_path):
+    from kafka import KafkaProducer
+
+    from pipeline.persist.spark_cluster import MetastoreServer
+
+    data_dir = tmp_path / "data"
+    with MetastoreServer(tmp_path / "metastore") as metastore:
+        server = ServerProcess(data_dir, "--metastore-uris", metastore.uris, "--table-commit-interval-ms", "500",
+                               "--spark-connect-port", "0").start()
+        try:
+            producer = KafkaProducer(bootstrap_servers=server.bootstrap, acks="all")
+            for i in range(50):
+                producer.send("shared", value=b"v%d" % i)
+            producer.flush()
+            producer.close()
+            # a classic Spark application of its own (another process, another JVM), by name, server running
+            deadline = time.monotonic() + 90
+            while True:
+                rows = read_table(data_dir, "SELECT count(*) AS n FROM pipeline.records WHERE topic = 'shared'",
+                                  metastore_uris=metastore.uris)
+                if rows == [{"n": 50}] or time.monotonic() > deadline:
+                    break
+            assert rows == [{"n": 50}]
+            assert server.running
+            # nothing went to an embedded metastore in the data directory
+            assert not (data_dir / "_pipeline" / "metastore_db").exists()
+        finally:
+            code = server.stop() if server.running else None
+        assert code == 0, server.log_text()
