@@ -123,9 +123,10 @@ class PersisterStats:
 
     The histograms hold milliseconds (values clamped to 1..``LATENCY_HISTOGRAM_MAX_MS``):
     ``wal_write_ms`` one WAL append + fsync each, ``flush_ms`` one successful
-    Spark write each (retries included), ``queryable_lag_ms`` per request: from
-    its acknowledgement (the WAL fsync, ``ack_on="wal"``) or its WAL write
-    (``ack_on="spark"``) to the Spark commit that made its records queryable.
+    Spark write each (retries included), ``queryable_lag_ms`` one value per
+    WAL group commit (the requests of a group share one acknowledgement): from
+    that fsync (the acknowledgement with ``ack_on="wal"``) to the Spark commit
+    that made the group's records queryable.
     """
 
     wal_writes: int = 0
