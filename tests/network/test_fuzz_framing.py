@@ -10,7 +10,7 @@ holds more than it was sent nor allocates more than a frame declares; the
 pool never lends more than its capacity and gets every byte back.
 
 Complements tests/network/test_framing.py (valid streams, one invalid size
-at a time). ``PIPELINE_FUZZ_EXAMPLES`` scales the examples (default 300).
+at a time). ``FUZZ_EXAMPLES`` scales the examples (default 300).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pipeline.network.memory_pool import MemoryPool
 from pipeline.protocol.errors import InvalidRequestError
 from pipeline.protocol.header import parse_request_header
 
-EXAMPLES = int(os.environ.get("PIPELINE_FUZZ_EXAMPLES", 300))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", 300))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # A few real request frames (ApiVersions v3, Metadata v1 and v12, Produce v9 header).

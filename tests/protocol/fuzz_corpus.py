@@ -81,8 +81,8 @@ DOCUMENTED_RECORD_ERRORS = (RecordError,)
 
 
 def fuzz_examples(default: int) -> int:
-    """max_examples for a fuzz test: ``PIPELINE_FUZZ_EXAMPLES`` or ``default``."""
-    return int(os.environ.get("PIPELINE_FUZZ_EXAMPLES", default))
+    """max_examples for a fuzz test: ``FUZZ_EXAMPLES`` or ``default``."""
+    return int(os.environ.get("FUZZ_EXAMPLES", default))
 
 
 # ---------------------------------------------------------------- valid data

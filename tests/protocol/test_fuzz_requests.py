@@ -9,7 +9,7 @@ records validation). Only ``InvalidRequestError`` (request) and
 ``RecordError`` (records) may escape, and records that validation accepts
 must decode in the persister.
 
-Bounded for CI: ``PIPELINE_FUZZ_EXAMPLES`` (default 300) examples per
+Bounded for CI: ``FUZZ_EXAMPLES`` (default 300) examples per
 hypothesis test and 20x that many frames in the child process. A longer
 run is documented in docs/benchmarks.md ("Fuzzing")."""
 
@@ -158,7 +158,7 @@ def test_snappy_xerial_header_must_be_v1_as_the_persister_reads_it() -> None:
 
 
 def test_hostile_frames_do_not_kill_the_process() -> None:
-    """20 x PIPELINE_FUZZ_EXAMPLES hostile frames (half of them Produce with
+    """20 x FUZZ_EXAMPLES hostile frames (half of them Produce with
     mutated, often compressed records) in a child process: a native abort or
     segfault shows up as a negative return code instead of killing pytest."""
     count = 20 * EXAMPLES
