@@ -65,8 +65,10 @@ TABLE_SPARK_SCHEMA = StructType(
      StructField("hour", IntegerType())]
 )
 
-COALESCE_BELOW_ROWS = 200_000
-"""A flush of fewer rows is written as one file per time partition (one task)."""
+COALESCE_BELOW_ROWS = 20_000
+"""A flush of fewer rows is written as one file per time partition (one task). Larger
+flushes keep one task per Arrow batch of 100k rows (``spark.sql.execution.arrow.maxRecordsPerBatch``),
+so both cores write: their files are large anyway."""
 
 STATE_DIR = "_pipeline"
 JOURNAL_FILE = "table-journal.json"
