@@ -141,14 +141,17 @@ class KafkaChannel:
         """Close with a logged reason: stop reading, answer what is in flight, close."""
         if self.close_reason is None:
             self.close_reason = reason
-            log.warning("closing connection %s: %s", self.connection_id, reason)
+            log.warning("closing connection %s: %s", self.connection_id, reason,
+                        extra={"connection_id": self.connection_id})
         self.stop_reading()
 
     def abort(self, reason: str) -> None:
         """Close at once with a logged reason, dropping unsent responses (timeouts)."""
         if self.close_reason is None:
             self.close_reason = reason
-            log.warning("closing connection %s: %s", self.connection_id, reason)
+            # The Processor's reaper calls this outside the connection's tasks.
+            log.warning("closing connection %s: %s", self.connection_id, reason,
+                        extra={"connection_id": self.connection_id})
         self._aborted = True
         self.stop_reading()
         if self._connection_scope is not None:

@@ -17,6 +17,7 @@ whatever the number of handlers.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 import trio
 from kio.schema.errors import ErrorCode
 
+from pipeline.logs import log_context
 from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.persister import BatchingPersister, Commit, StorageFailedError
 from pipeline.protocol import apis
@@ -195,8 +197,8 @@ class KafkaApis:
             # Persistence is stalled (Spark down, buffer.memory full): answer
             # within the request's timeout rather than hold it (Kafka
             # REQUEST_TIMED_OUT); nothing of it was sequenced or stored.
-            log.warning("connection %s: produce (correlation id %d) timed out waiting for persister "
-                        "memory (buffer.memory full)", request.connection.connection_id, header.correlation_id)
+            log.warning("connection %s: produce timed out waiting for persister memory (buffer.memory full)",
+                        request.connection.connection_id)  # the correlation id is on the line (pipeline.logs)
             for index, part, _info in checked:
                 results[index] = PartitionResult(part.topic, part.partition, ErrorCode.request_timed_out.value,
                                                  error_message="persistence stalled: buffer.memory full")
@@ -253,7 +255,7 @@ class KafkaApis:
         if view.acks == 0:
             connection.complete(token, None)
             if commit is not None:
-                commit.add_callback(_log_unacked_failure)
+                commit.add_callback(functools.partial(_log_unacked_failure, log_context.get()))
             failed = [r for r in results if r.error_code]
             if failed:
                 # acks=0 clients never read a response, so Kafka closes the
@@ -297,9 +299,11 @@ class KafkaApis:
         return ErrorCode.none.value
 
 
-def _log_unacked_failure(commit: Commit) -> None:
+def _log_unacked_failure(ids: tuple[str | None, int | None], commit: Commit) -> None:
+    """Commit callback (the persister's task): ``ids`` are the request's (connection id, correlation id)."""
     if commit.error is not None:
-        log.error("acks=0 records could not be persisted: %s", commit.error)
+        log.error("acks=0 records could not be persisted: %s", commit.error,
+                  extra={"connection_id": ids[0], "correlation_id": ids[1]})
 
 
 class PendingProduce:
@@ -422,6 +426,8 @@ class RequestHandler:
                 self._request_channel.taken(self._queue_index, len(requests))
                 for request in requests:
                     request.dequeued_at = now
+                    # What is logged while handling it carries its ids (pipeline.logs).
+                    context = log_context.set((request.connection.connection_id, request.header.correlation_id))
                     try:
                         await self._apis.handle(request)
                     except Exception:
@@ -435,3 +441,4 @@ class RequestHandler:
                     finally:
                         now = request.local_done_at = trio.current_time()
                         request.release()
+                        log_context.reset(context)
