@@ -71,6 +71,7 @@ class SparkGroupSink:
         """
         self._sink.start()
         self._formats = self._sink.catalog.value_formats()
+        self._sink.catalog.check_typed_tables(self._formats)
         warmup = pa.table({"warmup": pa.array([1], pa.int32())})
         path = os.path.join(self._sink.data_dir, "_pipeline", "warmup")
         self._sink.spark.createDataFrame(warmup).write.mode("overwrite").parquet(path)

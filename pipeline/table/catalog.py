@@ -31,8 +31,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from pipeline.persist.schema import COLUMNS, SPARK_SCHEMA
-from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables
+from pipeline.persist.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
+from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables, typed_column_name
 from pipeline.table.values import ValueFormat
 from pipeline.table.layout import (
     DEFAULT_COMPACTION_MIN_FILES,
@@ -348,6 +348,32 @@ class TableCatalog:
             except Exception as exc:
                 raise ValueError(f"topic {topic!r}: {str(exc).splitlines()[0]}") from None
         return formats
+
+    def check_typed_tables(self, formats: dict[str, ValueFormat]) -> None:
+        """Refuse to start when a typed topic's existing table has other columns than its format gives.
+
+        Every write to it would fail (``insertInto`` matches columns by
+        position and type) and be retried forever; a schema change needs a
+        new table (drop or rename the old one) or an ``ALTER TABLE`` first.
+
+        Raises:
+            ValueError: names the topic, the table and both column lists.
+        """
+        for topic, fmt in formats.items():
+            owned = self.typed_tables[topic]
+            if not self.spark.catalog.tableExists(owned.name):
+                continue
+            expected_schema = ARROW_SCHEMA
+            for f in fmt.schema:
+                expected_schema = expected_schema.append(pa.field(typed_column_name(f.name), f.type))
+            expected = [(f.name, f.dataType.simpleString())
+                        for f in self.spark.createDataFrame(expected_schema.empty_table()).schema.fields]
+            actual = [(f.name, f.dataType.simpleString()) for f in self.spark.table(owned.name).schema.fields
+                      if f.name not in owned.partition_columns]
+            if actual != expected:
+                raise ValueError(
+                    f"topic {topic!r}: table {owned.name} has columns {actual}, its value.format/value.schema "
+                    f"give {expected}; drop or rename the table (or ALTER it) before changing the schema")
 
     def write_flush(self, flush: FlushTables) -> None:
         """Write one flush: raw rows to the records table, typed rows to their topics' tables,

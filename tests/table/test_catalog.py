@@ -219,3 +219,33 @@ def test_retention_drops_old_day_partitions_through_the_catalog(catalog):
     assert count(catalog, "topic = 'daily'") == 9
     assert count(catalog, "topic = 'orders'") == 10
     assert not list((catalog.data_dir / "tables" / "records" / "topic=daily").glob("date=2026-11-2[01]"))
+
+
+@pytest.mark.slow
+def test_typed_rows_and_dead_letters_land_and_a_changed_schema_is_refused_at_start(spark, tmp_path):
+    from pipeline.table.typed import split_typed
+
+    database = unique_database()
+    config = TableConfig(database=database, topics={
+        "pay": TopicTableConfig(value_format="json", value_schema="id BIGINT, key STRING")})
+    catalog = TableCatalog(spark, tmp_path / "data", config)
+    catalog.ensure()
+    formats = catalog.value_formats()
+    table = rows("pay", 3, DAY0, timedelta(seconds=1))
+    values = [b'{"id": 1, "key": "a"}', b"{oops", b'{"id": 3}']
+    table = table.set_column(table.column_names.index("value"), "value", pa.array(values, pa.binary()))
+    catalog.write_flush(split_typed(table, formats))
+    typed = spark.table(f"{database}.pay").orderBy("offset").collect()
+    assert [(r["offset"], r["id"], r["value_key"]) for r in typed] == [(0, 1, "a"), (2, 3, None)]
+    dead = spark.table(f"{database}.dead_letters").collect()
+    assert [(r["topic"], r["offset"], r["value"]) for r in dead] == [("pay", 1, b"{oops")]
+    assert "JSON" in dead[0]["error"]
+    catalog.check_typed_tables(formats)   # unchanged: fine
+
+    changed = TableCatalog(spark, tmp_path / "data", TableConfig(database=database, topics={
+        "pay": TopicTableConfig(value_format="json", value_schema="id STRING")}))
+    with pytest.raises(ValueError, match="topic 'pay': table .*pay has columns"):
+        changed.check_typed_tables(changed.value_formats())
+    with pytest.raises(ValueError, match="topic 'bad': value.schema"):
+        TableCatalog(spark, tmp_path / "data", TableConfig(database=database, topics={
+            "bad": TopicTableConfig(value_format="json")})).value_formats()
