@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from pipeline.lifecycle import STOP_SIGNALS, StartupInterrupted, StartupSignals, stop_children
@@ -29,190 +30,89 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``serve`` options (also reused by ``pipeline bench`` for the servers it starts).
+def add_key_arguments(p: argparse.ArgumentParser, names=None, flags: dict[str, str] | None = None) -> None:
+    """One flag per configuration key of ``names`` (default: every key but the top-level
+    ones), with its metavar and help from ``pipeline.config.KEYS``.
 
-    Every default comes from ``ServerConfig`` (defined once there).
+    Flags store the raw text (default None: not given); ``flag_values`` parses them,
+    so a bad value is a ``ConfigError`` like a bad file or environment value.
+    ``flags`` renames a key's flag (``{"table.database": "--database"}``).
     """
-    from pipeline.server import ServerConfig
+    from pipeline.config import KEYS, default_value
 
-    d = ServerConfig()
-    p.add_argument("--listen", type=host_port, default=(d.listen_host, d.listen_port), metavar="HOST:PORT",
-                   help=f"address to listen on (default {d.listen_host}:{d.listen_port}; port 0 picks a free one)")
-    p.add_argument("--advertised-listener", type=host_port, default=None, metavar="HOST:PORT",
-                   help="address given to clients in Metadata (default: the listen address)")
-    p.add_argument("--mode", choices=["multiqueue", "baseline", "shared-unmuted"], default=d.mode.value,
-                   help="multiqueue: N queues routed by crc32(connection id) %% N, one handler each "
-                        "(AutoMQ); baseline: classic Kafka shared queue + handler pool + mute "
-                        "until response; shared-unmuted: benchmark ablation that breaks "
-                        "per-connection ordering on purpose (default %(default)s)")
-    p.add_argument("--queues", type=positive_int, default=d.queues,
-                   help="multiqueue: number of request queues = RequestHandlers (default %(default)s)")
-    p.add_argument("--io-threads", type=positive_int, default=d.io_threads,
-                   help="baseline: handler pool size, Kafka num.io.threads (default %(default)s)")
-    p.add_argument("--queued-max-requests", type=positive_int, default=d.queued_max_requests,
-                   help="requests that may wait in the RequestChannel, Kafka queued.max.requests; "
-                        "multiqueue splits it evenly over its queues (default %(default)s)")
-    p.add_argument("--queued-max-request-bytes", type=positive_int, default=d.queued_max_request_bytes,
-                   help="MemoryPool: bytes all received requests may hold until handled, Kafka "
-                        "queued.max.request.bytes; a connection whose next request does not fit is "
-                        "muted until memory returns (default %(default)s)")
-    p.add_argument("--max-in-flight-requests-per-connection", type=positive_int,
-                   default=d.max_in_flight_requests_per_connection,
-                   help="multiqueue: requests of one connection read but not yet answered before its "
-                        "reading pauses; baseline is always 1 (default %(default)s)")
-    p.add_argument("--network-threads", type=positive_int, default=d.network_threads,
-                   help="Processors, Kafka num.network.threads (default %(default)s)")
-    p.add_argument("--socket-request-max-bytes", type=positive_int, default=d.socket_request_max_bytes,
-                   help="largest request frame in bytes, Kafka socket.request.max.bytes (default %(default)s)")
-    p.add_argument("--max-connections", type=positive_int, default=d.max_connections,
-                   help="open connections in all, Kafka max.connections; more are closed at accept "
-                        "(default %(default)s)")
-    p.add_argument("--max-connections-per-ip", type=positive_int, default=d.max_connections_per_ip,
-                   help="open connections of one client address, Kafka max.connections.per.ip "
-                        "(default: --max-connections)")
-    p.add_argument("--connections-max-idle-ms", type=positive_int, default=d.connections_max_idle_ms,
-                   help="close connections idle this long, Kafka connections.max.idle.ms (default %(default)s)")
-    p.add_argument("--request-receive-timeout-ms", type=positive_int, default=d.request_receive_timeout_ms,
-                   help="close a connection whose request frame is not complete this long after its first "
-                        "byte (time muted excluded) (default %(default)s)")
-    p.add_argument("--response-buffer-max-bytes", type=positive_int, default=d.response_buffer_max_bytes,
-                   help="stop reading a connection while this many bytes of its responses are unsent "
-                        "(default %(default)s)")
-    p.add_argument("--response-send-timeout-ms", type=positive_int, default=d.response_send_timeout_ms,
-                   help="close a connection that takes none of its responses for this long "
-                        "(default %(default)s)")
-    p.add_argument("--num-partitions", type=positive_int, default=d.num_partitions,
-                   help="partitions of an auto-created topic, Kafka num.partitions (default %(default)s)")
-    p.add_argument("--batch-max-records", type=positive_int, default=d.batch_max_records,
-                   help="flush once a group holds this many records (default %(default)s)")
-    p.add_argument("--batch-max-bytes", type=positive_int, default=d.batch_max_bytes,
-                   help="flush once a group holds this many bytes of record batches (default %(default)s)")
-    p.add_argument("--linger-ms", type=float, default=d.linger_ms,
-                   help="flush a group this many ms after its first record (default %(default)s)")
-    p.add_argument("--buffer-memory", type=positive_int, default=d.buffer_memory,
-                   help="bytes buffered for persistence above which handlers wait (default %(default)s)")
-    p.add_argument("--data-dir", type=Path, default=d.data_dir,
-                   help="where the table lives: DATA_DIR/records (default ./%(default)s)")
-    spark = p.add_mutually_exclusive_group()
-    spark.add_argument("--spark-master", default=d.spark_master,
-                       help="Spark master URL, e.g. spark://127.0.0.1:7077 (default %(default)s, embedded)")
-    spark.add_argument("--spark-remote", default=None, metavar="URL",
-                       help="Spark Connect server, e.g. sc://127.0.0.1:15002 (instead of --spark-master)")
-    p.add_argument("--ack-on", choices=["wal", "spark"], default=d.ack_on,
-                   help="acknowledge a produce once its records are fsynced in the write-ahead log "
-                        "(wal, default) or once the Spark write holding them has committed (spark)")
-    p.add_argument("--wal-segment-bytes", type=positive_int, default=d.wal_segment_bytes,
-                   help="roll WAL segment files at this size (default %(default)s)")
-    p.add_argument("--wal-linger-ms", type=float, default=d.wal_linger_ms,
-                   help="wait this long to gather more requests into one WAL fsync (default %(default)s: "
-                        "group whatever arrived during the previous fsync)")
-    p.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: a free port)")
-    t = p.add_argument_group("table (flags override --config)")
-    t.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="TOML configuration file: table settings and per-topic [topic.\"NAME\"] tables "
-                        "(see docs/table.md)")
-    t.add_argument("--table-commit-interval-ms", type=positive_int, default=None,
-                   help=f"with --ack-on wal: commit to the table this often, table.commit.interval.ms "
-                        f"(default {d.table_commit_interval_ms}); with --ack-on spark --linger-ms applies")
-    t.add_argument("--table-target-file-bytes", type=positive_int, default=None,
-                   help=f"compaction merges small files up to this size, table.target.file.bytes "
-                        f"(default {d.table.target_file_bytes})")
-    t.add_argument("--table-compaction-interval-ms", type=int, default=None,
-                   help=f"look for partitions to compact this often, table.compaction.interval.ms; 0: never "
-                        f"(default {d.table_compaction_interval_ms})")
-    t.add_argument("--table-compaction-min-files", type=int, default=None,
-                   help=f"compact a partition once it has this many small files, table.compaction.min.files "
-                        f"(default {d.table.compaction_min_files})")
-    t.add_argument("--file-delete-delay-ms", type=int, default=None,
-                   help=f"keep files a compaction or retention replaced this long for running queries, "
-                        f"file.delete.delay.ms (default {d.table.file_delete_delay_ms})")
-    t.add_argument("--metastore-uris", default=None, metavar="URIS",
-                   help="external Hive metastore, hive.metastore.uris, e.g. thrift://127.0.0.1:9083 "
-                        "(default: embedded, in DATA_DIR/_pipeline/metastore_db)")
-    t.add_argument("--spark-connect-port", type=int, default=d.spark_connect_port,
-                   help="serve Spark Connect on 127.0.0.1:PORT so other Spark sessions and `pipeline sql` "
-                        "query the tables while the server runs; 0: off (default %(default)s)")
-    t.add_argument("--thrift-port", type=int, default=d.thrift_port,
-                   help="serve JDBC/ODBC (Spark Thrift Server, jdbc:hive2://127.0.0.1:PORT/) on 127.0.0.1; "
-                        "0: off (default %(default)s)")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for key in KEYS.values():
+        if (names is None and key.top_level) or (names is not None and key.name not in names):
+            continue
+        flag = (flags or {}).get(key.name, key.flag)
+        group = groups.get(key.group)
+        if group is None:
+            group = groups[key.group] = p.add_argument_group(key.group)
+        default = default_value(key)
+        shown = key.unset if default is None else key.show(default)
+        group.add_argument(flag, dest=key.dest, default=None, metavar=key.metavar,
+                           help=f"{key.help} [{key.name}, env {key.env}; default {shown}]".replace("%", "%%"))
 
 
-_PASSED_THROUGH = (
-    "queues", "io_threads", "queued_max_requests", "queued_max_request_bytes",
-    "max_in_flight_requests_per_connection", "network_threads", "socket_request_max_bytes",
-    "max_connections", "max_connections_per_ip", "connections_max_idle_ms", "request_receive_timeout_ms",
-    "response_buffer_max_bytes", "response_send_timeout_ms", "num_partitions", "batch_max_records",
-    "batch_max_bytes", "linger_ms", "buffer_memory", "data_dir", "spark_master", "metrics_port",
-    "spark_remote", "ack_on", "wal_segment_bytes", "wal_linger_ms", "spark_connect_port", "thrift_port",
-)
-"""ServerConfig fields that ``serve`` options set under the same name."""
+def _add_log_arguments(p: argparse.ArgumentParser, default) -> None:
+    """``--log-level`` and ``--log-format`` (keys ``log.level``, ``log.format``)."""
+    from pipeline.config import KEYS, default_value
+
+    for name in ("log.level", "log.format"):
+        key = KEYS[name]
+        p.add_argument(key.flag, dest=key.dest, default=default, metavar=key.metavar,
+                       help=f"{key.help} [{key.name}, env {key.env}; default {default_value(key)}]")
 
 
-_TABLE_FLAGS = {
-    "table_commit_interval_ms": "table_commit_interval_ms",
-    "table_compaction_interval_ms": "table_compaction_interval_ms",
-    "metastore_uris": "metastore_uris",
-}
-"""Flags (default None: not given) over the config file, by ServerConfig field."""
-
-_TABLE_CONFIG_FLAGS = {
-    "table_target_file_bytes": "target_file_bytes",
-    "table_compaction_min_files": "compaction_min_files",
-    "file_delete_delay_ms": "file_delete_delay_ms",
-}
-"""Flags over the config file, by TableConfig field."""
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``serve`` options (also ``config show``'s): ``--config FILE`` and one flag per key."""
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="TOML configuration file: keys as in `pipeline config show`, per-topic "
+                        "[topic.\"NAME\"] tables (docs/table.md); PIPELINE_* environment variables "
+                        "override it, flags override both")
+    add_key_arguments(p)
+    _add_log_arguments(p, argparse.SUPPRESS)
 
 
-def _config_from_args(args: argparse.Namespace):
-    """The ServerConfig: defaults, then the ``--config`` file, then flags.
+def flag_values(args: argparse.Namespace, flags: dict[str, str] | None = None):
+    """key -> (parsed value, ``flag:--name``) for every key flag given in ``args``.
 
     Raises:
-        pipeline.config.ConfigError: the file or a flag value is wrong.
+        pipeline.config.ConfigError: a flag's value is wrong (named with its key).
     """
-    from dataclasses import replace
+    from pipeline.config import KEYS, parse_value
 
-    from pipeline.config import ConfigError, FileConfig, load_config
-    from pipeline.server import Mode, ServerConfig
+    out = {}
+    for key in KEYS.values():
+        raw = getattr(args, key.dest, None)
+        if raw is not None:
+            source = f"flag:{(flags or {}).get(key.name, key.flag)}"
+            out[key.name] = (parse_value(key, raw, source, text=True), source)
+    return out
 
-    file = load_config(args.config) if getattr(args, "config", None) else FileConfig()
-    advertised = args.advertised_listener or (None, None)
-    fields = {**file.server}
-    for flag, name in _TABLE_FLAGS.items():
-        if getattr(args, flag, None) is not None:
-            fields[name] = getattr(args, flag)
-    table = file.table
-    table_fields = {name: getattr(args, flag) for flag, name in _TABLE_CONFIG_FLAGS.items()
-                    if getattr(args, flag, None) is not None}
-    if table_fields.get("compaction_min_files", 2) < 2:
-        raise ConfigError("--table-compaction-min-files: expected an integer >= 2")
-    if any(v < 0 for v in (table_fields.get("file_delete_delay_ms", 0), fields.get("table_compaction_interval_ms", 0))):
-        raise ConfigError("--file-delete-delay-ms and --table-compaction-interval-ms must be >= 0")
-    return ServerConfig(
-        listen_host=args.listen[0],
-        listen_port=args.listen[1],
-        advertised_host=advertised[0],
-        advertised_port=advertised[1],
-        mode=Mode(args.mode),
-        table=replace(table, **table_fields),
-        **fields,
-        **{name: getattr(args, name) for name in _PASSED_THROUGH},
-    )
+
+def _resolve(args: argparse.Namespace, flags: dict[str, str] | None = None):
+    """``pipeline.config.resolve`` of ``--config`` (if the command has it), the environment and the flags."""
+    from pipeline.config import resolve
+
+    return resolve(getattr(args, "config", None), os.environ, flag_values(args, flags))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
+    from pipeline.config import ConfigError
+    from pipeline.logs import children_stderr_to_log, setup_logging
     from pipeline.server import Server
 
-    from pipeline.config import ConfigError
-
     try:
-        config = _config_from_args(args)
+        resolved = _resolve(args)
     except ConfigError as exc:
         print(f"pipeline: configuration error: {exc}", file=sys.stderr)
         return 2
+    setup_logging(resolved.log)  # the file or the environment may set log.*
+    config = resolved.server
+    log.info("configuration: %s", _sources_summary(resolved.sources))
     lock = _lock_data_dir(config.data_dir)
     if lock is None:
         return 1
@@ -226,14 +126,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         log.info("starting Spark (%s); data in %s", config.spark_remote or config.spark_master,
                  config.data_dir.resolve())
-        sink.start()
+        started = time.monotonic()
+        with children_stderr_to_log():  # the JVM's and the decode worker's stderr into this log
+            sink.start()
+        took = time.monotonic() - started
+        log.info("Spark ready in %.1f s: %s", took, _spark_whereabouts(sink, config),
+                 extra={"stage": "spark", "seconds": round(took, 3)})
         _write_endpoints(config)
         server = Server(config, sink)
         _set_phase(endpoint, "RECOVERING", server)
+        started = time.monotonic()
         recovered = server.recover()
-        log.info("recovered: %d partitions, %d producer batches, %d records replayed from the WAL",
-                 len(recovered.checkpoint.end_offsets), len(recovered.checkpoint.producers),
-                 recovered.replayed_records)
+        took = time.monotonic() - started
+        log.info("recovery done in %.2f s (recovered: %d partitions, %d producer batches, %d records "
+                 "replayed from the WAL)", took, len(recovered.checkpoint.end_offsets),
+                 len(recovered.checkpoint.producers), recovered.replayed_records,
+                 extra={"stage": "recovery", "seconds": round(took, 3)})
         _set_phase(endpoint, "STARTING_LISTENER")
         signals.defer()
     except StartupInterrupted as exc:
@@ -270,6 +178,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
                 host, port = await nursery.start(run_server)
                 _set_phase(endpoint, "SERVING")
+                ready = _since_process_start()
+                log.info("listening on %s:%d (ready in %.1f s)", host, port, ready,
+                         extra={"stage": "listener", "seconds": round(ready, 3)})
                 print(f"pipeline {config.mode.value}: listening on {host}:{port}", flush=True)
                 nursery.start_soon(watch_signals)
 
@@ -296,11 +207,55 @@ def _metrics_endpoint(config):
         return None
     from pipeline.metrics import MetricsEndpoint
 
+    started = time.monotonic()
     endpoint = MetricsEndpoint()
     port = endpoint.start(config.metrics_port)
-    log.info("metrics on http://127.0.0.1:%d/metrics, health on /healthz and /readyz", port)
+    took = time.monotonic() - started
+    log.info("metrics endpoint ready in %.2f s: http://127.0.0.1:%d/metrics, health on /healthz and /readyz",
+             took, port, extra={"stage": "metrics", "seconds": round(took, 3)})
     print(f"metrics on http://127.0.0.1:{port}/metrics", flush=True)
     return endpoint
+
+
+def _sources_summary(sources: dict[str, str]) -> str:
+    """``"defaults; file:x.toml sets 3 keys; env:PIPELINE_A, flag:--b"`` for the start-up log."""
+    from pipeline.config import DEFAULT_SOURCE
+
+    files: dict[str, int] = {}
+    named = []
+    for source in sources.values():
+        if source.startswith("file:"):
+            files[source] = files.get(source, 0) + 1
+        elif source != DEFAULT_SOURCE:
+            named.append(source)
+    parts = ["defaults"] + [f"{f} sets {n} key(s)" for f, n in files.items()]
+    if named:
+        parts.append(", ".join(named))
+    return "; ".join(parts) + " (`pipeline config show` with the same arguments lists every key)"
+
+
+def _since_process_start() -> float:
+    """Seconds since this process started (its start time as the kernel has it)."""
+    import psutil
+
+    return max(0.0, time.time() - psutil.Process().create_time())
+
+
+def _spark_whereabouts(sink, config) -> str:
+    """Where Spark's UI and logs are, in one phrase (for the "Spark ready" line)."""
+    from pipeline.persist.spark_sink import LOG4J2_PROPERTIES
+
+    if config.spark_remote:
+        return (f"Spark Connect at {config.spark_remote}: the UI and the logs are the Connect server's, "
+                "its driver writes the table")
+    sc = sink.catalog.spark.sparkContext
+    ui = sc.uiWebUrl
+    where = f"application {sc.applicationId} on {sc.master}; " + (
+        f"UI at {ui}" if ui else "UI off (spark.ui.enabled=false)")
+    where += f"; driver log: WARN and up, in this log as loggers spark.* (log4j2: {LOG4J2_PROPERTIES})"
+    if sc.master.startswith("spark://"):
+        where += "; executor logs in each worker's work directory, app-ID/N/stderr"
+    return where
 
 
 def _set_phase(endpoint, phase: str, server=None) -> None:
@@ -439,15 +394,23 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from pipeline.config import ConfigError
+    from pipeline.logs import children_stderr_to_log
     from pipeline.persist.spark_sink import run_sql
 
     try:
-        spark = table_session(args.data_dir, args.spark_master, args.spark_remote, args.metastore_uris)
+        config = _resolve(args, SQL_FLAGS)
+    except ConfigError as exc:
+        print(f"pipeline: configuration error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with children_stderr_to_log():
+            spark = table_session(config.data_dir, config.spark_master, config.spark_remote, config.metastore_uris)
     except RuntimeError as exc:
         print(f"pipeline sql: {exc}", file=sys.stderr)
         return 1
     try:
-        columns, rows = run_sql(spark, args.query, args.database)
+        columns, rows = run_sql(spark, args.query, config.table.database)
     finally:
         spark.stop()
     if args.format == "json":
@@ -480,30 +443,25 @@ def _json_value(value):
 
 def cmd_compact(args: argparse.Namespace) -> int:
     """Compact every partition that needs it and delete replaced files whose delay has passed (server stopped)."""
-    from dataclasses import replace
-
-    from pipeline.config import ConfigError, FileConfig, load_config
+    from pipeline.config import ConfigError
+    from pipeline.logs import children_stderr_to_log
     from pipeline.table.catalog import TableCatalog
 
     try:
-        file = load_config(args.config) if args.config else FileConfig()
+        config = _resolve(args).server
     except ConfigError as exc:
         print(f"pipeline: configuration error: {exc}", file=sys.stderr)
         return 2
-    lock = _lock_data_dir(args.data_dir)
+    lock = _lock_data_dir(config.data_dir)
     if lock is None:
         print("pipeline compact: a server runs on this data directory and compacts it in the background "
               "(--table-compaction-interval-ms); stop it to compact now", file=sys.stderr)
         return 1
-    table = file.table
-    if args.table_target_file_bytes:
-        table = replace(table, target_file_bytes=args.table_target_file_bytes)
-    if args.file_delete_delay_ms is not None:
-        table = replace(table, file_delete_delay_ms=args.file_delete_delay_ms)
-    spark = table_session(args.data_dir, args.spark_master, None, file.server.get("metastore_uris"),
-                          app_name="pipeline-compact", locked=True)
+    with children_stderr_to_log():
+        spark = table_session(config.data_dir, config.spark_master, None, config.metastore_uris,
+                              app_name="pipeline-compact", locked=True)
     try:
-        catalog = TableCatalog(spark, args.data_dir, table)
+        catalog = TableCatalog(spark, config.data_dir, config.table)
         catalog.ensure()
         result = catalog.compact()
     finally:
@@ -515,40 +473,85 @@ def cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_show(args: argparse.Namespace) -> int:
+    """Print the effective configuration: every key, its value and where it came from."""
+    from pipeline.config import ConfigError
+
+    try:
+        resolved = _resolve(args)
+    except ConfigError as exc:
+        print(f"pipeline: configuration error: {exc}", file=sys.stderr)
+        return 2
+    import json
+
+    rows = resolved.rows()
+    if args.format == "json":
+        print(json.dumps({r["key"]: {"value": r["value"], "source": r["source"]} for r in rows}, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeline.config import DEFAULT_SOURCE, KEYS
+
+    table = Table("key", "value", "source", title="pipeline configuration (defaults < file < env < flags)")
+    for r in rows:
+        key = KEYS.get(r["key"])
+        value = r["value"]
+        if value is None:
+            shown = f"({key.unset})" if key is not None and key.unset else "none"
+        else:
+            shown = json.dumps(value) if isinstance(value, bool) else str(value)
+        style = None if r["source"] == DEFAULT_SOURCE else "bold"
+        table.add_row(r["key"], shown, r["source"], style=style)
+    Console(width=max(120, Console().width)).print(table)
+    return 0
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     from pipeline.top import run
 
     return run(args.metrics_url, args.interval, once=args.once)
 
 
+SQL_FLAGS = {"table.database": "--database"}
+"""``pipeline sql`` names the key ``table.database`` ``--database``."""
+SQL_KEYS = ("pipeline.data.dir", "spark.master", "spark.remote", "hive.metastore.uris", "table.database")
+COMPACT_KEYS = ("pipeline.data.dir", "spark.master", "hive.metastore.uris", "table.database",
+                "table.target.file.bytes", "table.compaction.min.files", "file.delete.delay.ms")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipeline", description=__doc__)
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING... (default INFO)")
+    _add_log_arguments(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the Kafka-compatible front end")
+    # No abbreviated flags: --network-thread must be an unknown option, not --network-threads.
+    serve = sub.add_parser("serve", help="run the Kafka-compatible front end", allow_abbrev=False,
+                           description="Every option is also a key of the --config file and a PIPELINE_* "
+                                       "environment variable: defaults < file < environment < flags.")
     add_serve_arguments(serve)
     serve.set_defaults(func=cmd_serve)
-    from pipeline.table.layout import DEFAULT_DATABASE
+    config = sub.add_parser("config", help="the configuration (`pipeline config show`)")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", allow_abbrev=False, help="print the effective configuration of `pipeline serve` with these "
+                                              "arguments: every key, its value and its source")
+    add_serve_arguments(show)
+    show.add_argument("--format", choices=["table", "json"], default="table",
+                      help="a table (default) or JSON: {key: {value, source}}")
+    show.set_defaults(func=cmd_config_show)
 
-    sql = sub.add_parser("sql", help="run Spark SQL over the tables (the current database is `pipeline`)")
+    sql = sub.add_parser("sql", help="run Spark SQL over the tables (the current database is `pipeline`)",
+                         description="Without --spark-remote, the running server's Spark Connect endpoint "
+                                     "if it serves one, else a session of its own on the data directory.")
     sql.add_argument("query", help='e.g. "SELECT topic, count(*) FROM records GROUP BY topic"')
-    sql.add_argument("--data-dir", type=Path, default=Path("data"))
-    sql_spark = sql.add_mutually_exclusive_group()
-    sql_spark.add_argument("--spark-master", default="local[*]")
-    sql_spark.add_argument("--spark-remote", default=None, metavar="URL",
-                           help="Spark Connect server (sc://...); default: the running server's, if any")
-    sql.add_argument("--metastore-uris", default=None, help="external Hive metastore (hive.metastore.uris)")
-    sql.add_argument("--database", default=DEFAULT_DATABASE, help="current database (default %(default)s)")
+    add_key_arguments(sql, SQL_KEYS, SQL_FLAGS)
     sql.add_argument("--format", choices=["table", "json"], default="table",
                      help="table (default) or JSON lines (binary as base64)")
     sql.add_argument("--max-rows", type=positive_int, default=1000, help="rows to print (default 1000)")
     sql.set_defaults(func=cmd_sql)
     compact = sub.add_parser("compact", help="compact the table now (with the server stopped)")
-    compact.add_argument("--data-dir", type=Path, default=Path("data"))
-    compact.add_argument("--config", type=Path, default=None, metavar="FILE")
-    compact.add_argument("--spark-master", default="local[*]")
-    compact.add_argument("--table-target-file-bytes", type=positive_int, default=None)
-    compact.add_argument("--file-delete-delay-ms", type=int, default=None)
+    compact.add_argument("--config", type=Path, default=None, metavar="FILE",
+                         help="the server's TOML configuration file (per-topic retention, table keys)")
+    add_key_arguments(compact, COMPACT_KEYS)
     compact.set_defaults(func=cmd_compact)
     top = sub.add_parser("top", help="live view of a running server, from its metrics endpoint")
     top.add_argument("--metrics-url", default="http://127.0.0.1:9464/metrics", metavar="URL",
@@ -566,12 +569,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipeline.config import KEYS, ConfigError, environment_values, parse_value
+    from pipeline.logs import LogConfig, setup_logging
+
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    # Logging before the command runs: log.* from the environment and the flags
+    # (`serve` reconfigures it once its --config file is read).
+    try:
+        log_keys = {name: KEYS[name] for name in ("log.level", "log.format")}
+        values = {name: value for name, (value, _source) in environment_values(os.environ, log_keys).items()}
+        for name, key in log_keys.items():
+            if getattr(args, key.dest, None) is not None:
+                values[name] = parse_value(key, getattr(args, key.dest), f"flag:{key.flag}", text=True)
+    except ConfigError as exc:
+        print(f"pipeline: configuration error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(LogConfig(**{name.removeprefix("log."): value for name, value in values.items()}))
     return args.func(args)
 
 

@@ -1,114 +1,438 @@
-"""The configuration file (``pipeline serve --config FILE``): TOML with Kafka-style property names.
+"""One configuration for ``pipeline serve``: the keys, and defaults < file < environment < flags.
 
-Keys are Kafka's or Hive's property names where one exists, written as TOML
-keys (dotted keys and quoted keys mean the same: ``table.commit.interval.ms
-= 10000`` and ``"table.commit.interval.ms" = 10000``). Per-topic settings go
-in a ``[topic."<name>"]`` table. Command-line flags override the file::
+Every setting has a key, Kafka's broker (or producer) property name where
+Kafka has one with that meaning (``listeners``, ``num.network.threads``,
+``queued.max.requests``, ``socket.request.max.bytes``, ``linger.ms``, ...),
+Spark's or Hive's where they own it (``spark.master``, ``spark.remote``,
+``spark.connect.grpc.binding.port``, ``hive.metastore.uris``,
+``hive.server2.thrift.port``), and ``table.*``, ``log.*`` or ``pipeline.*``
+for our own. ``KEYS`` maps each key to the ``ServerConfig`` field(s) it sets
+(``table.<field>``: of its ``TableConfig``; ``log.<field>``: of
+``pipeline.logs.LogConfig``), its parser, its help and its flag. Defaults are
+not repeated here: they are the dataclasses' (``default_value``).
 
-    table.commit.interval.ms = 10000
-    table.target.file.bytes = 134217728
-    file.delete.delay.ms = 60000
+A value comes from, lowest to highest precedence:
 
-    [topic."orders"]
-    table.partition.granularity = "day"
-    table.retention.days = 30
+1. the default;
+2. the TOML file given with ``--config FILE`` (TOML types: ``num.io.threads = 8``;
+   dotted and quoted keys mean the same), plus per-topic ``[topic."<name>"]``
+   tables (``TOPIC_KEYS``), which only the file can set::
 
-    [topic."payments"]                # typed columns (pipeline.table.typed)
-    value.format = "json"
-    value.schema = "id BIGINT, amount DECIMAL(12,2), at TIMESTAMP"
+       listeners = "PLAINTEXT://0.0.0.0:9092"
+       num.network.threads = 4
+       table.commit.interval.ms = 10000
 
-An unknown key, or a value of the wrong type or range, raises ``ConfigError``
-naming the key, before anything starts.
+       [topic."orders"]
+       table.partition.granularity = "day"
+       table.retention.days = 30
+
+       [topic."payments"]                # typed columns (pipeline.table.typed)
+       value.format = "json"
+       value.schema = "id BIGINT, amount DECIMAL(12,2), at TIMESTAMP"
+
+3. the environment: ``PIPELINE_<KEY>``, the key upper-cased with dots as
+   underscores (``PIPELINE_NUM_NETWORK_THREADS=4``, ``PIPELINE_PIPELINE_QUEUES=8``);
+   every variable starting ``PIPELINE_`` must be one;
+4. the command line (``--network-threads 4``; ``Key.flag``).
+
+An unknown key (file or environment), a value of the wrong type or range (any
+source), or both ``spark.master`` and ``spark.remote`` set raises
+``ConfigError`` naming the key and where it came from (``file:PATH``,
+``env:NAME``, ``flag:--name``), before anything starts.
+``pipeline config show`` prints every key's value and source (``Resolved``).
 """
 
 from __future__ import annotations
 
+import difflib
+import json
+import os
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
+from pipeline.logs import FORMATS, LogConfig, level_number
 from pipeline.table.catalog import TableConfig, TopicTableConfig
 from pipeline.table.layout import Granularity
 
+ENV_PREFIX = "PIPELINE_"
+DEFAULT_SOURCE = "default"
+
 
 class ConfigError(ValueError):
-    """A configuration key or value is wrong; the message names the key and the file."""
+    """A configuration key or value is wrong; the message names the key and where it came from."""
 
 
-def _positive(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"expected an integer >= 1, got {v!r}")
+# -- parsers: (value, text) -> value ---------------------------------------------------------
+# ``text`` is True for the environment and flags (strings to convert), False for
+# TOML values (already typed: a quoted "10" is not a number). Each raises
+# ValueError saying what was expected.
+
+Parser = Callable[[Any, bool], Any]
+
+
+def integer(minimum: int = 0, maximum: int | None = None) -> Parser:
+    """An int in [minimum, maximum]."""
+    expected = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
+
+    def parse(value: Any, text: bool) -> int:
+        if text and isinstance(value, str):
+            try:
+                value = int(value.strip().replace("_", ""))
+            except ValueError:
+                raise ValueError(f"expected {expected}, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
+                maximum is not None and value > maximum):
+            raise ValueError(f"expected {expected}, got {value!r}")
+        return value
+
+    return parse
+
+
+def number(minimum: float = 0.0) -> Parser:
+    """A float >= minimum (an int is taken as one)."""
+
+    def parse(value: Any, text: bool) -> float:
+        if text and isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise ValueError(f"expected a number >= {minimum:g}, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
+            raise ValueError(f"expected a number >= {minimum:g}, got {value!r}")
+        return float(value)
+
+    return parse
+
+
+def boolean(value: Any, text: bool) -> bool:
+    """true/false (any case, from text)."""
+    if text and isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+def string(value: Any, text: bool) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def choice(*options: str, convert: Callable[[str], Any] = str) -> Parser:
+    """One of ``options`` (exactly), turned into ``convert(value)``."""
+
+    def parse(value: Any, text: bool) -> Any:
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {value!r}")
+        return convert(value)
+
+    return parse
+
+
+def listener(value: Any, text: bool) -> tuple[str, int]:
+    """``PLAINTEXT://HOST:PORT`` (Kafka's listener syntax, one listener, no TLS) or
+    ``HOST:PORT`` -> (host, port); port 0 picks a free one."""
+    text_value = string(value, text)
+    scheme, sep, address = text_value.partition("://")
+    if not sep:
+        address = text_value
+    elif scheme.upper() != "PLAINTEXT":
+        raise ValueError(f"expected PLAINTEXT://HOST:PORT (one PLAINTEXT listener), got {value!r}")
+    host, sep, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535 or "," in address:
+        raise ValueError(f"expected PLAINTEXT://HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+def path(value: Any, text: bool) -> Path:
+    """A filesystem path (relative to the working directory)."""
+    return Path(string(value, text))
+
+
+def log_level(value: Any, text: bool) -> str:
+    """A ``logging`` level name, upper-cased."""
+    level_number(string(value, text))
+    name = value.strip().upper()
+    return "WARNING" if name == "WARN" else name
+
+
+def _min_files(value: Any, text: bool) -> int:
+    return integer(2)(value, text)
+
+
+# -- the keys ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One configuration key.
+
+    Attributes:
+        name: the key (``num.network.threads``).
+        fields: the ``ServerConfig`` field(s) it sets; ``table.<f>`` is a field of
+            ``ServerConfig.table``, ``log.<f>`` of ``LogConfig``. Two fields take a
+            (host, port) value.
+        parse: (value, from text) -> value; raises ValueError.
+        help: what it means, with units.
+        flag: the command-line option (``--network-threads``).
+        metavar: how the flag's value is shown in ``--help``.
+        unset: what the default None means (``= max.connections``), if it can be None.
+        group: the ``--help`` section.
+        top_level: the flag is an option of ``pipeline`` itself (``--log-level``),
+            also accepted after ``serve`` and ``config show``.
+    """
+
+    name: str
+    fields: tuple[str, ...]
+    parse: Parser
+    help: str
+    flag: str
+    metavar: str | None = None
+    unset: str | None = None
+    group: str = "server"
+    top_level: bool = False
+
+    @property
+    def env(self) -> str:
+        """The environment variable: ``PIPELINE_`` + the key upper-cased, dots as underscores."""
+        return ENV_PREFIX + self.name.upper().replace(".", "_")
+
+    @property
+    def dest(self) -> str:
+        """The argparse destination of ``flag``."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def show(self, value: Any) -> Any:
+        """``value`` as ``config show`` prints it (JSON-able)."""
+        if value is None:
+            return None
+        if len(self.fields) == 2:
+            host, port = value
+            return f"PLAINTEXT://{host}:{port}"
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, str):  # Mode is a str enum
+            return str(getattr(value, "value", value))
+        return value
+
+
+_MODES = ("multiqueue", "baseline", "shared-unmuted")
+
+
+def _mode(value: str):
+    from pipeline.server import Mode
+
+    return Mode(value)
+
+
+_KEY_LIST: list[Key] = [
+    # -- listener and broker identity
+    Key("listeners", ("listen_host", "listen_port"), listener,
+        "where to listen: PLAINTEXT://HOST:PORT (HOST:PORT also taken); port 0 picks a free one",
+        "--listen", "HOST:PORT", group="listener"),
+    Key("advertised.listeners", ("advertised_host", "advertised_port"), listener,
+        "the address Metadata gives clients", "--advertised-listener", "HOST:PORT",
+        unset="the listen address", group="listener"),
+    Key("node.id", ("node_id",), integer(0), "this broker's id in Metadata", "--node-id", "N", group="listener"),
+    Key("pipeline.cluster.id", ("cluster_id",), string,
+        "the cluster id in Metadata (Kafka keeps it in meta.properties, not a property)",
+        "--cluster-id", "ID", group="listener"),
+    # -- the request path
+    Key("pipeline.mode", ("mode",), choice(*_MODES, convert=_mode),
+        "multiqueue: N queues routed by crc32(connection id) % N, one handler each (AutoMQ); "
+        "baseline: classic Kafka shared queue + handler pool + mute until response; shared-unmuted: "
+        "benchmark ablation that breaks per-connection ordering on purpose",
+        "--mode", "|".join(_MODES), group="request path"),
+    Key("pipeline.queues", ("queues",), integer(1),
+        "multiqueue: request queues = RequestHandlers", "--queues", "N", group="request path"),
+    Key("num.io.threads", ("io_threads",), integer(1),
+        "baseline and shared-unmuted: RequestHandler pool size", "--io-threads", "N", group="request path"),
+    Key("num.network.threads", ("network_threads",), integer(1),
+        "Processors (trio tasks of one event loop)", "--network-threads", "N", group="request path"),
+    Key("queued.max.requests", ("queued_max_requests",), integer(1),
+        "requests that may wait in the RequestChannel; multiqueue splits it evenly over its queues",
+        "--queued-max-requests", "N", group="request path"),
+    Key("queued.max.request.bytes", ("queued_max_request_bytes",), integer(1),
+        "MemoryPool: bytes all received requests may hold until handled; a connection whose next request "
+        "does not fit is muted until memory returns", "--queued-max-request-bytes", "BYTES",
+        group="request path"),
+    Key("max.in.flight.requests.per.connection", ("max_in_flight_requests_per_connection",), integer(1),
+        "multiqueue: requests of one connection read but not yet answered before its reading pauses "
+        "(the producer's property, enforced by the server; baseline is always 1)",
+        "--max-in-flight-requests-per-connection", "N", group="request path"),
+    Key("socket.request.max.bytes", ("socket_request_max_bytes",), integer(1),
+        "largest request frame (bytes); larger, negative, or larger than the pool: connection closed",
+        "--socket-request-max-bytes", "BYTES", group="request path"),
+    Key("max.connections", ("max_connections",), integer(1),
+        "open connections in all; more are closed at accept", "--max-connections", "N", group="request path"),
+    Key("max.connections.per.ip", ("max_connections_per_ip",), integer(1),
+        "open connections of one client address", "--max-connections-per-ip", "N",
+        unset="= max.connections", group="request path"),
+    Key("connections.max.idle.ms", ("connections_max_idle_ms",), integer(1),
+        "close connections idle this long (ms)", "--connections-max-idle-ms", "MS", group="request path"),
+    Key("pipeline.request.receive.timeout.ms", ("request_receive_timeout_ms",), integer(1),
+        "close a connection whose request frame is not complete this long after its first byte "
+        "(ms, time muted excluded)", "--request-receive-timeout-ms", "MS", group="request path"),
+    Key("pipeline.response.buffer.max.bytes", ("response_buffer_max_bytes",), integer(1),
+        "stop reading a connection while this many bytes of its responses are unsent",
+        "--response-buffer-max-bytes", "BYTES", group="request path"),
+    Key("pipeline.response.send.timeout.ms", ("response_send_timeout_ms",), integer(1),
+        "close a connection that takes none of its responses for this long (ms)",
+        "--response-send-timeout-ms", "MS", group="request path"),
+    Key("num.partitions", ("num_partitions",), integer(1),
+        "partitions of an auto-created topic", "--num-partitions", "N", group="request path"),
+    Key("auto.create.topics.enable", ("auto_create_topics",), boolean,
+        "create a topic on its first Metadata request; false: unknown topics get UNKNOWN_TOPIC_OR_PARTITION",
+        "--auto-create-topics-enable", "true|false", group="request path"),
+    # -- persistence
+    Key("pipeline.ack.on", ("ack_on",), choice("wal", "spark"),
+        "acknowledge a produce once its records are fsynced in the write-ahead log (wal) or once the "
+        "Spark commit holding them is done (spark)", "--ack-on", "wal|spark", group="persistence"),
+    Key("linger.ms", ("linger_ms",), number(0.0),
+        "with pipeline.ack.on=spark: commit a group this long after its first record (ms)",
+        "--linger-ms", "MS", group="persistence"),
+    Key("table.commit.max.records", ("batch_max_records",), integer(1),
+        "commit to the table early once a group holds this many records (a flush size, not the "
+        "producer's batch.size)", "--batch-max-records", "N", group="persistence"),
+    Key("table.commit.max.bytes", ("batch_max_bytes",), integer(1),
+        "commit to the table early once a group holds this many bytes of record batches "
+        "(decompressed)", "--batch-max-bytes", "BYTES", group="persistence"),
+    Key("buffer.memory", ("buffer_memory",), integer(1),
+        "bytes of record batches (decompressed) buffered for persistence above which handlers wait",
+        "--buffer-memory", "BYTES", group="persistence"),
+    Key("pipeline.data.dir", ("data_dir",), path,
+        "tables under DIR/tables; WAL, checkpoint and metastore under DIR/_pipeline (not Kafka's "
+        "log.dirs: it holds tables, not log segments)", "--data-dir", "DIR", group="persistence"),
+    Key("pipeline.wal.segment.bytes", ("wal_segment_bytes",), integer(1),
+        "roll write-ahead log segment files at this size (bytes)", "--wal-segment-bytes", "BYTES",
+        group="persistence"),
+    Key("pipeline.wal.linger.ms", ("wal_linger_ms",), number(0.0),
+        "wait this long to gather more requests into one WAL fsync (ms; 0: group whatever arrived "
+        "during the previous fsync)", "--wal-linger-ms", "MS", group="persistence"),
+    # -- Spark and the table
+    Key("spark.master", ("spark_master",), string,
+        "Spark master URL: local[*] (embedded) or spark://HOST:PORT", "--spark-master", "URL",
+        group="Spark and the table"),
+    Key("spark.remote", ("spark_remote",), string,
+        "Spark Connect server sc://HOST:PORT instead of a master", "--spark-remote", "URL",
+        unset="none: spark.master", group="Spark and the table"),
+    Key("hive.metastore.uris", ("metastore_uris",), string,
+        "external Hive metastore, e.g. thrift://127.0.0.1:9083", "--metastore-uris", "URIS",
+        unset="embedded, in DATA_DIR/_pipeline/metastore_db", group="Spark and the table"),
+    Key("spark.connect.grpc.binding.port", ("spark_connect_port",), integer(0, 65535),
+        "serve Spark Connect on 127.0.0.1:PORT from the server's driver, so other sessions and "
+        "`pipeline sql` query the tables while it runs; 0: off", "--spark-connect-port", "PORT",
+        group="Spark and the table"),
+    Key("hive.server2.thrift.port", ("thrift_port",), integer(0, 65535),
+        "serve JDBC/ODBC (Spark Thrift Server, jdbc:hive2://127.0.0.1:PORT/) on 127.0.0.1; 0: off",
+        "--thrift-port", "PORT", group="Spark and the table"),
+    Key("table.database", ("table.database",), string,
+        "catalog database of the tables", "--table-database", "NAME", group="Spark and the table"),
+    Key("table.commit.interval.ms", ("table_commit_interval_ms",), integer(1),
+        "with pipeline.ack.on=wal: commit to the table this often (ms); with spark linger.ms applies",
+        "--table-commit-interval-ms", "MS", group="Spark and the table"),
+    Key("table.compaction.interval.ms", ("table_compaction_interval_ms",), integer(0),
+        "look for partitions to compact this often (ms); 0: never", "--table-compaction-interval-ms", "MS",
+        group="Spark and the table"),
+    Key("table.compaction.min.files", ("table.compaction_min_files",), _min_files,
+        "compact a time partition once it has this many small files (>= 2)",
+        "--table-compaction-min-files", "N", group="Spark and the table"),
+    Key("table.target.file.bytes", ("table.target_file_bytes",), integer(1),
+        "compaction merges small files up to this size (bytes)", "--table-target-file-bytes", "BYTES",
+        group="Spark and the table"),
+    Key("file.delete.delay.ms", ("table.file_delete_delay_ms",), integer(0),
+        "keep files a compaction or retention replaced this long for running queries (ms)",
+        "--file-delete-delay-ms", "MS", group="Spark and the table"),
+    # -- observability
+    Key("pipeline.metrics.port", ("metrics_port",), integer(0, 65535),
+        "serve Prometheus /metrics, /healthz and /readyz on 127.0.0.1:PORT (0: a free port)",
+        "--metrics-port", "PORT", unset="off", group="logs and metrics"),
+    Key("log.level", ("log.level",), log_level,
+        "logging level: DEBUG, INFO, WARNING, ERROR", "--log-level", "LEVEL",
+        group="logs and metrics", top_level=True),
+    Key("log.format", ("log.format",), choice(*FORMATS),
+        "log lines: plain text or one JSON object per line", "--log-format", "|".join(FORMATS),
+        group="logs and metrics", top_level=True),
+]
+
+KEYS: dict[str, Key] = {k.name: k for k in _KEY_LIST}
+"""Every configuration key, in ``--help`` order."""
+ENV_KEYS: dict[str, Key] = {k.env: k for k in _KEY_LIST}
+"""Environment variable -> key."""
+
+
+def _value_format(v: Any, text: bool = False) -> str:
+    if v not in ("json", "avro"):
+        raise ValueError(f"expected json or avro, got {v!r}")
     return v
 
 
-def _non_negative(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"expected an integer >= 0, got {v!r}")
+def _wire_format(v: Any, text: bool = False) -> str:
+    if v not in ("auto", "confluent", "none"):
+        raise ValueError(f"expected auto, confluent or none, got {v!r}")
     return v
 
 
-def _string(v: Any) -> str:
-    if not isinstance(v, str) or not v:
-        raise ValueError(f"expected a non-empty string, got {v!r}")
-    return v
+def _schema(v: Any, text: bool = False) -> str:
+    """A DDL string, or an Avro schema given as a TOML table/array or a JSON string."""
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    return string(v, text)
 
 
-def _min_files(v: Any) -> int:
-    if _positive(v) < 2:
-        raise ValueError(f"expected an integer >= 2, got {v!r}")
-    return v
-
-
-def _granularity(v: Any) -> Granularity:
+def _granularity(v: Any, text: bool = False) -> Granularity:
     try:
         return Granularity(v)
     except ValueError:
         raise ValueError(f"expected one of {[g.value for g in Granularity]}, got {v!r}") from None
 
 
-# key -> (parser, ServerConfig field or "table.<TableConfig field>")
-SERVER_KEYS: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "table.commit.interval.ms": (_positive, "table_commit_interval_ms"),
-    "table.compaction.interval.ms": (_non_negative, "table_compaction_interval_ms"),
-    "table.database": (_string, "table.database"),
-    "table.target.file.bytes": (_positive, "table.target_file_bytes"),
-    "table.compaction.min.files": (_min_files, "table.compaction_min_files"),
-    "file.delete.delay.ms": (_non_negative, "table.file_delete_delay_ms"),
-    "hive.metastore.uris": (_string, "metastore_uris"),
-}
-"""Top-level keys this version reads."""
-
-def _value_format(v: Any) -> str:
-    if v not in ("json", "avro"):
-        raise ValueError(f"expected json or avro, got {v!r}")
-    return v
-
-
-def _wire_format(v: Any) -> str:
-    if v not in ("auto", "confluent", "none"):
-        raise ValueError(f"expected auto, confluent or none, got {v!r}")
-    return v
-
-
-def _schema(v: Any) -> str:
-    """A DDL string, or an Avro schema given as a TOML table/array or a JSON string."""
-    import json
-
-    if isinstance(v, (dict, list)):
-        return json.dumps(v)
-    return _string(v)
-
-
-TOPIC_KEYS: dict[str, tuple[Callable[[Any], Any], str]] = {
+TOPIC_KEYS: dict[str, tuple[Parser, str]] = {
     "table.partition.granularity": (_granularity, "granularity"),
-    "table.retention.days": (_positive, "retention_days"),
+    "table.retention.days": (integer(1), "retention_days"),
     "value.format": (_value_format, "value_format"),
     "value.schema": (_schema, "value_schema"),
     "value.wire.format": (_wire_format, "value_wire_format"),
 }
-"""Keys of a ``[topic."<name>"]`` table."""
+"""Keys of a ``[topic."<name>"]`` table (file only) -> (parser, TopicTableConfig field)."""
 
+
+def default_value(key: Key) -> Any:
+    """The key's default, read from the dataclass that defines it (``ServerConfig``,
+    its ``TableConfig``, ``LogConfig``): never repeated here."""
+    from pipeline.server import ServerConfig
+
+    values = tuple(_get(ServerConfig(), LogConfig(), f) for f in key.fields)
+    return values if len(values) > 1 and any(v is not None for v in values) else values[0]
+
+
+def _get(server, log, name: str) -> Any:
+    if name.startswith("table."):
+        return getattr(server.table, name.removeprefix("table."))
+    if name.startswith("log."):
+        return getattr(log, name.removeprefix("log."))
+    return getattr(server, name)
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def parse_value(key: Key, value: Any, source: str, text: bool) -> Any:
+    """``key.parse`` with errors as ``ConfigError("SOURCE: KEY: what was expected")``."""
+    try:
+        return key.parse(value, text)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {key.name}: {exc}") from None
+
+
+# -- the file ---------------------------------------------------------------------------------
 
 def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -126,66 +450,182 @@ class FileConfig:
     """What a configuration file sets.
 
     Attributes:
-        server: ServerConfig field -> value (top-level keys other than the table's).
-        table: the ``TableConfig`` with the file's table keys and topics applied to the defaults.
-        sources: key -> where it came from (``file:PATH``).
+        values: key -> parsed value, for the keys the file sets.
+        topics: the ``[topic."<name>"]`` tables.
+        sources: key (``topic.<name>.<key>`` for a topic's) -> ``file:PATH``.
     """
 
-    server: dict[str, Any] = field(default_factory=dict)
-    table: TableConfig = field(default_factory=TableConfig)
+    values: dict[str, Any] = field(default_factory=dict)
+    topics: dict[str, TopicTableConfig] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def server(self) -> dict[str, Any]:
+        """ServerConfig field -> value for the keys the file sets outside the table and the log."""
+        out: dict[str, Any] = {}
+        for name, value in self.values.items():
+            key = KEYS[name]
+            if key.fields[0].startswith(("table.", "log.")):
+                continue
+            out.update(zip(key.fields, value if len(key.fields) > 1 else (value,)))
+        return out
 
-def load_config(path: str | Path) -> FileConfig:
+    @property
+    def table(self) -> TableConfig:
+        """The default ``TableConfig`` with the file's table keys and topics applied."""
+        fields = {KEYS[n].fields[0].removeprefix("table."): v for n, v in self.values.items()
+                  if KEYS[n].fields[0].startswith("table.")}
+        return replace(TableConfig(), **fields, topics=self.topics)
+
+
+def load_config(file: str | Path) -> FileConfig:
     """Read and check a configuration file.
 
     Raises:
         ConfigError: the file is unreadable or not TOML, a key is unknown, or
             a value is wrong; the message names the file and the key.
     """
-    path = Path(path)
+    file = Path(file)
+    source = f"file:{file}"
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(file.read_text())
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     result = FileConfig()
-    table_fields: dict[str, Any] = {}
-    topics: dict[str, TopicTableConfig] = {}
     topic_tables = data.pop("topic", {})
     if not isinstance(topic_tables, dict):
-        raise ConfigError(f"{path}: 'topic' must be a table of topics, e.g. [topic.\"orders\"]")
-    for key, value in _flatten(data).items():
-        if key not in SERVER_KEYS:
-            raise ConfigError(f"{path}: unknown key {key!r} (known: {', '.join(sorted(SERVER_KEYS))})")
-        parse, target = SERVER_KEYS[key]
-        try:
-            parsed = parse(value)
-        except ValueError as exc:
-            raise ConfigError(f"{path}: {key}: {exc}") from None
-        if target.startswith("table."):
-            table_fields[target.removeprefix("table.")] = parsed
-        else:
-            result.server[target] = parsed
-        result.sources[key] = f"file:{path}"
+        raise ConfigError(f"{source}: 'topic' must be a table of topics, e.g. [topic.\"orders\"]")
+    for name, value in _flatten(data).items():
+        key = KEYS.get(name)
+        if key is None:
+            raise ConfigError(f"{source}: unknown key {name!r} ({_suggest(name, list(KEYS))}"
+                              "`pipeline config show` lists every key)")
+        result.values[name] = parse_value(key, value, source, text=False)
+        result.sources[name] = source
     for topic, settings in topic_tables.items():
         if not isinstance(settings, dict):
-            raise ConfigError(f"{path}: topic.{topic} must be a table of settings")
+            raise ConfigError(f"{source}: topic.{topic} must be a table of settings")
         topic_fields: dict[str, Any] = {}
         schema = settings.get("value", {}).pop("schema", None) if isinstance(settings.get("value"), dict) else None
         if schema is not None:  # an Avro schema given as a TOML table is not flattened
             settings = {**settings, "value.schema": schema}
-        for key, value in _flatten(settings).items():
-            if key not in TOPIC_KEYS:
-                raise ConfigError(f"{path}: topic {topic!r}: unknown key {key!r} "
-                                  f"(known: {', '.join(sorted(TOPIC_KEYS))})")
-            parse, target = TOPIC_KEYS[key]
+        for name, value in _flatten(settings).items():
+            if name not in TOPIC_KEYS:
+                raise ConfigError(f"{source}: topic {topic!r}: unknown key {name!r} "
+                                  f"({_suggest(name, list(TOPIC_KEYS))}known: {', '.join(sorted(TOPIC_KEYS))})")
+            parse, target = TOPIC_KEYS[name]
             try:
-                topic_fields[target] = parse(value)
+                topic_fields[target] = parse(value, False)
             except ValueError as exc:
-                raise ConfigError(f"{path}: topic {topic!r}: {key}: {exc}") from None
-            result.sources[f"topic.{topic}.{key}"] = f"file:{path}"
-        topics[topic] = TopicTableConfig(**topic_fields)
-    result.table = replace(TableConfig(), **table_fields, topics=topics)
+                raise ConfigError(f"{source}: topic {topic!r}: {name}: {exc}") from None
+            result.sources[f"topic.{topic}.{name}"] = source
+        result.topics[topic] = TopicTableConfig(**topic_fields)
     return result
+
+
+# -- resolving --------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Resolved:
+    """The effective configuration.
+
+    Attributes:
+        server: the ``ServerConfig`` (``ServerConfig.table`` with the file's topics).
+        log: the ``LogConfig``.
+        values: key -> value (parsed; None where ``Key.unset`` applies).
+        sources: key -> ``default``, ``file:PATH``, ``env:NAME`` or ``flag:--name``;
+            also ``topic.<name>.<key>`` -> ``file:PATH`` for per-topic settings.
+    """
+
+    server: Any
+    log: LogConfig
+    values: dict[str, Any]
+    sources: dict[str, str]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One ``{"key", "value", "source"}`` per key (``KEYS`` order), then per-topic settings."""
+        rows = [{"key": name, "value": KEYS[name].show(self.values[name]), "source": self.sources[name]}
+                for name in KEYS]
+        for topic, settings in self.server.table.topics.items():
+            for name, (_parse, attr) in TOPIC_KEYS.items():
+                where = self.sources.get(f"topic.{topic}.{name}")
+                if where is not None:
+                    value = getattr(settings, attr)
+                    rows.append({"key": f'topic."{topic}".{name}',
+                                 "value": getattr(value, "value", value), "source": where})
+        return rows
+
+
+def environment_values(environ: Mapping[str, str], keys: Mapping[str, Key] | None = None) -> dict[str, tuple[Any, str]]:
+    """key -> (value, ``env:NAME``) for every ``PIPELINE_*`` variable of ``environ``.
+
+    Args:
+        keys: the keys to read (default all); a ``PIPELINE_*`` variable of another
+            known key is then ignored, an unknown one is still an error.
+
+    Raises:
+        ConfigError: a ``PIPELINE_*`` variable that is no key's, or a bad value.
+    """
+    out: dict[str, tuple[Any, str]] = {}
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        source = f"env:{name}"
+        key = ENV_KEYS.get(name)
+        if key is None:
+            guess = name.removeprefix(ENV_PREFIX).lower().replace("_", ".")
+            raise ConfigError(f"{source}: unknown key {guess!r} ({_suggest(name, list(ENV_KEYS))}every "
+                              f"{ENV_PREFIX}* variable must name a key; `pipeline config show` lists them)")
+        if keys is not None and key.name not in keys:
+            continue
+        out[key.name] = (parse_value(key, environ[name], source, text=True), source)
+    return out
+
+
+def resolve(config_file: str | Path | None = None, environ: Mapping[str, str] | None = None,
+            flags: Mapping[str, tuple[Any, str]] | None = None) -> Resolved:
+    """Defaults < ``config_file`` < ``environ`` (default ``os.environ``) < ``flags``.
+
+    Args:
+        flags: key -> (value, ``flag:--name``) for the flags given, values
+            already parsed (``flag_values``).
+
+    Raises:
+        ConfigError: see the module docstring.
+    """
+    from pipeline.server import ServerConfig
+
+    values = {name: default_value(key) for name, key in KEYS.items()}
+    sources = {name: DEFAULT_SOURCE for name in KEYS}
+    topics: dict[str, TopicTableConfig] = {}
+    if config_file is not None:
+        file = load_config(config_file)
+        values.update(file.values)
+        sources.update(file.sources)
+        topics = file.topics
+    layered = {**environment_values(os.environ if environ is None else environ), **(flags or {})}
+    for name, (value, source) in layered.items():
+        values[name] = value
+        sources[name] = source
+    if values["spark.remote"] is not None and sources["spark.master"] != DEFAULT_SOURCE:
+        raise ConfigError(f"spark.master ({sources['spark.master']}) and spark.remote "
+                          f"({sources['spark.remote']}) are both set: give one")
+    server_fields: dict[str, Any] = {}
+    table_fields: dict[str, Any] = {}
+    log_fields: dict[str, Any] = {}
+    for name, key in KEYS.items():
+        parts = values[name] if len(key.fields) > 1 else (values[name],)
+        if len(key.fields) > 1 and parts is None:
+            parts = (None, None)
+        for target, value in zip(key.fields, parts):
+            if target.startswith("table."):
+                table_fields[target.removeprefix("table.")] = value
+            elif target.startswith("log."):
+                log_fields[target.removeprefix("log.")] = value
+            else:
+                server_fields[target] = value
+    table = replace(TableConfig(), **table_fields, topics=topics)
+    server = replace(ServerConfig(), **server_fields, table=table)
+    return Resolved(server, LogConfig(**log_fields), values, sources)
