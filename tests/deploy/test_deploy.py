@@ -1,0 +1,817 @@
+"""deploy/, checked without a container engine: the same command lines, run here.
+
+No image is built and no container runs on this machine. What can be
+checked is checked on the files as they are:
+
+* every command line in ``deploy/`` (the systemd unit's ExecStart, the
+  Containerfile's ENTRYPOINT + CMD and HEALTHCHECK, each compose service's
+  entrypoint + command and healthcheck, the StatefulSet's args and probes)
+  is accepted by ``pipeline``'s own argument parser or names classes that
+  Spark's jars hold, and the files agree with each other (ports, the data
+  directory, volumes, the Connect URL, the catalog settings, stop timeouts);
+* the ConfigMap's TOML loads with ``pipeline.config.load_config``;
+* the slow tests run those command lines as local processes, with only the
+  host-specific parts replaced (``Localizer``: 0.0.0.0 and the compose
+  service names by 127.0.0.1, fixed ports by free ones, /var/lib/pipeline and
+  /etc/pipeline by temporary directories, /opt/spark by pyspark's Spark), and
+  run the health checks and probes against them, then stop them as the
+  platform would (SIGTERM; under tini where the image uses it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from pipeline.cli import STOP_TIMEOUT_S, build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+VENV_BIN = Path(sys.executable).parent
+DATA_DIR = Path("/var/lib/pipeline")
+DRAIN_S = 30
+"""Server.serve waits at most 30 s for connections to write what they owe (docs/architecture.md, "Shutdown")."""
+SHUTDOWN_BUDGET_S = DRAIN_S + STOP_TIMEOUT_S
+"""Longest ordered shutdown: the drain, then Spark's stop bounded by ``STOP_TIMEOUT_S``."""
+LISTENING = re.compile(r"listening on (\S+):(\d+)")
+PROBE_URL = re.compile(r"urlopen\('(http://[^']+)'")
+TCP_PROBE = re.compile(r"create_connection\(\('([^']+)', (\d+)\)")
+
+
+# ---------------------------------------------------------------- the files
+
+
+def systemd_unit() -> dict[str, dict[str, str]]:
+    """deploy/pipeline.service as {section: {key: value}} (the last value of a repeated key)."""
+    sections: dict[str, dict[str, str]] = {}
+    current = None
+    for line in (DEPLOY / "pipeline.service").read_text().splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        current[key.strip()] = value.strip()
+    return sections
+
+
+@dataclass
+class Containerfile:
+    instructions: list[tuple[str, str]]
+
+    def all(self, name: str) -> list[str]:
+        return [rest for instruction, rest in self.instructions if instruction == name]
+
+    def last(self, name: str) -> str:
+        return self.all(name)[-1]
+
+    def exec_form(self, name: str) -> list[str]:
+        return json.loads(self.last(name))
+
+    def healthcheck(self) -> tuple[dict[str, str], list[str]]:
+        options, _, cmd = self.last("HEALTHCHECK").partition(" CMD ")
+        opts = dict(o.lstrip("-").split("=", 1) for o in options.split())
+        return opts, json.loads(cmd)
+
+
+def containerfile() -> Containerfile:
+    """deploy/Containerfile's instructions, continuation lines joined, comments dropped."""
+    instructions, pending = [], ""
+    for line in (DEPLOY / "Containerfile").read_text().splitlines():
+        if line.lstrip().startswith("#"):
+            continue  # a comment, also between continuation lines
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line, pending = pending + line, ""
+        if line.strip():
+            instruction, _, rest = line.strip().partition(" ")
+            instructions.append((instruction.upper(), " ".join(rest.split())))
+    return Containerfile(instructions)
+
+
+_INTERPOLATION = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+
+def interpolate(value, env: dict[str, str]):
+    """Compose's ``${VAR}`` / ``${VAR:-default}`` interpolation, recursively."""
+    if isinstance(value, str):
+        return _INTERPOLATION.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    return value
+
+
+def compose(env: dict[str, str] | None = None) -> dict:
+    """deploy/compose.yaml as compose reads it (YAML merge keys resolved; variables from ``env``, else defaults)."""
+    return interpolate(yaml.safe_load((DEPLOY / "compose.yaml").read_text()), env or {})
+
+
+def compose_argv(service: dict) -> list[str]:
+    """A compose service's argv: its entrypoint (else the image's) + its command (else the image's CMD)."""
+    image = containerfile()
+    entrypoint = service.get("entrypoint", image.exec_form("ENTRYPOINT"))
+    command = service.get("command", image.exec_form("CMD") if "entrypoint" not in service else [])
+    return [*entrypoint, *command]
+
+
+def k8s_documents() -> dict[tuple[str, str], dict]:
+    """Every resource in deploy/k8s, by (kind, name); checks kustomization.yaml lists every file."""
+    kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
+    files = sorted(p.name for p in (DEPLOY / "k8s").glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(kustomization["resources"]) == files
+    docs = {}
+    for name in files:
+        for doc in yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()):
+            docs[(doc["kind"], doc["metadata"]["name"])] = doc
+    return docs
+
+
+def k8s_argv(container: dict, values: dict[str, str]) -> list[str]:
+    """A container's argv as the kubelet runs it: ``command`` (else the image's ENTRYPOINT) +
+    ``args`` (else the image's CMD), with ``$(VAR)`` expanded from its env, whose
+    fieldRefs take ``values`` (fieldPath -> value). Every referenced variable must exist
+    (Kubernetes leaves an unknown ``$(VAR)`` as it is)."""
+    image = containerfile()
+    env = {}
+    for var in container.get("env", []):
+        env[var["name"]] = var["value"] if "value" in var else values[var["valueFrom"]["fieldRef"]["fieldPath"]]
+    command = container.get("command", image.exec_form("ENTRYPOINT"))
+    args = container.get("args", image.exec_form("CMD") if "command" not in container else [])
+
+    def expand(text: str) -> str:
+        for ref in re.findall(r"\$\((\w+)\)", text):
+            assert ref in env, f"$({ref}) in {text!r} is not in the container's env"
+        return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], text)
+
+    return [expand(a) for a in [*command, *args]]
+
+
+def serve_config(argv: list[str], environ: dict[str, str] | None = None):
+    """``argv`` (``... pipeline serve ...``) as ``pipeline serve`` reads it: its own parser
+    (argparse exits on an unknown flag), then defaults < ``--config`` file < ``environ``'s
+    ``PIPELINE_*`` < flags (``pipeline.config.resolve``, which raises ``ConfigError`` on a
+    bad value). Returns the ``ServerConfig``."""
+    from pipeline.cli import flag_values
+    from pipeline.config import resolve
+
+    i = next(i for i, a in enumerate(argv) if a == "pipeline" or a.endswith("/pipeline"))
+    args = build_parser().parse_args(argv[i + 1:])
+    assert args.command == "serve"
+    return resolve(args.config, environ or {}, flag_values(args)).server
+
+
+def probe_url(cmd: list[str]) -> str:
+    """The URL a ``python -c "...urlopen('URL'...)"`` health check asks for."""
+    assert cmd[:2] == ["python", "-c"], cmd
+    m = PROBE_URL.search(cmd[2])
+    assert m, cmd
+    return m.group(1)
+
+
+def tcp_probe(cmd: list[str]) -> tuple[str, int]:
+    assert cmd[:2] == ["python", "-c"], cmd
+    m = TCP_PROBE.search(cmd[2])
+    assert m, cmd
+    return m.group(1), int(m.group(2))
+
+
+def spark_home() -> Path:
+    from pipeline.persist.spark_cluster import spark_home as home
+
+    return home()
+
+
+def spark_submit_confs(argv: list[str]) -> dict[str, str]:
+    return dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--conf")
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def seconds(duration: str) -> float:
+    """A compose duration (``120s``, ``2m``, ``1m30s``)."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+# ------------------------------------------------------------ static checks
+
+
+def test_systemd_exec_start_is_todays_cli():
+    unit = systemd_unit()
+    service = unit["Service"]
+    argv = shlex.split(service["ExecStart"])
+    assert argv[0] == f"{service['WorkingDirectory']}/.venv/bin/pipeline"  # the install the unit's comment describes
+    config = serve_config(argv)
+    assert config.data_dir == Path(service["ReadWritePaths"])
+    assert config.metrics_port is not None
+    assert service["KillSignal"] == "SIGTERM"
+    assert service["KillMode"] == "mixed"  # SIGTERM to the server only: Spark's JVM lives through the flush
+    assert float(service["TimeoutStopSec"]) >= SHUTDOWN_BUDGET_S
+
+
+def test_containerfile_is_multi_stage_non_root_and_runs_todays_cli():
+    image = containerfile()
+    stages = image.all("FROM")
+    assert len(stages) >= 2 and stages[-1].endswith(" AS runtime")
+    assert any("pip wheel" in run for run in image.all("RUN"))
+    runtime = max(i for i, (instruction, _) in enumerate(image.instructions) if instruction == "FROM")
+    runtime_runs = " ".join(rest for instruction, rest in image.instructions[runtime:] if instruction == "RUN")
+    assert "openjdk-17-jre-headless" in runtime_runs and "/wheels/pipeline-" in runtime_runs
+    user = image.last("USER").split(":")[0]
+    assert user not in ("root", "0")
+
+    argv = [*image.exec_form("ENTRYPOINT"), *image.exec_form("CMD")]
+    assert argv[:3] == ["/usr/bin/tini", "--", "pipeline"]
+    config = serve_config(argv)
+    assert config.listen_host == "0.0.0.0"
+    assert config.advertised_host is not None  # 0.0.0.0 must not reach clients' Metadata
+    assert image.exec_form("VOLUME") == [str(config.data_dir)] == [str(DATA_DIR)]
+    exposed = {int(p) for p in image.last("EXPOSE").split()}
+    assert {config.listen_port, config.metrics_port, config.spark_connect_port, 10000} <= exposed
+    assert image.last("STOPSIGNAL") == "SIGTERM"
+
+    options, check = image.healthcheck()
+    assert probe_url(check) == f"http://127.0.0.1:{config.metrics_port}/healthz"
+    # the HEALTHCHECK's interval and retries leave the start-up time to the start period
+    assert seconds(options["start-period"]) >= 30
+
+    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(image.all("ENV"))))
+    assert env["SPARK_HOME"] == "/opt/spark"
+
+
+def test_compose_services_run_todays_cli_and_agree_with_each_other():
+    services = compose()["services"]
+    assert set(services) == {"spark-master", "spark-worker", "spark-connect", "pipeline", "metrics-proxy"}
+    image = containerfile()
+    for name, service in services.items():
+        # one image, built from the Containerfile
+        assert service["build"] == {"context": "..", "dockerfile": "deploy/Containerfile"}, name
+        assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
+        # the image's HEALTHCHECK is the front end's: every service needs its own
+        assert service["healthcheck"]["test"][0] == "CMD", name
+
+    front = services["pipeline"]
+    config = serve_config(compose_argv(front), front.get("environment"))
+    assert config.listen_host == "0.0.0.0"
+    # the default, for clients on the host
+    assert (config.advertised_host, config.advertised_port) == ("localhost", config.listen_port)
+    assert f"{config.listen_port}:{config.listen_port}" in front["ports"]
+    assert probe_url(front["healthcheck"]["test"][1:]) == f"http://127.0.0.1:{config.metrics_port}/readyz"
+    assert seconds(front["stop_grace_period"]) >= SHUTDOWN_BUDGET_S
+    # the listener can be changed for clients on the compose network
+    other = compose({"PIPELINE_ADVERTISED_LISTENER": "pipeline:9092"})["services"]["pipeline"]
+    other_config = serve_config(compose_argv(other))
+    assert (other_config.advertised_host, other_config.advertised_port) == ("pipeline", 9092)
+
+    # the data volume at the front end's --data-dir wherever table files are touched
+    for name in ("pipeline", "spark-connect", "spark-worker"):
+        assert f"pipeline-data:{config.data_dir}" in services[name]["volumes"], name
+    assert "pipeline-data" in compose()["volumes"]
+
+    master = compose_argv(services["spark-master"])
+    assert master[:2] == ["/usr/bin/tini", "--"] and master[2] == "/opt/spark/bin/spark-class"
+    master_url = f"spark://{flag(master, '--host')}:{flag(master, '--port')}"
+    assert flag(master, "--host") == "spark-master"
+    assert tcp_probe(services["spark-master"]["healthcheck"]["test"][1:]) == ("spark-master", int(flag(master, "--port")))
+
+    worker = compose_argv(services["spark-worker"])
+    assert worker[2] == "/opt/spark/bin/spark-class" and worker[4] == master_url
+    assert tcp_probe(services["spark-worker"]["healthcheck"]["test"][1:]) == ("spark-worker", int(flag(worker, "--port")))
+
+    connect = compose_argv(services["spark-connect"])
+    assert connect[2] == "/opt/spark/bin/spark-submit"
+    assert flag(connect, "--master") == master_url
+    confs = spark_submit_confs(connect)
+    connect_port = int(confs["spark.connect.grpc.binding.port"])
+    assert config.spark_remote == f"sc://spark-connect:{connect_port}"
+    assert confs["spark.driver.host"] == "spark-connect"
+    assert tcp_probe(services["spark-connect"]["healthcheck"]["test"][1:]) == ("spark-connect", connect_port)
+    assert f"{connect_port}:{connect_port}" in services["spark-connect"]["ports"]
+    # the Connect server's catalog is exactly the one pipeline itself would use on that data directory
+    from pipeline.table.catalog import catalog_conf
+
+    for key, value in catalog_conf(config.data_dir).items():
+        assert confs.get(key) == value, key
+
+    # start order: each waits for what it needs to be healthy
+    assert services["spark-worker"]["depends_on"]["spark-master"]["condition"] == "service_healthy"
+    assert {k: v["condition"] for k, v in services["spark-connect"]["depends_on"].items()} == {
+        "spark-master": "service_healthy", "spark-worker": "service_healthy"}
+    assert front["depends_on"]["spark-connect"]["condition"] == "service_healthy"
+
+    proxy = services["metrics-proxy"]
+    assert proxy["network_mode"] == "service:pipeline"
+    socat = compose_argv(proxy)
+    assert socat[:3] == ["/usr/bin/tini", "--", "socat"]
+    listen_port = int(re.match(r"TCP-LISTEN:(\d+),", socat[3]).group(1))
+    assert socat[4] == f"TCP:127.0.0.1:{config.metrics_port}"
+    assert f"{listen_port}:{listen_port}" in front["ports"]  # ports belong to the namespace's owner
+    assert image.exec_form("ENTRYPOINT")[0] == "/usr/bin/tini"
+
+
+def test_compose_spark_commands_name_classes_spark_ships():
+    """The classes the compose services start are in pyspark's own jars (the image's /opt/spark)."""
+    services = compose()["services"]
+    wanted = {
+        compose_argv(services["spark-master"])[3],
+        compose_argv(services["spark-worker"])[3],
+        flag(compose_argv(services["spark-connect"]), "--class"),
+    }
+    paths = {name.replace(".", "/") + ".class": name for name in wanted}
+    found = set()
+    for jar in (spark_home() / "jars").glob("spark-*.jar"):
+        with zipfile.ZipFile(jar) as z:
+            found |= {paths[n] for n in z.namelist() if n in paths}
+    assert found == wanted
+    for service in ("spark-master", "spark-worker", "spark-connect"):
+        script = compose_argv(services[service])[2]
+        assert (spark_home() / Path(script).relative_to("/opt/spark")).is_file()
+
+
+def test_k8s_manifests_fit_together_and_run_todays_cli(tmp_path):
+    docs = k8s_documents()
+    sts = docs[("StatefulSet", "pipeline")]
+    spec = sts["spec"]
+    pod = spec["template"]["spec"]
+    labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"] == labels
+    assert spec["replicas"] == 1
+
+    headless = docs[("Service", spec["serviceName"])]
+    assert headless["spec"]["clusterIP"] == "None"
+    main = next(c for c in pod["containers"] if c["name"] == "pipeline")
+    proxy = next(c for c in pod["containers"] if c["name"] == "metrics-proxy")
+    named_ports = {p["name"]: p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
+    for (kind, _name), doc in docs.items():
+        if kind == "Service":
+            assert doc["spec"]["selector"] == labels
+            for port in doc["spec"]["ports"]:
+                assert port["targetPort"] in named_ports
+
+    argv = k8s_argv(main, {"metadata.name": "pipeline-0", "metadata.namespace": "default"})
+    assert argv[:3] == ["/usr/bin/tini", "--", "pipeline"]
+    config_file = Path(argv[argv.index("--config") + 1])
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    config_volume = next(v for v in pod["volumes"] if v["name"] == "config")
+    config_map = docs[("ConfigMap", config_volume["configMap"]["name"])]
+    assert config_file.parent == Path(mounts["config"]) and config_file.name in config_map["data"]
+    # the ConfigMap's file, where the pod would see it
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / config_file.name).write_text(config_map["data"][config_file.name])
+    config = serve_config(Localizer({mounts["config"]: str(etc)})(argv))
+
+    assert (config.listen_host, config.listen_port) == ("0.0.0.0", named_ports["kafka"])
+    # advertised: the pod's name under the headless Service, which resolves to this pod
+    assert (config.advertised_host, config.advertised_port) == (
+        f"pipeline-0.{headless['metadata']['name']}.default.svc", named_ports["kafka"])
+    claim = spec["volumeClaimTemplates"][0]
+    assert mounts[claim["metadata"]["name"]] == str(config.data_dir) == str(DATA_DIR)
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+    # the ConfigMap's TOML is a valid --config file, and its values are the defaults, as it says
+    from dataclasses import asdict
+
+    from pipeline.config import load_config
+    from pipeline.server import ServerConfig
+    from pipeline.table.catalog import TableConfig
+
+    loaded = load_config(etc / config_file.name)
+    defaults = ServerConfig()
+    for name, value in loaded.server.items():
+        assert value == getattr(defaults, name), name
+    table = asdict(loaded.table)
+    for name, value in asdict(TableConfig()).items():
+        assert table[name] == value, name
+    assert loaded.sources  # it did set keys
+    assert asdict(config.table) == table
+
+    metrics = config.metrics_port
+    assert probe_url(main["readinessProbe"]["exec"]["command"]) == f"http://127.0.0.1:{metrics}/readyz"
+    assert probe_url(main["livenessProbe"]["exec"]["command"]) == f"http://127.0.0.1:{metrics}/healthz"
+    assert probe_url(main["startupProbe"]["exec"]["command"]) == f"http://127.0.0.1:{metrics}/healthz"
+    assert pod["terminationGracePeriodSeconds"] >= SHUTDOWN_BUDGET_S
+    assert main["resources"]["requests"]["memory"] and main["resources"]["limits"]["memory"]
+    assert str(pod["securityContext"]["runAsUser"]) == containerfile().last("USER").split(":")[0]
+
+    socat = k8s_argv(proxy, {})
+    assert socat[:3] == ["/usr/bin/tini", "--", "socat"]
+    assert socat[3].startswith(f"TCP-LISTEN:{named_ports['metrics']},") and socat[4] == f"TCP:127.0.0.1:{metrics}"
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(named_ports["metrics"])
+
+
+def test_the_same_probe_command_everywhere():
+    """The Containerfile, compose and k8s probe the endpoint with one command shape (what the slow tests run)."""
+    _options, healthcheck = containerfile().healthcheck()
+    pod = k8s_documents()[("StatefulSet", "pipeline")]["spec"]["template"]["spec"]
+    main = next(c for c in pod["containers"] if c["name"] == "pipeline")
+    front = compose()["services"]["pipeline"]["healthcheck"]["test"][1:]
+    liveness = main["livenessProbe"]["exec"]["command"]
+    assert healthcheck == liveness
+    assert front == liveness[:2] + [liveness[2].replace("/healthz", "/readyz")]
+
+
+# ------------------------------------------------- running the command lines
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Localizer:
+    """Replaces the host-specific parts of deploy/ command lines by local ones.
+
+    Each key is replaced by its value in one pass (a replacement is never
+    rescanned): paths (keys starting with "/") wherever they occur, other keys
+    (host names, addresses, ports) only as whole tokens. ``assert_all_used``
+    fails if a key never matched, so a rule that stopped applying after an
+    edit of deploy/ cannot leave a container-only value in a local run.
+    """
+
+    def __init__(self, rules: dict[str, str]) -> None:
+        keys = sorted(rules, key=lambda k: (not k.startswith("/"), -len(k)))
+        self.values = [rules[k] for k in keys]
+        self.keys = keys
+        alternatives = [re.escape(k) if k.startswith("/") else r"(?<![\w.-])" + re.escape(k) + r"(?![\w-])"
+                        for k in keys]
+        self.pattern = re.compile("|".join(f"(?P<r{i}>{a})" for i, a in enumerate(alternatives)))
+        self.hits = dict.fromkeys(keys, 0)
+
+    def _replace(self, m: re.Match) -> str:
+        i = int(m.lastgroup[1:])
+        self.hits[self.keys[i]] += 1
+        return self.values[i]
+
+    def __call__(self, argv: list[str]) -> list[str]:
+        return [self.pattern.sub(self._replace, arg) for arg in argv]
+
+    def assert_all_used(self) -> None:
+        assert all(self.hits.values()), [k for k, n in self.hits.items() if not n]
+
+
+def local_executable(argv: list[str]) -> list[str]:
+    """The image's executables by their local counterparts (python, pipeline, socat, Spark's scripts)."""
+    out = []
+    for arg in argv:
+        if arg == "python":
+            arg = sys.executable
+        elif arg == "pipeline":
+            arg = str(VENV_BIN / "pipeline")
+        elif arg == "socat":
+            arg = shutil.which("socat") or pytest.skip("socat is not installed here (apt-get install socat)")
+        elif arg.startswith("/opt/spark/"):
+            arg = str(spark_home() / Path(arg).relative_to("/opt/spark"))
+        out.append(arg)
+    if out[:2] == ["/usr/bin/tini", "--"] and not Path("/usr/bin/tini").exists():
+        out = out[2:]  # tini's forwarding is then not exercised; the command behind it is
+    return out
+
+
+def without_tini(argv: list[str]) -> list[str]:
+    return argv[2:] if argv[:2] == ["/usr/bin/tini", "--"] else argv
+
+
+class Running:
+    """A deploy/ command line running here, its output in ``log``; stdout is scanned for "listening on"."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None):
+        self.argv = argv
+        self.log = log
+        self._log = open(log, "ab")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log, cwd=cwd,
+                                     env={**os.environ, **(env or {})}, process_group=0)
+        self.stdout = b""
+
+    def wait_listening(self, timeout_s: float = 180) -> tuple[str, int]:
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            chunk = self.proc.stdout.read()
+            if chunk:
+                self.stdout += chunk
+                m = LISTENING.search(self.stdout.decode(errors="replace"))
+                if m:
+                    return m.group(1), int(m.group(2))
+            assert self.proc.poll() is None, f"exited with {self.proc.returncode}:\n{self.log_tail()}"
+            time.sleep(0.2)
+        raise AssertionError(f"not listening within {timeout_s} s:\n{self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def terminate_and_wait(self, timeout_s: float) -> tuple[int, float]:
+        """SIGTERM to the process itself (as systemd's KillMode=mixed, docker stop, the kubelet); (exit code, seconds)."""
+        start = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout_s)
+        return code, time.monotonic() - start
+
+    def kill(self) -> None:
+        """Leave nothing running: SIGKILL the process and every descendant still there."""
+        victims = self.tree()
+        if self.proc.poll() is None:
+            victims.append(psutil.Process(self.proc.pid))
+        for p in victims:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(victims, timeout=10)
+        self.proc.wait(10)
+        self._log.close()
+
+
+def run_check(argv: list[str], timeout_s: float = 10) -> int:
+    """Run a health check or probe command once; its exit code (as the engine reads it)."""
+    return subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s).returncode
+
+
+def wait_check(argv: list[str], timeout_s: float, alive: Running | None = None) -> float:
+    """Poll a check until it passes; seconds it took."""
+    start = time.monotonic()
+    while run_check(argv) != 0:
+        if alive is not None:
+            assert alive.proc.poll() is None, f"exited with {alive.proc.returncode}:\n{alive.log_tail()}"
+        assert time.monotonic() - start < timeout_s, f"{argv} did not pass within {timeout_s} s"
+        time.sleep(0.5)
+    return time.monotonic() - start
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metadata_brokers(host: str, port: int) -> list[tuple[str, int]]:
+    """(host, port) of every broker a Metadata v9 request returns: what clients are told to connect to."""
+    from kio.schema.metadata.v9.response import MetadataResponse
+    from kio.serial import entity_reader
+
+    from tests.e2e import raw_client as rc
+
+    client = rc.RawClient(host, port, timeout_s=30)
+    try:
+        client.send(rc.frame(rc.metadata(), correlation_id=1))
+        _correlation, body = client.read_response()
+    finally:
+        client.close()
+    assert body[0] == 0  # response header v1: no tagged fields
+    response, _ = entity_reader(MetadataResponse)(body, 1)
+    return [(b.host, int(b.port)) for b in response.brokers]
+
+
+def produce(host: str, port: int, topic: str, values: list[bytes]) -> None:
+    """Metadata (creates the topic), then one acks=-1 Produce; asserts it was stored without error."""
+    from tests.e2e import raw_client as rc
+
+    client = rc.RawClient(host, port, timeout_s=60)
+    try:
+        client.send(rc.frame(rc.metadata(topic), correlation_id=1))
+        client.read_response()
+        client.send(rc.frame(rc.produce(topic, values), correlation_id=2))
+        _correlation, body = client.read_response()
+    finally:
+        client.close()
+    response = rc.decode_produce_response(body)
+    assert [p.error_code for t in response.responses for p in t.partition_responses] == [0]
+
+
+@pytest.mark.slow
+def test_systemd_exec_start_serves_and_stops_on_sigterm(tmp_path):
+    """ExecStart as systemd runs it: listening, ready, then KillSignal to the main process: exit 0, no child left."""
+    service = systemd_unit()["Service"]
+    kafka, metrics = free_port(), free_port()
+    local = Localizer({
+        f"{service['WorkingDirectory']}/.venv/bin/pipeline": str(VENV_BIN / "pipeline"),
+        "9092": str(kafka),
+        "9464": str(metrics),
+        str(DATA_DIR): str(tmp_path / "data"),
+    })
+    # the default Spark Connect port (15002) may be taken by another server on this machine
+    argv = local(shlex.split(service["ExecStart"])) + ["--spark-connect-port", str(free_port())]
+    local.assert_all_used()
+    server = Running(argv, tmp_path / "server.log", cwd=REPO)
+    try:
+        assert server.wait_listening() == ("127.0.0.1", kafka)
+        assert http_get(f"http://127.0.0.1:{metrics}/readyz")[0] == 200
+        children = server.tree()
+        assert children  # Spark's JVM, the decode worker
+        code, took = server.terminate_and_wait(float(service["TimeoutStopSec"]))
+        assert code == 0, server.log_tail()
+        _gone, alive = psutil.wait_procs(children, timeout=15)
+        assert not alive, alive
+    finally:
+        server.kill()
+
+
+@pytest.mark.slow
+def test_containerfile_cmd_under_tini_with_its_healthcheck(tmp_path):
+    """ENTRYPOINT + CMD (tini -- pipeline serve ...), its HEALTHCHECK passing while it serves,
+    then STOPSIGNAL to tini (docker stop): forwarded, exit 0, and the health check fails after."""
+    image = containerfile()
+    kafka, metrics = free_port(), free_port()
+    local = Localizer({
+        "0.0.0.0": "127.0.0.1",
+        "9092": str(kafka),
+        "9464": str(metrics),
+        str(DATA_DIR): str(tmp_path / "data"),
+    })
+    argv = local(local_executable([*image.exec_form("ENTRYPOINT"), *image.exec_form("CMD")]))
+    argv += ["--spark-connect-port", str(free_port())]
+    _options, check = image.healthcheck()
+    check = local(local_executable(check))
+    local.assert_all_used()
+    server = Running(argv, tmp_path / "server.log")
+    try:
+        assert server.wait_listening() == ("127.0.0.1", kafka)
+        assert metadata_brokers("127.0.0.1", kafka) == [("localhost", kafka)]  # the advertised listener
+        assert run_check(check) == 0
+        code, _took = server.terminate_and_wait(SHUTDOWN_BUDGET_S + 30)
+        assert code == 0, server.log_tail()
+        assert run_check(check) != 0
+    finally:
+        server.kill()
+
+
+@pytest.mark.slow
+def test_k8s_container_with_its_configmap_probes_and_sidecar(tmp_path):
+    """The StatefulSet's container args with the ConfigMap's file: the startup probe passes within its
+    budget, readiness only once listening, Metadata advertises the pod's headless name, the
+    metrics-proxy sidecar's socat serves /metrics, and SIGTERM ends it within the grace period."""
+    docs = k8s_documents()
+    pod = docs[("StatefulSet", "pipeline")]["spec"]["template"]["spec"]
+    main = next(c for c in pod["containers"] if c["name"] == "pipeline")
+    sidecar = next(c for c in pod["containers"] if c["name"] == "metrics-proxy")
+    config_map = next(doc for (kind, _), doc in docs.items() if kind == "ConfigMap")
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    for name, text in config_map["data"].items():
+        (etc / name).write_text(text)
+
+    kafka, metrics, proxy = free_port(), free_port(), free_port()
+    local = Localizer({
+        "0.0.0.0": "127.0.0.1",
+        "9092": str(kafka),
+        "9464": str(metrics),
+        "9465": str(proxy),
+        str(DATA_DIR): str(tmp_path / "data"),
+        "/etc/pipeline": str(etc),
+    })
+    fields = {"metadata.name": "pipeline-0", "metadata.namespace": "default"}
+    argv = local(local_executable(k8s_argv(main, fields))) + ["--spark-connect-port", str(free_port())]
+    startup, liveness, readiness = (local(local_executable(main[p]["exec"]["command"]))
+                                    for p in ("startupProbe", "livenessProbe", "readinessProbe"))
+    socat = local(local_executable(without_tini(k8s_argv(sidecar, fields))))
+    socat[1] += ",bind=127.0.0.1"  # in the pod it listens on the pod IP; here on loopback only
+    local.assert_all_used()
+
+    server = Running(argv, tmp_path / "server.log")
+    proxy_proc = None
+    try:
+        budget = main["startupProbe"]["periodSeconds"] * main["startupProbe"]["failureThreshold"]
+        wait_check(startup, budget, server)
+        assert run_check(liveness) == 0
+        assert server.wait_listening() == ("127.0.0.1", kafka)
+        wait_check(readiness, 10, server)
+        assert metadata_brokers("127.0.0.1", kafka) == [("pipeline-0.pipeline-headless.default.svc", kafka)]
+
+        proxy_proc = Running(socat, tmp_path / "socat.log")
+        wait_check([sys.executable, "-c", f"import socket; socket.create_connection(('127.0.0.1', {proxy}), 3)"],
+                   10, proxy_proc)
+        status, text = http_get(f"http://127.0.0.1:{proxy}/metrics")
+        assert status == 200 and "pipeline_ready 1.0" in text
+
+        code, took = server.terminate_and_wait(pod["terminationGracePeriodSeconds"])
+        assert code == 0, server.log_tail()
+        assert run_check(readiness) != 0 and run_check(liveness) != 0
+    finally:
+        server.kill()
+        if proxy_proc is not None:
+            proxy_proc.kill()
+
+
+@pytest.mark.slow
+def test_compose_services_as_local_processes(tmp_path):
+    """spark-master, spark-worker, spark-connect and pipeline from compose.yaml, each waited for with
+    its own healthcheck as depends_on does, on 127.0.0.1: records produced to the front end are
+    written through the Connect server by an executor on the worker and read back by name over
+    Spark Connect; the metrics-proxy's socat serves /metrics; SIGTERM stops the front end with 0."""
+    from pipeline.persist.spark_cluster import SparkProcess
+
+    services = compose()["services"]
+    data = tmp_path / "data"
+    ports = {p: free_port() for p in ("7077", "7078", "8080", "8081", "15002", "9092", "9464", "9465")}
+    local = Localizer({
+        **{f"spark-{name}": "127.0.0.1" for name in ("master", "worker", "connect")},
+        "0.0.0.0": "127.0.0.1",
+        **{port: str(local_port) for port, local_port in ports.items()},
+        str(DATA_DIR): str(data),
+        "/tmp/spark-worker": str(tmp_path / "spark-worker"),
+    })
+    local_env = {"SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_HOSTNAME": "127.0.0.1"}
+
+    def argv(name: str) -> list[str]:
+        return local(local_executable(without_tini(compose_argv(services[name]))))
+
+    def check(name: str) -> list[str]:
+        return local(local_executable(services[name]["healthcheck"]["test"][1:]))
+
+    spark: list[SparkProcess] = []
+    front = proxy = None
+    try:
+        for name in ("spark-master", "spark-worker", "spark-connect"):
+            env = {**os.environ, **services[name].get("environment", {}), **local_env}
+            process = SparkProcess(name, argv(name), tmp_path / f"{name}.log", env)
+            process.start()
+            spark.append(process)
+            hc = services[name]["healthcheck"]
+            start = time.monotonic()
+            while run_check(check(name)) != 0:
+                process.check_alive()
+                assert time.monotonic() - start < seconds(hc["start_period"]) + 60, process.log_tail()
+                time.sleep(0.5)
+
+        front = Running(argv("pipeline"), tmp_path / "pipeline.log")
+        socat = argv("metrics-proxy")
+        socat[1] += ",bind=127.0.0.1"
+        local.assert_all_used()
+        assert front.wait_listening(seconds(services["pipeline"]["healthcheck"]["start_period"])) == (
+            "127.0.0.1", ports["9092"])
+        wait_check(check("pipeline"), 10, front)
+        assert metadata_brokers("127.0.0.1", ports["9092"]) == [("localhost", ports["9092"])]
+
+        values = [f"v{i}".encode() for i in range(100)]
+        produce("127.0.0.1", ports["9092"], "deploy-compose", values)
+
+        proxy = Running(socat, tmp_path / "socat.log")
+        wait_check(check("metrics-proxy"), 10, proxy)
+        status, text = http_get(f"http://127.0.0.1:{ports['9465']}/metrics")
+        assert status == 200 and 'kafka_server_brokertopicmetrics_messagesin_total{topic="deploy-compose"} 100.0' in text
+
+        # Read back through the Connect server, by name: rows come at the next table commit (10 s)
+        from pipeline.persist.spark_sink import build_spark_session
+
+        reader = build_spark_session(remote=f"sc://127.0.0.1:{ports['15002']}")
+        try:
+            deadline = time.monotonic() + 120
+            rows = []
+            while time.monotonic() < deadline:
+                rows = reader.sql("SELECT value FROM pipeline.records WHERE topic = 'deploy-compose' "
+                                  "ORDER BY offset").collect()
+                if len(rows) >= len(values):
+                    break
+                time.sleep(2)
+            assert [bytes(r.value) for r in rows] == values
+        finally:
+            reader.stop()
+        # the Connect server's jobs ran on the worker's executors, writing into the shared data directory
+        assert list((tmp_path / "spark-worker").glob("app-*"))
+        assert list((data / "tables" / "records").rglob("*.parquet"))
+        assert (data / "_pipeline" / "metastore_db").is_dir()  # the Connect server's catalog, in the data volume
+
+        code, _took = front.terminate_and_wait(seconds(services["pipeline"]["stop_grace_period"]))
+        assert code == 0, front.log_tail()
+    finally:
+        for running in (front, proxy):
+            if running is not None:
+                running.kill()
+        for process in reversed(spark):
+            process.stop()
