@@ -285,8 +285,8 @@ def test_compose_services_run_todays_cli_and_agree_with_each_other():
     assert probe_url(front["healthcheck"]["test"][1:]) == f"http://127.0.0.1:{config.metrics_port}/readyz"
     assert seconds(front["stop_grace_period"]) >= SHUTDOWN_BUDGET_S
     # the listener can be changed for clients on the compose network
-    other = compose({"PIPELINE_ADVERTISED_LISTENER": "pipeline:9092"})["services"]["pipeline"]
-    other_config = serve_config(compose_argv(other))
+    other = compose({"PIPELINE_ADVERTISED_LISTENERS": "pipeline:9092"})["services"]["pipeline"]
+    other_config = serve_config(compose_argv(other), other["environment"])
     assert (other_config.advertised_host, other_config.advertised_port) == ("pipeline", 9092)
 
     # the data volume at the front end's --data-dir wherever table files are touched
@@ -769,7 +769,8 @@ def test_compose_services_as_local_processes(tmp_path):
                 assert time.monotonic() - start < seconds(hc["start_period"]) + 60, process.log_tail()
                 time.sleep(0.5)
 
-        front = Running(argv("pipeline"), tmp_path / "pipeline.log")
+        front_env = dict(zip(services["pipeline"]["environment"], local(list(services["pipeline"]["environment"].values()))))
+        front = Running(argv("pipeline"), tmp_path / "pipeline.log", env=front_env)
         socat = argv("metrics-proxy")
         socat[1] += ",bind=127.0.0.1"
         local.assert_all_used()
