@@ -487,7 +487,7 @@ def local_executable(argv: list[str]) -> list[str]:
         elif arg == "pipeline":
             arg = str(VENV_BIN / "pipeline")
         elif arg == "socat":
-            arg = shutil.which("socat") or pytest.skip("socat is not installed here (apt-get install socat)")
+            arg = shutil.which("socat") or arg  # see Unchecked
         elif arg.startswith("/opt/spark/"):
             arg = str(spark_home() / Path(arg).relative_to("/opt/spark"))
         out.append(arg)
@@ -498,6 +498,25 @@ def local_executable(argv: list[str]) -> list[str]:
 
 def without_tini(argv: list[str]) -> list[str]:
     return argv[2:] if argv[:2] == ["/usr/bin/tini", "--"] else argv
+
+
+class Unchecked:
+    """Parts of a slow test that need a Debian tool the image installs (tini, socat) but this
+    machine may lack (``apt-get install tini socat``). The rest of the test runs; ``report``
+    then skips the test naming what was not checked, so a missing tool is visible, not a pass."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def have(self, tool: str, part: str) -> bool:
+        found = Path(tool).exists() if tool.startswith("/") else shutil.which(tool) is not None
+        if not found:
+            self.parts.append(f"{part} (no {tool} here)")
+        return found
+
+    def report(self) -> None:
+        if self.parts:
+            pytest.skip("everything else passed; not checked: " + "; ".join(self.parts))
 
 
 class Running:
@@ -659,6 +678,8 @@ def test_containerfile_cmd_under_tini_with_its_healthcheck(tmp_path):
     _options, check = image.healthcheck()
     check = local(local_executable(check))
     local.assert_all_used()
+    unchecked = Unchecked()
+    unchecked.have("/usr/bin/tini", "tini as PID 1 forwarding SIGTERM")
     server = Running(argv, tmp_path / "server.log")
     try:
         assert server.wait_listening() == ("127.0.0.1", kafka)
@@ -669,6 +690,7 @@ def test_containerfile_cmd_under_tini_with_its_healthcheck(tmp_path):
         assert run_check(check) != 0
     finally:
         server.kill()
+    unchecked.report()
 
 
 @pytest.mark.slow
@@ -702,6 +724,8 @@ def test_k8s_container_with_its_configmap_probes_and_sidecar(tmp_path):
     socat = local(local_executable(without_tini(k8s_argv(sidecar, fields))))
     socat[1] += ",bind=127.0.0.1"  # in the pod it listens on the pod IP; here on loopback only
     local.assert_all_used()
+    unchecked = Unchecked()
+    unchecked.have("/usr/bin/tini", "tini as PID 1 forwarding SIGTERM")
 
     server = Running(argv, tmp_path / "server.log")
     proxy_proc = None
@@ -713,11 +737,12 @@ def test_k8s_container_with_its_configmap_probes_and_sidecar(tmp_path):
         wait_check(readiness, 10, server)
         assert metadata_brokers("127.0.0.1", kafka) == [("pipeline-0.pipeline-headless.default.svc", kafka)]
 
-        proxy_proc = Running(socat, tmp_path / "socat.log")
-        wait_check([sys.executable, "-c", f"import socket; socket.create_connection(('127.0.0.1', {proxy}), 3)"],
-                   10, proxy_proc)
-        status, text = http_get(f"http://127.0.0.1:{proxy}/metrics")
-        assert status == 200 and "pipeline_ready 1.0" in text
+        if unchecked.have("socat", "the metrics-proxy sidecar"):
+            proxy_proc = Running(socat, tmp_path / "socat.log")
+            wait_check([sys.executable, "-c", f"import socket; socket.create_connection(('127.0.0.1', {proxy}), 3)"],
+                       10, proxy_proc)
+            status, text = http_get(f"http://127.0.0.1:{proxy}/metrics")
+            assert status == 200 and "pipeline_ready 1.0" in text
 
         code, took = server.terminate_and_wait(pod["terminationGracePeriodSeconds"])
         assert code == 0, server.log_tail()
@@ -726,6 +751,7 @@ def test_k8s_container_with_its_configmap_probes_and_sidecar(tmp_path):
         server.kill()
         if proxy_proc is not None:
             proxy_proc.kill()
+    unchecked.report()
 
 
 @pytest.mark.slow
@@ -756,6 +782,7 @@ def test_compose_services_as_local_processes(tmp_path):
 
     spark: list[SparkProcess] = []
     front = proxy = None
+    unchecked = Unchecked()
     try:
         for name in ("spark-master", "spark-worker", "spark-connect"):
             env = {**os.environ, **services[name].get("environment", {}), **local_env}
@@ -782,10 +809,12 @@ def test_compose_services_as_local_processes(tmp_path):
         values = [f"v{i}".encode() for i in range(100)]
         produce("127.0.0.1", ports["9092"], "deploy-compose", values)
 
-        proxy = Running(socat, tmp_path / "socat.log")
-        wait_check(check("metrics-proxy"), 10, proxy)
-        status, text = http_get(f"http://127.0.0.1:{ports['9465']}/metrics")
-        assert status == 200 and 'kafka_server_brokertopicmetrics_messagesin_total{topic="deploy-compose"} 100.0' in text
+        if unchecked.have("socat", "the metrics-proxy service"):
+            proxy = Running(socat, tmp_path / "socat.log")
+            wait_check(check("metrics-proxy"), 10, proxy)
+            status, text = http_get(f"http://127.0.0.1:{ports['9465']}/metrics")
+            assert status == 200 and \
+                'kafka_server_brokertopicmetrics_messagesin_total{topic="deploy-compose"} 100.0' in text
 
         # Read back through the Connect server, by name: rows come at the next table commit (10 s)
         from pipeline.persist.spark_sink import build_spark_session
@@ -816,3 +845,4 @@ def test_compose_services_as_local_processes(tmp_path):
                 running.kill()
         for process in reversed(spark):
             process.stop()
+    unchecked.report()
