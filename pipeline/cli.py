@@ -104,6 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pipeline.config import ConfigError
     from pipeline.logs import children_stderr_to_log, setup_logging
     from pipeline.server import Server
+    from pipeline.table.catalog import TableConfigError
 
     try:
         resolved = _resolve(args)
@@ -150,6 +151,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _stop_bounded(sink)
         log.info("stopped before serving")
         return 0
+    except TableConfigError as exc:
+        _set_phase(endpoint, "STOPPING")
+        log.error("configuration error: %s", exc)
+        _stop_bounded(sink)
+        return 2
     except BaseException:
         _set_phase(endpoint, "STOPPING")
         _stop_bounded(sink)

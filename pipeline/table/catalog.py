@@ -195,6 +195,10 @@ class MaintenanceResult:
     seconds: float = 0.0
 
 
+class TableConfigError(ValueError):
+    """A topic's table settings cannot work with the catalog as it is (names the topic)."""
+
+
 class Journal:
     """Directories to delete, and compactions in progress, saved atomically as JSON.
 
@@ -324,7 +328,7 @@ class TableCatalog:
         """topic -> ``ValueFormat`` of every typed topic (a json schema's DDL is parsed by Spark).
 
         Raises:
-            ValueError: a topic's format or schema is unusable (names the topic).
+            TableConfigError: a topic's format or schema is unusable (names the topic).
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -346,7 +350,7 @@ class TableCatalog:
                 else:
                     raise ValueError(f"value.format must be json or avro, not {c.value_format!r}")
             except Exception as exc:
-                raise ValueError(f"topic {topic!r}: {str(exc).splitlines()[0]}") from None
+                raise TableConfigError(f"topic {topic!r}: {str(exc).splitlines()[0]}") from None
         return formats
 
     def check_typed_tables(self, formats: dict[str, ValueFormat]) -> None:
@@ -357,7 +361,7 @@ class TableCatalog:
         new table (drop or rename the old one) or an ``ALTER TABLE`` first.
 
         Raises:
-            ValueError: names the topic, the table and both column lists.
+            TableConfigError: names the topic, the table and both column lists.
         """
         for topic, fmt in formats.items():
             owned = self.typed_tables[topic]
@@ -371,7 +375,7 @@ class TableCatalog:
             actual = [(f.name, f.dataType.simpleString()) for f in self.spark.table(owned.name).schema.fields
                       if f.name not in owned.partition_columns]
             if actual != expected:
-                raise ValueError(
+                raise TableConfigError(
                     f"topic {topic!r}: table {owned.name} has columns {actual}, its value.format/value.schema "
                     f"give {expected}; drop or rename the table (or ALTER it) before changing the schema")
 

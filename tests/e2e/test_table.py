@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.server_process import ServerProcess, free_port
-from tests.e2e.table_reader import read_table
+from tests.e2e.table_reader import read_table, read_tables
 
 pytestmark = pytest.mark.slow
 
@@ -237,7 +237,11 @@ def test_typed_topics_get_columns_and_bad_values_go_to_the_dead_letters_across_k
         code = server.stop() if server.running else None
     assert code == 0, server.log_text()
 
-    payments = read_table(data_dir, "SELECT `offset`, id, amount, at, tags, value FROM payments ORDER BY `offset`")
+    payments, dead, sensors, records = read_tables(data_dir, [
+        "SELECT `offset`, id, amount, at, tags, value FROM payments ORDER BY `offset`",
+        "SELECT topic, `partition`, `offset`, value, error FROM dead_letters ORDER BY topic, `offset`",
+        "SELECT `offset`, sensor, celsius, at FROM sensors ORDER BY `offset`",
+        "SELECT count(*) AS n FROM records"])
     good = [i for i in range(11) if i not in bad]
     assert [r["offset"] for r in payments] == good
     assert [r["id"] for r in payments] == good
@@ -246,19 +250,16 @@ def test_typed_topics_get_columns_and_bad_values_go_to_the_dead_letters_across_k
     assert [r["tags"] for r in payments] == [["a", str(i)] for i in good]
     assert [r["value"] for r in payments] == [payment(i) for i in good]  # the raw bytes stay beside
 
-    dead = read_table(data_dir, "SELECT topic, `partition`, `offset`, value, error FROM dead_letters "
-                                "ORDER BY topic, `offset`")
     assert [(r["topic"], r["offset"]) for r in dead] == [("payments", 3), ("payments", 5), ("payments", 8),
                                                          ("sensors", 4)]
     assert [r["value"] for r in dead[:3]] == [bad[3], bad[5], bad[8]]
     assert "JSON" in dead[0]["error"] and "id" in dead[1]["error"]
     assert all(r["error"] for r in dead)
 
-    sensors = read_table(data_dir, "SELECT `offset`, sensor, celsius, at FROM sensors ORDER BY `offset`")
     assert [(r["offset"], r["sensor"], r["celsius"], r["at"]) for r in sensors] == [
         (i, f"s{i}", i / 2, at) for i in range(10) if i != 4]
     # nothing of a typed topic in the records table
-    assert read_table(data_dir, "SELECT count(*) AS n FROM records") == [{"n": 0}]
+    assert records == [{"n": 0}]
 
 
 def test_an_external_metastore_is_shared_with_a_classic_session_while_the_server_runs(tmp_path):
@@ -290,3 +291,10 @@ def test_an_external_metastore_is_shared_with_a_classic_session_while_the_server
         finally:
             code = server.stop() if server.running else None
         assert code == 0, server.log_text()
+
+    # a changed schema for a topic whose table exists is refused at start, naming the topic (exit 2)
+    config.write_text(config.read_text().replace(PAYMENTS_DDL, "id STRING"))
+    refused = ServerProcess(data_dir, "--config", str(config), log_path=tmp_path / "refused.log")
+    with pytest.raises(RuntimeError, match="exited with 2"):
+        refused.start()
+    assert "topic 'payments': table pipeline.payments has columns" in refused.log_text()
