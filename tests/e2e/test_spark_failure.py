@@ -39,8 +39,8 @@ def test_no_success_ack_while_spark_fails_then_recovery(tmp_path):
         cid, body = client.read_response()
         assert cid == 2 and partition_response(body).error_code == 0
 
-        records = data_dir / "records"
-        moved = data_dir / "records-away"
+        records = data_dir / "tables" / "records"
+        moved = data_dir / "tables" / "records-away"
         os.rename(records, moved)
         records.write_bytes(b"not a directory")  # every Spark write now fails
         try:

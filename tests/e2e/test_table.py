@@ -261,6 +261,13 @@ def test_typed_topics_get_columns_and_bad_values_go_to_the_dead_letters_across_k
     # nothing of a typed topic in the records table
     assert records == [{"n": 0}]
 
+    # a changed schema for a topic whose table exists is refused at start, naming the topic (exit 2)
+    config.write_text(config.read_text().replace(PAYMENTS_DDL, "id STRING"))
+    refused = ServerProcess(data_dir, "--config", str(config), log_path=tmp_path / "refused.log")
+    with pytest.raises(RuntimeError, match="exited with 2"):
+        refused.start()
+    assert "topic 'payments': table pipeline.payments has columns" in refused.log_text()
+
 
 def test_an_external_metastore_is_shared_with_a_classic_session_while_the_server_runs(tmp_path):
     from kafka import KafkaProducer
@@ -291,10 +298,3 @@ def test_an_external_metastore_is_shared_with_a_classic_session_while_the_server
         finally:
             code = server.stop() if server.running else None
         assert code == 0, server.log_text()
-
-    # a changed schema for a topic whose table exists is refused at start, naming the topic (exit 2)
-    config.write_text(config.read_text().replace(PAYMENTS_DDL, "id STRING"))
-    refused = ServerProcess(data_dir, "--config", str(config), log_path=tmp_path / "refused.log")
-    with pytest.raises(RuntimeError, match="exited with 2"):
-        refused.start()
-    assert "topic 'payments': table pipeline.payments has columns" in refused.log_text()
