@@ -259,7 +259,24 @@ class StandaloneCluster:
         self.stop()
 
 
-class ConnectServer:
+class _OneProcessService:
+    """A service that is one ``SparkProcess`` (``self.process``); a context manager around the subclass's ``start``."""
+
+    process: SparkProcess | None = None
+
+    def stop(self) -> None:
+        """Stop the process (SIGTERM, then SIGKILL). Safe to call twice."""
+        if self.process is not None:
+            self.process.stop()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ConnectServer(_OneProcessService):
     """A Spark Connect server on 127.0.0.1, as a context manager.
 
     Runs ``bin/spark-submit --class SparkConnectServer`` in the foreground (what
@@ -346,22 +363,12 @@ class ConnectServer:
             raise
         return self
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL). Safe to call twice."""
-        if self.process is not None:
-            self.process.stop()
-
-    def __enter__(self) -> "ConnectServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 METASTORE_CLASS = "org.apache.hadoop.hive.metastore.HiveMetaStore"
 
 
-class MetastoreServer:
+class MetastoreServer(_OneProcessService):
     """A Hive metastore service (Thrift, ``hive.metastore.uris``) from pyspark's own jars, on 127.0.0.1.
 
     Runs Hive's ``HiveMetaStore`` (hive-metastore 2.3, shipped in
@@ -428,13 +435,3 @@ class MetastoreServer:
             raise
         return self
 
-    def stop(self) -> None:
-        """Stop the service (SIGTERM, then SIGKILL). Safe to call twice."""
-        if self.process is not None:
-            self.process.stop()
-
-    def __enter__(self) -> "MetastoreServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
