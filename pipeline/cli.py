@@ -101,16 +101,11 @@ def _resolve(args: argparse.Namespace, flags: dict[str, str] | None = None):
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
-    from pipeline.config import ConfigError
     from pipeline.logs import children_stderr_to_log, setup_logging
     from pipeline.server import Server
     from pipeline.table.catalog import TableConfigError
 
-    try:
-        resolved = _resolve(args)
-    except ConfigError as exc:
-        print(f"pipeline: configuration error: {exc}", file=sys.stderr)
-        return 2
+    resolved = _resolve(args)  # a ConfigError exits 2 in main(), before anything starts
     setup_logging(resolved.log)  # the file or the environment may set log.*
     config = resolved.server
     log.info("configuration: %s", _sources_summary(resolved.sources))
@@ -400,15 +395,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from pipeline.config import ConfigError
     from pipeline.logs import children_stderr_to_log
     from pipeline.persist.spark_sink import run_sql
 
-    try:
-        config = _resolve(args, SQL_FLAGS)
-    except ConfigError as exc:
-        print(f"pipeline: configuration error: {exc}", file=sys.stderr)
-        return 2
+    config = _resolve(args, SQL_FLAGS)
     try:
         with children_stderr_to_log():
             spark = table_session(config.data_dir, config.spark_master, config.spark_remote, config.metastore_uris)
@@ -449,15 +439,10 @@ def _json_value(value):
 
 def cmd_compact(args: argparse.Namespace) -> int:
     """Compact every partition that needs it and delete replaced files whose delay has passed (server stopped)."""
-    from pipeline.config import ConfigError
     from pipeline.logs import children_stderr_to_log
     from pipeline.table.catalog import TableCatalog
 
-    try:
-        config = _resolve(args).server
-    except ConfigError as exc:
-        print(f"pipeline: configuration error: {exc}", file=sys.stderr)
-        return 2
+    config = _resolve(args).server
     lock = _lock_data_dir(config.data_dir)
     if lock is None:
         print("pipeline compact: a server runs on this data directory and compacts it in the background "
@@ -481,14 +466,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     """Print the effective configuration: every key, its value and where it came from."""
-    from pipeline.config import ConfigError
-
-    try:
-        resolved = _resolve(args)
-    except ConfigError as exc:
-        print(f"pipeline: configuration error: {exc}", file=sys.stderr)
-        return 2
     import json
+
+    resolved = _resolve(args)
 
     rows = resolved.rows()
     if args.format == "json":
@@ -587,11 +567,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, key in log_keys.items():
             if getattr(args, key.dest, None) is not None:
                 values[name] = parse_value(key, getattr(args, key.dest), f"flag:{key.flag}", text=True)
-    except ConfigError as exc:
+        setup_logging(LogConfig(**{name.removeprefix("log."): value for name, value in values.items()}))
+        return args.func(args)
+    except ConfigError as exc:  # from any command's configuration, before it starts anything
         print(f"pipeline: configuration error: {exc}", file=sys.stderr)
         return 2
-    setup_logging(LogConfig(**{name.removeprefix("log."): value for name, value in values.items()}))
-    return args.func(args)
 
 
 if __name__ == "__main__":
