@@ -35,7 +35,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 import pyarrow as pa
 import trio
@@ -95,11 +95,13 @@ class Commit:
 class GroupSink(Protocol):
     """The table side, blocking (each call runs in a worker thread)."""
 
-    def to_table(self, appends: Sequence[PartitionAppend]) -> pa.Table:
-        """Decode the appends' records once into one Arrow table (the flush's rows)."""
+    def to_table(self, appends: Sequence[PartitionAppend]) -> Any:
+        """Decode the appends' records once into the flush's rows: a ``pa.Table``, or
+        ``pipeline.table.typed.FlushTables`` (rows by destination table); the persister
+        only passes it back to ``write``."""
 
-    def write(self, table: pa.Table, exclude: set[tuple[str, int, int]] | None = None) -> None:
-        """One Spark append of ``table`` minus the (topic, partition, offset) rows in ``exclude``."""
+    def write(self, table: Any, exclude: set[tuple[str, int, int]] | None = None) -> None:
+        """Write ``table`` (what ``to_table`` returned) minus the (topic, partition, offset) rows in ``exclude``."""
 
     def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
         """(topic, partition, offset) already in the table within [start, end) per partition."""
@@ -382,7 +384,7 @@ class BatchingPersister:
         mostly JVM time. Overlapping them makes a flush cycle cost the larger
         of the two, not their sum.
         """
-        send, receive = trio.open_memory_channel[tuple[FlushGroup[_SparkWaiter], pa.Table]](0)
+        send, receive = trio.open_memory_channel[tuple[FlushGroup[_SparkWaiter], Any]](0)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._spark_writer, receive)
             async with send:
@@ -459,7 +461,7 @@ class BatchingPersister:
                          result.deleted_directories, result.seconds)
         self._next_maintenance = trio.current_time() + self._maintenance_interval_s
 
-    async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: pa.Table) -> bool:
+    async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: Any) -> bool:
         """Write one group until it succeeds; False if given up at shutdown."""
         self._in_spark_write = group.size_bytes
         backoff = self._retry_backoff_s
