@@ -37,7 +37,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Protocol, Sequence
 
-import pyarrow as pa
 import trio
 from hdrh.histogram import HdrHistogram
 
