@@ -1,10 +1,9 @@
 """Api dispatch: which Kafka apis and versions we serve, request decoding and
 response encoding for them (sans-I/O).
 
-The four apis a producer needs on its default path are served: ApiVersions
-(18), Metadata (3), Produce (0) and InitProducerId (22). ApiVersions also
-lists a few apis we never serve (``ADVERTISED_ONLY``) because librdkafka
-derives its record format and codecs from the advertised list. Message schemas are
+The producer's apis (ApiVersions 18, Metadata 3, Produce 0, InitProducerId
+22), the read side (Fetch, ListOffsets), the group coordinator's and the
+admin apis; ApiVersions lists exactly ``SUPPORTED_VERSIONS``. Message schemas are
 kio's generated classes; this module only picks the class for an
 (api key, version), fills in the fields that version has, and turns bytes
 into entities and back. What to answer (topics, offsets, producer ids) is
@@ -49,7 +48,6 @@ from .header import encode_response
 from .header import readonly_buffer
 
 __all__ = (
-    "ADVERTISED_ONLY",
     "ADVERTISED_VERSIONS",
     "API_VERSIONS",
     "INIT_PRODUCER_ID",
@@ -63,6 +61,10 @@ __all__ = (
     "TopicResolver",
     "api_versions_response",
     "decode_request",
+    "encode",
+    "error_code",
+    "make",
+    "response_module",
     "init_producer_id_response",
     "metadata_response",
     "produce_response",
@@ -73,10 +75,27 @@ __all__ = (
 
 PRODUCE = 0
 FETCH = 1
+LIST_OFFSETS = 2
 METADATA = 3
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
 FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
 API_VERSIONS = API_VERSIONS_KEY
+CREATE_TOPICS = 19
+DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
+DESCRIBE_CONFIGS = 32
+CREATE_PARTITIONS = 37
+DELETE_GROUPS = 42
+INCREMENTAL_ALTER_CONFIGS = 44
+OFFSET_DELETE = 47
+DESCRIBE_CLUSTER = 60
 
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     # v3 is the first version that carries RecordBatch v2 (magic 2), the
@@ -101,20 +120,34 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     INIT_PRODUCER_ID: (0, 5),
 }
 
-# Answered in ApiVersions but never served. librdkafka enables features
-# from the *advertised* api list (rdkafka_feature.c): it only writes
-# RecordBatch v2 (MsgVer2) if the broker lists Fetch overlapping v4, zstd
-# only if Fetch overlaps v10 (and Produce v7), and lz4 only if
-# FindCoordinator overlaps v0. Without these entries librdkafka 2.16 sends
-# magic-0 message sets inside Produce v10 and silently drops lz4. A client
-# that actually sends one of them gets UnsupportedVersionError (connection
-# closed); producers never do (FindCoordinator only when transactional).
-ADVERTISED_ONLY: dict[int, tuple[int, int]] = {
-    FETCH: (4, 10),
-    FIND_COORDINATOR: (0, 0),
-}
-# What ApiVersions lists: everything served plus ADVERTISED_ONLY.
-ADVERTISED_VERSIONS: dict[int, tuple[int, int]] = {**SUPPORTED_VERSIONS, **ADVERTISED_ONLY}
+# The read side and the admin side (issue 10). Each range is what the
+# module serving the api implements and tests; ApiVersions lists exactly
+# SUPPORTED_VERSIONS. librdkafka enables features from the advertised list
+# (rdkafka_feature.c): RecordBatch v2 needs Fetch v4+, zstd Fetch v10+ (and
+# Produce v7+), lz4 FindCoordinator v0+.
+SUPPORTED_VERSIONS.update({
+    FETCH: (4, 12),                 # pipeline/log/fetch.py
+    LIST_OFFSETS: (1, 7),           # pipeline/log/fetch.py
+    OFFSET_COMMIT: (2, 8),          # pipeline/coordinator
+    OFFSET_FETCH: (1, 8),
+    FIND_COORDINATOR: (0, 4),
+    JOIN_GROUP: (0, 9),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 5),
+    SYNC_GROUP: (0, 5),
+    DESCRIBE_GROUPS: (0, 5),
+    LIST_GROUPS: (0, 4),
+    DELETE_GROUPS: (0, 2),
+    OFFSET_DELETE: (0, 0),
+    CREATE_TOPICS: (2, 7),          # pipeline/admin
+    DELETE_TOPICS: (1, 6),
+    DESCRIBE_CONFIGS: (1, 4),
+    CREATE_PARTITIONS: (0, 3),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    DESCRIBE_CLUSTER: (0, 1),
+})
+# What ApiVersions lists: exactly what is served.
+ADVERTISED_VERSIONS: dict[int, tuple[int, int]] = dict(SUPPORTED_VERSIONS)
 
 _ZERO_MS = i32Timedelta.parse(datetime.timedelta(0))
 _ONE_MS = datetime.timedelta(milliseconds=1)
@@ -123,27 +156,33 @@ _ZERO_UUID = uuid.UUID(int=0)
 _TOPIC_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:pipeline:kafka-topic-id")
 
 
-def _all_supported() -> Iterable[tuple[int, int]]:
-    for api_key, (low, high) in SUPPORTED_VERSIONS.items():
-        for version in range(low, high + 1):
-            yield api_key, version
+class _Lazy(dict):
+    """A dict that computes a missing value with ``factory(key)`` and keeps it.
+
+    Building a reader, a bounds plan and a writer for every served (api key,
+    version) at import would cost about a second per process; each is built
+    on first use instead (a dict hit afterwards).
+    """
+
+    def __init__(self, factory: Any) -> None:
+        super().__init__()
+        self._factory = factory
+
+    def __missing__(self, key: Any) -> Any:
+        value = self[key] = self._factory(key)
+        return value
 
 
-# (api_key, version) -> kio reader for the request body, resolved once.
-_REQUEST_READERS = {
-    key: entity_reader(load_request_schema(*key)) for key in _all_supported()
-}
+# (api_key, version) -> kio reader for the request body.
+_REQUEST_READERS = _Lazy(lambda key: entity_reader(load_request_schema(*key)))
 # (api_key, version) -> bounds pre-check plan, run before the native reader
 # (a huge array length would abort the process inside kio, see guard.py).
-_REQUEST_PLANS = {key: compile_plan(load_request_schema(*key)) for key in _all_supported()}
+_REQUEST_PLANS = _Lazy(lambda key: compile_plan(load_request_schema(*key)))
 # (api_key, version) -> kio response module, for its nested entity classes.
-_RESPONSE_MODULES = {
-    key: load_payload_module(key[0], key[1], EntityType.response) for key in _all_supported()
-}
-_RESPONSE_CLASSES = {key: load_response_schema(*key) for key in _all_supported()}
-_WRITERS = {cls: entity_writer(cls) for cls in _RESPONSE_CLASSES.values()}
-_API_VERSIONS_V0 = load_response_schema(API_VERSIONS, 0)
-_WRITERS.setdefault(_API_VERSIONS_V0, entity_writer(_API_VERSIONS_V0))
+_RESPONSE_MODULES = _Lazy(lambda key: load_payload_module(key[0], key[1], EntityType.response))
+_RESPONSE_CLASSES = _Lazy(lambda key: load_response_schema(*key))
+# response entity class -> kio writer.
+_WRITERS = _Lazy(entity_writer)
 
 
 def api_name(api_key: int) -> str:
@@ -165,6 +204,37 @@ def _encode(entity: Any) -> bytes:
     buffer = io.BytesIO()
     _WRITERS[type(entity)](buffer, entity)
     return buffer.getvalue()
+
+
+def response_module(api_key: int, version: int) -> Any:
+    """kio's response module for (api key, version): its entity classes
+    (e.g. ``response_module(FETCH, 12).FetchResponse``).
+
+    :raises KeyError: the pair is not in ``SUPPORTED_VERSIONS``.
+    """
+    return _RESPONSE_MODULES[(api_key, version)]
+
+
+def make(cls: type, **values: Any) -> Any:
+    """Instantiate kio entity ``cls`` from ``values``, dropping the fields
+    this version of the class does not have (one call site for all versions)."""
+    return _make(cls, **values)
+
+
+def encode(header: RequestHeader, body: Any) -> bytes:
+    """The response frame (response header + ``body``, no size prefix) for
+    the request ``header`` belongs to; ``body`` is a kio response entity of
+    the request's api key and version."""
+    return encode_response(header, _encode(body))
+
+
+def error_code(code: int) -> ErrorCode:
+    """kio's ErrorCode for the int ``code``. :raises ValueError: not a Kafka error code."""
+    return _error_code(code)
+
+
+ZERO_MS = _ZERO_MS
+"""throttle_time_ms 0 as kio's i32Timedelta."""
 
 
 def decode_request(header: RequestHeader, frame: bytes | bytearray | memoryview) -> Any:

@@ -23,6 +23,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -44,6 +45,8 @@ from pipeline.requests.sequencing import OffsetSequencer
 log = logging.getLogger(__name__)
 
 API_VERSIONS, METADATA, PRODUCE, INIT_PRODUCER_ID = 18, 3, 0, 22
+ApiHandler = Callable[[Request], Awaitable[None]]
+"""Serves one api: see ``KafkaApis.register``."""
 MIN_PRODUCE_TIMEOUT_MS = 1000
 """Produce timeouts below this (ms) are raised to it: durability takes at least an fsync."""
 TIMEOUT_CHECK_INTERVAL_S = 0.1
@@ -113,6 +116,23 @@ class KafkaApis:
         self.stats = HandlerStats()
         self.request_metrics = request_metrics if request_metrics is not None else RequestMetrics()
         self._produce_errors = self.request_metrics.errors(PRODUCE)
+        self._served: dict[int, ApiHandler] = {}
+
+    def register(self, api_key: int, handler: "ApiHandler") -> None:
+        """Serve ``api_key`` with ``handler`` (the read side, the group coordinator, admin).
+
+        ``handler(request)`` must complete ``request`` on its connection
+        exactly once, now or later (``request.connection.complete(request.token,
+        payload)``); it may raise InvalidRequestError, which closes the
+        connection with the reason. Its version range is
+        ``pipeline.protocol.apis.SUPPORTED_VERSIONS`` (checked by ``decode_request``).
+
+        Raises:
+            ValueError: ``api_key`` is already served.
+        """
+        if api_key in self._served or api_key in (PRODUCE, API_VERSIONS, METADATA, INIT_PRODUCER_ID):
+            raise ValueError(f"api key {api_key} is already served")
+        self._served[api_key] = handler
 
     async def handle(self, request: Request) -> None:
         """Handle one request; its response is completed on its connection (now or later).
@@ -139,6 +159,8 @@ class KafkaApis:
                 )
             elif header.api_key == INIT_PRODUCER_ID:
                 self._init_producer_id(request)
+            elif header.api_key in self._served:
+                await self._served[header.api_key](request)
             else:
                 raise InvalidRequestError(f"api key {header.api_key} ({apis.api_name(header.api_key)}) is not served")
         except InvalidRequestError as exc:
