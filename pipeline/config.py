@@ -309,12 +309,29 @@ _KEY_LIST: list[Key] = [
     Key("pipeline.data.dir", ("data_dir",), path,
         "tables under DIR/tables; WAL, checkpoint and metastore under DIR/_pipeline (not Kafka's "
         "log.dirs: it holds tables, not log segments)", "--data-dir", "DIR", group="persistence"),
-    Key("pipeline.wal.segment.bytes", ("wal_segment_bytes",), integer(1),
-        "roll write-ahead log segment files at this size (bytes)", "--wal-segment-bytes", "BYTES",
+    Key("log.segment.bytes", ("log_segment_bytes",), integer(1),
+        "roll write-ahead log segment files at this size (bytes); the WAL is the log consumers fetch "
+        "recent records from", "--log-segment-bytes", "BYTES", group="persistence"),
+    Key("log.retention.ms", ("log_retention_ms",), integer(-1),
+        "keep WAL segments this long after their last append (ms, -1: no time limit); older records "
+        "are fetched from the table; a topic's retention.ms overrides it", "--log-retention-ms", "MS",
         group="persistence"),
+    Key("log.retention.bytes", ("log_retention_bytes",), integer(-1),
+        "keep at most this many WAL bytes per partition (-1: no size limit); a topic's "
+        "retention.bytes overrides it", "--log-retention-bytes", "BYTES", group="persistence"),
     Key("pipeline.wal.linger.ms", ("wal_linger_ms",), number(0.0),
         "wait this long to gather more requests into one WAL fsync (ms; 0: group whatever arrived "
         "during the previous fsync)", "--wal-linger-ms", "MS", group="persistence"),
+    # -- consumer groups
+    Key("group.initial.rebalance.delay.ms", ("group_initial_rebalance_delay_ms",), integer(0),
+        "wait this long for more members before the first rebalance of an empty group (ms)",
+        "--group-initial-rebalance-delay-ms", "MS", group="consumer groups"),
+    Key("group.min.session.timeout.ms", ("group_min_session_timeout_ms",), integer(1),
+        "smallest session.timeout.ms a member may ask for (ms)", "--group-min-session-timeout-ms", "MS",
+        group="consumer groups"),
+    Key("group.max.session.timeout.ms", ("group_max_session_timeout_ms",), integer(1),
+        "largest session.timeout.ms a member may ask for (ms)", "--group-max-session-timeout-ms", "MS",
+        group="consumer groups"),
     # -- Spark and the table
     Key("spark.master", ("spark_master",), string,
         "Spark master URL: local[*] (embedded) or spark://HOST:PORT", "--spark-master", "URL",

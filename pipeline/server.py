@@ -105,7 +105,12 @@ class ServerConfig:
     data_dir: Path = field(default_factory=lambda: Path("data"))
     spark_master: str = "local[*]"
     ack_on: str = "wal"
-    wal_segment_bytes: int = 64 * 1024 * 1024
+    log_segment_bytes: int = 64 * 1024 * 1024    # [log.segment.bytes] Kafka's 1 GiB; WAL segments
+    log_retention_ms: int = 3_600_000           # [log.retention.ms] Kafka's 7 days; the table keeps the rest
+    log_retention_bytes: int = -1               # [log.retention.bytes]
+    group_initial_rebalance_delay_ms: int = 3000  # [group.initial.rebalance.delay.ms]
+    group_min_session_timeout_ms: int = 6000    # [group.min.session.timeout.ms]
+    group_max_session_timeout_ms: int = 1_800_000  # [group.max.session.timeout.ms]
     wal_linger_ms: float = 0.0
     spark_remote: str | None = None
     table_commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS    # ack-on wal: linger of a table commit
@@ -131,7 +136,7 @@ class Server:
         self.config = config
         self.sink = sink
         state_dir = Path(config.data_dir) / "_pipeline"
-        self.wal = WriteAheadLog(state_dir / "wal", segment_bytes=config.wal_segment_bytes)
+        self.wal = WriteAheadLog(state_dir / "wal", segment_bytes=config.log_segment_bytes)
         self.store = StateStore(state_dir)
         self.recovered: Recovered | None = None
         self._shutdown = trio.Event()
