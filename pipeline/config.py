@@ -287,8 +287,8 @@ _KEY_LIST: list[Key] = [
     Key("num.partitions", ("num_partitions",), integer(1),
         "partitions of an auto-created topic", "--num-partitions", "N", group="request path"),
     Key("auto.create.topics.enable", ("auto_create_topics",), boolean,
-        "create a topic on its first Metadata request; false: only the topics already in the table exist "
-        "(no CreateTopics here), others get UNKNOWN_TOPIC_OR_PARTITION",
+        "create a topic (num.partitions partitions) on its first Metadata request; false: topics are "
+        "created with CreateTopics (AdminClient, kafka-topics.sh) only, others get UNKNOWN_TOPIC_OR_PARTITION",
         "--auto-create-topics-enable", "true|false", group="request path"),
     # -- persistence
     Key("pipeline.ack.on", ("ack_on",), choice("wal", "spark"),

@@ -124,6 +124,11 @@ class SparkGroupSink:
         """(topic, partition) -> max(offset) + 1 over the whole table."""
         return end_offsets(self._sink.catalog.read_positions())
 
+    def drop_topic(self, topic: str) -> int:
+        """Remove every row of a deleted topic from the tables (``TableCatalog.drop_topic``);
+        blocking, run it in a worker thread. Returns the partitions dropped."""
+        return self._sink.catalog.drop_topic(topic)
+
     def maintain(self) -> MaintenanceResult:
         """Table maintenance (retention, compaction, deleting replaced files): ``TableCatalog.maintain``."""
         return self._sink.catalog.maintain()

@@ -1,59 +1,230 @@
-"""The broker's topics: auto-created on first use, each with a partition count.
+"""The broker's topics: created by CreateTopics or on first use, each with a partition count and configs.
 
 Kafka creates a topic on a Metadata request naming it when
 ``auto.create.topics.enable`` is on (the default) and the client allows it
 (MetadataRequest.allow_auto_topic_creation, v4+), with ``num.partitions``
 partitions. Produce to a topic that does not exist is answered with
 UNKNOWN_TOPIC_OR_PARTITION (clients ask Metadata first).
+
+Topics live in memory (Produce asks ``partitions`` for every partition) and,
+when the catalog has a ``TopicStore``, in SQLite (``pipeline.admin.store``):
+every change is written there before it shows in memory, except a deletion,
+which hides the topic at once (no produce accepted from then on) and is
+forgotten in the store last, after its data is gone. The admin apis
+(``pipeline.admin``) change topics through the async methods; the store writes
+run in a worker thread.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 
+import trio
 from kio.schema.errors import ErrorCode
 
-from pipeline.protocol.apis import validate_topic_name
+from pipeline.admin.store import NoSuchTopicError, StoredTopic, TopicExistsError, TopicStore
+from pipeline.protocol.apis import topic_id_for, validate_topic_name
 
 log = logging.getLogger(__name__)
 
+__all__ = ("NoSuchTopicError", "TopicCatalog", "TopicExistsError")
+
 
 class TopicCatalog:
-    """Topic name -> partition count. Satisfies ``pipeline.protocol.apis.TopicResolver``.
+    """Topic name -> partition count and configs. Satisfies ``pipeline.protocol.apis.TopicResolver``.
 
     Args:
         num_partitions: partitions of an auto-created topic (Kafka ``num.partitions``).
         auto_create: Kafka ``auto.create.topics.enable``.
-        initial: topics known at start (e.g. recovered from the table).
+        initial: topics known at start from elsewhere (the checkpoint of a data
+            dir from before the store): with a store they are imported into it
+            once, the first time it is opened, and ignored afterwards (the store
+            is then the truth, so a deleted topic stays deleted).
+        store: where topics persist; None keeps them in memory only (tests, benchmarks).
+        retention_defaults: (log.retention.ms, log.retention.bytes), what
+            ``retention`` returns for a topic without overrides (-1: no limit).
+        clock: wall-clock seconds, for creation times.
     """
 
     def __init__(self, num_partitions: int = 1, auto_create: bool = True,
-                 initial: dict[str, int] | None = None) -> None:
+                 initial: dict[str, int] | None = None, *, store: TopicStore | None = None,
+                 retention_defaults: tuple[int, int] = (-1, -1),
+                 clock: Callable[[], float] = time.time) -> None:
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
         self.num_partitions = num_partitions
         self.auto_create = auto_create
-        self._topics: dict[str, int] = dict(initial or {})
+        self.store = store
+        self.retention_defaults = retention_defaults
+        self._clock = clock
+        self._busy: set[str] = set()  # being created or deleted
+        self._config_lock = trio.Lock()
+        legacy = [self._new(name, count) for name, count in (initial or {}).items()]
+        if store is None:
+            self._topics = {t.name: t for t in legacy}
+        else:
+            if not store.legacy_imported:
+                store.import_legacy(legacy)
+                if legacy:
+                    log.info("topic store %s: imported %d topics from the checkpoint", store.path, len(legacy))
+            self._topics = {t.name: t for t in store.load()}
+        self._by_id = {t.topic_id: t.name for t in self._topics.values()}
+
+    def _new(self, name: str, partitions: int, configs: Mapping[str, str] | None = None) -> StoredTopic:
+        return StoredTopic(name, partitions, topic_id_for(name), int(self._clock() * 1000),
+                           MappingProxyType(dict(configs or {})))
+
+    def _put(self, topic: StoredTopic) -> None:
+        self._topics[topic.name] = topic
+        self._by_id[topic.topic_id] = topic.name
+
+    # -- reads (Produce, Metadata, Fetch, admin) --------------------------------------
 
     def partitions(self, name: str) -> int | None:
-        """Partition count of ``name``, or None if no such topic."""
-        return self._topics.get(name)
+        """Partition count of ``name``, or None if no such topic (or it is being deleted)."""
+        topic = self._topics.get(name)
+        return None if topic is None else topic.partitions
 
     def describe(self, name: str, auto_create: bool) -> tuple[int, int]:
-        """(error code, partition count) for a Metadata request naming ``name``."""
-        count = self._topics.get(name)
-        if count is not None:
-            return ErrorCode.none.value, count
+        """(error code, partition count) for a Metadata request naming ``name``.
+
+        Auto-creation writes the store synchronously (one small SQLite
+        transaction, a few ms; rare). A topic being created or deleted by an
+        admin request answers LEADER_NOT_AVAILABLE (retriable), as Kafka does
+        while a topic has no leader yet.
+        """
+        topic = self._topics.get(name)
+        if topic is not None:
+            return ErrorCode.none.value, topic.partitions
         try:
             validate_topic_name(name)
         except ValueError:
             return ErrorCode.invalid_topic_exception.value, 0
+        if name in self._busy:
+            return ErrorCode.leader_not_available.value, 0
         if not (auto_create and self.auto_create):
             return ErrorCode.unknown_topic_or_partition.value, 0
-        self._topics[name] = self.num_partitions
+        topic = self._new(name, self.num_partitions)
+        if self.store is not None:
+            self.store.insert(topic)
+        self._put(topic)
         log.info("auto-created topic %r with %d partitions", name, self.num_partitions)
         return ErrorCode.none.value, self.num_partitions
 
     def all_topics(self) -> dict[str, int]:
         """Every topic and its partition count."""
-        return dict(self._topics)
+        return {name: t.partitions for name, t in self._topics.items()}
+
+    def topic(self, name: str) -> StoredTopic | None:
+        """Everything known about ``name`` (None: no such topic, or being deleted)."""
+        return self._topics.get(name)
+
+    def name_for_id(self, topic_id: uuid.UUID) -> str | None:
+        """The topic whose id is ``topic_id`` (KIP-516), or None."""
+        name = self._by_id.get(topic_id)
+        return name if name in self._topics else None
+
+    def busy(self, name: str) -> bool:
+        """True while an admin request creates or deletes ``name``."""
+        return name in self._busy
+
+    def retention(self, topic: str) -> tuple[int, int]:
+        """(retention.ms, retention.bytes) of ``topic``: its overrides, else the broker's
+        ``log.retention.ms`` / ``log.retention.bytes``; -1 means no limit. An unknown
+        topic gets the broker's. (Kafka LogConfig: topic overrides over broker defaults.)"""
+        t = self._topics.get(topic)
+        configs = t.configs if t is not None else {}
+        ms = configs.get("retention.ms")
+        size = configs.get("retention.bytes")
+        return (self.retention_defaults[0] if ms is None else int(ms),
+                self.retention_defaults[1] if size is None else int(size))
+
+    # -- changes (admin apis) ------------------------------------------------------------
+
+    async def _store(self, method: str, *args: object) -> None:
+        """``TopicStore.<method>(*args)`` in a worker thread (nothing without a store)."""
+        if self.store is not None:
+            await trio.to_thread.run_sync(getattr(self.store, method), *args)
+
+    async def create(self, name: str, partitions: int, configs: Mapping[str, str]) -> StoredTopic:
+        """Create a topic (stored before it becomes visible).
+
+        Raises:
+            TopicExistsError: it exists, or is being created or deleted (Kafka TOPIC_ALREADY_EXISTS).
+        """
+        if name in self._topics or name in self._busy:
+            raise TopicExistsError(f"Topic '{name}' already exists."
+                                   if name in self._topics else f"Topic '{name}' is being created or deleted.")
+        topic = self._new(name, partitions, configs)
+        self._busy.add(name)
+        try:
+            await self._store("insert", topic)
+            self._put(topic)
+        finally:
+            self._busy.discard(name)
+        log.info("created topic %r with %d partitions, configs %s", name, partitions, dict(configs))
+        return topic
+
+    async def set_partitions(self, name: str, partitions: int) -> None:
+        """Give ``name`` ``partitions`` partitions (the caller checked it is an increase).
+
+        Raises:
+            NoSuchTopicError: no such topic.
+        """
+        async with self._config_lock:
+            topic = self._topics.get(name)
+            if topic is None:
+                raise NoSuchTopicError(name)
+            await self._store("set_partitions", name, partitions)
+            if name in self._topics:
+                self._put(StoredTopic(name, partitions, topic.topic_id, topic.created_ms, self._topics[name].configs))
+        log.info("topic %r now has %d partitions", name, partitions)
+
+    async def set_configs(self, name: str, update: Callable[[Mapping[str, str]], Mapping[str, str]]) -> None:
+        """Replace ``name``'s config overrides with ``update(current overrides)``, atomically
+        with respect to other admin changes (``update`` may raise; nothing changes then).
+
+        Raises:
+            NoSuchTopicError: no such topic.
+        """
+        async with self._config_lock:
+            topic = self._topics.get(name)
+            if topic is None:
+                raise NoSuchTopicError(name)
+            configs = dict(update(topic.configs))
+            await self._store("set_configs", name, configs)
+            current = self._topics.get(name)
+            if current is not None:
+                self._put(StoredTopic(name, current.partitions, current.topic_id, current.created_ms,
+                                      MappingProxyType(configs)))
+        log.info("topic %r configs now %s", name, configs)
+
+    async def delete(self, name: str, on_delete: Callable[[str], Awaitable[None]]) -> None:
+        """Delete a topic: hide it at once (Produce gets UNKNOWN_TOPIC_OR_PARTITION, Metadata
+        LEADER_NOT_AVAILABLE), await ``on_delete(name)`` (which removes its data), then
+        forget it in the store. If ``on_delete`` raises, the topic is visible again (a
+        retried delete finishes the job) and the error propagates.
+
+        Raises:
+            NoSuchTopicError: no such topic (or a deletion of it is under way).
+        """
+        topic = self._topics.get(name)
+        if topic is None or name in self._busy:
+            raise NoSuchTopicError(name)
+        del self._topics[name]
+        self._busy.add(name)
+        try:
+            try:
+                await on_delete(name)
+                await self._store("delete", name)
+            except BaseException:
+                self._put(topic)
+                raise
+            self._by_id.pop(topic.topic_id, None)
+        finally:
+            self._busy.discard(name)
+        log.info("deleted topic %r", name)

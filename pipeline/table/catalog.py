@@ -462,6 +462,54 @@ class TableCatalog:
     def partitions(self, owned: OwnedTable | None = None) -> list[Partition]:
         return [Partition(v, self.partition_location(v, owned)) for v in self.partition_values(owned)]
 
+    # -- deleting a topic ------------------------------------------------------------
+
+    def drop_topic(self, topic: str, *, now_ms: int | None = None) -> int:
+        """Remove every row of ``topic``: its partitions of the records table and of the dead
+        letters, and its typed table if it has one (Kafka deletes a deleted topic's log).
+
+        Blocking. The partitions' directories are journaled for deletion before the
+        catalog forgets them (``ALTER TABLE ... DROP IF EXISTS PARTITION (topic=...)``,
+        ``DROP TABLE``), then deleted at once, so a crash in between leaks no file
+        (``maintain`` deletes what the journal lists). Idempotent: dropping a topic
+        without rows does nothing. Returns the number of partitions dropped.
+
+        Raises:
+            ValueError: ``topic`` is not a legal Kafka topic name (it goes into SQL).
+            Whatever Spark raises; the call can be repeated.
+        """
+        from pipeline.protocol.apis import validate_topic_name
+
+        validate_topic_name(topic)
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        journal = Journal(self._journal_path)
+        dropped = 0
+        for owned in (self.records, self.dead_letters):
+            if owned is not self.records and not self.spark.catalog.tableExists(owned.name):
+                continue
+            parts = [v for v in self.partition_values(owned) if v.get("topic") == topic]
+            if not parts:
+                continue
+            journal.entries.extend({"delete": self.partition_location(v, owned), "after_ms": now_ms} for v in parts)
+            journal.save()
+            self.spark.sql(f"ALTER TABLE {owned.name} DROP IF EXISTS PARTITION (`topic`='{topic}')")
+            dropped += len(parts)
+            log.info("dropped %d partitions of topic %r from %s", len(parts), topic, owned.name)
+        typed = self.typed_tables.get(topic)
+        if typed is not None and self.spark.catalog.tableExists(typed.name):
+            parts = self.partition_values(typed)
+            journal.entries.extend({"delete": self.partition_location(v, typed), "after_ms": now_ms} for v in parts)
+            journal.save()
+            self.spark.sql(f"DROP TABLE IF EXISTS {typed.name}")
+            dropped += len(parts)
+            log.info("dropped table %s of topic %r", typed.name, topic)
+        if typed is not None:
+            path = local_path(typed.directory)
+            if path is not None and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)  # a re-created topic's table starts empty
+        self._delete_due(journal, now_ms)
+        return dropped
+
     # -- maintenance --------------------------------------------------------------
 
     def maintain(self, *, time_budget_s: float = 30.0, now_ms: int | None = None) -> MaintenanceResult:
