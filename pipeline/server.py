@@ -24,6 +24,12 @@ from pathlib import Path
 
 import trio
 
+from pipeline.admin.apis import AdminApis, broker_configs
+from pipeline.admin.store import FILE as TOPIC_STORE_FILE, TopicStore
+from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
+from pipeline.log.fetch import FetchApis
+from pipeline.log.manager import LogManager
+from pipeline.log.state import LogState
 from pipeline.network.acceptor import Acceptor
 from pipeline.network.channel import KafkaChannel, MemoryWaiters
 from pipeline.network.connection_quotas import DEFAULT_MAX_CONNECTIONS, ConnectionQuotas
@@ -50,8 +56,6 @@ from pipeline.protocol.apis import BrokerInfo
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import MultiQueueRequestChannel, RequestChannel, SharedRequestChannel
 from pipeline.requests.handler import KafkaApis, RequestHandler
-from pipeline.requests.producer_state import ProducerStateManager
-from pipeline.requests.sequencing import OffsetSequencer
 from pipeline.table.catalog import TableConfig
 from pipeline.table.layout import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_COMPACTION_INTERVAL_MS
 
@@ -138,6 +142,9 @@ class Server:
         state_dir = Path(config.data_dir) / "_pipeline"
         self.wal = WriteAheadLog(state_dir / "wal", segment_bytes=config.log_segment_bytes)
         self.store = StateStore(state_dir)
+        self.logs = LogManager(wal=self.wal,
+                               retention=lambda topic: (config.log_retention_ms, config.log_retention_bytes))
+        """Every partition's log: offsets, producer state, high watermarks, reads, WAL retention."""
         self.recovered: Recovered | None = None
         self._shutdown = trio.Event()
         self.address: tuple[str, int] | None = None
@@ -154,7 +161,10 @@ class Server:
 
     def recover(self) -> Recovered:
         """Replay the WAL into the table and rebuild offsets and producer state (blocking)."""
-        self.recovered = recover(self.sink, self.wal, self.store)
+        self.recovered = recover(self.sink, self.wal, self.store, visit=self.logs.index_wal_entry)
+        checkpoint = self.recovered.checkpoint
+        self.logs.state = LogState.from_checkpoint(checkpoint)
+        self.logs.start(checkpoint.end_offsets)
         return self.recovered
 
     @property
@@ -206,26 +216,36 @@ class Server:
             ack_on=c.ack_on,  # type: ignore[arg-type]
             max_buffer_bytes=c.buffer_memory,
             maintenance_interval_s=c.table_compaction_interval_ms / 1000.0 if c.table_compaction_interval_ms else None,
+            log_listener=self.logs,
         )
         self.persister = persister
         request_channel, handler_count = self._build_request_channel()
         self.request_channel = request_channel
-        offsets = OffsetSequencer()
-        for (topic, partition), end in checkpoint.end_offsets.items():
-            offsets.restore(topic, partition, end)
-        producers = ProducerStateManager()
-        producers.restore(checkpoint.producers)
+        # Topics persist in DATA_DIR/_pipeline/topics.db; a data dir from before the store
+        # brings its checkpoint's topics once (pipeline.admin.store).
+        self.catalog = TopicCatalog(c.num_partitions, c.auto_create_topics,
+                                    {t: max(n, c.num_partitions) for t, n in checkpoint.topics.items()},
+                                    store=TopicStore(Path(c.data_dir) / "_pipeline" / TOPIC_STORE_FILE),
+                                    retention_defaults=(c.log_retention_ms, c.log_retention_bytes))
         self.apis = KafkaApis(
             broker,
-            TopicCatalog(c.num_partitions, c.auto_create_topics,
-                         {t: max(n, c.num_partitions) for t, n in checkpoint.topics.items()}),
-            offsets,
+            self.catalog,
+            self.logs,
             persister,
             first_producer_id=time.time_ns() // 1_000_000,
-            producers=producers,
             yield_before_sequencing=c.mode is not Mode.MULTIQUEUE,
             request_metrics=request_channel.metrics,
         )
+        self.fetch_apis = FetchApis(self.logs, self.apis.catalog, request_channel.metrics)
+        self.fetch_apis.register(self.apis)
+
+        async def on_delete_topic(topic: str) -> None:
+            # Until the partition logs' own hook: drop the topic's table rows.
+            await trio.to_thread.run_sync(self.sink.drop_topic, topic)
+
+        self.admin_apis = AdminApis(broker, self.catalog, TopicConfigs(broker_topic_defaults(c), c.table),
+                                    on_delete_topic, broker_configs(c), request_channel.metrics)
+        self.admin_apis.register(self.apis)
         mute = c.mode is Mode.BASELINE
         ordered = c.mode is not Mode.SHARED_UNMUTED
         limits = ConnectionLimits(
@@ -256,6 +276,8 @@ class Server:
         async with trio.open_nursery() as nursery:
             await nursery.start(persister.run)
             await nursery.start(self.apis.run_timeouts)
+            await nursery.start(self.logs.run)
+            await nursery.start(self.fetch_apis.run)
             handlers_done = trio.Event()
 
             async def run_handlers() -> None:
@@ -306,6 +328,7 @@ class Server:
             log.info("shutting down: handling queued requests")
             request_channel.close()
             await handlers_done.wait()
+            self.logs.close()  # waiting fetches answer now with what they have
             log.info("shutting down: flushing %d buffered records", persister.buffered_records)
             persister.close()
             await persister.wait_closed()

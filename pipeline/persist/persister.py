@@ -44,7 +44,6 @@ from pipeline.persist.accumulator import FlushGroup, FlushPolicy, FlushReason, R
 from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.state import Checkpoint, StateStore
 from pipeline.persist.wal import WalPosition, WriteAheadLog, encode_appends
-from pipeline.requests.producer_state import ProducerStateManager, next_sequence
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +106,28 @@ class GroupSink(Protocol):
 
     # Optional: ``maintain() -> pipeline.table.catalog.MaintenanceResult``, called
     # every ``maintenance_interval_s`` between two writes when that is set.
+
+
+class LogListener(Protocol):
+    """The read side (``pipeline.log.manager.LogManager``): told where appends landed and when they count.
+
+    Called in the persister's trio task, never from a worker thread.
+    """
+
+    def wal_appended(self, appends: Sequence[PartitionAppend], segment: int, positions: Sequence[int],
+                     now_ms: int) -> None:
+        """The appends were written (fsynced) to WAL segment ``segment``; ``positions[i]`` is the byte
+        position of ``appends[i].records`` in that segment file; ``now_ms`` the wall clock (ms)."""
+
+    def durable(self, appends: Sequence[PartitionAppend]) -> None:
+        """The appends reached their acknowledgement point: consumers may read them."""
+
+    def wal_cut(self, checkpointed: WalPosition) -> WalPosition | None:
+        """Where to truncate the WAL now that the table holds everything up to ``checkpointed``
+        (retention keeps more of it); None: keep everything."""
+
+    def wal_truncated(self, segments: Sequence[int]) -> None:
+        """Segments that remain after a truncation (the others are gone)."""
 
 
 LATENCY_HISTOGRAM_MAX_MS = 3_600_000
@@ -187,6 +208,9 @@ class BatchingPersister:
             retrying before giving up (the WAL keeps the records).
         maintenance_interval_s: call ``sink.maintain()`` (table compaction
             and retention) this often, between two Spark writes; None: never.
+        log_listener: the read side, told where appends are in the WAL and
+            when they are durable, and asked how much of the WAL to keep;
+            None: nothing reads the WAL, it is cut at every checkpoint.
     """
 
     def __init__(
@@ -204,6 +228,7 @@ class BatchingPersister:
         max_retry_backoff_s: float = 5.0,
         shutdown_grace_s: float = 30.0,
         maintenance_interval_s: float | None = None,
+        log_listener: LogListener | None = None,
     ) -> None:
         if ack_on not in ("wal", "spark"):
             raise ValueError(f"ack_on must be 'wal' or 'spark', got {ack_on!r}")
@@ -230,10 +255,10 @@ class BatchingPersister:
         self._failed: BaseException | None = None
         self._closing_since: float | None = None
         # What the table holds, as of the last Spark commit.
-        self._end_offsets = dict(checkpoint.end_offsets)
-        self._committed_producers = ProducerStateManager()
-        self._committed_producers.restore(checkpoint.producers)
+        from pipeline.log.state import LogState  # pipeline.log imports this package
+        self._committed = LogState.from_checkpoint(checkpoint)
         self._topics = dict(checkpoint.topics)
+        self._listener = log_listener
         self.stats = PersisterStats()
 
     # -- the handler's side ----------------------------------------------
@@ -338,7 +363,8 @@ class BatchingPersister:
             for commit in group.waiters:
                 commit.resolve(self._failed)
             return
-        payload = encode_appends(group.appends)
+        positions: list[int] = []
+        payload = encode_appends(group.appends, positions)
         self._in_wal_write = group.size_bytes
         started = time.perf_counter()
         try:
@@ -357,8 +383,14 @@ class BatchingPersister:
         stats.wal_bytes += len(payload)
         stats.wal_seconds += elapsed
         _record_ms(stats.wal_write_ms, elapsed * 1000.0)
+        if self._listener is not None:
+            start = position.offset - len(payload)  # the payload's place in the segment
+            self._listener.wal_appended(group.appends, position.segment, [start + p for p in positions],
+                                        int(time.time() * 1000))
         spark_commit = None
         if self.ack_on == "wal":
+            if self._listener is not None:
+                self._listener.durable(group.appends)
             for commit in group.waiters:
                 commit.resolve(None)
         else:
@@ -508,25 +540,29 @@ class BatchingPersister:
         log.debug("flushed %d records (%d bytes, %s) in %.0f ms", group.records, group.size_bytes,
                   group.reason.value if group.reason else "", elapsed * 1000)
         for a in group.appends:
-            key = (a.topic, a.partition)
-            self._end_offsets[key] = max(self._end_offsets.get(key, 0), a.base_offset + a.record_count)
-            if a.producer_id >= 0:
-                self._committed_producers.update(
-                    a.producer_id, a.producer_epoch, a.topic, a.partition, a.base_sequence,
-                    next_sequence(a.base_sequence, a.record_count - 1), a.base_offset)
+            self._committed.apply(a)
+        if self.ack_on == "spark" and self._listener is not None:
+            self._listener.durable(group.appends)
         for waiter in group.waiters:
             if waiter.commit is not None:
                 waiter.commit.resolve(None)
         position = group.waiters[-1].position
-        checkpoint = Checkpoint(position, dict(self._end_offsets),
-                                self._committed_producers.snapshot(), dict(self._topics))
+        checkpoint = Checkpoint(position, self._committed.end_offsets(),
+                                self._committed.producers.snapshot(), dict(self._topics))
+        cut = position if self._listener is None else self._listener.wal_cut(position)
         try:
-            await trio.to_thread.run_sync(self._checkpoint_and_truncate, checkpoint)
+            remaining = await trio.to_thread.run_sync(self._checkpoint_and_truncate, checkpoint, cut)
         except Exception as exc:  # the next flush checkpoints again; replay is idempotent
             log.warning("checkpoint after flush failed: %s", exc)
+        else:
+            if self._listener is not None:
+                self._listener.wal_truncated(remaining)
         return True
 
-    def _checkpoint_and_truncate(self, checkpoint: Checkpoint) -> None:
+    def _checkpoint_and_truncate(self, checkpoint: Checkpoint, cut: WalPosition | None) -> list[int]:
+        """Save ``checkpoint``, truncate the WAL before ``cut``; returns the segments left."""
         self._store.save(checkpoint)
-        assert checkpoint.wal_position is not None
-        self._wal.truncate_before(checkpoint.wal_position)
+        if cut is not None:
+            assert checkpoint.wal_position is not None and cut <= checkpoint.wal_position
+            self._wal.truncate_before(cut)
+        return self._wal.segments

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 from pipeline.persist.persister import GroupSink, offset_ranges
 from pipeline.persist.state import Checkpoint, StateStore
-from pipeline.persist.wal import WriteAheadLog, decode_appends
-from pipeline.requests.producer_state import ProducerStateManager, next_sequence
+from pipeline.persist.wal import WalPosition, WriteAheadLog, decode_appends
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,12 @@ class Recovered:
     skipped_records: int = 0
 
 
-def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore) -> Recovered:
+def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore,
+            visit: Callable[[WalPosition, int, memoryview], None] | None = None) -> Recovered:
     """See the module docstring. Blocking.
+
+    ``visit`` sees every retained WAL entry (``WriteAheadLog.open``): the read
+    side indexes the log with it.
 
     Raises:
         pipeline.persist.wal.WalCorruptionError: the WAL is damaged before its tail.
@@ -68,9 +72,7 @@ def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore) -> Recovered
         if checkpoint.end_offsets:
             log.info("no checkpoint: took end offsets of %d partitions from the table",
                      len(checkpoint.end_offsets))
-    entries = wal.open()
-    after = checkpoint.wal_position
-    pending = [e for e in entries if after is None or e.position > after]
+    pending = wal.open(checkpoint.wal_position, visit)
     appends = [a for e in pending for a in decode_appends(e.payload)]
     result = Recovered(checkpoint)
     if appends:
@@ -82,20 +84,19 @@ def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore) -> Recovered
             sink.write(sink.to_table(appends), present)
         log.info("recovery: %d WAL records after the checkpoint, %d written now, %d already in the table",
                  total, result.replayed_records, result.skipped_records)
-    producers = ProducerStateManager()
-    producers.restore(checkpoint.producers)
+    from pipeline.log.state import LogState  # pipeline.log imports this package
+    state = LogState.from_checkpoint(checkpoint)
     for a in appends:
-        key = (a.topic, a.partition)
-        checkpoint.end_offsets[key] = max(checkpoint.end_offsets.get(key, 0), a.base_offset + a.record_count)
+        state.apply(a)
         checkpoint.topics[a.topic] = max(checkpoint.topics.get(a.topic, 0), a.partition + 1)
-        if a.producer_id >= 0:
-            producers.update(a.producer_id, a.producer_epoch, a.topic, a.partition, a.base_sequence,
-                             next_sequence(a.base_sequence, a.record_count - 1), a.base_offset)
-    checkpoint.producers = producers.snapshot()
+    checkpoint.end_offsets = state.end_offsets()
+    checkpoint.producers = state.producers.snapshot()
     if pending:
         checkpoint.wal_position = pending[-1].position
     if pending or not had_checkpoint:
         store.save(checkpoint)
-    if checkpoint.wal_position is not None:
+    if checkpoint.wal_position is not None and visit is None:
+        # With a read side the WAL is the log consumers fetch from: its
+        # retention (LogManager.wal_cut) decides what goes, not the checkpoint.
         wal.truncate_before(checkpoint.wal_position)
     return result

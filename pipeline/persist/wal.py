@@ -23,7 +23,7 @@ import re
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pipeline.persist.batch import PartitionAppend
 
@@ -128,13 +128,18 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------------ open
 
-    def open(self) -> list[WalEntry]:
+    def open(self, after: WalPosition | None = None,
+             visit: Callable[[WalPosition, int, memoryview], None] | None = None) -> list[WalEntry]:
         """Recover the log and open it for appending.
 
         Creates the directory if needed, scans the segments in order and
-        returns every valid entry, oldest first, for replay. The last
-        segment is then opened for appending (a new segment 0 in an empty
-        directory).
+        returns every valid entry ending after ``after`` (all if None),
+        oldest first, for replay. ``visit(end position, byte position of the
+        payload in its segment, payload)`` is called for every valid entry,
+        returned or not (the payload view is valid only during the call): the
+        read side indexes the retained log with it without holding it in
+        memory. The last segment is then opened for appending (a new segment
+        0 in an empty directory).
 
         A bad entry (partial header, length 0 or past the end of the file,
         CRC mismatch) in the last segment is a torn tail unless a clean run
@@ -171,7 +176,7 @@ class WriteAheadLog:
                 path = self._path(segment)
                 with open(path, "rb") as f:
                     data = f.read()
-                end, problem = _scan(data, segment, entries)
+                end, problem = _scan(data, segment, entries, after, visit)
                 if problem is not None:
                     if i != len(segments) - 1:
                         raise WalCorruptionError(
@@ -328,6 +333,33 @@ class WriteAheadLog:
                 raise RuntimeError("write-ahead log is not open")
             return WalPosition(self._active, self._sizes[self._active])
 
+    def read(self, segment: int, position: int, length: int) -> bytes:
+        """``length`` bytes at byte ``position`` of segment ``segment`` (a fetch of indexed batches).
+
+        Opens the file for the one read, so a segment deleted by
+        ``truncate_before`` meanwhile raises instead of reading a reused
+        descriptor. Not serialised with ``append``: only bytes of entries
+        ``append`` has returned for are read, and those never change.
+
+        Raises:
+            FileNotFoundError: the segment was deleted (retention).
+            OSError: the read failed, or returned fewer bytes (the file is shorter).
+        """
+        fd = os.open(self._path(segment), os.O_RDONLY)
+        try:
+            data = os.pread(fd, length, position)
+        finally:
+            os.close(fd)
+        if len(data) != length:
+            raise OSError(f"short read of segment {segment}: {len(data)} of {length} bytes at {position}")
+        return data
+
+    @property
+    def segments(self) -> list[int]:
+        """Segment indexes on disk, oldest first (the last is the active one)."""
+        with self._lock:
+            return sorted(self._sizes)
+
     # --------------------------------------------------------------- helpers
 
     def _path(self, segment: int) -> str:
@@ -381,18 +413,25 @@ def _entry_at(data: bytes, pos: int) -> tuple[int, str | None]:
     return end, None
 
 
-def _scan(data: bytes, segment: int, entries: list[WalEntry]) -> tuple[int, str | None]:
-    """Append the valid entries of one segment to ``entries``.
+def _scan(data: bytes, segment: int, entries: list[WalEntry], after: WalPosition | None = None,
+          visit: Callable[[WalPosition, int, memoryview], None] | None = None) -> tuple[int, str | None]:
+    """Append the valid entries of one segment ending after ``after`` to ``entries``; ``visit`` each.
 
     Returns (byte offset where the valid prefix ends, None when that is the
     end of the file, else why the entry there is bad).
     """
     pos = 0
+    view = memoryview(data)
     while pos < len(data):
         end, problem = _entry_at(data, pos)
         if problem is not None:
             return pos, problem
-        entries.append(WalEntry(WalPosition(segment, end), data[pos + _ENTRY_HEADER.size:end]))
+        position = WalPosition(segment, end)
+        start = pos + _ENTRY_HEADER.size
+        if visit is not None:
+            visit(position, start, view[start:end])
+        if after is None or position > after:
+            entries.append(WalEntry(position, data[start:end]))
         pos = end
     return pos, None
 
@@ -474,7 +513,7 @@ _TOPIC_LENGTH = struct.Struct(">H")
 _APPEND_FIXED = struct.Struct(">iqiqqhiI")
 
 
-def encode_appends(appends: Sequence[PartitionAppend]) -> bytes:
+def encode_appends(appends: Sequence[PartitionAppend], positions: list[int] | None = None) -> bytes:
     """Encode the appends of one WAL group as one payload (no I/O).
 
     Layout (big-endian), format 1::
@@ -486,12 +525,16 @@ def encode_appends(appends: Sequence[PartitionAppend]) -> bytes:
             int64 log_append_time_ms, int64 producer_id, int16 producer_epoch,
             int32 base_sequence, uint32 records length (bytes), records
 
+    If ``positions`` is given, the byte position in the payload of each
+    append's records is appended to it (the read side's index).
+
     Raises:
         ValueError: a field does not fit its width (topic over 65535 UTF-8
             bytes, records over 2**32-1 bytes, an integer out of range), or
             a topic that is not encodable UTF-8 (lone surrogates).
     """
     parts: list[bytes] = [_GROUP_HEADER.pack(_FORMAT_V1, len(appends))]
+    pos = _GROUP_HEADER.size
     for a in appends:
         topic = a.topic.encode("utf-8")
         try:
@@ -503,12 +546,19 @@ def encode_appends(appends: Sequence[PartitionAppend]) -> bytes:
             ))
         except struct.error as exc:
             raise ValueError(f"cannot encode append for {a.topic!r}-{a.partition}: {exc}") from None
+        pos += _TOPIC_LENGTH.size + len(topic) + _APPEND_FIXED.size
+        if positions is not None:
+            positions.append(pos)
         parts.append(bytes(a.records))
+        pos += len(a.records)
     return b"".join(parts)
 
 
-def decode_appends(payload: bytes) -> list[PartitionAppend]:
+def decode_appends(payload: bytes | memoryview, positions: list[int] | None = None) -> list[PartitionAppend]:
     """Decode a payload of ``encode_appends`` (no I/O); every field round-trips exactly.
+
+    If ``positions`` is given, each append's records position in the payload
+    is appended to it (as ``encode_appends`` reports them).
 
     Raises:
         ValueError: unknown format byte, truncated input, trailing bytes, an
@@ -544,6 +594,8 @@ def decode_appends(payload: bytes) -> list[PartitionAppend]:
         if pos + records_len > len(view):
             raise ValueError(f"WAL payload truncated in records at byte {pos}")
         records = bytes(view[pos:pos + records_len])
+        if positions is not None:
+            positions.append(pos)
         pos += records_len
         appends.append(PartitionAppend(
             topic, partition, base_offset, records, record_count, log_append_time_ms,

@@ -28,6 +28,7 @@ from typing import Awaitable, Callable
 import trio
 from kio.schema.errors import ErrorCode
 
+from pipeline.log.manager import LogManager
 from pipeline.logs import log_context
 from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.persister import BatchingPersister, Commit, StorageFailedError
@@ -39,8 +40,7 @@ from pipeline.protocol.records import RecordsInfo, has_compressed_batch, validat
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import Request, RequestChannel
 from pipeline.requests.metrics import RequestMetrics, add_error
-from pipeline.requests.producer_state import BatchMetadata, ProducerStateManager, Verdict, next_sequence
-from pipeline.requests.sequencing import OffsetSequencer
+from pipeline.requests.producer_state import BatchMetadata, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +76,12 @@ class KafkaApis:
     Args:
         broker: this broker's node id, advertised host/port and cluster id.
         catalog: topics and their partition counts.
-        offsets: the server's OffsetSequencer.
+        logs: the partitions' logs (``pipeline.log.manager.LogManager``):
+            produce sequences against its ``state`` (log end offsets and
+            idempotent producer state, recovered at start).
         persister: where sequenced appends go.
         first_producer_id: first id InitProducerId hands out; the server seeds
             it from the wall clock (ms) so ids are not reused across restarts.
-        producers: idempotent producer state (recovered at start).
         yield_before_sequencing: let other handlers run between parsing and
             sequencing a produce, as a preempted pool thread would (set for
             the shared-queue modes).
@@ -92,18 +93,16 @@ class KafkaApis:
         self,
         broker: BrokerInfo,
         catalog: TopicCatalog,
-        offsets: OffsetSequencer,
+        logs: LogManager,
         persister: BatchingPersister,
         first_producer_id: int,
-        producers: ProducerStateManager | None = None,
         yield_before_sequencing: bool = False,
         request_metrics: RequestMetrics | None = None,
     ) -> None:
         self.broker = broker
         self.catalog = catalog
-        self.offsets = offsets
+        self.logs = logs
         self.persister = persister
-        self.producers = producers or ProducerStateManager()
         self.yield_before_sequencing = yield_before_sequencing
         self._producer_ids = itertools.count(first_producer_id)
         self._deadlines: list[tuple[float, int, PendingProduce]] = []
@@ -231,8 +230,9 @@ class KafkaApis:
         appended: list[int] = []  # result indices of ``appends``
         duplicates: list[tuple[int, BatchMetadata]] = []
         now_ms = int(time.time() * 1000)
+        state = self.logs.state
         for index, part, info in checked:
-            verdict = self.producers.check(info.producer_id, info.producer_epoch, part.topic,
+            verdict = state.producers.check(info.producer_id, info.producer_epoch, part.topic,
                                            part.partition, info.base_sequence, info.last_sequence)
             if verdict.verdict is Verdict.ERROR:
                 results[index] = PartitionResult(part.topic, part.partition, verdict.error_code)
@@ -243,7 +243,7 @@ class KafkaApis:
                 results[index] = PartitionResult(part.topic, part.partition, 0,
                                                  base_offset=verdict.duplicate.base_offset, log_start_offset=0)
                 continue
-            base = self.offsets.assign(part.topic, part.partition, info.record_count)
+            base = state.offsets.assign(part.topic, part.partition, info.record_count)
             appends.append(PartitionAppend(part.topic, part.partition, base, part.records or b"",
                                            info.record_count, now_ms, info.producer_id,
                                            info.producer_epoch, info.base_sequence,
@@ -261,10 +261,7 @@ class KafkaApis:
                 appends, appended = [], []
             else:
                 for a in appends:
-                    if a.producer_id >= 0:
-                        self.producers.update(a.producer_id, a.producer_epoch, a.topic, a.partition,
-                                              a.base_sequence, next_sequence(a.base_sequence, a.record_count - 1),
-                                              a.base_offset, ticket=commit)
+                    state.apply(a, ticket=commit)
                 stats = self.stats
                 bytes_in, messages_in = stats.bytes_in, stats.messages_in
                 for a in appends:

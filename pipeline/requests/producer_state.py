@@ -132,6 +132,11 @@ class ProducerStateManager:
             entry = self._entries[key] = _Entry(epoch)
         entry.batches.append(BatchMetadata(first_seq, last_seq, base_offset, ticket))
 
+    def forget_topic(self, topic: str) -> None:
+        """Drop the state of a deleted topic's partitions."""
+        for key in [k for k in self._entries if k[1] == topic]:
+            del self._entries[key]
+
     def snapshot(self) -> list[list]:
         """JSON-ready rows ``[pid, epoch, topic, partition, first_seq, last_seq, base_offset]``."""
         return [

@@ -131,6 +131,21 @@ class OffsetSequencer:
         """The offset the next record of this partition will get."""
         return self._log_end.get((topic, partition), 0)
 
+    def advance(self, topic: str, partition: int, next_offset: int) -> None:
+        """Make sure the partition continues at or after ``next_offset`` (never moves back)."""
+        key = (topic, partition)
+        if next_offset > self._log_end.get(key, 0):
+            self._log_end[key] = next_offset
+
+    def end_offsets(self) -> dict[tuple[str, int], int]:
+        """A copy of every partition's log end offset."""
+        return dict(self._log_end)
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop a deleted topic's partitions (a topic re-created later starts at 0)."""
+        for key in [k for k in self._log_end if k[0] == topic]:
+            del self._log_end[key]
+
     def restore(self, topic: str, partition: int, next_offset: int) -> None:
         """Continue a partition at ``next_offset`` (after recovery from storage)."""
         if next_offset < 0:

@@ -41,7 +41,7 @@ from pipeline.protocol.apis import BrokerInfo
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import MultiQueueRequestChannel
 from pipeline.requests.handler import KafkaApis, RequestHandler
-from pipeline.requests.sequencing import OffsetSequencer
+from pipeline.log.manager import LogManager
 from tests.e2e import raw_client as rc
 from tests.network.trio_harness import Client, stream_pair
 
@@ -134,7 +134,7 @@ async def broker(tmp_path, *, ack_on: str = "wal", max_buffer_bytes: int = 64 <<
                                   FlushPolicy(linger_ms=0), ack_on=ack_on,  # type: ignore[arg-type]
                                   max_buffer_bytes=max_buffer_bytes)
     apis = KafkaApis(BrokerInfo(0, "127.0.0.1", 9092, "test"), TopicCatalog(initial={"t": 2}),
-                     OffsetSequencer(), persister, first_producer_id=1000)
+                     LogManager(), persister, first_producer_id=1000)
     request_channel = MultiQueueRequestChannel(queues, 100)
     pool = MemoryPool(16 << 20)
     try:
@@ -227,7 +227,7 @@ async def test_produce_times_out_when_the_persister_is_full_and_spark_stalled(au
         assert client.correlation_ids == [1, 2]
         assert partition_result(client.responses[1][1]) == (REQUEST_TIMED_OUT, -1)
         assert 2.5 - EPS <= client.arrived_at[1] - sent <= 2.5 + 0.01
-        assert b.apis.offsets.log_end_offset("t", 0) == 1  # request 2 was never sequenced
+        assert b.apis.logs.log_end_offset("t", 0) == 1  # request 2 was never sequenced
         assert b.apis.stats.records == 1  # nor handed to the persister
         # Spark comes back: the next produce gets the offset after "first", the
         # timed-out records never reach the table.

@@ -26,7 +26,7 @@ from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import MultiQueueRequestChannel
 from pipeline.requests.handler import KafkaApis, RequestHandler
 from pipeline.requests.metrics import BUCKET_BOUNDS_MS, STAGES
-from pipeline.requests.sequencing import OffsetSequencer
+from pipeline.log.manager import LogManager
 from tests.e2e import raw_client as rc
 from tests.requests.test_handler_trio import Broker, MemorySink, eventually, partition_result, produce
 
@@ -46,7 +46,7 @@ async def serving(tmp_path, *, ack_on: str) -> AsyncIterator[tuple[Broker, list[
                                   FlushPolicy(linger_ms=0), ack_on=ack_on)  # type: ignore[arg-type]
     request_channel = MultiQueueRequestChannel(2, 100)
     apis = KafkaApis(BrokerInfo(0, "127.0.0.1", 9092, "test"), TopicCatalog(initial={"t": 2}),
-                     OffsetSequencer(), persister, first_producer_id=1000,
+                     LogManager(), persister, first_producer_id=1000,
                      request_metrics=request_channel.metrics)
     handlers = [RequestHandler(i, apis, request_channel) for i in range(2)]
     pool = MemoryPool(16 << 20)

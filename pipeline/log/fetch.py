@@ -1,0 +1,254 @@
+"""Fetch and ListOffsets: the read side of the Kafka protocol.
+
+**Fetch** (Kafka KafkaApis.handleFetchRequest / ReplicaManager.fetchMessages):
+each partition is read from its ``fetch_offset`` through the LogManager
+(recent offsets from the write-ahead log, older ones from the table), at most
+``partition_max_bytes`` per partition and ``max_bytes`` per response, but
+always the first batch of the first partition with data, whatever its size
+(KIP-74). Only offsets below the high watermark (durable) are served. If
+fewer than ``min_bytes`` are available the fetch waits up to ``max_wait_ms``
+for appends to make the high watermark move (Kafka's DelayedFetch in the
+fetch purgatory): it is woken by the appends, never by polling. The wait
+happens in a task of its own, so the RequestHandler goes on with its queue
+at once; the connection's ResponseSequencer keeps responses in request order.
+
+Fetch sessions (KIP-227) are not kept: every response carries session id 0,
+which tells a client to keep sending full fetch requests (librdkafka does
+anyway); a fetch naming a session gets FETCH_SESSION_ID_NOT_FOUND.
+Read-committed consumers get the same records (no transactions are ever
+written: transactional producers are refused), with last stable offset =
+high watermark and no aborted transactions.
+
+**ListOffsets** (KafkaApis.handleListOffsetRequest): earliest (-2), latest
+(-1: the high watermark), max timestamp (-3, KIP-734) and by timestamp.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from kio.schema.errors import ErrorCode
+
+from pipeline.log.manager import LogManager, OffsetOutOfRange
+from pipeline.protocol import apis
+from pipeline.protocol.apis import FETCH, LIST_OFFSETS
+from pipeline.requests.channel import Request
+from pipeline.requests.metrics import add_error
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT_MS_LIMIT = 30_000
+"""A fetch waits at most this long (ms), whatever it asks: the client's request.timeout.ms is 30 s."""
+
+_NO_SESSION = 0
+_INITIAL_EPOCH, _FINAL_EPOCH = 0, -1
+
+
+@dataclass(slots=True)
+class _PartitionFetch:
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    error: int = 0
+    records: bytes = b""
+    high_watermark: int = -1
+    log_start_offset: int = -1
+
+
+class FetchApis:
+    """Serves Fetch and ListOffsets from a LogManager.
+
+    Args:
+        logs: the partitions' logs.
+        catalog: topics and partition counts (``partitions(name) -> int | None``).
+        apis_: the KafkaApis whose request metrics count errors.
+    """
+
+    def __init__(self, logs: LogManager, catalog: Any, request_metrics: Any) -> None:
+        self.logs = logs
+        self.catalog = catalog
+        self._fetch_errors = request_metrics.errors(FETCH)
+        self._list_errors = request_metrics.errors(LIST_OFFSETS)
+        self._nursery: trio.Nursery | None = None
+        self.fetches = 0
+        self.delayed_fetches = 0
+
+    def register(self, kafka_apis: Any) -> None:
+        kafka_apis.register(FETCH, self.fetch)
+        kafka_apis.register(LIST_OFFSETS, self.list_offsets)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the tasks of fetches being served; runs until cancelled (waiting fetches end then)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- Fetch -------------------------------------------------------------------
+
+    async def fetch(self, request: Request) -> None:
+        header = request.header
+        body = apis.decode_request(header, request.frame)
+        version = header.api_version
+        if getattr(body, "replica_id", -1) >= 0:
+            # Follower fetches: this broker has no replicas.
+            self._answer_fetch(request, body, [], ErrorCode.unknown_server_error.value)
+            return
+        session_id = getattr(body, "session_id", _NO_SESSION)
+        session_epoch = getattr(body, "session_epoch", _FINAL_EPOCH)
+        if session_id != _NO_SESSION:
+            self._answer_fetch(request, body, [], ErrorCode.fetch_session_id_not_found.value)
+            return
+        if session_epoch not in (_INITIAL_EPOCH, _FINAL_EPOCH):
+            self._answer_fetch(request, body, [], ErrorCode.invalid_fetch_session_epoch.value)
+            return
+        wanted = []
+        for topic in body.topics:
+            for p in topic.partitions:
+                wanted.append(_PartitionFetch(topic.topic, int(p.partition), int(p.fetch_offset),
+                                              max(0, int(p.partition_max_bytes))))
+        max_bytes = int(getattr(body, "max_bytes", 2**31 - 1))
+        max_wait_ms = min(max(0, body.max_wait.total_seconds() * 1000.0), MAX_WAIT_MS_LIMIT)
+        self.fetches += 1
+        deadline = trio.current_time() + max_wait_ms / 1000.0
+        if self._nursery is None:
+            await self._serve(request, body, wanted, max_bytes, int(body.min_bytes), deadline)
+        else:
+            self._nursery.start_soon(self._serve, request, body, wanted, max_bytes, int(body.min_bytes), deadline)
+
+    async def _serve(self, request: Request, body: Any, wanted: list[_PartitionFetch], max_bytes: int,
+                     min_bytes: int, deadline: float) -> None:
+        try:
+            for p in wanted:  # errors that do not change while waiting
+                count = self.catalog.partitions(p.topic)
+                if count is None or not 0 <= p.partition < count:
+                    p.error = ErrorCode.unknown_topic_or_partition.value
+            live = [p for p in wanted if not p.error]
+            keys = [(p.topic, p.partition) for p in live]
+            event = None
+            while True:
+                available = 0
+                out_of_range = False
+                for p in live:
+                    end = max(self.logs.log_end_offset(p.topic, p.partition),
+                              self.logs.log(p.topic, p.partition).high_watermark)
+                    if p.offset < 0 or p.offset > end:
+                        out_of_range = True
+                    available += min(p.max_bytes, self.logs.available_bytes(p.topic, p.partition, p.offset))
+                if (out_of_range or available >= max(min_bytes, 1) or trio.current_time() >= deadline or not live
+                        or self.logs.closing):
+                    break
+                if event is not None:
+                    self.logs.unwatch(keys, event)
+                else:
+                    self.delayed_fetches += 1
+                event = trio.Event()
+                self.logs.watch(keys, event)
+                with trio.move_on_at(deadline):
+                    await event.wait()
+            if event is not None:
+                self.logs.unwatch(keys, event)
+            budget = max_bytes
+            got_data = False
+            for p in wanted:
+                if p.error:
+                    continue
+                plog = self.logs.log(p.topic, p.partition)
+                p.high_watermark, p.log_start_offset = plog.high_watermark, plog.log_start_offset
+                limit = min(p.max_bytes, budget)
+                if limit <= 0 and got_data:
+                    continue
+                try:
+                    # The first partition with data gets at least one batch
+                    # whatever its size; the others only what fits (KIP-74).
+                    result = await self.logs.read(p.topic, p.partition, p.offset, limit, min_one=not got_data)
+                except OffsetOutOfRange:
+                    p.error = ErrorCode.offset_out_of_range.value
+                    continue
+                except Exception as exc:  # an unreadable table or WAL: this partition only
+                    log.warning("fetch of %s-%d at offset %d failed: %s", p.topic, p.partition, p.offset,
+                                str(exc).splitlines()[0] if str(exc) else repr(exc))
+                    p.error = ErrorCode.kafka_storage_error.value
+                    continue
+                p.records = result.records
+                p.high_watermark, p.log_start_offset = result.high_watermark, result.log_start_offset
+                budget -= len(result.records)
+                got_data = got_data or bool(result.records)
+            self._answer_fetch(request, body, wanted, ErrorCode.none.value)
+        except Exception:
+            log.exception("fetch failed")
+            request.connection.close("internal error while serving a fetch")
+            try:
+                request.connection.complete(request.token, None)
+            except Exception:
+                pass
+
+    def _answer_fetch(self, request: Request, body: Any, parts: list[_PartitionFetch], error: int) -> None:
+        header = request.header
+        module = apis.response_module(FETCH, header.api_version)
+        by_topic: dict[str, list[Any]] = {}
+        for p in parts:
+            add_error(self._fetch_errors, p.error)
+            by_topic.setdefault(p.topic, []).append(apis.make(
+                module.PartitionData,
+                partition_index=p.partition,
+                error_code=apis.error_code(p.error),
+                high_watermark=p.high_watermark,
+                last_stable_offset=p.high_watermark,
+                log_start_offset=p.log_start_offset,
+                aborted_transactions=None,
+                preferred_read_replica=-1,
+                records=p.records,
+            ))
+        if not parts:
+            add_error(self._fetch_errors, error)
+        response = apis.make(
+            module.FetchResponse,
+            throttle_time=apis.ZERO_MS,
+            error_code=apis.error_code(error),
+            session_id=_NO_SESSION,
+            responses=tuple(
+                apis.make(module.FetchableTopicResponse, topic=topic, partitions=tuple(partitions))
+                for topic, partitions in by_topic.items()
+            ),
+        )
+        request.connection.complete(request.token, apis.encode(header, response))
+
+    # -- ListOffsets -------------------------------------------------------------
+
+    async def list_offsets(self, request: Request) -> None:
+        header = request.header
+        body = apis.decode_request(header, request.frame)
+        module = apis.response_module(LIST_OFFSETS, header.api_version)
+        topics = []
+        for topic in body.topics:
+            partitions = []
+            count = self.catalog.partitions(topic.name)
+            for p in topic.partitions:
+                offset, timestamp, error = -1, -1, ErrorCode.none.value
+                if count is None or not 0 <= p.partition_index < count:
+                    error = ErrorCode.unknown_topic_or_partition.value
+                else:
+                    try:
+                        offset, timestamp = await self.logs.offset_for(topic.name, int(p.partition_index),
+                                                                       int(p.timestamp))
+                    except Exception as exc:
+                        log.warning("ListOffsets of %s-%d failed: %s", topic.name, p.partition_index, exc)
+                        error = ErrorCode.kafka_storage_error.value
+                add_error(self._list_errors, error)
+                partitions.append(apis.make(
+                    module.ListOffsetsPartitionResponse,
+                    partition_index=p.partition_index,
+                    error_code=apis.error_code(error),
+                    timestamp=timestamp,
+                    offset=offset,
+                    leader_epoch=0 if error == 0 and offset >= 0 else -1,
+                ))
+            topics.append(apis.make(module.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(partitions)))
+        response = apis.make(module.ListOffsetsResponse, throttle_time=apis.ZERO_MS, topics=tuple(topics))
+        request.connection.complete(request.token, apis.encode(header, response))
+

@@ -1,0 +1,392 @@
+"""The owner of every partition's log: offsets, producer state, high watermarks, reads, retention.
+
+Kafka's LogManager/ReplicaManager own each partition's UnifiedLog: offset
+assignment, the high watermark, the log start offset, idempotent producer
+state, reads and retention. Here:
+
+* **Writes**: request handlers sequence against ``state`` (``LogState``:
+  log end offsets and producer state) and hand appends to the persister,
+  which writes them to the write-ahead log, then the table.
+* **Where records are**: the persister tells the manager where each append
+  landed in the WAL (``wal_appended``) and when it became durable
+  (``durable``: the high watermark advances and waiting fetches wake).
+  Recovery feeds the retained WAL through ``index_wal_entry`` at start.
+* **Reads**: ``read`` serves offsets from the WAL while its segments are kept,
+  older ones from the table (``pipeline.table.reader.TableReader``), as
+  RecordBatch v2 with their original offsets. Only offsets below the high
+  watermark are served.
+* **Retention**: a WAL segment is deleted once the table holds it
+  (checkpointed) and, for every partition with batches in it, its last
+  append is older than the topic's ``retention.ms`` or the partition's bytes
+  in newer segments reach ``retention.bytes`` (Kafka's per-partition rules,
+  applied to segments shared by all partitions). Deleted offsets are then
+  read from the table.
+
+Everything runs in the trio thread; file and Spark reads go to worker threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+import trio
+
+from pipeline.log.partition import Location, PartitionLog, batch_spans, rebase
+from pipeline.log.state import LogState
+from pipeline.persist.batch import PartitionAppend
+from pipeline.persist.wal import WalPosition, WriteAheadLog, decode_appends
+
+log = logging.getLogger(__name__)
+
+RETENTION_CHECK_INTERVAL_S = 60.0
+"""How often retention is applied when no table commit does it (Kafka log.retention.check.interval.ms: 5 min)."""
+
+EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP = -2, -1, -3
+"""ListOffsets special timestamps (Kafka ListOffsetsRequest; -3 is KIP-734)."""
+
+
+class TableSource(Protocol):
+    """The table side of reads (``pipeline.table.reader.TableReader``); blocking, thread-safe."""
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, end: int) -> Any:
+        """Records of offsets in [offset, end) as RecordBatch v2 bytes: ``.records`` and ``.next_offset``."""
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp ms) of the earliest record with timestamp >= ``timestamp_ms``."""
+
+    def max_timestamp(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(offset, timestamp ms) of the record with the largest timestamp."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """What a fetch of one partition gets.
+
+    Attributes:
+        records: RecordBatch v2 bytes (may start before the fetch offset:
+            whole batches are served, as Kafka does); empty if nothing to read.
+        high_watermark: the partition's high watermark at the read.
+        log_start_offset: the partition's first offset.
+        source: "wal", "table" or "" (nothing read).
+    """
+
+    records: bytes
+    high_watermark: int
+    log_start_offset: int
+    source: str = ""
+
+
+class OffsetOutOfRange(Exception):
+    """The fetch offset is past the log end or before the log start (Kafka OFFSET_OUT_OF_RANGE)."""
+
+
+class LogManager:
+    """See the module docstring.
+
+    Args:
+        state: the live log end offsets and producer state (recovered).
+        wal: the opened write-ahead log to read from (None: reads serve the table only).
+        table: the table side of reads (None: offsets the WAL no longer has are not served).
+        retention: topic -> (retention.ms, retention.bytes); -1 means no limit.
+            Default: (-1, -1), keep the WAL until told otherwise.
+    """
+
+    def __init__(self, state: LogState | None = None, wal: WriteAheadLog | None = None,
+                 table: TableSource | None = None,
+                 retention: Callable[[str], tuple[int, int]] | None = None) -> None:
+        self.state = state or LogState()
+        self.wal = wal
+        self.table = table
+        self.retention = retention or (lambda topic: (-1, -1))
+        self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._segment_last_append_ms: dict[int, int] = {}
+        self._segment_partitions: dict[int, set[tuple[str, int]]] = {}
+        self._waiters: dict[tuple[str, int], set[trio.Event]] = {}
+        self._checkpointed: WalPosition | None = None
+        self._retention_running = False
+        self._read_limiter = trio.CapacityLimiter(4)
+        self.closing = False
+
+    # -- the partitions ----------------------------------------------------
+
+    def start(self, end_offsets: dict[tuple[str, int], int]) -> None:
+        """After recovery: every recovered record is durable, so each high watermark is its end offset."""
+        for (topic, partition), end in end_offsets.items():
+            self.log(topic, partition).advance_high_watermark(end)
+
+    def log(self, topic: str, partition: int) -> PartitionLog:
+        """The partition's log, created empty (high watermark 0) on first use."""
+        key = (topic, partition)
+        plog = self._logs.get(key)
+        if plog is None:
+            plog = self._logs[key] = PartitionLog(topic, partition)
+        return plog
+
+    def log_end_offset(self, topic: str, partition: int) -> int:
+        return self.state.offsets.log_end_offset(topic, partition)
+
+    def drop_topic(self, topic: str) -> None:
+        """Forget a deleted topic: offsets, producer state, index; its waiting fetches wake."""
+        for key in [k for k in self._logs if k[0] == topic]:
+            del self._logs[key]
+            for event in self._waiters.pop(key, ()):
+                event.set()
+        for members in self._segment_partitions.values():
+            members.difference_update({k for k in members if k[0] == topic})
+        self.state.forget_topic(topic)
+
+    # -- told by recovery and the persister (LogListener) -------------------
+
+    def index_wal_entry(self, position: WalPosition, start: int, payload: memoryview) -> None:
+        """Index one retained WAL entry at start-up (``WriteAheadLog.open``'s ``visit``)."""
+        positions: list[int] = []
+        appends = decode_appends(payload, positions)
+        self._index(appends, position.segment, [start + p for p in positions],
+                    max((a.log_append_time_ms for a in appends), default=0))
+
+    def wal_appended(self, appends: Sequence[PartitionAppend], segment: int, positions: Sequence[int],
+                     now_ms: int) -> None:
+        self._index(appends, segment, positions, now_ms)
+
+    def _index(self, appends: Sequence[PartitionAppend], segment: int, positions: Sequence[int],
+               append_ms: int) -> None:
+        members = self._segment_partitions.setdefault(segment, set())
+        self._segment_last_append_ms[segment] = max(self._segment_last_append_ms.get(segment, 0), append_ms)
+        for a, pos in zip(appends, positions):
+            key = (a.topic, a.partition)
+            plog = self.log(a.topic, a.partition)
+            max_ts = max((ts for _p, _s, _n, ts in batch_spans(a.records)), default=-1)
+            location = Location(a.base_offset, a.base_offset + a.record_count, segment, pos, len(a.records), max_ts)
+            try:
+                plog.index(location)
+            except ValueError:
+                # The topic was deleted and re-created: its new offsets start
+                # again, and the old topic's batches are no longer its log.
+                log.warning("%s-%d: offsets restart at %d in WAL segment %d; earlier batches are "
+                            "not served from the WAL", a.topic, a.partition, a.base_offset, segment)
+                hw = plog.high_watermark if plog.high_watermark <= a.base_offset else 0
+                plog = self._logs[key] = PartitionLog(a.topic, a.partition, hw)
+                plog.index(location)
+            members.add(key)
+
+    def durable(self, appends: Sequence[PartitionAppend]) -> None:
+        for a in appends:
+            key = (a.topic, a.partition)
+            if self.log(a.topic, a.partition).advance_high_watermark(a.base_offset + a.record_count):
+                for event in self._waiters.pop(key, ()):
+                    event.set()
+
+    def wal_cut(self, checkpointed: WalPosition) -> WalPosition | None:
+        self._checkpointed = checkpointed
+        return self._retention_cut(checkpointed, int(time.time() * 1000))
+
+    def wal_truncated(self, segments: Sequence[int]) -> None:
+        if not segments:
+            return
+        oldest = min(segments)
+        gone = [s for s in self._segment_partitions if s < oldest]
+        if not gone:
+            return
+        for s in gone:
+            for key in self._segment_partitions.pop(s):
+                plog = self._logs.get(key)
+                if plog is not None:
+                    plog.drop_segments_before(oldest)
+            self._segment_last_append_ms.pop(s, None)
+        log.info("log retention: %d WAL segment(s) deleted; their offsets are now read from the table", len(gone))
+
+    def _retention_cut(self, checkpointed: WalPosition, now_ms: int) -> WalPosition | None:
+        """The position to truncate the WAL before (segments the table holds and retention lets go)."""
+        candidates = sorted(s for s in self._segment_partitions if s < checkpointed.segment)
+        if not candidates:
+            return None
+        remaining: dict[tuple[str, int], int] = {}
+        cut = None
+        for segment in candidates:
+            last_ms = self._segment_last_append_ms.get(segment, 0)
+            for key in self._segment_partitions[segment]:
+                plog = self._logs.get(key)
+                if plog is None:
+                    continue
+                retention_ms, retention_bytes = self.retention(key[0])
+                if key not in remaining:
+                    remaining[key] = sum(plog.segment_bytes.values())
+                remaining[key] -= plog.segment_bytes.get(segment, 0)
+                by_time = retention_ms >= 0 and now_ms - last_ms > retention_ms
+                by_size = retention_bytes >= 0 and remaining[key] >= retention_bytes
+                if not (by_time or by_size):
+                    return cut
+            cut = WalPosition(segment + 1, 0)
+        return cut
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Apply retention every RETENTION_CHECK_INTERVAL_S when idle; runs until cancelled."""
+        task_status.started()
+        while True:
+            await trio.sleep(RETENTION_CHECK_INTERVAL_S)
+            await self.apply_retention()
+
+    async def apply_retention(self) -> None:
+        """Truncate the WAL as far as retention and the last checkpoint allow."""
+        if self.wal is None or self._checkpointed is None:
+            return
+        cut = self._retention_cut(self._checkpointed, int(time.time() * 1000))
+        if cut is None:
+            return
+        wal = self.wal
+
+        def truncate() -> list[int]:
+            wal.truncate_before(cut)
+            return wal.segments
+
+        try:
+            remaining = await trio.to_thread.run_sync(truncate)
+        except Exception as exc:  # the next check retries
+            log.warning("log retention: truncating the WAL failed: %s", exc)
+            return
+        self.wal_truncated(remaining)
+
+    def close(self) -> None:
+        """Server shutdown: fetches waiting for data are answered at once with what there is."""
+        self.closing = True
+        waiters, self._waiters = self._waiters, {}
+        for events in waiters.values():
+            for event in events:
+                event.set()
+
+    # -- reads ----------------------------------------------------------------
+
+    def watch(self, keys: Iterable[tuple[str, int]], event: trio.Event) -> None:
+        """Set ``event`` when any of these partitions' high watermark moves (a long-polling fetch),
+        or the topic is deleted, or the server stops (then at once)."""
+        if self.closing:
+            event.set()
+            return
+        for key in keys:
+            self._waiters.setdefault(key, set()).add(event)
+
+    def unwatch(self, keys: Iterable[tuple[str, int]], event: trio.Event) -> None:
+        for key in keys:
+            events = self._waiters.get(key)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiters[key]
+
+    def available_bytes(self, topic: str, partition: int, offset: int) -> int:
+        """Bytes a fetch from ``offset`` would get now, roughly (``fetch.min.bytes`` checks); no I/O."""
+        plog = self._logs.get((topic, partition))
+        if plog is None or offset >= plog.high_watermark:
+            return 0
+        first = plog.first_indexed_offset
+        if first is None or offset < first:
+            return 1 << 20  # in the table: treat as plenty
+        return sum(loc.length for loc in plog.locations(offset, 1 << 30))
+
+    async def read(self, topic: str, partition: int, offset: int, max_bytes: int,
+                   min_one: bool = True) -> ReadResult:
+        """Records of the partition from ``offset``, at most ``max_bytes``; with ``min_one`` at
+        least one batch whatever its size (KIP-74: the first partition of a fetch with data).
+
+        Raises:
+            OffsetOutOfRange: ``offset`` < 0 or past the log end offset.
+        """
+        plog = self.log(topic, partition)
+        hw = plog.high_watermark
+        if offset < plog.log_start_offset or offset > max(self.log_end_offset(topic, partition), hw):
+            raise OffsetOutOfRange(f"{topic}-{partition}: offset {offset} is outside "
+                                   f"[{plog.log_start_offset}, {self.log_end_offset(topic, partition)}]")
+        if offset >= hw:
+            return ReadResult(b"", hw, plog.log_start_offset)
+        async with self._read_limiter:
+            first = plog.first_indexed_offset
+            if first is None or offset < first:
+                records = await self._read_table(topic, partition, offset, max_bytes,
+                                                  hw if first is None else first, min_one)
+                if records or first is None:
+                    return ReadResult(records, hw, plog.log_start_offset, "table" if records else "")
+                offset = first  # a gap in the table (table retention): go on from the WAL
+            locations = plog.locations(offset, max_bytes, min_one)
+            if not locations:
+                return ReadResult(b"", hw, plog.log_start_offset)
+            try:
+                records = await trio.to_thread.run_sync(self._read_wal, locations)
+            except FileNotFoundError:  # retention deleted the segment meanwhile
+                records = await self._read_table(topic, partition, offset, max_bytes, hw, min_one)
+                return ReadResult(records, hw, plog.log_start_offset, "table" if records else "")
+            return ReadResult(records, hw, plog.log_start_offset, "wal")
+
+    def _read_wal(self, locations: list[Location]) -> bytes:
+        assert self.wal is not None
+        parts = []
+        for loc in locations:
+            data = bytearray(self.wal.read(loc.segment, loc.position, loc.length))
+            rebase(data, loc.base_offset)
+            parts.append(data)
+        return b"".join(parts)
+
+    async def _read_table(self, topic: str, partition: int, offset: int, max_bytes: int, end: int,
+                          min_one: bool) -> bytes:
+        if self.table is None or offset >= end or (max_bytes <= 0 and not min_one):
+            return b""
+        result = await trio.to_thread.run_sync(self.table.read, topic, partition, offset, max(1, max_bytes), end)
+        records = bytes(result.records)
+        return records if min_one or len(records) <= max_bytes else b""
+
+    async def offset_for(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
+        """Kafka ListOffsets for one partition: (offset, timestamp ms), (-1, -1) when none.
+
+        -2 (earliest): the log start offset; -1 (latest): the high watermark
+        (the next offset a consumer will get); -3 (KIP-734): the record with
+        the largest timestamp; otherwise the earliest offset whose timestamp
+        is >= ``timestamp_ms`` (Kafka UnifiedLog.fetchOffsetByTimestamp).
+        """
+        plog = self.log(topic, partition)
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return plog.log_start_offset, -1
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return plog.high_watermark, -1
+        first = plog.first_indexed_offset
+        table_has_older = self.table is not None and (first is None or first > plog.log_start_offset) \
+            and plog.high_watermark > 0
+        if timestamp_ms == MAX_TIMESTAMP:
+            best: tuple[int, int] | None = None
+            if table_has_older:
+                best = await trio.to_thread.run_sync(self.table.max_timestamp, topic, partition)  # type: ignore[union-attr]
+            loc = plog.max_timestamp()
+            if loc is not None and (best is None or loc.max_timestamp > best[1]):
+                found = await self._find_in_batch(loc, lambda ts: ts == loc.max_timestamp)
+                if found is not None:
+                    best = found
+            return best if best is not None else (-1, -1)
+        if table_has_older:
+            found = await trio.to_thread.run_sync(self.table.offset_for_timestamp, topic, partition,  # type: ignore[union-attr]
+                                                  timestamp_ms)
+            if found is not None and (first is None or found[0] < first):
+                return found
+        loc = plog.first_at_or_after_timestamp(timestamp_ms)
+        if loc is not None:
+            found = await self._find_in_batch(loc, lambda ts: ts >= timestamp_ms)
+            if found is not None:
+                return found
+        return -1, -1
+
+    async def _find_in_batch(self, loc: Location, match: Callable[[int], bool]) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record of the batch set at ``loc`` whose timestamp matches."""
+        try:
+            data = await trio.to_thread.run_sync(self._read_wal, [loc])
+        except FileNotFoundError:
+            return None
+        from kafka.record import MemoryRecords
+
+        records = MemoryRecords(data)
+        while True:
+            batch = records.next_batch()
+            if batch is None:
+                return None
+            for record in batch:
+                if match(record.timestamp):
+                    return record.offset, record.timestamp

@@ -1,0 +1,226 @@
+"""One topic-partition's log on the read side: where its batches are, and what may be read.
+
+Kafka's Partition/UnifiedLog keep, per partition, the log end offset (next
+offset to assign), the high watermark (offsets below it are committed and the
+only ones served to consumers) and the log start offset, and an offset index
+from offsets to positions in segment files. Here the segments are the
+write-ahead log's, shared by every partition (one group commit writes many
+partitions' batches into one entry), so each partition keeps its own index of
+where its batches sit: ``(base offset, end offset, segment, byte position,
+byte length, max timestamp)`` per appended batch set, in offset order, in
+parallel ``array('q')`` columns (48 bytes per produce request and partition).
+
+Offsets below the first indexed one were written before the retained WAL
+(its older segments were deleted by retention once the table held them): they
+are read from the table. The high watermark here is durability: it advances
+when the appends' acknowledgement point is reached (the WAL fsync, or the
+Spark commit with ``pipeline.ack.on=spark``), so a consumer never sees a
+record the producer could not have been told is stored.
+
+No I/O and no clock: the caller reads bytes at the locations this returns.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from array import array
+from dataclasses import dataclass
+
+# RecordBatch v2 header up to maxTimestamp (Kafka DefaultRecordBatch):
+# baseOffset int64, batchLength int32, partitionLeaderEpoch int32, magic int8,
+# crc uint32, attributes int16, lastOffsetDelta int32, baseTimestamp int64,
+# maxTimestamp int64. The CRC covers attributes onwards, so baseOffset and
+# partitionLeaderEpoch can be set without recomputing it (Kafka does the same
+# when it assigns offsets, LogValidator).
+BATCH_HEADER = struct.Struct(">qiibIhiqq")
+_LENGTH_OFFSET = 8
+_LOG_OVERHEAD = 12  # baseOffset + batchLength
+_BASE_OFFSET = struct.Struct(">q")
+
+
+def batch_spans(records: bytes | bytearray | memoryview) -> list[tuple[int, int, int, int]]:
+    """``(position, size in bytes, record count, max timestamp ms)`` of each RecordBatch in ``records``.
+
+    ``records`` is a produce request's validated records field (one or more
+    concatenated RecordBatch v2), so the headers are trusted.
+
+    Raises:
+        ValueError: a header runs past the end (the bytes were not validated).
+    """
+    spans = []
+    pos, end = 0, len(records)
+    while pos < end:
+        if pos + BATCH_HEADER.size > end:
+            raise ValueError(f"truncated RecordBatch header at byte {pos}")
+        (_base, length, _epoch, _magic, _crc, _attrs, last_delta, _first_ts,
+         max_ts) = BATCH_HEADER.unpack_from(records, pos)
+        size = _LOG_OVERHEAD + length
+        if length <= 0 or pos + size > end:
+            raise ValueError(f"RecordBatch at byte {pos} of length {length} runs past the end ({end} bytes)")
+        spans.append((pos, size, last_delta + 1, max_ts))
+        pos += size
+    return spans
+
+
+def rebase(records: bytearray, base_offset: int) -> None:
+    """Give the batches in ``records`` consecutive offsets from ``base_offset``, in place.
+
+    Producers send batches with baseOffset 0; the broker assigns the real one
+    when it appends (Kafka LogValidator.assignOffsetsNonCompressed), here when
+    it serves a fetch: the stored bytes stay what the producer sent.
+    """
+    offset = base_offset
+    for pos, _size, count, _ts in batch_spans(records):
+        _BASE_OFFSET.pack_into(records, pos, offset)
+        offset += count
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where one appended batch set of a partition is in the write-ahead log.
+
+    Attributes:
+        base_offset: offset of its first record; ``end_offset`` one past its last.
+        segment: WAL segment index; ``position``: byte offset of the batches in
+            that segment file; ``length``: their size in bytes.
+        max_timestamp: largest record timestamp (ms) of the batches.
+    """
+
+    base_offset: int
+    end_offset: int
+    segment: int
+    position: int
+    length: int
+    max_timestamp: int
+
+
+class PartitionLog:
+    """Index and watermarks of one topic-partition (see the module docstring).
+
+    Attributes:
+        high_watermark: offsets below it are durable and may be served.
+        log_start_offset: the first offset of the partition (0: the table keeps
+            everything the WAL dropped; table retention leaves gaps that reads skip).
+    """
+
+    __slots__ = ("topic", "partition", "high_watermark", "log_start_offset", "_first",
+                 "_bases", "_ends", "_segments", "_positions", "_lengths", "_max_ts", "_segment_bytes")
+
+    def __init__(self, topic: str, partition: int, high_watermark: int = 0) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.high_watermark = high_watermark
+        self.log_start_offset = 0
+        self._first = 0  # index of the first live entry in the columns
+        self._bases = array("q")
+        self._ends = array("q")
+        self._segments = array("q")
+        self._positions = array("q")
+        self._lengths = array("q")
+        self._max_ts = array("q")
+        self._segment_bytes: dict[int, int] = {}  # segment -> bytes of this partition in it
+
+    def __len__(self) -> int:
+        """Indexed batch sets."""
+        return len(self._bases) - self._first
+
+    def index(self, location: Location) -> None:
+        """Add the location of an append (offsets increase from one call to the next).
+
+        Raises:
+            ValueError: ``location`` starts before the end of the last one.
+        """
+        if len(self) and location.base_offset < self._ends[-1]:
+            raise ValueError(f"{self.topic}-{self.partition}: append at offset {location.base_offset} "
+                             f"before the indexed end {self._ends[-1]}")
+        self._bases.append(location.base_offset)
+        self._ends.append(location.end_offset)
+        self._segments.append(location.segment)
+        self._positions.append(location.position)
+        self._lengths.append(location.length)
+        self._max_ts.append(location.max_timestamp)
+        self._segment_bytes[location.segment] = self._segment_bytes.get(location.segment, 0) + location.length
+
+    def advance_high_watermark(self, end_offset: int) -> bool:
+        """Raise the high watermark to ``end_offset`` (never lowers it); True if it moved."""
+        if end_offset > self.high_watermark:
+            self.high_watermark = end_offset
+            return True
+        return False
+
+    @property
+    def first_indexed_offset(self) -> int | None:
+        """The first offset readable from the WAL, None if nothing is indexed."""
+        return self._bases[self._first] if len(self) else None
+
+    @property
+    def segment_bytes(self) -> dict[int, int]:
+        """WAL segment -> bytes of this partition's batches in it."""
+        return self._segment_bytes
+
+    def locations(self, offset: int, max_bytes: int, min_one: bool = True) -> list[Location]:
+        """Indexed batch sets to serve a fetch from ``offset``, all below the high watermark.
+
+        The first holds ``offset``; following ones are added while the total
+        stays within ``max_bytes``. With ``min_one`` the first is returned
+        whatever its size, so a consumer always makes progress (KIP-74). Empty when ``offset`` is
+        not indexed (before the first indexed offset: read the table; at or
+        past the high watermark: nothing to read yet).
+        """
+        first = self.first_indexed_offset
+        if first is None or offset < first or offset >= self.high_watermark:
+            return []
+        ends = self._ends
+        i = bisect.bisect_right(ends, offset, self._first)
+        out: list[Location] = []
+        total = 0
+        hw = self.high_watermark
+        while i < len(ends) and ends[i] <= hw:
+            length = self._lengths[i]
+            if (out or not min_one) and total + length > max_bytes:
+                break
+            out.append(Location(self._bases[i], ends[i], self._segments[i], self._positions[i], length,
+                                self._max_ts[i]))
+            total += length
+            i += 1
+        return out
+
+    def first_at_or_after_timestamp(self, timestamp_ms: int) -> Location | None:
+        """The first durable indexed batch set whose max timestamp is >= ``timestamp_ms`` (ListOffsets)."""
+        for i in range(self._first, len(self._bases)):
+            if self._ends[i] > self.high_watermark:
+                return None
+            if self._max_ts[i] >= timestamp_ms:
+                return Location(self._bases[i], self._ends[i], self._segments[i], self._positions[i],
+                                self._lengths[i], self._max_ts[i])
+        return None
+
+    def max_timestamp(self) -> Location | None:
+        """The durable indexed batch set holding the largest timestamp (ListOffsets -3, KIP-734)."""
+        best = None
+        for i in range(self._first, len(self._bases)):
+            if self._ends[i] > self.high_watermark:
+                break
+            if best is None or self._max_ts[i] > self._max_ts[best]:
+                best = i
+        if best is None:
+            return None
+        return Location(self._bases[best], self._ends[best], self._segments[best], self._positions[best],
+                        self._lengths[best], self._max_ts[best])
+
+    def drop_segments_before(self, segment: int) -> int:
+        """Forget batch sets in segments before ``segment`` (deleted by retention); returns how many."""
+        segments = self._segments
+        i = self._first
+        while i < len(segments) and segments[i] < segment:
+            i += 1
+        dropped = i - self._first
+        self._first = i
+        for s in [s for s in self._segment_bytes if s < segment]:
+            del self._segment_bytes[s]
+        if self._first > 4096 and self._first * 2 > len(segments):
+            for column in (self._bases, self._ends, self._segments, self._positions, self._lengths, self._max_ts):
+                del column[:self._first]
+            self._first = 0
+        return dropped
