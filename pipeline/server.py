@@ -30,6 +30,8 @@ from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
 from pipeline.log.fetch import FetchApis
 from pipeline.log.manager import LogManager
 from pipeline.log.state import LogState
+from pipeline.coordinator.coordinator import GroupConfig
+from pipeline.coordinator.service import GroupCoordinatorService
 from pipeline.network.acceptor import Acceptor
 from pipeline.network.channel import KafkaChannel, MemoryWaiters
 from pipeline.network.connection_quotas import DEFAULT_MAX_CONNECTIONS, ConnectionQuotas
@@ -156,6 +158,7 @@ class Server:
         self.persister: BatchingPersister | None = None
         self.handlers: list[RequestHandler] = []
         self.apis: KafkaApis | None = None
+        self.coordinator: GroupCoordinatorService | None = None
         self.io_wait = IoWaitMeter()
         """The event loop's time waiting for I/O while serving (NetworkProcessorAvgIdlePercent)."""
 
@@ -236,6 +239,13 @@ class Server:
             yield_before_sequencing=c.mode is not Mode.MULTIQUEUE,
             request_metrics=request_channel.metrics,
         )
+        # Consumer groups: JoinGroup/SyncGroup/Heartbeat/LeaveGroup, committed offsets in
+        # DATA_DIR/_pipeline/groups.db, FindCoordinator and the group admin apis.
+        self.coordinator = GroupCoordinatorService.for_data_dir(self.apis, GroupConfig(
+            initial_rebalance_delay_ms=c.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=c.group_min_session_timeout_ms,
+            max_session_timeout_ms=c.group_max_session_timeout_ms), c.data_dir)
+        self.coordinator.register()
         self.fetch_apis = FetchApis(self.logs, self.apis.catalog, request_channel.metrics)
         self.fetch_apis.register(self.apis)
 
@@ -276,6 +286,7 @@ class Server:
         async with trio.open_nursery() as nursery:
             await nursery.start(persister.run)
             await nursery.start(self.apis.run_timeouts)
+            await nursery.start(self.coordinator.run)
             await nursery.start(self.logs.run)
             await nursery.start(self.fetch_apis.run)
             handlers_done = trio.Event()
@@ -328,6 +339,9 @@ class Server:
             log.info("shutting down: handling queued requests")
             request_channel.close()
             await handlers_done.wait()
+            # Pending JoinGroup/SyncGroup answered NOT_COORDINATOR; queued offset commits written and answered.
+            self.coordinator.close()
+            await self.coordinator.wait_closed()
             self.logs.close()  # waiting fetches answer now with what they have
             log.info("shutting down: flushing %d buffered records", persister.buffered_records)
             persister.close()
