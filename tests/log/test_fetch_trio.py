@@ -1,0 +1,346 @@
+"""Fetch and ListOffsets in-process: produce through the real request path, fetch it back.
+
+The server's middle as ``Server.serve`` wires it (KafkaChannel over memory
+streams, MultiQueueRequestChannel, RequestHandlers, BatchingPersister with a
+real WriteAheadLog, LogManager, FetchApis); the table side is the in-memory
+``MemorySink`` of tests/requests/test_handler_trio.py, and ``MemoryTable``
+serves reads from its rows the way ``pipeline.table.reader.TableReader``
+serves them from Spark. Time is pytest-trio's autojump_clock.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+import trio
+import trio.testing
+from kafka.record import MemoryRecords
+from kafka.record.default_records import DefaultRecordBatchBuilder
+from kio.schema.fetch.v11.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.fetch.v11.response import FetchResponse
+from kio.schema.list_offsets.v5.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
+from kio.schema.list_offsets.v5.response import ListOffsetsResponse
+from kio.serial import entity_reader
+from kio.static.primitive import i8, i32, i64
+
+from pipeline.log.fetch import FetchApis
+from pipeline.log.manager import LogManager
+from pipeline.log.state import LogState
+from pipeline.network.channel import MemoryWaiters
+from pipeline.network.memory_pool import MemoryPool
+from pipeline.persist.accumulator import FlushPolicy
+from pipeline.persist.persister import BatchingPersister
+from pipeline.persist.recovery import recover
+from pipeline.persist.state import Checkpoint, StateStore
+from pipeline.persist.wal import WriteAheadLog
+from pipeline.protocol.apis import BrokerInfo
+from pipeline.requests.catalog import TopicCatalog
+from pipeline.requests.channel import MultiQueueRequestChannel
+from pipeline.requests.handler import KafkaApis, RequestHandler
+from tests.e2e import raw_client as rc
+from tests.requests.test_handler_trio import Broker, MemorySink, eventually, partition_result, produce
+
+pytestmark = pytest.mark.trio
+
+OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 1, 3
+
+
+class MemoryTable:
+    """Reads of the MemorySink's rows as RecordBatch v2, as TableReader does from Spark."""
+
+    def __init__(self, sink: MemorySink) -> None:
+        self.sink = sink
+        self.reads = 0
+
+    def _rows(self, topic: str, partition: int) -> list[dict]:
+        rows = [r for t in self.sink.tables for r in t.to_pylist()
+                if r["topic"] == topic and r["partition"] == partition]
+        return sorted(rows, key=lambda r: r["offset"])
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, end: int):
+        self.reads += 1
+        rows = [r for r in self._rows(topic, partition) if offset <= r["offset"] < end]
+        data = b""
+        if rows:
+            builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
+                                                producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+            base = rows[0]["offset"]
+            for r in rows:
+                ts = int(r["timestamp"].timestamp() * 1000)
+                builder.append(r["offset"] - base, timestamp=ts, key=r["key"], value=r["value"], headers=[])
+            out = bytearray(builder.build())
+            out[:8] = base.to_bytes(8, "big")
+            data = bytes(out)
+
+        @dataclass
+        class Slice:
+            records: bytes
+        return Slice(data)
+
+    def offset_for_timestamp(self, topic, partition, timestamp_ms):
+        for r in self._rows(topic, partition):
+            if int(r["timestamp"].timestamp() * 1000) >= timestamp_ms:
+                return r["offset"], int(r["timestamp"].timestamp() * 1000)
+        return None
+
+    def max_timestamp(self, topic, partition):
+        rows = self._rows(topic, partition)
+        if not rows:
+            return None
+        r = max(rows, key=lambda r: r["timestamp"])
+        return r["offset"], int(r["timestamp"].timestamp() * 1000)
+
+
+@dataclass
+class ReadBroker(Broker):
+    logs: LogManager = None  # type: ignore[assignment]
+    fetch: FetchApis = None  # type: ignore[assignment]
+
+
+@asynccontextmanager
+async def broker(tmp_path, *, ack_on: str = "wal", segment_bytes: int = 64 << 20,
+                 retention: tuple[int, int] = (-1, -1), sink: MemorySink | None = None) -> AsyncIterator[ReadBroker]:
+    sink = sink or MemorySink()
+    wal = WriteAheadLog(tmp_path / "wal", segment_bytes=segment_bytes, fsync=False)
+    store = StateStore(tmp_path / "state")
+    logs = LogManager(wal=wal, table=MemoryTable(sink), retention=lambda topic: retention)
+    if (tmp_path / "state" / "checkpoint.json").exists():
+        checkpoint = recover(sink, wal, store, visit=logs.index_wal_entry).checkpoint
+    else:
+        wal.open(None, logs.index_wal_entry)
+        checkpoint = Checkpoint()
+    logs.state = LogState.from_checkpoint(checkpoint)
+    logs.start(checkpoint.end_offsets)
+    persister = BatchingPersister(sink, wal, store, checkpoint, FlushPolicy(linger_ms=0), ack_on=ack_on,  # type: ignore[arg-type]
+                                  log_listener=logs)
+    request_channel = MultiQueueRequestChannel(2, 100)
+    apis = KafkaApis(BrokerInfo(0, "127.0.0.1", 9092, "test"), TopicCatalog(initial={"t": 2}), logs, persister,
+                     first_producer_id=1000, request_metrics=request_channel.metrics)
+    fetch = FetchApis(logs, apis.catalog, request_channel.metrics)
+    fetch.register(apis)
+    pool = MemoryPool(16 << 20)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(persister.run)
+            await nursery.start(apis.run_timeouts)
+            await nursery.start(logs.run)
+            await nursery.start(fetch.run)
+            for i in range(2):
+                await nursery.start(RequestHandler(i, apis, request_channel).run)
+            try:
+                yield ReadBroker(nursery, sink, persister, apis, request_channel, pool, MemoryWaiters(pool),
+                                 logs, fetch)
+            finally:
+                sink.resume()
+            nursery.cancel_scope.cancel()
+    finally:
+        wal.close()
+
+
+def fetch(correlation_id: int, *parts: tuple[str, int, int], max_wait_ms: int = 0, min_bytes: int = 1,
+          max_bytes: int = 50 << 20, partition_max_bytes: int = 1 << 20) -> bytes:
+    by_topic: dict[str, list] = {}
+    for topic, partition, offset in parts:
+        by_topic.setdefault(topic, []).append(FetchPartition(
+            partition=i32(partition), current_leader_epoch=i32(-1), fetch_offset=i64(offset),
+            log_start_offset=i64(-1), partition_max_bytes=i32(partition_max_bytes)))
+    request = FetchRequest(
+        replica_id=i32(-1), max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=i32(min_bytes),
+        max_bytes=i32(max_bytes), isolation_level=i8(0), session_id=i32(0), session_epoch=i32(-1),
+        topics=tuple(FetchTopic(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items()),
+        forgotten_topics_data=(), rack_id="")
+    return rc.frame(request, correlation_id)
+
+
+def fetched(body: bytes) -> dict[tuple[str, int], tuple[int, int, list[tuple[int, bytes]]]]:
+    """(topic, partition) -> (error code, high watermark, [(offset, value)]) of a Fetch v11 response."""
+    response, _ = entity_reader(FetchResponse)(body, 0)
+    out = {}
+    for topic in response.responses:
+        for p in topic.partitions:
+            records = []
+            if p.records:
+                batches = MemoryRecords(bytes(p.records))
+                while (b := batches.next_batch()) is not None:
+                    records.extend((r.offset, r.value) for r in b)
+            out[(topic.topic, int(p.partition_index))] = (int(p.error_code), int(p.high_watermark), records)
+    return out
+
+
+async def test_fetch_returns_what_was_produced_with_its_offsets(autojump_clock, tmp_path):
+    async with broker(tmp_path) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a", b"b"]) + produce(2, [b"c"]) + produce(3, [b"x"], partition=1))
+        await client.wait_responses(3)
+        await client.send(fetch(4, ("t", 0, 0), ("t", 1, 0)))
+        await client.wait_responses(4)
+        got = fetched(client.responses[3][1])
+        assert got[("t", 0)] == (0, 3, [(0, b"a"), (1, b"b"), (2, b"c")])
+        assert got[("t", 1)] == (0, 1, [(0, b"x")])
+        await client.send(fetch(5, ("t", 0, 2)))
+        await client.wait_responses(5)
+        # whole batches: the one holding offset 2 starts at 2 here
+        assert fetched(client.responses[4][1])[("t", 0)][2] == [(2, b"c")]
+
+
+@pytest.fixture
+def patient_autojump_clock() -> trio.testing.MockClock:
+    """Jumps only after 0.3 s of real idleness: a WAL write in a worker thread is done long before,
+    so a waiting fetch's deadline is not reached while the append that should wake it is in flight."""
+    return trio.testing.MockClock(autojump_threshold=0.3)
+
+
+async def test_a_long_poll_is_woken_by_the_append_not_by_its_timeout(patient_autojump_clock, tmp_path):
+    async with broker(tmp_path) as b:
+        consumer, _ = await b.connect()
+        producer, _ = await b.connect()
+        await consumer.send(fetch(1, ("t", 0, 0), max_wait_ms=10_000))
+        while b.fetch.delayed_fetches == 0:
+            await trio.testing.wait_all_tasks_blocked()
+        assert consumer.responses == []  # waiting in the purgatory, not answered empty
+        sent = trio.current_time()
+        await producer.send(produce(7, [b"late"]))
+        await consumer.wait_responses(1)
+        assert consumer.arrived_at[0] - sent < 1.0
+        assert fetched(consumer.responses[0][1])[("t", 0)] == (0, 1, [(0, b"late")])
+        assert b.fetch.delayed_fetches == 1
+
+
+async def test_a_long_poll_with_nothing_new_answers_empty_at_max_wait(autojump_clock, tmp_path):
+    async with broker(tmp_path) as b:
+        client, _ = await b.connect()
+        start = trio.current_time()
+        await client.send(fetch(1, ("t", 0, 0), max_wait_ms=2_500))
+        await client.wait_responses(1)
+        assert 2.5 <= client.arrived_at[0] - start < 2.6
+        assert fetched(client.responses[0][1])[("t", 0)] == (0, 0, [])
+
+
+async def test_the_handler_is_free_while_a_fetch_waits(autojump_clock, tmp_path):
+    async with broker(tmp_path) as b:
+        client, _ = await b.connect()
+        other, _ = await b.connect()
+        await client.send(fetch(1, ("t", 0, 0), max_wait_ms=20_000))
+        await other.send(rc.frame(rc.api_versions(), 2) + produce(3, [b"v"], partition=1))
+        await other.wait_responses(2)
+        assert client.responses == []
+        # the connection's own later request is answered after the fetch, in order
+        await client.send(rc.frame(rc.api_versions(), 4))
+        await client.wait_responses(2)
+        assert client.correlation_ids == [1, 4]
+
+
+async def test_errors_are_per_partition(autojump_clock, tmp_path):
+    async with broker(tmp_path) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a"]))
+        await client.wait_responses(1)
+        await client.send(fetch(2, ("t", 0, 0), ("t", 1, 5), ("t", 7, 0), ("nope", 0, 0)))
+        await client.wait_responses(2)
+        got = fetched(client.responses[1][1])
+        assert got[("t", 0)] == (0, 1, [(0, b"a")])
+        assert got[("t", 1)][0] == OFFSET_OUT_OF_RANGE
+        assert got[("t", 7)][0] == UNKNOWN_TOPIC_OR_PARTITION and got[("nope", 0)][0] == UNKNOWN_TOPIC_OR_PARTITION
+        assert not client.eof
+
+
+async def test_only_durable_records_are_served(autojump_clock, tmp_path):
+    async with broker(tmp_path, ack_on="spark") as b:
+        client, _ = await b.connect()
+        b.sink.hold()
+        await client.send(produce(1, [b"a"], acks=0))
+        await eventually(lambda: b.sink.writes_started == 1)  # in the WAL, not yet in the table
+        await client.send(fetch(2, ("t", 0, 0), max_wait_ms=0))
+        await client.wait_responses(1)
+        assert fetched(client.responses[0][1])[("t", 0)] == (0, 0, [])
+        await client.send(fetch(3, ("t", 0, 0), max_wait_ms=60_000))
+        await trio.sleep(1)
+        b.sink.resume()
+        await client.wait_responses(2)
+        assert fetched(client.responses[1][1])[("t", 0)] == (0, 1, [(0, b"a")])
+
+
+async def test_partition_and_response_byte_limits(autojump_clock, tmp_path):
+    async with broker(tmp_path) as b:
+        client, _ = await b.connect()
+        for i in range(3):
+            await client.send(produce(i, [b"x" * 500]))
+            await client.send(produce(10 + i, [b"y" * 500], partition=1))
+        await client.wait_responses(6)
+        await client.send(fetch(20, ("t", 0, 0), ("t", 1, 0), partition_max_bytes=10))
+        await client.wait_responses(7)
+        got = fetched(client.responses[6][1])
+        # KIP-74: the first partition with data gets one whole batch, the next nothing that does not fit
+        assert [o for o, _ in got[("t", 0)][2]] == [0] and got[("t", 1)][2] == []
+        await client.send(fetch(21, ("t", 0, 0), ("t", 1, 0), max_bytes=1200))
+        await client.wait_responses(8)
+        got = fetched(client.responses[7][1])
+        assert [o for o, _ in got[("t", 0)][2]] == [0, 1] and got[("t", 1)][2] == []
+
+
+async def test_retention_moves_reads_to_the_table(autojump_clock, tmp_path):
+    async with broker(tmp_path, segment_bytes=1, retention=(0, -1)) as b:
+        client, _ = await b.connect()
+        for i in range(4):
+            await client.send(produce(i, [b"r%d" % i]))
+            await client.wait_responses(i + 1)
+            await eventually(lambda: len(b.sink.rows()) == i + 1)
+        await eventually(lambda: (b.logs.log("t", 0).first_indexed_offset or 0) >= 2)
+        table_reads = b.logs.table.reads
+        await client.send(fetch(10, ("t", 0, 0)))
+        await client.wait_responses(5)
+        assert b.logs.table.reads > table_reads
+        got = fetched(client.responses[4][1])[("t", 0)]
+        assert got[0] == 0 and got[2][0] == (0, b"r0")
+        # a consumer reading on gets every offset once, from the table and then the WAL
+        seen, offset = [], 0
+        while offset < 4:
+            await client.send(fetch(100 + offset, ("t", 0, offset)))
+            await client.wait_responses(len(client.responses) + 1)
+            records = [r for r in fetched(client.responses[-1][1])[("t", 0)][2] if r[0] >= offset]
+            seen += records
+            offset = records[-1][0] + 1
+        assert seen == [(i, b"r%d" % i) for i in range(4)]
+
+
+async def test_a_restart_indexes_the_retained_wal(autojump_clock, tmp_path):
+    sink = MemorySink()
+    async with broker(tmp_path, sink=sink) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a", b"b"]) + produce(2, [b"c"]))
+        await client.wait_responses(2)
+        await eventually(lambda: len(sink.rows()) == 3)
+    async with broker(tmp_path, sink=sink) as b:
+        assert b.logs.log("t", 0).high_watermark == 3 and b.logs.log("t", 0).first_indexed_offset == 0
+        client, _ = await b.connect()
+        await client.send(produce(3, [b"d"]))
+        await client.wait_responses(1)
+        await client.send(fetch(4, ("t", 0, 0)))
+        await client.wait_responses(2)
+        assert partition_result(client.responses[0][1]) == (0, 3)
+        assert fetched(client.responses[1][1])[("t", 0)][2] == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d")]
+        assert b.logs.table.reads == 0  # all from the WAL
+
+
+def list_offsets(correlation_id: int, *parts: tuple[int, int]) -> bytes:
+    request = ListOffsetsRequest(replica_id=i32(-1), isolation_level=i8(0), topics=(ListOffsetsTopic(
+        name="t", partitions=tuple(ListOffsetsPartition(partition_index=i32(p), current_leader_epoch=i32(-1),
+                                                        timestamp=i64(ts)) for p, ts in parts)),))
+    return rc.frame(request, correlation_id)
+
+
+async def test_list_offsets(autojump_clock, tmp_path):
+    async with broker(tmp_path) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a", b"b", b"c"]) + produce(2, [b"d"]))
+        await client.wait_responses(2)
+        base = 1_700_000_000_000  # rc.record_batch timestamps: base + index in the batch
+        await client.send(list_offsets(3, (0, -2), (0, -1), (0, base + 1), (0, base + 5), (1, -1)))
+        await client.wait_responses(3)
+        response, _ = entity_reader(ListOffsetsResponse)(client.responses[2][1], 0)
+        got = [(int(p.error_code), int(p.offset), int(p.timestamp)) for p in response.topics[0].partitions]
+        assert got == [(0, 0, -1), (0, 4, -1), (0, 1, base + 1), (0, -1, -1), (0, 0, -1)]

@@ -1,0 +1,116 @@
+"""PartitionLog and the RecordBatch header helpers: plain functions, no I/O."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kafka.record import MemoryRecords
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from pipeline.log.partition import Location, PartitionLog, batch_spans, rebase
+
+
+def batch(values: list[bytes], timestamp_ms: int = 1_000) -> bytes:
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=timestamp_ms + i, key=None, value=value, headers=[])
+    return bytes(builder.build())
+
+
+def offsets_and_values(data: bytes) -> list[tuple[int, bytes]]:
+    records = MemoryRecords(data)
+    out = []
+    while (b := records.next_batch()) is not None:
+        out.extend((r.offset, r.value) for r in b)
+    return out
+
+
+def test_batch_spans_give_size_count_and_max_timestamp() -> None:
+    data = batch([b"a", b"b", b"c"], 500) + batch([b"d"], 900)
+    spans = batch_spans(data)
+    assert [(count, ts) for _pos, _size, count, ts in spans] == [(3, 502), (1, 900)]
+    assert spans[0][0] == 0 and spans[1][0] == spans[0][1] and sum(s[1] for s in spans) == len(data)
+
+
+def test_batch_spans_refuse_a_truncated_header() -> None:
+    with pytest.raises(ValueError, match="truncated"):
+        batch_spans(batch([b"a"])[:20])
+    with pytest.raises(ValueError, match="past the end"):
+        batch_spans(batch([b"a"])[:-1])
+
+
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=5), st.integers(0, 2**40))
+def test_rebase_gives_consecutive_offsets_and_keeps_the_crc(counts: list[int], base: int) -> None:
+    data = bytearray(b"".join(batch([b"v%d" % i for i in range(n)]) for n in counts))
+    rebase(data, base)
+    records = MemoryRecords(bytes(data))
+    offsets = []
+    while (b := records.next_batch()) is not None:
+        assert b.validate_crc()  # baseOffset is outside the CRC
+        offsets.extend(r.offset for r in b)
+    assert offsets == list(range(base, base + sum(counts)))
+
+
+def loc(base: int, count: int, segment: int = 0, length: int = 100, ts: int = 0) -> Location:
+    return Location(base, base + count, segment, base * 1000, length, ts)
+
+
+def test_locations_stop_at_the_high_watermark_and_keep_kip74() -> None:
+    plog = PartitionLog("t", 0)
+    for base in (0, 10, 20, 30):
+        plog.index(loc(base, 10))
+    assert plog.locations(0, 10_000) == []  # nothing durable yet
+    plog.advance_high_watermark(30)
+    assert [x.base_offset for x in plog.locations(0, 10_000)] == [0, 10, 20]
+    assert [x.base_offset for x in plog.locations(15, 10_000)] == [10, 20]  # the batch holding 15
+    assert [x.base_offset for x in plog.locations(0, 250)] == [0, 10]
+    assert [x.base_offset for x in plog.locations(0, 1)] == [0]  # one whole batch, whatever its size
+    assert plog.locations(0, 1, min_one=False) == []
+    assert plog.locations(30, 10_000) == []  # at the high watermark: nothing yet
+
+
+def test_index_refuses_going_back_and_hw_never_lowers() -> None:
+    plog = PartitionLog("t", 0)
+    plog.index(loc(0, 5))
+    with pytest.raises(ValueError):
+        plog.index(loc(3, 5))
+    assert plog.advance_high_watermark(5) and not plog.advance_high_watermark(4)
+    assert plog.high_watermark == 5
+
+
+def test_dropping_segments_moves_the_first_indexed_offset() -> None:
+    plog = PartitionLog("t", 0)
+    for i, base in enumerate((0, 10, 20)):
+        plog.index(loc(base, 10, segment=i))
+    plog.advance_high_watermark(30)
+    assert plog.segment_bytes == {0: 100, 1: 100, 2: 100}
+    assert plog.drop_segments_before(2) == 2
+    assert plog.first_indexed_offset == 20 and plog.segment_bytes == {2: 100}
+    assert plog.locations(5, 10_000) == []  # before the WAL: the table's
+    assert [x.base_offset for x in plog.locations(25, 10_000)] == [20]
+
+
+def test_dropping_many_entries_compacts_the_columns() -> None:
+    plog = PartitionLog("t", 0)
+    for i in range(10_000):
+        plog.index(loc(i, 1, segment=i // 100))
+    plog.advance_high_watermark(10_000)
+    plog.drop_segments_before(90)
+    assert len(plog) == 1000 and plog.first_indexed_offset == 9000
+    assert [x.base_offset for x in plog.locations(9500, 300)] == [9500, 9501, 9502]
+
+
+def test_timestamp_lookups() -> None:
+    plog = PartitionLog("t", 0)
+    plog.index(loc(0, 10, ts=100))
+    plog.index(loc(10, 10, ts=50))
+    plog.index(loc(20, 10, ts=300))
+    plog.advance_high_watermark(20)
+    assert plog.first_at_or_after_timestamp(60).base_offset == 0
+    assert plog.first_at_or_after_timestamp(101) is None  # the batch at 20 is not durable yet
+    assert plog.max_timestamp().base_offset == 0
+    plog.advance_high_watermark(30)
+    assert plog.first_at_or_after_timestamp(101).base_offset == 20
+    assert plog.max_timestamp().base_offset == 20
