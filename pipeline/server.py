@@ -249,9 +249,16 @@ class Server:
         self.fetch_apis = FetchApis(self.logs, self.apis.catalog, request_channel.metrics)
         self.fetch_apis.register(self.apis)
 
+        self.logs.retention = self.catalog.retention
+
         async def on_delete_topic(topic: str) -> None:
-            # Until the partition logs' own hook: drop the topic's table rows.
+            # Kafka deletes a topic's data: everything already accepted for it
+            # reaches the table first (so nothing lands after the drop), then
+            # its rows go, then its partition logs (a re-created topic starts at 0).
+            await persister.sync_table()
             await trio.to_thread.run_sync(self.sink.drop_topic, topic)
+            persister.forget_topic(topic)
+            self.logs.drop_topic(topic)
 
         self.admin_apis = AdminApis(broker, self.catalog, TopicConfigs(broker_topic_defaults(c), c.table),
                                     on_delete_topic, broker_configs(c), request_channel.metrics)

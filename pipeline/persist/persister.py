@@ -65,9 +65,10 @@ class Commit:
     answered only once its original is durable.
     """
 
-    __slots__ = ("done", "error", "_callbacks")
+    __slots__ = ("done", "error", "_callbacks", "seq")
 
-    def __init__(self) -> None:
+    def __init__(self, seq: int = 0) -> None:
+        self.seq = seq  # the persister's append number (sync_table)
         self.done = False
         self.error: BaseException | None = None
         self._callbacks: list[Callable[[Commit], None]] = []
@@ -175,6 +176,7 @@ class _SparkWaiter:
     commit: Commit | None          # resolved here when ack_on == "spark"
     position: WalPosition
     acked_at: float                # trio.current_time() (s) of the WAL commit
+    seq: int = 0                   # the last append number of the WAL group
 
 
 def offset_ranges(appends: Sequence[PartitionAppend]) -> dict[tuple[str, int], tuple[int, int]]:
@@ -259,6 +261,10 @@ class BatchingPersister:
         self._committed = LogState.from_checkpoint(checkpoint)
         self._topics = dict(checkpoint.topics)
         self._listener = log_listener
+        self._appended_seq = 0     # appends accepted (numbered from 1)
+        self._table_seq = 0        # every append up to this number is in the table
+        self._table_progress = trio.Event()
+        self._sync_requested = 0
         self.stats = PersisterStats()
 
     # -- the handler's side ----------------------------------------------
@@ -308,13 +314,44 @@ class BatchingPersister:
         """
         if self._failed is not None:
             raise StorageFailedError(str(self._failed))
-        commit = Commit()
+        self._appended_seq += 1
+        commit = Commit(self._appended_seq)
         self._wal_acc.append(appends, commit, trio.current_time() * 1000.0)
         for a in appends:
             if self._topics.get(a.topic, 0) <= a.partition:
                 self._topics[a.topic] = a.partition + 1
         self._wal_wakeup.set()
         return commit
+
+    async def sync_table(self) -> None:
+        """Return once every append made before this call is in the table (a barrier).
+
+        Both stages flush at once instead of waiting for linger or the
+        commit interval. Used before a topic's rows are dropped (DeleteTopics),
+        so no buffered record of it lands after the drop.
+
+        Raises:
+            StorageFailedError: the WAL failed; what it refused never reaches the table.
+        """
+        target = self._appended_seq
+        self._sync_requested += 1
+        try:
+            while self._table_seq < target:
+                if self._failed is not None:
+                    raise StorageFailedError(str(self._failed))
+                self._wal_wakeup.set()
+                self._spark_wakeup.set()
+                progress = self._table_progress
+                with trio.move_on_after(1.0):  # re-check a WAL failure now and then
+                    await progress.wait()
+        finally:
+            self._sync_requested -= 1
+
+    def forget_topic(self, topic: str) -> None:
+        """A deleted topic leaves the checkpoint (after ``sync_table`` and the table drop):
+        re-created, it starts again at offset 0, after a restart too."""
+        self._committed.forget_topic(topic)
+        self._topics.pop(topic, None)
 
     def close(self) -> None:
         """Write what is buffered, then let ``run`` return. Idempotent."""
@@ -345,6 +382,8 @@ class BatchingPersister:
         try:
             while True:
                 reason = acc.ready(trio.current_time() * 1000.0)
+                if reason is None and acc.pending and self._sync_requested:
+                    reason = FlushReason.LINGER
                 if reason is not None:
                     await self._write_wal(acc.drain(reason))
                     continue
@@ -403,7 +442,8 @@ class BatchingPersister:
 
             spark_commit.add_callback(release)
         now = trio.current_time()
-        self._spark_acc.append(group.appends, _SparkWaiter(spark_commit, position, now), now * 1000.0)
+        self._spark_acc.append(group.appends, _SparkWaiter(spark_commit, position, now,
+                                                           max(c.seq for c in group.waiters)), now * 1000.0)
         self._spark_wakeup.set()
 
     # -- stage 2: Spark flushes --------------------------------------------
@@ -428,6 +468,8 @@ class BatchingPersister:
             reason = acc.ready(now_ms)
             if reason is None and acc.pending and self.buffered_bytes >= self._max_buffer_bytes:
                 reason = FlushReason.MEMORY
+            if reason is None and acc.pending and self._sync_requested:
+                reason = FlushReason.LINGER  # sync_table: go now (once the write in flight is done)
             waiting_for_writer = reason is FlushReason.LINGER and self._spark_writing
             if waiting_for_writer:
                 # Group commit: while a write is in flight a lingered group
@@ -530,6 +572,9 @@ class BatchingPersister:
         elapsed = time.perf_counter() - started
         stats = self.stats
         stats.flushes += 1
+        self._table_seq = max(self._table_seq, max(w.seq for w in group.waiters))
+        progress, self._table_progress = self._table_progress, trio.Event()
+        progress.set()
         stats.records += group.records
         stats.flush_bytes += group.size_bytes
         stats.write_seconds += elapsed

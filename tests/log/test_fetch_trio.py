@@ -103,7 +103,8 @@ class ReadBroker(Broker):
 
 @asynccontextmanager
 async def broker(tmp_path, *, ack_on: str = "wal", segment_bytes: int = 64 << 20,
-                 retention: tuple[int, int] = (-1, -1), sink: MemorySink | None = None) -> AsyncIterator[ReadBroker]:
+                 retention: tuple[int, int] = (-1, -1), sink: MemorySink | None = None,
+                 commit_linger_ms: float = 0) -> AsyncIterator[ReadBroker]:
     sink = sink or MemorySink()
     wal = WriteAheadLog(tmp_path / "wal", segment_bytes=segment_bytes, fsync=False)
     store = StateStore(tmp_path / "state")
@@ -115,7 +116,7 @@ async def broker(tmp_path, *, ack_on: str = "wal", segment_bytes: int = 64 << 20
         checkpoint = Checkpoint()
     logs.state = LogState.from_checkpoint(checkpoint)
     logs.start(checkpoint.end_offsets)
-    persister = BatchingPersister(sink, wal, store, checkpoint, FlushPolicy(linger_ms=0), ack_on=ack_on,  # type: ignore[arg-type]
+    persister = BatchingPersister(sink, wal, store, checkpoint, FlushPolicy(linger_ms=commit_linger_ms), ack_on=ack_on,  # type: ignore[arg-type]
                                   log_listener=logs)
     request_channel = MultiQueueRequestChannel(2, 100)
     apis = KafkaApis(BrokerInfo(0, "127.0.0.1", 9092, "test"), TopicCatalog(initial={"t": 2}), logs, persister,
@@ -344,3 +345,21 @@ async def test_list_offsets(autojump_clock, tmp_path):
         response, _ = entity_reader(ListOffsetsResponse)(client.responses[2][1], 0)
         got = [(int(p.error_code), int(p.offset), int(p.timestamp)) for p in response.topics[0].partitions]
         assert got == [(0, 0, -1), (0, 4, -1), (0, 1, base + 1), (0, -1, -1), (0, 0, -1)]
+
+
+async def test_sync_table_waits_until_everything_appended_is_in_the_table(autojump_clock, tmp_path):
+    async with broker(tmp_path, commit_linger_ms=3_600_000) as b:  # a commit interval of an hour
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a"]) + produce(2, [b"b"], partition=1))
+        await client.wait_responses(2)  # acknowledged from the WAL
+        assert b.sink.rows() == []
+        synced = trio.Event()
+
+        async def sync() -> None:
+            await b.persister.sync_table()
+            synced.set()
+
+        b.nursery.start_soon(sync)
+        await eventually(lambda: synced.is_set())
+        assert sorted(r["value"] for r in b.sink.rows()) == [b"a", b"b"]
+        assert trio.current_time() < 60  # not the hour of linger
