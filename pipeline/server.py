@@ -30,6 +30,7 @@ from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
 from pipeline.log.fetch import FetchApis
 from pipeline.log.manager import LogManager
 from pipeline.log.state import LogState
+from pipeline.table.reader import TableReader
 from pipeline.coordinator.coordinator import GroupConfig
 from pipeline.coordinator.service import GroupCoordinatorService
 from pipeline.network.acceptor import Acceptor
@@ -166,6 +167,10 @@ class Server:
         """Replay the WAL into the table and rebuild offsets and producer state (blocking)."""
         self.recovered = recover(self.sink, self.wal, self.store, visit=self.logs.index_wal_entry)
         checkpoint = self.recovered.checkpoint
+        catalog = getattr(self.sink, "catalog", None)
+        if catalog is not None:
+            # Offsets whose WAL segments retention deleted are read from the tables.
+            self.logs.table = TableReader(catalog.spark, catalog)
         self.logs.state = LogState.from_checkpoint(checkpoint)
         self.logs.start(checkpoint.end_offsets)
         return self.recovered
@@ -259,6 +264,8 @@ class Server:
             await trio.to_thread.run_sync(self.sink.drop_topic, topic)
             persister.forget_topic(topic)
             self.logs.drop_topic(topic)
+            if self.logs.table is not None:
+                self.logs.table.invalidate(topic)
 
         self.admin_apis = AdminApis(broker, self.catalog, TopicConfigs(broker_topic_defaults(c), c.table),
                                     on_delete_topic, broker_configs(c), request_channel.metrics)

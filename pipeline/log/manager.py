@@ -27,6 +27,7 @@ Everything runs in the trio thread; file and Spark reads go to worker threads.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -51,14 +52,17 @@ EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP = -2, -1, -3
 class TableSource(Protocol):
     """The table side of reads (``pipeline.table.reader.TableReader``); blocking, thread-safe."""
 
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int, end: int) -> Any:
-        """Records of offsets in [offset, end) as RecordBatch v2 bytes: ``.records`` and ``.next_offset``."""
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int, *, end: int,
+             min_one: bool = True) -> Any:
+        """Records of offsets in [offset, end) as RecordBatch v2 bytes (``.records``), at most
+        ``max_bytes`` but with ``min_one`` at least one record (KIP-74)."""
 
-    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp ms) of the earliest record with timestamp >= ``timestamp_ms``."""
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int,
+                             end: int | None = None) -> tuple[int, int] | None:
+        """(offset, timestamp ms) of the earliest record below ``end`` with timestamp >= ``timestamp_ms``."""
 
-    def max_timestamp(self, topic: str, partition: int) -> tuple[int, int] | None:
-        """(offset, timestamp ms) of the record with the largest timestamp."""
+    def max_timestamp(self, topic: str, partition: int, end: int | None = None) -> tuple[int, int] | None:
+        """(offset, timestamp ms) of the record below ``end`` with the largest timestamp."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,11 +334,11 @@ class LogManager:
 
     async def _read_table(self, topic: str, partition: int, offset: int, max_bytes: int, end: int,
                           min_one: bool) -> bytes:
-        if self.table is None or offset >= end or (max_bytes <= 0 and not min_one):
+        if self.table is None or offset >= end:
             return b""
-        result = await trio.to_thread.run_sync(self.table.read, topic, partition, offset, max(1, max_bytes), end)
-        records = bytes(result.records)
-        return records if min_one or len(records) <= max_bytes else b""
+        result = await trio.to_thread.run_sync(functools.partial(
+            self.table.read, topic, partition, offset, max(0, max_bytes), end=end, min_one=min_one))
+        return bytes(result.records)
 
     async def offset_for(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
         """Kafka ListOffsets for one partition: (offset, timestamp ms), (-1, -1) when none.
@@ -355,7 +359,8 @@ class LogManager:
         if timestamp_ms == MAX_TIMESTAMP:
             best: tuple[int, int] | None = None
             if table_has_older:
-                best = await trio.to_thread.run_sync(self.table.max_timestamp, topic, partition)  # type: ignore[union-attr]
+                best = await trio.to_thread.run_sync(self.table.max_timestamp, topic, partition,  # type: ignore[union-attr]
+                                                     first)
             loc = plog.max_timestamp()
             if loc is not None and (best is None or loc.max_timestamp > best[1]):
                 found = await self._find_in_batch(loc, lambda ts: ts == loc.max_timestamp)
@@ -364,8 +369,8 @@ class LogManager:
             return best if best is not None else (-1, -1)
         if table_has_older:
             found = await trio.to_thread.run_sync(self.table.offset_for_timestamp, topic, partition,  # type: ignore[union-attr]
-                                                  timestamp_ms)
-            if found is not None and (first is None or found[0] < first):
+                                                  timestamp_ms, first if first is not None else plog.high_watermark)
+            if found is not None:
                 return found
         loc = plog.first_at_or_after_timestamp(timestamp_ms)
         if loc is not None:
