@@ -14,6 +14,9 @@ of every run. Presets:
 * ``--hostile`` (not a preset of the sweep; see ``pipeline.bench.hostile_runner``):
   good producers at ``--rate`` alone, then beside every hostile client, each
   phase ``--duration`` seconds (default 270, ~10 minutes in all).
+* ``--consume`` (not a preset of the sweep; see ``pipeline.bench.consume_bench``):
+  produce, consume from the WAL and from the table, ack-to-consumer latency
+  (``--smoke`` shrinks it to CI size).
 * ``--full``: every configuration and queue count 1, 2, 4, 8, connections
   1, 8, 64, in-flight 1 and 5, acks -1 and 0, 8 s per run (~15-20 minutes).
 
@@ -152,6 +155,18 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     table.add_argument("--commit-interval-ms", type=int, default=None,
                        help="--table: server --table-commit-interval-ms (default: the server's)")
     table.add_argument("--repeats", type=int, default=5, help="--table: runs of each query, median (default 5)")
+    consume = p.add_argument_group("consuming (--consume)")
+    consume.add_argument("--consume", action="store_true",
+                         help="produce --consume-records records (1 KiB values by default), consume them from the "
+                              "WAL, restart the server with short log retention and consume them from the table, "
+                              "and measure acknowledgement-to-consumer latency at --rate records/s for --duration s "
+                              "(pipeline.bench.consume_bench; default 200,000 records, 1000/s for 20 s)")
+    consume.add_argument("--consume-records", type=int, default=None,
+                         help="--consume: records produced and consumed (default 200000; --smoke 3000)")
+    consume.add_argument("--consumers", default=None,
+                         help="--consume: comma list of consumer clients, confluent,kafka-python (default both)")
+    consume.add_argument("--no-table-phase", dest="table_phase", action="store_false",
+                         help="--consume: skip the restart with short retention and the reads from the table")
     hostile = p.add_argument_group("hostile clients (--hostile)")
     hostile.add_argument("--hostile", action="store_true",
                          help="good producers at a steady rate, alone and then beside every hostile client on "
@@ -236,6 +251,16 @@ def resolve_hostile(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "consume", False):
+        import sys
+
+        from pipeline.bench.consume_bench import main as consume_main, resolve_consume
+
+        try:
+            consume_opts = resolve_consume(args)
+        except ValueError as exc:
+            raise SystemExit(f"pipeline bench: {exc}") from None
+        return consume_main(consume_opts, sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     if getattr(args, "table", False):
         import sys
 
