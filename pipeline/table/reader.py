@@ -27,14 +27,18 @@ records table and the dead letters (directory pruning); a typed topic has a
 table of its own. A range with no rows (a retention gap) costs one more
 query, ``min(offset)`` after it, to jump the gap.
 
-Measured (2 cores, local[2] Spark 4.3, one topic-partition of 100,000 rows in
-100 Parquet files of the records table, ~130-byte records with a header,
-``tests/table/test_reader.py::test_read_costs`` prints them):
+Measured (``tests/table/test_reader.py::test_read_costs`` prints the first
+two; one topic-partition of 100,000 rows of ~130 bytes with a header, local[2]
+Spark 4.3 on a shared 2-core machine under load average 10-15, so an idle
+machine does better):
 
-* cold read (cache miss: one Spark query of a 10,000-row chunk, Arrow to the
-  driver, first 1 MiB encoded): ~0.35 s
-* cached read (1 MiB = ~7,700 records encoded from the cached chunk): ~25 ms,
-  almost all of it kafka-python's pure-Python record encoding (~3 us/record)
+* cold read (cache miss: one Spark query of a 10,000-row chunk to Arrow, then
+  1 MiB = 8,452 records encoded): 1.1-1.8 s, 10 files or 1 compacted file
+  alike; 1.6-2.4 s over 100 uncompacted files. The same query through
+  ``collect()`` (Rows) took 2.9-3.1 s against 0.8-2.0 s through ``toArrow``.
+* cached read (the same 1 MiB from the cached chunk): 0.14-0.35 s, nearly all
+  of it kafka-python's pure-Python ``DefaultRecordBatchBuilder.append``
+  (~17-40 us a record), which holds the GIL while it runs.
 
 Kafka rules followed: FetchRequest/KIP-74 (at least one whole record even if
 it exceeds ``max_bytes``, for the first partition of a response), records
