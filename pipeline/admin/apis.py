@@ -190,11 +190,12 @@ class AdminApis:
                         topic_id = (await self.catalog.create(topic.name, partitions, overrides)).topic_id
                     except TopicExistsError as exc:
                         raise _Refused(ErrorCode.topic_already_exists, str(exc)) from None
-                values.update(topic_id=topic_id, num_partitions=partitions, replication_factor=1,
-                              configs=tuple(
-                                  apis.make(module.CreatableTopicConfigs, name=e.name, value=e.value,
-                                            read_only=e.read_only, config_source=int(e.source), is_sensitive=False)
-                                  for e in self.configs.describe(topic.name, overrides)))
+                values.update(topic_id=topic_id, num_partitions=partitions, replication_factor=1)
+                if header.api_version >= 5:  # KIP-525: the created topic's configs
+                    values["configs"] = tuple(
+                        apis.make(module.CreatableTopicConfigs, name=e.name, value=e.value, read_only=e.read_only,
+                                  config_source=int(e.source), is_sensitive=False)
+                        for e in self.configs.describe(topic.name, overrides))
                 error = ErrorCode.none
             except _Refused as exc:
                 error = exc.error

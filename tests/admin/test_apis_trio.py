@@ -143,6 +143,9 @@ async def test_create_topics_rules_and_v7_results(tmp_path):
 
     again = await a.call(19, 2, timeout=MS, validate_only=False, topics=[creatable("plain")])
     assert int(again.topics[0].error_code) == TOPIC_EXISTS
+    for version in range(2, 8):
+        created = await a.call(19, version, timeout=MS, validate_only=False, topics=[creatable(f"v{version}")])
+        assert int(created.topics[0].error_code) == NONE, version
     dry = await a.call(19, 5, timeout=MS, validate_only=True, topics=[creatable("dry", 4)])
     assert int(dry.topics[0].error_code) == NONE and dry.topics[0].num_partitions == 4
     assert a.catalog.partitions("dry") is None
