@@ -1,0 +1,293 @@
+"""End to end: consumer groups against ``pipeline serve`` with real clients.
+
+confluent_kafka consumers (each in its own process, tests/e2e/group_consumer.py)
+share a 6-partition topic: disjoint assignments covering every partition,
+takeover when one closes (LeaveGroup) and when one is killed (session
+timeout); with Fetch they read every record exactly once. Committed offsets
+(confluent_kafka and kafka-python) survive a SIGTERM restart and a ``kill -9``
+of the server. The admin clients of both libraries list, describe, read the
+offsets of and delete groups.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.server_process import ServerProcess, free_port
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SESSION_MS = 6000
+SERVER_ARGS = ("--group-initial-rebalance-delay-ms", "500", "--num-partitions", "6")
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class ConsumerProcess:
+    """One group_consumer.py process; ``assignment`` is its current set of partitions."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, session_ms: int = SESSION_MS) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.e2e.group_consumer", bootstrap, group, topic, str(session_ms)],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.events: list[dict] = []
+        self.assignment: set[int] = set()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            event = json.loads(line)
+            if "assigned" in event:
+                self.assignment = set(event["assigned"])
+            elif "revoked" in event:
+                self.assignment = self.assignment - set(event["revoked"])
+            self.events.append(event)
+
+    @property
+    def records(self) -> list[tuple[int, int, str]]:
+        return [tuple(e["record"]) for e in self.events if "record" in e]
+
+    def close(self) -> None:
+        """Clean close: consumer.close() sends LeaveGroup."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("close\n")
+        self.proc.stdin.flush()
+        self.proc.wait(30)
+        self._reader.join(5)
+        assert {"closed": True} in self.events
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[ServerProcess]:
+    data_dir = tmp_path_factory.mktemp("groups") / "data"
+    server = ServerProcess(data_dir, *SERVER_ARGS).start()
+    try:
+        yield server
+    finally:
+        if server.running:
+            assert server.stop() == 0
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    """Auto-create ``topic`` (6 partitions, the server's --num-partitions) by producing one record."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, value=b"create", partition=0)
+    assert producer.flush(30) == 0
+
+
+def disjoint_cover(consumers: list[ConsumerProcess], partitions: int = 6) -> bool:
+    sets = [c.assignment for c in consumers]
+    return sum(len(s) for s in sets) == partitions and set().union(*sets) == set(range(partitions))
+
+
+def test_three_consumers_share_six_partitions_and_take_over_on_close_and_on_session_timeout(server):
+    from confluent_kafka.admin import AdminClient
+
+    create_topic(server.bootstrap, "shared")
+    consumers = [ConsumerProcess(server.bootstrap, "sharers", "shared") for _ in range(3)]
+    try:
+        wait_for(lambda: disjoint_cover(consumers) and all(len(c.assignment) == 2 for c in consumers), 60,
+                 "3 consumers with 2 partitions each")
+        admin = AdminClient({"bootstrap.servers": server.bootstrap})
+        described = admin.describe_consumer_groups(["sharers"])["sharers"].result(30)
+        assert str(described.state).endswith("STABLE") and len(described.members) == 3
+        assert sorted(p.partition for m in described.members for p in m.assignment.topic_partitions) == list(range(6))
+        listed = admin.list_consumer_groups().result(30)
+        assert "sharers" in [g.group_id for g in listed.valid]
+
+        # A clean close sends LeaveGroup: the others take over at once, well before the session timeout.
+        leaving = consumers.pop()
+        closed_at = time.monotonic()
+        leaving.close()
+        wait_for(lambda: disjoint_cover(consumers) and all(len(c.assignment) == 3 for c in consumers), 30,
+                 "2 consumers with 3 partitions each after a close")
+        assert time.monotonic() - closed_at < SESSION_MS / 1000
+
+        # A killed consumer stops heartbeating: the survivor takes over after session.timeout.ms.
+        killed = consumers.pop()
+        killed_at = time.monotonic()
+        killed.kill()
+        wait_for(lambda: consumers[0].assignment == set(range(6)), 60, "the last consumer owning all 6 partitions")
+        took = time.monotonic() - killed_at
+        assert SESSION_MS / 1000 - 1 <= took <= SESSION_MS / 1000 + 15, took
+        described = admin.describe_consumer_groups(["sharers"])["sharers"].result(30)
+        assert len(described.members) == 1
+    finally:
+        for c in consumers:
+            c.cleanup()
+
+
+def test_three_consumers_read_every_record_exactly_once(server):
+    from confluent_kafka import Producer
+
+    create_topic(server.bootstrap, "consumed")
+    consumers = [ConsumerProcess(server.bootstrap, "readers", "consumed") for _ in range(3)]
+    try:
+        wait_for(lambda: disjoint_cover(consumers) and all(len(c.assignment) == 2 for c in consumers), 60,
+                 "3 consumers with 2 partitions each")
+        producer = Producer({"bootstrap.servers": server.bootstrap})
+        n = 600
+        for i in range(n):
+            producer.produce("consumed", value=f"v{i}".encode(), partition=i % 6)
+        assert producer.flush(60) == 0
+        expected = {f"v{i}" for i in range(n)} | {"create"}
+        wait_for(lambda: sum(len(c.records) for c in consumers) >= len(expected), 90, "every record consumed")
+        time.sleep(2)  # nothing more arrives
+        values = [v for c in consumers for _p, _o, v in c.records]
+        assert sorted(values) == sorted(expected)  # exactly once: no duplicates, none missing
+        for c in consumers:
+            assert {p for p, _o, _v in c.records} <= c.assignment
+    finally:
+        for c in consumers:
+            c.cleanup()
+
+
+def test_kafka_python_consumers_and_admin_client(server):
+    from kafka import KafkaAdminClient, KafkaConsumer
+
+    create_topic(server.bootstrap, "kp")
+    stop = threading.Event()
+    assignments: dict[int, set[int]] = {}
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        # kafka-python consumers are not thread-safe: each lives and dies in its own thread.
+        consumer = KafkaConsumer("kp", bootstrap_servers=server.bootstrap, group_id="kp-group",
+                                 session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500,
+                                 enable_auto_commit=False, auto_offset_reset="earliest")
+        try:
+            while not stop.is_set():
+                consumer.poll(timeout_ms=200)
+                assignments[index] = {tp.partition for tp in consumer.assignment()}
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            consumer.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    admin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
+    try:
+        wait_for(lambda: len(assignments.get(0, ())) == len(assignments.get(1, ())) == 3
+                 and assignments[0] | assignments[1] == set(range(6)), 60,
+                 "2 kafka-python consumers with 3 partitions each")
+        groups = {g["group_id"]: g for g in admin.list_groups()}
+        assert groups["kp-group"]["protocol_type"] == "consumer"
+        description = admin.describe_groups(["kp-group"])["kp-group"]
+        assert description["group_state"] == "Stable" and len(description["members"]) == 2
+        assert sorted(p for m in description["members"] for p in assigned(m["member_assignment"])) == list(range(6))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        admin.close()
+    assert errors == []
+
+
+def assigned(assignment) -> list[int]:
+    """Partitions of a kafka-python ConsumerProtocolAssignment, decoded object or its to_dict()."""
+    get = (lambda o, k: o[k]) if isinstance(assignment, dict) else getattr
+    return [p for tp in get(assignment, "assigned_partitions")
+            for p in (tp["partitions"] if isinstance(tp, dict) else tp.partitions)]
+
+
+def committed_confluent(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        return {tp.partition: tp.offset for tp in
+                consumer.committed([TopicPartition(topic, p) for p in range(6)], timeout=30)}
+    finally:
+        consumer.close()
+
+
+def test_committed_offsets_survive_a_restart_and_kill_9(tmp_path):
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    from kafka import KafkaAdminClient, KafkaConsumer
+    from kafka.structs import OffsetAndMetadata
+    from kafka.structs import TopicPartition as KTopicPartition
+
+    data_dir = tmp_path / "data"
+    port = free_port()
+    server = ServerProcess(data_dir, *SERVER_ARGS, port=port).start()
+    try:
+        create_topic(server.bootstrap, "durable")
+        consumer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": "confluent-group"})
+        result = consumer.commit(offsets=[TopicPartition("durable", p, 100 + p) for p in range(6)],
+                                 asynchronous=False)
+        assert all(tp.error is None for tp in result)
+        consumer.close()
+        kp = KafkaConsumer(bootstrap_servers=server.bootstrap, group_id="kp-durable", enable_auto_commit=False)
+        kp.commit({KTopicPartition("durable", 2): OffsetAndMetadata(7, "", -1)})
+        kp.close()
+        assert server.stop() == 0
+
+        server = ServerProcess(data_dir, *SERVER_ARGS, port=port).start()
+        assert committed_confluent(server.bootstrap, "confluent-group", "durable") == {
+            p: 100 + p for p in range(6)}
+        kadmin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
+        kp_offsets = kadmin.list_group_offsets({"kp-durable": None})["kp-durable"]
+        assert {tp.partition: om.offset for tp, om in kp_offsets.items()} == {2: 7}
+        (deleted_id, error), = kadmin.delete_groups(["kp-durable"])
+        assert deleted_id == "kp-durable" and error.errno == 0
+        kadmin.close()
+        consumer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": "confluent-group"})
+        consumer.commit(offsets=[TopicPartition("durable", 0, 500)], asynchronous=False)
+        consumer.close()
+        server.kill()  # kill -9 right after the commit and the deletion were answered
+
+        server = ServerProcess(data_dir, *SERVER_ARGS, port=port).start()
+        assert committed_confluent(server.bootstrap, "confluent-group", "durable") == {
+            0: 500, **{p: 100 + p for p in range(1, 6)}}
+        kp = KafkaConsumer(bootstrap_servers=server.bootstrap, group_id="kp-durable", enable_auto_commit=False)
+        assert kp.committed(KTopicPartition("durable", 2)) is None  # its deletion survived too
+        kp.close()
+
+        # The admin views see a group known only by its offsets.
+        admin = AdminClient({"bootstrap.servers": server.bootstrap})
+        listed = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
+        assert "confluent-group" in listed and "kp-durable" not in listed
+        from confluent_kafka import ConsumerGroupTopicPartitions
+        offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("confluent-group")])
+        got = offsets["confluent-group"].result(30)
+        assert {tp.partition: tp.offset for tp in got.topic_partitions} == {0: 500, **{p: 100 + p for p in range(1, 6)}}
+        admin.delete_consumer_groups(["confluent-group"])["confluent-group"].result(30)
+        assert committed_confluent(server.bootstrap, "confluent-group", "durable") == {p: -1001 for p in range(6)}
+        assert "confluent-group" not in {g.group_id for g in admin.list_consumer_groups().result(30).valid}
+    finally:
+        if server.running:
+            server.stop()
+        else:
+            server.kill()
