@@ -4,7 +4,8 @@ process that runs them where a native abort cannot take pytest down
 (tests/protocol/fuzz_child.py).
 
 * Valid frames: one kio-encoded request per served (api key, version)
-  (``SUPPORTED_VERSIONS``); Produce requests carry RecordBatch v2 built by
+  (``SUPPORTED_VERSIONS``); the fuzzers draw from one version per request
+  wire format (:data:`FUZZED`). Produce requests carry RecordBatch v2 built by
   kafka-python, uncompressed or gzip/snappy/lz4/zstd (every codec
   ``pipeline.protocol.compression`` inflates).
 * Mutations are plain tuples (:data:`Op`), so hypothesis can draw and shrink
@@ -20,7 +21,10 @@ process that runs them where a native abort cannot take pytest down
   ``pipeline.requests.handler.RequestHandler.handle`` calls
   (``api_versions_response``; ``decode_request`` then ``metadata_response``,
   ``init_producer_id_response`` or ``produce_view``; per partition
-  ``has_compressed_batch`` and ``validate_records``). Only the documented
+  ``has_compressed_batch`` and ``validate_records``). The other served
+  apis (read side, groups, admin) are handled in pipeline/log,
+  pipeline/coordinator and pipeline/admin, whose handlers all start with
+  ``decode_request``: the oracle stops there. Only the documented
   exceptions may leave it: ``InvalidRequestError`` (with
   ``UnsupportedVersionError``) from the request path, ``RecordError``
   subclasses from the records validation (those it catches itself). One more
@@ -49,7 +53,6 @@ from kafka import codec as kafka_codec
 from pipeline.bench.hostile import uvarint
 from pipeline.persist.arrow import appends_to_table
 from pipeline.persist.batch import PartitionAppend
-from pipeline.protocol import SUPPORTED_VERSIONS
 from pipeline.protocol import BrokerInfo
 from pipeline.protocol import InvalidRequestError
 from pipeline.protocol import RecordError
@@ -63,14 +66,15 @@ from pipeline.protocol import validate_records
 from pipeline.protocol import apis
 from pipeline.protocol import guard
 from pipeline.protocol.records import has_compressed_batch
+from tests.protocol.protocol_helpers import one_per_wire_format
 from tests.protocol.protocol_helpers import request_frame
 from tests.protocol.protocol_helpers import sample_request
+from tests.protocol.protocol_helpers import served_versions
 
-SERVED: list[tuple[int, int]] = [
-    (api_key, version)
-    for api_key, (low, high) in sorted(SUPPORTED_VERSIONS.items())
-    for version in range(low, high + 1)
-]
+SERVED: list[tuple[int, int]] = served_versions()
+FUZZED: list[tuple[int, int]] = one_per_wire_format(SERVED)
+"""What the fuzzers draw from: the first served version of each request
+wire format (versions laid out alike would only share the examples)."""
 PRODUCE_VERSIONS = [version for api_key, version in SERVED if api_key == apis.PRODUCE]
 CODECS = (0, 1, 2, 3, 4)  # none, gzip, snappy, lz4, zstd (Kafka CompressionType)
 
@@ -545,10 +549,9 @@ def serve(frame: bytes | bytearray) -> Outcome:
         if api_key == apis.API_VERSIONS:
             api_versions_response(header, frame)
             return Outcome()
+        body = decode_request(header, frame)  # refuses what is not served
         if api_key not in (apis.METADATA, apis.INIT_PRODUCER_ID, apis.PRODUCE):
-            # handler.handle: any other api key is refused the same way.
-            raise InvalidRequestError(f"api key {api_key} is not served")
-        body = decode_request(header, frame)
+            return Outcome()  # a registered handler's, past decoding
         if api_key == apis.METADATA:
             metadata_response(header, body, BROKER, TOPICS)
             return Outcome()
@@ -594,11 +597,11 @@ def hostile_request(rng: random.Random) -> bytes:
     records, or random bytes after a valid header."""
     kind = rng.randrange(4)
     if kind == 0:
-        key = rng.choice(SERVED)
+        key = rng.choice(FUZZED)
         frame = VALID_FRAMES[key]
         return apply_ops(frame, random_ops(rng), length_fields(frame))
     if kind == 1:
-        key = rng.choice(SERVED)
+        key = rng.choice(FUZZED)
         header_end = parse_request_header(VALID_FRAMES[key]).body_offset
         return VALID_FRAMES[key][:header_end] + rng.randbytes(rng.randint(0, 80))
     version = rng.choice(PRODUCE_VERSIONS)

@@ -1,6 +1,7 @@
 """Child process for tests/protocol/test_protocol_guard.py: decode thousands
-of hostile request bodies per served (api key, version) and exit 0 iff every
-one either decoded or raised InvalidRequestError.
+of hostile request bodies per served request wire format (the first served
+version of each, ``protocol_helpers.one_per_wire_format``) and exit 0 iff
+every one either decoded or raised InvalidRequestError.
 
 It runs in a subprocess because the failure it looks for, kio's native
 reader aborting the process on a huge length (SIGABRT), cannot be caught in
@@ -16,12 +17,13 @@ import random
 import struct
 import sys
 
-from pipeline.protocol import SUPPORTED_VERSIONS
 from pipeline.protocol import InvalidRequestError
 from pipeline.protocol import decode_request
 from pipeline.protocol import parse_request_header
+from tests.protocol.protocol_helpers import one_per_wire_format
 from tests.protocol.protocol_helpers import request_frame
 from tests.protocol.protocol_helpers import sample_request
+from tests.protocol.protocol_helpers import served_versions
 
 # Length-like values that reach kio's allocations: max int32, -2, huge
 # uvarints (5 bytes), null markers.
@@ -71,24 +73,24 @@ def hostile_bodies(rng: random.Random, valid_body: bytes, count: int) -> list[by
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--count", type=int, default=3000, help="bodies per api version")
+    parser.add_argument("--count", type=int, default=3000, help="bodies per request wire format")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     frames = 0
-    for api_key, (low, high) in sorted(SUPPORTED_VERSIONS.items()):
-        for version in range(low, high + 1):
-            valid = request_frame(sample_request(api_key, version))
-            header_size = parse_request_header(valid).body_offset
-            header_bytes, valid_body = valid[:header_size], valid[header_size:]
-            for body in hostile_bodies(rng, valid_body, args.count):
-                frame = header_bytes + body
-                header = parse_request_header(frame)
-                try:
-                    decode_request(header, frame)
-                except InvalidRequestError:
-                    pass
-                frames += 1
-    print(f"ok: {frames} frames, seed {args.seed}")
+    formats = one_per_wire_format(served_versions())
+    for api_key, version in formats:
+        valid = request_frame(sample_request(api_key, version))
+        header_size = parse_request_header(valid).body_offset
+        header_bytes, valid_body = valid[:header_size], valid[header_size:]
+        for body in hostile_bodies(rng, valid_body, args.count):
+            frame = header_bytes + body
+            header = parse_request_header(frame)
+            try:
+                decode_request(header, frame)
+            except InvalidRequestError:
+                pass
+            frames += 1
+    print(f"ok: {frames} frames, {len(formats)} wire formats, seed {args.seed}")
     return 0
 
 

@@ -1,11 +1,12 @@
-"""Fuzzing the request path (issue 8): every served (api key, version),
-valid requests mutated (bytes flipped, set, inserted, deleted, the frame cut
-anywhere, every length field set to -1/0/huge/off by one, junk appended),
-random bytes after valid headers, and Produce requests whose RecordBatches
-are mutated (length, CRC, magic, counts, attributes/codec, record varints,
-compressed payloads in gzip/snappy/lz4/zstd), all run through the server's
-per-request path (``fuzz_corpus.serve``: header, decode, response builders,
-records validation). Only ``InvalidRequestError`` (request) and
+"""Fuzzing the request path (issue 8): every served api, one version per
+request wire format (``fuzz_corpus.FUZZED``), valid requests mutated (bytes
+flipped, set, inserted, deleted, the frame cut anywhere, every length field
+set to -1/0/huge/off by one, junk appended), random bytes after valid
+headers, and Produce requests whose RecordBatches are mutated (length,
+CRC, magic, counts, attributes/codec, record varints, compressed payloads
+in gzip/snappy/lz4/zstd), all run through the server's per-request path
+(``fuzz_corpus.serve``: header, decode, response builders, records
+validation). Only ``InvalidRequestError`` (request) and
 ``RecordError`` (records) may escape, and records that validation accepts
 must decode in the persister.
 
@@ -40,8 +41,8 @@ from pipeline.protocol.compression import decompress_bounded
 from pipeline.protocol.header import parse_request_header
 from tests.protocol.fuzz_corpus import BATCHES
 from tests.protocol.fuzz_corpus import CODECS
+from tests.protocol.fuzz_corpus import FUZZED
 from tests.protocol.fuzz_corpus import PRODUCE_VERSIONS
-from tests.protocol.fuzz_corpus import SERVED
 from tests.protocol.fuzz_corpus import VALID_FRAMES
 from tests.protocol.fuzz_corpus import Op
 from tests.protocol.fuzz_corpus import apply_ops
@@ -77,7 +78,7 @@ def test_corpus_is_valid() -> None:
 
 
 @FUZZ
-@given(st.sampled_from(SERVED), ops_strategy())
+@given(st.sampled_from(FUZZED), ops_strategy())
 @example((3, 11), [("length", 2, 2, 0)])  # Metadata topics: compact array length 2**35 - 2
 @example((0, 9), [("length", 3, 2, 0)])  # Produce topic_data: the same
 @example((0, 9), [("length", 9, 5, 0)])  # Produce records: length 1 past the frame end
@@ -88,7 +89,7 @@ def test_mutated_requests_raise_only_documented_errors(key: tuple[int, int], ops
 
 
 @FUZZ
-@given(st.sampled_from(SERVED), st.binary(max_size=200))
+@given(st.sampled_from(FUZZED), st.binary(max_size=200))
 def test_random_bytes_after_a_valid_header(key: tuple[int, int], body: bytes) -> None:
     frame = VALID_FRAMES[key]
     serve(frame[: parse_request_header(frame).body_offset] + body)

@@ -94,7 +94,7 @@ def test_header_versions_follow_flexibility() -> None:
     assert request_header_version(18, 3) == 2
     assert request_header_version(22, 1) == 1
     assert request_header_version(22, 2) == 2
-    assert request_header_version(10, 4) == 2  # known to kio, not served
+    assert request_header_version(21, 2) == 2  # DeleteRecords: known to kio, not served
 
 
 def test_api_versions_newer_than_kio_still_parses_kip511() -> None:
