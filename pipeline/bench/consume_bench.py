@@ -292,7 +292,8 @@ def consume_all(client: str, bootstrap: str, topic: str, acked: dict[int, int], 
     Returns figures: ``records`` (received, duplicates included), ``bytes``
     (value bytes), ``seconds`` (assign to the last record), ``records_per_s``,
     ``mb_per_s`` (10^6 bytes), ``first_record_s`` (assign to the first
-    record), ``ended`` ("complete", "timeout" or "stalled"), ``check``
+    record), ``streaming_records_per_s`` (first to last record: without the
+    client's start-up and the server's first read), ``ended`` ("complete", "timeout" or "stalled"), ``check``
     (``OffsetCheck`` as a dict), ``client_cpu_s`` (this process).
     """
     import psutil
@@ -333,9 +334,11 @@ def consume_all(client: str, bootstrap: str, topic: str, acked: dict[int, int], 
     finally:
         close()
     seconds = max(1e-9, (last or time.perf_counter()) - started)
+    streaming = (last - first) if first and last and last > first else None
     check = check_offsets(acked, received)
     return {"client": client, "records": n, "bytes": nbytes, "seconds": seconds,
             "records_per_s": n / seconds, "mb_per_s": nbytes / seconds / 1e6,
+            "streaming_records_per_s": n / streaming if streaming else None,
             "first_record_s": (first - started) if first else None, "ended": ended,
             "check": asdict(check), "ok": check.ok, "client_cpu_s": sum(me.cpu_times()[:2]) - cpu0}
 
@@ -344,7 +347,7 @@ def consume_all(client: str, bootstrap: str, topic: str, acked: dict[int, int], 
 
 
 def latency(bootstrap: str, topic: str, partitions: int, rate: float, duration_s: float,
-            record_bytes: int) -> dict:
+            record_bytes: int, consumer_config: dict | None = None) -> dict:
     """A consumer thread tails ``topic`` while this thread produces ``rate`` records/s for ``duration_s``.
 
     Times on one clock (``perf_counter_ns``) per record: produce() call,
@@ -363,7 +366,7 @@ def latency(bootstrap: str, topic: str, partitions: int, rate: float, duration_s
     got_ns = array("q", [0]) * total
     stop = threading.Event()
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "pipeline-bench-latency",
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False, **(consumer_config or {})})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     consumed = [0]
     errors: list[str] = []
@@ -568,11 +571,12 @@ def _machine() -> dict:
 
 
 def _rows(result: dict) -> list[tuple[str, ...]]:
-    """(phase, client, records, MB, seconds, records/s, MB/s, check) rows of the throughput table."""
+    """(phase, client, records, MB, seconds, records/s, MB/s, first record s, streaming records/s, check)
+    rows of the throughput table."""
     rows = []
     p = result["produce"]
     rows.append(("produce (acks=all)", "confluent", f"{p['records']:,}", f"{p['bytes'] / 1e6:.1f}",
-                 f"{p['seconds']:.2f}", f"{p['records_per_s']:,.0f}", f"{p['mb_per_s']:.2f}",
+                 f"{p['seconds']:.2f}", f"{p['records_per_s']:,.0f}", f"{p['mb_per_s']:.2f}", "", "",
                  "OK" if not p["errors"] and not p["timed_out"] else "INCOMPLETE"))
     for phase, name in (("wal", "consume from the WAL"), ("table", "consume from the table")):
         for c in result.get(phase, {}).get("consumers", []):
@@ -580,7 +584,9 @@ def _rows(result: dict) -> list[tuple[str, ...]]:
             status = "OK" if c["ok"] else (f"{c['ended']}: {check['missing']:,} missing, "
                                            f"{check['duplicates']:,} dup, {check['unexpected']:,} unexpected")
             rows.append((name, c["client"], f"{c['records']:,}", f"{c['bytes'] / 1e6:.1f}", f"{c['seconds']:.2f}",
-                         f"{c['records_per_s']:,.0f}", f"{c['mb_per_s']:.2f}", status))
+                         f"{c['records_per_s']:,.0f}", f"{c['mb_per_s']:.2f}",
+                         f"{c['first_record_s']:.2f}" if c["first_record_s"] is not None else "-",
+                         f"{c['streaming_records_per_s']:,.0f}" if c.get("streaming_records_per_s") else "-", status))
     return rows
 
 
@@ -592,7 +598,8 @@ def _summary(result: dict) -> str:
              f"Linux {m['kernel']}, load average {m['load_average'][0]:.1f} at start; "
              f"{result['options']['records']:,} records of {result['options']['record_bytes']} B over "
              f"{result['options']['partitions']} partitions.", "",
-             "| phase | client | records | MB | s | records/s | MB/s | check |", "|---|---|---|---|---|---|---|---|"]
+             "| phase | client | records | MB | s | records/s | MB/s | first record s | streaming records/s | check |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(r) + " |" for r in _rows(result)]
     table = result.get("table")
     if table:
@@ -640,7 +647,7 @@ def main(opts: ConsumeBenchOptions, argv: list[str] | None = None) -> int:
 
     import logging
 
-    logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python's connection chatter
+    logging.getLogger("kafka").setLevel(logging.ERROR)  # kafka-python: connection chatter, slow-decode warnings
     console = Console(width=None if Console().is_terminal else 160)
     out = opts.out
     data_dir = out / "data"
@@ -728,8 +735,10 @@ def main(opts: ConsumeBenchOptions, argv: list[str] | None = None) -> int:
     (out / "summary.md").write_text(_summary(result))
 
     table = Table(title=f"{command}  ({opts.records:,} x {opts.record_bytes} B, {opts.partitions} partitions)")
-    for column in ("phase", "client", "records", "MB", "s", "records/s", "MB/s", "check"):
-        table.add_column(column, justify="right" if column in ("records", "MB", "s", "records/s", "MB/s") else "left")
+    columns = ("phase", "client", "records", "MB", "s", "records/s", "MB/s", "first record s", "streaming records/s",
+               "check")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("phase", "client", "check") else "right")
     for row in _rows(result):
         table.add_row(*row)
     console.print(table)
