@@ -242,15 +242,18 @@ def decode_request(header: RequestHeader, frame: bytes | bytearray | memoryview)
     ``header.api_key`` at ``header.api_version``.
 
     ``frame`` is the whole request frame (size prefix stripped) that
-    ``header`` was parsed from; the body starts at ``header.body_offset``
-    and must end exactly at the frame end.
+    ``header`` was parsed from; the body starts at ``header.body_offset``.
+    Bytes after the body are ignored, as Kafka ignores them (its generated
+    ``*RequestData.read`` stops after the last field and
+    ``RequestContext.parseRequest`` does not look at what is left):
+    librdkafka 2.16's AdminClient sends its all-topics Metadata v12 with 3
+    bytes after the body, and Kafka answers it.
 
     :raises UnsupportedVersionError: the api key is not served or the
         version is outside ``SUPPORTED_VERSIONS`` (ApiVersions callers should
         use :func:`api_versions_response`, which answers instead, KIP-511).
     :raises InvalidRequestError: kio cannot parse the body (truncated,
-        negative lengths, bad UTF-8, unknown tagged field, ...) or bytes are
-        left over after it.
+        negative lengths, bad UTF-8, unknown tagged field, ...).
     """
     api_key, version = header.api_key, header.api_version
     versions = SUPPORTED_VERSIONS.get(api_key)
@@ -281,12 +284,6 @@ def decode_request(header: RequestHeader, frame: bytes | bytearray | memoryview)
             f"cannot parse {api_name(api_key)} v{version} request body "
             f"(correlation_id={header.correlation_id}): {detail}"
         ) from exc
-    trailing = len(frame) - header.body_offset - size
-    if trailing:
-        raise InvalidRequestError(
-            f"{trailing} trailing bytes after {api_name(api_key)} v{version} request body "
-            f"(correlation_id={header.correlation_id})"
-        )
     return entity
 
 

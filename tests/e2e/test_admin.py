@@ -158,9 +158,6 @@ def test_kafka_python_admin_manages_topics_that_survive_restarts_and_deletion_em
     assert [(r["offset"], r["value"]) for r in rows] == [(0, b"new-0"), (1, b"new-1"), (2, b"new-2")]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "librdkafka 2.16's AdminClient sends all-topics Metadata v12 requests with 3 trailing bytes, which "
-    "pipeline.protocol.apis.decode_request refuses (connection closed; Kafka ignores trailing bytes)"))
 def test_confluent_admin_client(tmp_path):
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, NewPartitions,
