@@ -138,7 +138,8 @@ class FetchApis:
                               self.logs.log(p.topic, p.partition).high_watermark)
                     if p.offset < 0 or p.offset > end:
                         out_of_range = True
-                    available += min(p.max_bytes, self.logs.available_bytes(p.topic, p.partition, p.offset))
+                    available += self.logs.available_bytes(p.topic, p.partition, p.offset,
+                                                           min(p.max_bytes, max(min_bytes, 1) - available))
                 if (out_of_range or available >= max(min_bytes, 1) or trio.current_time() >= deadline or not live
                         or self.logs.closing):
                     break

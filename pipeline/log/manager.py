@@ -83,6 +83,16 @@ class ReadResult:
     source: str = ""
 
 
+@dataclass(slots=True)
+class ReadStats:
+    """Counters since start: fetch reads served from the WAL and from the table (reads, bytes)."""
+
+    wal_reads: int = 0
+    wal_bytes: int = 0
+    table_reads: int = 0
+    table_bytes: int = 0
+
+
 class OffsetOutOfRange(Exception):
     """The fetch offset is past the log end or before the log start (Kafka OFFSET_OUT_OF_RANGE)."""
 
@@ -113,6 +123,7 @@ class LogManager:
         self._retention_running = False
         self._read_limiter = trio.CapacityLimiter(4)
         self.closing = False
+        self.stats = ReadStats()
 
     # -- the partitions ----------------------------------------------------
 
@@ -280,15 +291,17 @@ class LogManager:
                 if not events:
                     del self._waiters[key]
 
-    def available_bytes(self, topic: str, partition: int, offset: int) -> int:
-        """Bytes a fetch from ``offset`` would get now, roughly (``fetch.min.bytes`` checks); no I/O."""
+    def available_bytes(self, topic: str, partition: int, offset: int, limit: int) -> int:
+        """Bytes a fetch from ``offset`` would get now, counted up to ``limit`` (``fetch.min.bytes``
+        checks; the work is bounded by ``limit``, not by how far behind the consumer is); no I/O.
+        Offsets only the table holds count as ``limit``: they are there to read."""
         plog = self._logs.get((topic, partition))
-        if plog is None or offset >= plog.high_watermark:
+        if plog is None or offset >= plog.high_watermark or limit <= 0:
             return 0
         first = plog.first_indexed_offset
         if first is None or offset < first:
-            return 1 << 20  # in the table: treat as plenty
-        return sum(loc.length for loc in plog.locations(offset, 1 << 30))
+            return limit
+        return sum(loc.length for loc in plog.locations(offset, limit, min_one=True))
 
     async def read(self, topic: str, partition: int, offset: int, max_bytes: int,
                    min_one: bool = True) -> ReadResult:
@@ -311,7 +324,7 @@ class LogManager:
                 records = await self._read_table(topic, partition, offset, max_bytes,
                                                   hw if first is None else first, min_one)
                 if records or first is None:
-                    return ReadResult(records, hw, plog.log_start_offset, "table" if records else "")
+                    return self._counted(ReadResult(records, hw, plog.log_start_offset, "table" if records else ""))
                 offset = first  # a gap in the table (table retention): go on from the WAL
             locations = plog.locations(offset, max_bytes, min_one)
             if not locations:
@@ -320,8 +333,18 @@ class LogManager:
                 records = await trio.to_thread.run_sync(self._read_wal, locations)
             except FileNotFoundError:  # retention deleted the segment meanwhile
                 records = await self._read_table(topic, partition, offset, max_bytes, hw, min_one)
-                return ReadResult(records, hw, plog.log_start_offset, "table" if records else "")
-            return ReadResult(records, hw, plog.log_start_offset, "wal")
+                return self._counted(ReadResult(records, hw, plog.log_start_offset, "table" if records else ""))
+            return self._counted(ReadResult(records, hw, plog.log_start_offset, "wal"))
+
+    def _counted(self, result: ReadResult) -> ReadResult:
+        stats = self.stats
+        if result.source == "wal":
+            stats.wal_reads += 1
+            stats.wal_bytes += len(result.records)
+        elif result.source == "table":
+            stats.table_reads += 1
+            stats.table_bytes += len(result.records)
+        return result
 
     def _read_wal(self, locations: list[Location]) -> bytes:
         assert self.wal is not None
