@@ -368,4 +368,4 @@ async def test_sync_table_waits_until_everything_appended_is_in_the_table(autoju
         b.nursery.start_soon(sync)
         await eventually(lambda: synced.is_set())
         assert sorted(r["value"] for r in b.sink.rows()) == [b"a", b"b"]
-        assert trio.current_time() < 60  # not the hour of linger
+        assert trio.current_time() < 3_000  # long before the hour of linger (threads let the clock jump)
