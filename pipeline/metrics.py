@@ -305,11 +305,36 @@ class ServerCollector:
             messages_in.add_metric([topic], value)
         yield bytes_in
         yield messages_in
+        logs = s.logs
+        bytes_out = CounterMetricFamily("kafka_server_brokertopicmetrics_bytesout",
+                                        "Kafka BytesOutPerSec: RecordBatch bytes served to consumers, per topic",
+                                        labels=["topic"])
+        for topic, value in sorted(dict(logs.stats.bytes_out).items()):
+            bytes_out.add_metric([topic], value)
+        yield bytes_out
+        reads = CounterMetricFamily("pipeline_fetch_reads", "Partition reads of Fetch requests that returned "
+                                    "records, by where they came from (wal: retained WAL segments; table: "
+                                    "the Spark tables, for offsets retention removed from the WAL)",
+                                    labels=["source"])
+        read_bytes = CounterMetricFamily("pipeline_fetch_read_bytes", "Bytes of those reads, by source",
+                                         labels=["source"])
+        st_reads = logs.stats
+        reads.add_metric(["wal"], st_reads.wal_reads)
+        reads.add_metric(["table"], st_reads.table_reads)
+        read_bytes.add_metric(["wal"], st_reads.wal_bytes)
+        read_bytes.add_metric(["table"], st_reads.table_bytes)
+        yield reads
+        yield read_bytes
+        purgatory = GaugeMetricFamily("kafka_server_delayedoperationpurgatory_purgatorysize",
+                                      "Kafka PurgatorySize: fetches waiting for appends (fetch.max.wait.ms)",
+                                      labels=["delayedOperation"])
+        purgatory.add_metric(["Fetch"], logs.waiting_fetches)
+        yield purgatory
 
     # Kafka LogFlushStats; the WAL and the Spark stage
     def _persistence(self, s: Server) -> Iterator[Metric]:
         yield GaugeMetricFamily("pipeline_wal_size_bytes", "Bytes of write-ahead log segment files on disk "
-                                "(deleted once the table covers them)", value=s.wal.size_bytes)
+                                "(deleted once the table covers them and log.retention.ms/bytes allow)", value=s.wal.size_bytes)
         persister = s.persister
         if persister is None:
             return

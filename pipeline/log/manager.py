@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import trio
@@ -85,12 +85,14 @@ class ReadResult:
 
 @dataclass(slots=True)
 class ReadStats:
-    """Counters since start: fetch reads served from the WAL and from the table (reads, bytes)."""
+    """Counters since start: fetch reads served from the WAL and from the table (reads, bytes),
+    and bytes served per topic (Kafka BytesOutPerSec)."""
 
     wal_reads: int = 0
     wal_bytes: int = 0
     table_reads: int = 0
     table_bytes: int = 0
+    bytes_out: dict[str, int] = field(default_factory=dict)
 
 
 class OffsetOutOfRange(Exception):
@@ -324,7 +326,8 @@ class LogManager:
                 records = await self._read_table(topic, partition, offset, max_bytes,
                                                   hw if first is None else first, min_one)
                 if records or first is None:
-                    return self._counted(ReadResult(records, hw, plog.log_start_offset, "table" if records else ""))
+                    return self._counted(topic, ReadResult(records, hw, plog.log_start_offset,
+                                                           "table" if records else ""))
                 offset = first  # a gap in the table (table retention): go on from the WAL
             locations = plog.locations(offset, max_bytes, min_one)
             if not locations:
@@ -333,11 +336,19 @@ class LogManager:
                 records = await trio.to_thread.run_sync(self._read_wal, locations)
             except FileNotFoundError:  # retention deleted the segment meanwhile
                 records = await self._read_table(topic, partition, offset, max_bytes, hw, min_one)
-                return self._counted(ReadResult(records, hw, plog.log_start_offset, "table" if records else ""))
-            return self._counted(ReadResult(records, hw, plog.log_start_offset, "wal"))
+                return self._counted(topic, ReadResult(records, hw, plog.log_start_offset,
+                                                       "table" if records else ""))
+            return self._counted(topic, ReadResult(records, hw, plog.log_start_offset, "wal"))
 
-    def _counted(self, result: ReadResult) -> ReadResult:
+    @property
+    def waiting_fetches(self) -> int:
+        """Fetches waiting for appends now (Kafka's fetch purgatory size)."""
+        return len({id(e) for events in self._waiters.values() for e in events})
+
+    def _counted(self, topic: str, result: ReadResult) -> ReadResult:
         stats = self.stats
+        if result.records:
+            stats.bytes_out[topic] = stats.bytes_out.get(topic, 0) + len(result.records)
         if result.source == "wal":
             stats.wal_reads += 1
             stats.wal_bytes += len(result.records)
