@@ -319,6 +319,10 @@ _KEY_LIST: list[Key] = [
     Key("log.retention.bytes", ("log_retention_bytes",), integer(-1),
         "keep at most this many WAL bytes per partition (-1: no size limit); a topic's "
         "retention.bytes overrides it", "--log-retention-bytes", "BYTES", group="persistence"),
+    Key("pipeline.wal.index.max.bytes", ("wal_index_max_bytes",), integer(1),
+        "memory the index of the retained WAL may take (48 bytes per produce request and partition); "
+        "above it the oldest segments the table holds are deleted before their retention (their offsets "
+        "are then read from the table)", "--wal-index-max-bytes", "BYTES", group="persistence"),
     Key("pipeline.wal.linger.ms", ("wal_linger_ms",), number(0.0),
         "wait this long to gather more requests into one WAL fsync (ms; 0: group whatever arrived "
         "during the previous fsync)", "--wal-linger-ms", "MS", group="persistence"),

@@ -28,7 +28,7 @@ from pipeline.admin.apis import AdminApis, broker_configs
 from pipeline.admin.store import FILE as TOPIC_STORE_FILE, TopicStore
 from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
 from pipeline.log.fetch import FetchApis
-from pipeline.log.manager import LogManager
+from pipeline.log.manager import DEFAULT_INDEX_MAX_BYTES, LogManager
 from pipeline.log.state import LogState
 from pipeline.table.reader import TableReader
 from pipeline.coordinator.coordinator import GroupConfig
@@ -115,6 +115,7 @@ class ServerConfig:
     log_segment_bytes: int = 64 * 1024 * 1024    # [log.segment.bytes] Kafka's 1 GiB; WAL segments
     log_retention_ms: int = 3_600_000           # [log.retention.ms] Kafka's 7 days; the table keeps the rest
     log_retention_bytes: int = -1               # [log.retention.bytes]
+    wal_index_max_bytes: int = DEFAULT_INDEX_MAX_BYTES  # bounds the WAL index in memory
     group_initial_rebalance_delay_ms: int = 3000  # [group.initial.rebalance.delay.ms]
     group_min_session_timeout_ms: int = 6000    # [group.min.session.timeout.ms]
     group_max_session_timeout_ms: int = 1_800_000  # [group.max.session.timeout.ms]
@@ -146,7 +147,8 @@ class Server:
         self.wal = WriteAheadLog(state_dir / "wal", segment_bytes=config.log_segment_bytes)
         self.store = StateStore(state_dir)
         self.logs = LogManager(wal=self.wal,
-                               retention=lambda topic: (config.log_retention_ms, config.log_retention_bytes))
+                               retention=lambda topic: (config.log_retention_ms, config.log_retention_bytes),
+                               index_max_bytes=config.wal_index_max_bytes)
         """Every partition's log: offsets, producer state, high watermarks, reads, WAL retention."""
         self.recovered: Recovered | None = None
         self._shutdown = trio.Event()

@@ -19,8 +19,9 @@ state, reads and retention. Here:
   (checkpointed) and, for every partition with batches in it, its last
   append is older than the topic's ``retention.ms`` or the partition's bytes
   in newer segments reach ``retention.bytes`` (Kafka's per-partition rules,
-  applied to segments shared by all partitions). Deleted offsets are then
-  read from the table.
+  applied to segments shared by all partitions), or sooner when the index
+  would outgrow ``index_max_bytes`` (memory stays bounded whatever the
+  request rate). Deleted offsets are then read from the table.
 
 Everything runs in the trio thread; file and Spark reads go to worker threads.
 """
@@ -44,6 +45,12 @@ log = logging.getLogger(__name__)
 
 RETENTION_CHECK_INTERVAL_S = 60.0
 """How often retention is applied when no table commit does it (Kafka log.retention.check.interval.ms: 5 min)."""
+
+INDEX_ENTRY_BYTES = 48
+"""Index memory per indexed append: six int64 columns (``pipeline.log.partition.PartitionLog``)."""
+
+DEFAULT_INDEX_MAX_BYTES = 64 * 1024 * 1024
+"""Default bound on the WAL index (``pipeline.wal.index.max.bytes``): about 1.4 million appends."""
 
 EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP = -2, -1, -3
 """ListOffsets special timestamps (Kafka ListOffsetsRequest; -3 is KIP-734)."""
@@ -108,12 +115,19 @@ class LogManager:
         table: the table side of reads (None: offsets the WAL no longer has are not served).
         retention: topic -> (retention.ms, retention.bytes); -1 means no limit.
             Default: (-1, -1), keep the WAL until told otherwise.
+        index_max_bytes: bound on the WAL index (``INDEX_ENTRY_BYTES`` per
+            indexed append): above it the oldest segments the table holds are
+            let go whatever the retention, so memory stays bounded (their
+            offsets are then read from the table). None: no bound.
     """
 
     def __init__(self, state: LogState | None = None, wal: WriteAheadLog | None = None,
                  table: TableSource | None = None,
-                 retention: Callable[[str], tuple[int, int]] | None = None) -> None:
+                 retention: Callable[[str], tuple[int, int]] | None = None,
+                 index_max_bytes: int | None = None) -> None:
         self.state = state or LogState()
+        self.index_max_bytes = index_max_bytes
+        self._segment_entries: dict[int, int] = {}  # segment -> indexed appends in it
         self.wal = wal
         self.table = table
         self.retention = retention or (lambda topic: (-1, -1))
@@ -171,6 +185,7 @@ class LogManager:
     def _index(self, appends: Sequence[PartitionAppend], segment: int, positions: Sequence[int],
                append_ms: int) -> None:
         members = self._segment_partitions.setdefault(segment, set())
+        self._segment_entries[segment] = self._segment_entries.get(segment, 0) + len(appends)
         self._segment_last_append_ms[segment] = max(self._segment_last_append_ms.get(segment, 0), append_ms)
         for a, pos in zip(appends, positions):
             key = (a.topic, a.partition)
@@ -213,6 +228,7 @@ class LogManager:
                 if plog is not None:
                     plog.drop_segments_before(oldest)
             self._segment_last_append_ms.pop(s, None)
+            self._segment_entries.pop(s, None)
         log.info("log retention: %d WAL segment(s) deleted; their offsets are now read from the table", len(gone))
 
     def _retention_cut(self, checkpointed: WalPosition, now_ms: int) -> WalPosition | None:
@@ -222,7 +238,13 @@ class LogManager:
             return None
         remaining: dict[tuple[str, int], int] = {}
         cut = None
+        index_bytes = self.index_bytes
         for segment in candidates:
+            over_budget = self.index_max_bytes is not None and index_bytes > self.index_max_bytes
+            index_bytes -= self._segment_entries.get(segment, 0) * INDEX_ENTRY_BYTES
+            if over_budget:
+                cut = WalPosition(segment + 1, 0)
+                continue
             last_ms = self._segment_last_append_ms.get(segment, 0)
             for key in self._segment_partitions[segment]:
                 plog = self._logs.get(key)
@@ -238,6 +260,11 @@ class LogManager:
                     return cut
             cut = WalPosition(segment + 1, 0)
         return cut
+
+    @property
+    def index_bytes(self) -> int:
+        """Memory the WAL index takes (``INDEX_ENTRY_BYTES`` per indexed append)."""
+        return sum(self._segment_entries.values()) * INDEX_ENTRY_BYTES
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Apply retention every RETENTION_CHECK_INTERVAL_S when idle; runs until cancelled."""

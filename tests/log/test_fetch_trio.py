@@ -375,3 +375,23 @@ async def test_sync_table_waits_until_everything_appended_is_in_the_table(autoju
         await eventually(lambda: synced.is_set())
         assert sorted(r["value"] for r in b.sink.rows()) == [b"a", b"b"]
         assert trio.current_time() < 3_000  # long before the hour of linger (threads let the clock jump)
+
+
+async def test_the_index_memory_bound_lets_old_segments_go_before_their_retention(autojump_clock, tmp_path):
+    async with broker(tmp_path, segment_bytes=1, retention=(-1, -1)) as b:  # retention alone keeps everything
+        b.logs.index_max_bytes = 2 * 48  # two indexed appends
+        client, _ = await b.connect()
+        for i in range(6):
+            await client.send(produce(i, [b"r%d" % i]))
+            await client.wait_responses(i + 1)
+            await eventually(lambda: len(b.sink.rows()) == i + 1)
+        await eventually(lambda: b.logs.index_bytes <= 3 * 48)  # bound + the active segment's entry
+        assert (b.logs.log("t", 0).first_indexed_offset or 0) >= 3
+        seen, offset = [], 0
+        while offset < 6:  # still every offset, the older ones from the table
+            await client.send(fetch(100 + offset, ("t", 0, offset)))
+            await client.wait_responses(len(client.responses) + 1)
+            records = [r for r in fetched(client.responses[-1][1])[("t", 0)][2] if r[0] >= offset]
+            seen += records
+            offset = records[-1][0] + 1
+        assert seen == [(i, b"r%d" % i) for i in range(6)]
