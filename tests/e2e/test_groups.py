@@ -171,6 +171,67 @@ def test_three_consumers_read_every_record_exactly_once(server):
             c.cleanup()
 
 
+def test_a_group_reads_everything_once_in_order_while_producers_write_and_a_member_leaves(server):
+    """Issue 10's first must-show: 3 consumers, 6 partitions, a producer writing all along;
+    one member leaves mid-stream and the others take over its partitions from its commits."""
+    from confluent_kafka import Producer
+
+    create_topic(server.bootstrap, "stream")
+    consumers = [ConsumerProcess(server.bootstrap, "streamers", "stream") for _ in range(3)]
+    acked: dict[int, set[int]] = {p: set() for p in range(6)}
+    acked[0].add(0)  # the record create_topic wrote
+    stop = threading.Event()
+    errors: list = []
+
+    def produce() -> None:
+        producer = Producer({"bootstrap.servers": server.bootstrap})
+        i = 0
+        while not stop.is_set() and i < 20_000:
+            producer.produce("stream", value=f"s{i}".encode(), partition=i % 6,
+                             on_delivery=lambda err, msg: errors.append(err) if err else
+                             acked[msg.partition()].add(msg.offset()))
+            producer.poll(0)
+            i += 1
+            if i % 50 == 0:
+                time.sleep(0.05)  # a steady stream, ~1,000 records/s
+        assert producer.flush(60) == 0
+
+    writer = threading.Thread(target=produce)
+    try:
+        wait_for(lambda: disjoint_cover(consumers), 60, "3 consumers covering 6 partitions")
+        writer.start()
+        wait_for(lambda: all(c.records for c in consumers), 60, "every consumer reading")
+        leaving = consumers[0]
+        left_with = set(leaving.assignment)
+        leaving.close()  # LeaveGroup, after committing what it read
+        rest = consumers[1:]
+        wait_for(lambda: disjoint_cover(rest), 60, "the other two taking over")
+        assert left_with <= rest[0].assignment | rest[1].assignment
+        time.sleep(3)  # they keep reading while the producer writes
+        stop.set()
+        writer.join(90)
+        assert errors == []
+        total = sum(len(o) for o in acked.values())
+        wait_for(lambda: sum(len(c.records) for c in consumers) >= total, 120, "every acked record consumed")
+        time.sleep(2)  # nothing more arrives
+        seen: dict[int, list[int]] = {p: [] for p in range(6)}
+        for c in consumers:
+            per_partition: dict[int, list[int]] = {}
+            for p, o, _v in c.records:
+                per_partition.setdefault(p, []).append(o)
+            for p, offsets in per_partition.items():
+                assert offsets == sorted(offsets), f"partition {p} out of offset order"
+                seen[p] += offsets
+        for p in range(6):
+            assert sorted(seen[p]) == sorted(acked[p]), f"partition {p}: missing or duplicated records"
+    finally:
+        stop.set()
+        if writer.is_alive():
+            writer.join(90)
+        for c in consumers:
+            c.cleanup()
+
+
 def test_kafka_python_consumers_and_admin_client(server):
     from kafka import KafkaAdminClient, KafkaConsumer
 
