@@ -264,7 +264,7 @@ class Server:
             # its rows go, then its partition logs (a re-created topic starts at 0).
             await persister.sync_table()
             await trio.to_thread.run_sync(self.sink.drop_topic, topic)
-            persister.forget_topic(topic)
+            await persister.forget_topic(topic)
             self.logs.drop_topic(topic)
             if self.logs.table is not None:
                 self.logs.table.invalidate(topic)

@@ -261,6 +261,8 @@ class BatchingPersister:
         self._committed = LogState.from_checkpoint(checkpoint)
         self._topics = dict(checkpoint.topics)
         self._listener = log_listener
+        self._checkpointed_position = checkpoint.wal_position  # of the last checkpoint saved
+        self._checkpoint_lock = trio.Lock()
         self._appended_seq = 0     # appends accepted (numbered from 1)
         self._table_seq = 0        # every append up to this number is in the table
         self._table_progress = trio.Event()
@@ -347,11 +349,19 @@ class BatchingPersister:
         finally:
             self._sync_requested -= 1
 
-    def forget_topic(self, topic: str) -> None:
-        """A deleted topic leaves the checkpoint (after ``sync_table`` and the table drop):
-        re-created, it starts again at offset 0, after a restart too."""
-        self._committed.forget_topic(topic)
-        self._topics.pop(topic, None)
+    async def forget_topic(self, topic: str) -> None:
+        """A deleted topic leaves the checkpoint (after ``sync_table`` and the table drop), saved
+        now: re-created, it starts again at offset 0, after a restart or a crash too.
+
+        Raises:
+            OSError: the checkpoint could not be saved (the deletion should fail and be retried).
+        """
+        async with self._checkpoint_lock:  # no older checkpoint may land after this one
+            self._committed.forget_topic(topic)
+            self._topics.pop(topic, None)
+            checkpoint = Checkpoint(self._checkpointed_position, self._committed.end_offsets(),
+                                    self._committed.producers.snapshot(), dict(self._topics))
+            await trio.to_thread.run_sync(self._store.save, checkpoint)
 
     def close(self) -> None:
         """Write what is buffered, then let ``run`` return. Idempotent."""
@@ -592,16 +602,18 @@ class BatchingPersister:
             if waiter.commit is not None:
                 waiter.commit.resolve(None)
         position = group.waiters[-1].position
-        checkpoint = Checkpoint(position, self._committed.end_offsets(),
-                                self._committed.producers.snapshot(), dict(self._topics))
-        cut = position if self._listener is None else self._listener.wal_cut(position)
-        try:
-            remaining = await trio.to_thread.run_sync(self._checkpoint_and_truncate, checkpoint, cut)
-        except Exception as exc:  # the next flush checkpoints again; replay is idempotent
-            log.warning("checkpoint after flush failed: %s", exc)
-        else:
-            if self._listener is not None:
-                self._listener.wal_truncated(remaining)
+        async with self._checkpoint_lock:
+            self._checkpointed_position = position
+            checkpoint = Checkpoint(position, self._committed.end_offsets(),
+                                    self._committed.producers.snapshot(), dict(self._topics))
+            cut = position if self._listener is None else self._listener.wal_cut(position)
+            try:
+                remaining = await trio.to_thread.run_sync(self._checkpoint_and_truncate, checkpoint, cut)
+            except Exception as exc:  # the next flush checkpoints again; replay is idempotent
+                log.warning("checkpoint after flush failed: %s", exc)
+            else:
+                if self._listener is not None:
+                    self._listener.wal_truncated(remaining)
         return True
 
     def _checkpoint_and_truncate(self, checkpoint: Checkpoint, cut: WalPosition | None) -> list[int]:

@@ -395,3 +395,14 @@ async def test_the_index_memory_bound_lets_old_segments_go_before_their_retentio
             seen += records
             offset = records[-1][0] + 1
         assert seen == [(i, b"r%d" % i) for i in range(6)]
+
+
+async def test_a_forgotten_topic_leaves_the_checkpoint_at_once(autojump_clock, tmp_path):
+    async with broker(tmp_path, commit_linger_ms=3_600_000) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a", b"b"]))
+        await client.wait_responses(1)
+        await b.persister.sync_table()
+        assert StateStore(tmp_path / "state").load().end_offsets == {("t", 0): 2}
+        await b.persister.forget_topic("t")  # what DeleteTopics does after dropping the rows
+        assert StateStore(tmp_path / "state").load().end_offsets == {}  # a crash now restarts "t" at 0
