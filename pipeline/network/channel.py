@@ -84,6 +84,16 @@ class MemoryWaiters:
         await self._released.wait()
 
 
+ANONYMOUS = "User:ANONYMOUS"
+"""Kafka's KafkaPrincipal.ANONYMOUS: the principal of an unauthenticated connection."""
+
+
+def _peer_host(connection_id: str) -> str:
+    """The remote address of a ``local-remote-index`` connection id ("" if it has another shape)."""
+    parts = connection_id.rsplit("-", 2)
+    return parts[1].rsplit(":", 1)[0] if len(parts) == 3 else ""
+
+
 class KafkaChannel:
     """One connection; see the module docstring.
 
@@ -109,6 +119,10 @@ class KafkaChannel:
     ) -> None:
         self.connection_id = connection_id
         self.client_software: tuple[str, str] | None = None
+        self.listener = "PLAINTEXT"
+        self.security_protocol = "PLAINTEXT"
+        self.principal = ANONYMOUS
+        self.peer_host = _peer_host(connection_id)
         self.close_reason: str | None = None
         self.state = state
         self._stream = stream

@@ -47,6 +47,15 @@ class ConnectionHandle(Protocol):
     connection_id: str
     client_software: tuple[str, str] | None
     """(client_software_name, client_software_version) from ApiVersions v3+ (KIP-511)."""
+    listener: str
+    """The listener name the connection came in on (Kafka ``listeners``: ``PLAINTEXT``, ``SASL_SSL``, a custom name)."""
+    security_protocol: str
+    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (Kafka ``listener.security.protocol.map``)."""
+    principal: str
+    """Who the client is, Kafka's ``KafkaPrincipal`` as ``type:name``: ``User:ANONYMOUS`` until
+    authentication says otherwise (the SASL user, or the mTLS certificate's subject)."""
+    peer_host: str
+    """The client's IP address (ACLs match on it)."""
 
     def complete(self, token: int, payload: bytes | None) -> None:
         """Give the response (without size prefix) of request ``token``; None: no response."""
