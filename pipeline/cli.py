@@ -502,6 +502,39 @@ def cmd_top(args: argparse.Namespace) -> int:
 SQL_FLAGS = {"table.database": "--database"}
 """``pipeline sql`` names the key ``table.database`` ``--database``."""
 SQL_KEYS = ("pipeline.data.dir", "spark.master", "spark.remote", "hive.metastore.uris", "table.database")
+def cmd_users(args: argparse.Namespace) -> int:
+    """``pipeline users add|remove|list``: SCRAM credentials in DATA_DIR/_pipeline/users.db
+    (pipeline.security.users); a running server sees changes at its next authentication."""
+    import getpass
+
+    from pipeline.security.users import CredentialError, UserStore
+
+    store = UserStore.for_data_dir(_resolve(args).server.data_dir)
+    if args.users_command == "list":
+        for user, mechanisms in store.users().items():
+            print(user, " ".join(f"{m}(iterations={i})" for m, i in mechanisms.items()))
+        return 0
+    if args.users_command == "remove":
+        removed = store.remove(args.user, args.mechanism)
+        print(f"removed {removed} credential(s) of {args.user}")
+        return 0 if removed else 1
+    # add: the password never comes from a flag (shell history, ps); stdin only when asked.
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = getpass.getpass(f"password for {args.user}: ")
+        if password != getpass.getpass("again: "):
+            print("pipeline users: passwords differ", file=sys.stderr)
+            return 2
+    try:
+        store.add(args.user, password, tuple(args.mechanism or ("SCRAM-SHA-256", "SCRAM-SHA-512")), args.iterations)
+    except CredentialError as exc:
+        print(f"pipeline users: {exc}", file=sys.stderr)
+        return 2
+    print(f"added {args.user}")
+    return 0
+
+
 COMPACT_KEYS = ("pipeline.data.dir", "spark.master", "hive.metastore.uris", "table.database",
                 "table.target.file.bytes", "table.compaction.min.files", "file.delete.delay.ms")
 
@@ -539,6 +572,27 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the server's TOML configuration file (per-topic retention, table keys)")
     add_key_arguments(compact, COMPACT_KEYS)
     compact.set_defaults(func=cmd_compact)
+    users = sub.add_parser("users", help="SASL users: SCRAM credentials in DATA_DIR/_pipeline/users.db")
+    users_sub = users.add_subparsers(dest="users_command", required=True)
+    for name, help_text in (("add", "add a user or change its password (prompted, or --password-stdin)"),
+                            ("remove", "remove a user's credentials"), ("list", "list users and mechanisms")):
+        command = users_sub.add_parser(name, help=help_text)
+        command.add_argument("--config", type=Path, default=None, metavar="FILE",
+                             help="the server's TOML configuration file (for pipeline.data.dir)")
+        add_key_arguments(command, ("pipeline.data.dir",))
+        if name != "list":
+            command.add_argument("user")
+            command.add_argument("--mechanism", action="append" if name == "add" else "store",
+                                 choices=("SCRAM-SHA-256", "SCRAM-SHA-512"),
+                                 help="SCRAM mechanism (add: repeatable, default both; remove: default all)")
+        if name == "add":
+            from pipeline.security.users import DEFAULT_ITERATIONS, MAX_ITERATIONS, MIN_ITERATIONS
+
+            command.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS,
+                                 help=f"PBKDF2 iterations, {MIN_ITERATIONS}..{MAX_ITERATIONS} (default %(default)s)")
+            command.add_argument("--password-stdin", action="store_true",
+                                 help="read the password from the first line of stdin instead of a prompt")
+        command.set_defaults(func=cmd_users)
     top = sub.add_parser("top", help="live view of a running server, from its metrics endpoint")
     top.add_argument("--metrics-url", default="http://127.0.0.1:9464/metrics", metavar="URL",
                      help="the server's /metrics (serve --metrics-port; default %(default)s)")

@@ -166,6 +166,19 @@ def _min_files(value: Any, text: bool) -> int:
     return integer(2)(value, text)
 
 
+def _sasl_mechanisms(value: Any, text: bool) -> str:
+    """``sasl.enabled.mechanisms``: ``PLAIN,SCRAM-SHA-256`` (a TOML array is taken too), as that
+    canonical comma-separated text."""
+    from pipeline.security.sasl import SUPPORTED_MECHANISMS
+
+    items = value if isinstance(value, list) else string(value, text).split(",")
+    mechanisms = tuple(dict.fromkeys(str(m).strip().upper() for m in items if str(m).strip()))
+    unknown = [m for m in mechanisms if m not in SUPPORTED_MECHANISMS]
+    if not mechanisms or unknown:
+        raise ValueError(f"expected some of {', '.join(SUPPORTED_MECHANISMS)}, got {value!r}")
+    return ",".join(mechanisms)
+
+
 # -- the keys ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -370,6 +383,14 @@ _KEY_LIST: list[Key] = [
     Key("file.delete.delay.ms", ("table.file_delete_delay_ms",), integer(0),
         "keep files a compaction or retention replaced this long for running queries (ms)",
         "--file-delete-delay-ms", "MS", group="Spark and the table"),
+    # -- SASL (pipeline.security.sasl)
+    Key("sasl.enabled.mechanisms", ("sasl_enabled_mechanisms",), _sasl_mechanisms,
+        "SASL mechanisms SASL_PLAINTEXT/SASL_SSL listeners offer: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 "
+        "(users: `pipeline users add`)", "--sasl-enabled-mechanisms", "MECH,...", group="SASL"),
+    Key("connection.failed.authentication.delay.ms", ("failed_authentication_delay_ms",), integer(0),
+        "hold a failed authentication's answer and close this long (KIP-306), doubled for every further "
+        "failure from the same address within a minute, up to 50 times (ms; 0: no delay)",
+        "--failed-authentication-delay-ms", "MS", group="SASL"),
     # -- observability
     Key("pipeline.metrics.port", ("metrics_port",), integer(0, 65535),
         "serve Prometheus /metrics, /healthz and /readyz on 127.0.0.1:PORT (0: a free port)",

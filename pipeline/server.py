@@ -59,6 +59,9 @@ from pipeline.protocol.apis import BrokerInfo
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import MultiQueueRequestChannel, RequestChannel, SharedRequestChannel
 from pipeline.requests.handler import KafkaApis, RequestHandler
+from pipeline.security.sasl import DEFAULT_MECHANISMS, FailedAuthenticationThrottle
+from pipeline.security.sasl_apis import SaslApis
+from pipeline.security.users import UserStore
 from pipeline.table.catalog import TableConfig
 from pipeline.table.layout import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_COMPACTION_INTERVAL_MS
 
@@ -130,6 +133,8 @@ class ServerConfig:
     metrics_port: int | None = None
     node_id: int = 0
     cluster_id: str = "pipeline"
+    sasl_enabled_mechanisms: str = ",".join(DEFAULT_MECHANISMS)  # [sasl.enabled.mechanisms]
+    failed_authentication_delay_ms: int = 100   # [connection.failed.authentication.delay.ms], Kafka's default
 
 
 class Server:
@@ -272,6 +277,10 @@ class Server:
         self.admin_apis = AdminApis(broker, self.catalog, TopicConfigs(broker_topic_defaults(c), c.table),
                                     on_delete_topic, broker_configs(c), request_channel.metrics)
         self.admin_apis.register(self.apis)
+        # SASL on SASL_PLAINTEXT/SASL_SSL listeners; users in DATA_DIR/_pipeline/users.db.
+        self.sasl_apis = SaslApis(UserStore.for_data_dir(c.data_dir), tuple(c.sasl_enabled_mechanisms.split(",")),
+                                  FailedAuthenticationThrottle(c.failed_authentication_delay_ms))
+        self.sasl_apis.register(self.apis)
         mute = c.mode is Mode.BASELINE
         ordered = c.mode is not Mode.SHARED_UNMUTED
         limits = ConnectionLimits(
@@ -305,6 +314,7 @@ class Server:
             await nursery.start(self.coordinator.run)
             await nursery.start(self.logs.run)
             await nursery.start(self.fetch_apis.run)
+            await nursery.start(self.sasl_apis.run)
             handlers_done = trio.Event()
 
             async def run_handlers() -> None:

@@ -38,13 +38,16 @@ from pipeline.protocol.errors import InvalidRequestError, RecordError
 from pipeline.protocol.header import RequestHeader
 from pipeline.protocol.records import RecordsInfo, has_compressed_batch, validate_records
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.requests.channel import Request, RequestChannel
+from pipeline.requests.channel import ConnectionHandle, Request, RequestChannel
 from pipeline.requests.metrics import RequestMetrics, add_error
 from pipeline.requests.producer_state import BatchMetadata, Verdict
 
 log = logging.getLogger(__name__)
 
 API_VERSIONS, METADATA, PRODUCE, INIT_PRODUCER_ID = 18, 3, 0, 22
+PRE_AUTHENTICATION_APIS = frozenset({API_VERSIONS, 17, 36})
+"""What a SASL_* connection is served before it authenticates: ApiVersions, SaslHandshake,
+SaslAuthenticate (Kafka SaslServerAuthenticator; pipeline/security/sasl_apis.py)."""
 ApiHandler = Callable[[Request], Awaitable[None]]
 """Serves one api: see ``KafkaApis.register``."""
 MIN_PRODUCE_TIMEOUT_MS = 1000
@@ -116,6 +119,9 @@ class KafkaApis:
         self.request_metrics = request_metrics if request_metrics is not None else RequestMetrics()
         self._produce_errors = self.request_metrics.errors(PRODUCE)
         self._served: dict[int, ApiHandler] = {}
+        self.is_authenticated: Callable[[ConnectionHandle], bool] = lambda connection: False
+        """Whether a SASL_* connection completed authentication; no one has until SASL is wired
+        (``pipeline.security.sasl_apis.SaslApis.register``)."""
 
     def register(self, api_key: int, handler: "ApiHandler") -> None:
         """Serve ``api_key`` with ``handler`` (the read side, the group coordinator, admin).
@@ -141,6 +147,11 @@ class KafkaApis:
         self.stats.requests += 1
         header = request.header
         try:
+            if (header.api_key not in PRE_AUTHENTICATION_APIS and request.connection.security_protocol.startswith("SASL_")
+                    and not self.is_authenticated(request.connection)):
+                # Kafka SaslServerAuthenticator: IllegalSaslStateException, the connection is closed.
+                raise InvalidRequestError(f"ILLEGAL_SASL_STATE: {apis.api_name(header.api_key)} request "
+                                          "before SASL authentication completed")
             if header.api_key == PRODUCE:
                 await self._produce(request)
             elif header.api_key == API_VERSIONS:

@@ -21,6 +21,10 @@ from kafka.protocol.admin import DescribeConfigsRequest
 from kafka.protocol.admin import DescribeGroupsRequest
 from kafka.protocol.admin import IncrementalAlterConfigsRequest
 from kafka.protocol.admin import ListGroupsRequest
+from kafka.protocol.admin import AlterUserScramCredentialsRequest
+from kafka.protocol.admin import DescribeUserScramCredentialsRequest
+from kafka.protocol.sasl import SaslAuthenticateRequest
+from kafka.protocol.sasl import SaslHandshakeRequest
 from kafka.protocol.broker_version_data import BrokerVersionData
 from kafka.protocol.consumer import ConsumerProtocolSubscription
 from kafka.protocol.consumer import FetchRequest
@@ -473,6 +477,13 @@ OTHER_REQUESTS = {
         ]),
     ]),
     DescribeClusterRequest: dict(include_cluster_authorized_operations=True, endpoint_type=1),
+    SaslHandshakeRequest: dict(mechanism="SCRAM-SHA-256"),
+    SaslAuthenticateRequest: dict(auth_bytes=b"n,,n=alice,r=abc"),
+    DescribeUserScramCredentialsRequest: dict(users=[DescribeUserScramCredentialsRequest.UserName(name="alice")]),
+    AlterUserScramCredentialsRequest: dict(
+        deletions=[AlterUserScramCredentialsRequest.ScramCredentialDeletion(name="bob", mechanism=2)],
+        upsertions=[AlterUserScramCredentialsRequest.ScramCredentialUpsertion(
+            name="alice", mechanism=1, iterations=8192, salt=b"s" * 16, salted_password=b"p" * 32)]),
 }
 
 

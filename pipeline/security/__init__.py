@@ -1,0 +1,1 @@
+"""Security: TLS listeners (tls), SASL authentication (sasl), ACL authorization (acl) -- issue 9."""
