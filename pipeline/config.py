@@ -179,6 +179,40 @@ def _sasl_mechanisms(value: Any, text: bool) -> str:
     return ",".join(mechanisms)
 
 
+def _authorizer_name(value: Any, text: bool) -> str:
+    from pipeline.security.acl import AUTHORIZER_NAMES
+
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    name = value.strip()
+    if name and name not in AUTHORIZER_NAMES:
+        raise ValueError(f"expected empty or one of {', '.join(sorted(AUTHORIZER_NAMES))}, got {name!r}")
+    return name
+
+
+def _super_users(value: Any, text: bool) -> str:
+    from pipeline.security.acl import parse_super_users
+
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    users = value.strip()
+    parse_super_users(users)  # InvalidAclError is a ValueError
+    return users
+
+
+def _sasl_mechanisms(value: Any, text: bool) -> str:
+    """``sasl.enabled.mechanisms``: ``PLAIN,SCRAM-SHA-256`` (a TOML array is taken too), as that
+    canonical comma-separated text."""
+    from pipeline.security.sasl import SUPPORTED_MECHANISMS
+
+    items = value if isinstance(value, list) else string(value, text).split(",")
+    mechanisms = tuple(dict.fromkeys(str(m).strip().upper() for m in items if str(m).strip()))
+    unknown = [m for m in mechanisms if m not in SUPPORTED_MECHANISMS]
+    if not mechanisms or unknown:
+        raise ValueError(f"expected some of {', '.join(SUPPORTED_MECHANISMS)}, got {value!r}")
+    return ",".join(mechanisms)
+
+
 # -- the keys ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -401,6 +435,17 @@ _KEY_LIST: list[Key] = [
     Key("log.format", ("log.format",), choice(*FORMATS),
         "log lines: plain text or one JSON object per line", "--log-format", "|".join(FORMATS),
         group="logs and metrics", top_level=True),
+    # -- authorization (Kafka's ACLs, pipeline.security.acl)
+    Key("authorizer.class.name", ("authorizer_class_name",), _authorizer_name,
+        "turn on ACL authorization: pipeline, or Kafka's org.apache.kafka.metadata.authorizer.StandardAuthorizer "
+        "or kafka.security.authorizer.AclAuthorizer (same rules); empty: no authorizer, everything allowed",
+        "--authorizer-class-name", "NAME", group="security"),
+    Key("super.users", ("super_users",), _super_users,
+        "principals allowed everything, separated by semicolons (User:admin;User:ops)",
+        "--super-users", "PRINCIPALS", group="security"),
+    Key("allow.everyone.if.no.acl.found", ("allow_everyone_if_no_acl_found",), boolean,
+        "with the authorizer on: allow a resource that no ACL matches (else deny)",
+        "--allow-everyone-if-no-acl-found", "true|false", group="security"),
 ]
 
 KEYS: dict[str, Key] = {k.name: k for k in _KEY_LIST}

@@ -37,6 +37,7 @@ from pipeline.protocol import apis
 from pipeline.protocol.apis import FETCH, LIST_OFFSETS
 from pipeline.requests.channel import Request
 from pipeline.requests.metrics import add_error
+from pipeline.security.acl import AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,11 @@ class FetchApis:
         self._nursery: trio.Nursery | None = None
         self.fetches = 0
         self.delayed_fetches = 0
+        self._authorize: Any = lambda request, operation, resource_type, name: True
 
     def register(self, kafka_apis: Any) -> None:
+        # KafkaApis.authorize: Fetch needs TOPIC Read, ListOffsets TOPIC Describe (TOPIC_AUTHORIZATION_FAILED).
+        self._authorize = kafka_apis.authorize
         kafka_apis.register(FETCH, self.fetch)
         kafka_apis.register(LIST_OFFSETS, self.list_offsets)
 
@@ -123,9 +127,13 @@ class FetchApis:
     async def _serve(self, request: Request, body: Any, wanted: list[_PartitionFetch], max_bytes: int,
                      min_bytes: int, deadline: float) -> None:
         try:
+            readable = {t: self._authorize(request, AclOperation.READ, ResourceType.TOPIC, t)
+                        for t in {p.topic for p in wanted}}
             for p in wanted:  # errors that do not change while waiting
                 count = self.catalog.partitions(p.topic)
-                if count is None or not 0 <= p.partition < count:
+                if not readable[p.topic]:
+                    p.error = ErrorCode.topic_authorization_failed.value
+                elif count is None or not 0 <= p.partition < count:
                     p.error = ErrorCode.unknown_topic_or_partition.value
             live = [p for p in wanted if not p.error]
             keys = [(p.topic, p.partition) for p in live]
@@ -229,9 +237,12 @@ class FetchApis:
         for topic in body.topics:
             partitions = []
             count = self.catalog.partitions(topic.name)
+            describable = self._authorize(request, AclOperation.DESCRIBE, ResourceType.TOPIC, topic.name)
             for p in topic.partitions:
                 offset, timestamp, error = -1, -1, ErrorCode.none.value
-                if count is None or not 0 <= p.partition_index < count:
+                if not describable:
+                    error = ErrorCode.topic_authorization_failed.value
+                elif count is None or not 0 <= p.partition_index < count:
                     error = ErrorCode.unknown_topic_or_partition.value
                 else:
                     try:

@@ -152,6 +152,9 @@ SUPPORTED_VERSIONS.update({
     36: (0, 2),                     # SaslAuthenticate (v1: session lifetime, KIP-368; v2: flexible)
     50: (0, 0),                     # DescribeUserScramCredentials (KIP-554)
     51: (0, 0),                     # AlterUserScramCredentials (KIP-554)
+    29: (1, 3),                     # DescribeAcls: pipeline/security/acl_apis.py (kio has v1-v3)
+    30: (1, 3),                     # CreateAcls
+    31: (1, 3),                     # DeleteAcls
 })
 # What ApiVersions lists: exactly what is served.
 ADVERTISED_VERSIONS: dict[int, tuple[int, int]] = dict(SUPPORTED_VERSIONS)

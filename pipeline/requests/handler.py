@@ -41,6 +41,8 @@ from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import ConnectionHandle, Request, RequestChannel
 from pipeline.requests.metrics import RequestMetrics, add_error
 from pipeline.requests.producer_state import BatchMetadata, Verdict
+from pipeline.security.acl import CLUSTER_NAME, AclOperation, Authorizer, ResourceType
+from pipeline.security.acl_apis import authorize_request
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,8 @@ class KafkaApis:
             the shared-queue modes).
         request_metrics: where complete responses' error codes are counted
             (the RequestChannel's; a fresh one if None).
+        authorizer: the ACLs every api checks (``authorize``); None: no
+            authorizer, everything allowed (Kafka's default).
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class KafkaApis:
         first_producer_id: int,
         yield_before_sequencing: bool = False,
         request_metrics: RequestMetrics | None = None,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.broker = broker
         self.catalog = catalog
@@ -122,6 +127,19 @@ class KafkaApis:
         self.is_authenticated: Callable[[ConnectionHandle], bool] = lambda connection: False
         """Whether a SASL_* connection completed authentication; no one has until SASL is wired
         (``pipeline.security.sasl_apis.SaslApis.register``)."""
+        self.authorizer = authorizer
+
+    def authorize(self, request: Request, operation: AclOperation, resource_type: ResourceType, name: str,
+                  log_denied: bool = True) -> bool:
+        """May the request's principal (from its peer host) do ``operation`` on resource ``name``?
+
+        The one check every api uses (Kafka ``AuthHelper.authorize``). With no
+        authorizer (``authorizer.class.name`` empty, the default) everything is
+        allowed, as in Kafka; denials are logged (``pipeline.security.acl_apis``).
+        """
+        if self.authorizer is None:
+            return True
+        return authorize_request(self.authorizer, request, operation, resource_type, name, log_denied)
 
     def register(self, api_key: int, handler: "ApiHandler") -> None:
         """Serve ``api_key`` with ``handler`` (the read side, the group coordinator, admin).
@@ -164,7 +182,9 @@ class KafkaApis:
             elif header.api_key == METADATA:
                 body = apis.decode_request(header, request.frame)
                 request.connection.complete(
-                    request.token, apis.metadata_response(header, body, self.broker, self.catalog,
+                    request.token, apis.metadata_response(header, body, self.broker,
+                                                          self.catalog if self.authorizer is None
+                                                          else _AuthorizedTopics(self, request),
                                                           self.request_metrics.errors(METADATA))
                 )
             elif header.api_key == INIT_PRODUCER_ID:
@@ -187,11 +207,26 @@ class KafkaApis:
             # Transactions need a coordinator this front end does not have.
             error = ErrorCode.transactional_id_authorization_failed.value
             payload = apis.init_producer_id_response(header, body, -1, -1, error)
+        elif not self._may_write_idempotently(request):
+            error = ErrorCode.cluster_authorization_failed.value
+            payload = apis.init_producer_id_response(header, body, -1, -1, error)
         else:
             error = ErrorCode.none.value
             payload = apis.init_producer_id_response(header, body, next(self._producer_ids), 0)
         add_error(self.request_metrics.errors(INIT_PRODUCER_ID), error)
         request.connection.complete(request.token, payload)
+
+    def _may_write_idempotently(self, request: Request) -> bool:
+        """KIP-679 (Kafka ``handleInitProducerIdRequest``): an idempotent producer id needs
+        CLUSTER IdempotentWrite, or Write on some topic."""
+        if self.authorizer is None or self.authorize(
+                request, AclOperation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME, log_denied=False):
+            return True
+        connection = request.connection
+        if self.authorizer.any_resource_allowed(connection.principal, connection.peer_host, AclOperation.WRITE,
+                                                ResourceType.TOPIC):
+            return True
+        return self.authorize(request, AclOperation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME)
 
     async def _produce(self, request: Request) -> None:
         header = request.header
@@ -206,8 +241,11 @@ class KafkaApis:
             await trio.lowlevel.checkpoint()
         results: list[PartitionResult] = []
         checked: list[tuple[int, ProducePartition, RecordsInfo]] = []
+        writable: dict[str, bool] = {}  # topic -> TOPIC Write allowed (Kafka authorizes each topic once)
         for part in view.partitions:
-            error = self._check_partition(view, part.topic, part.partition)
+            if part.topic not in writable:
+                writable[part.topic] = self.authorize(request, AclOperation.WRITE, ResourceType.TOPIC, part.topic)
+            error = self._check_partition(view, part.topic, part.partition, writable[part.topic])
             if error == ErrorCode.none.value:
                 try:
                     if has_compressed_batch(part.records):
@@ -320,13 +358,45 @@ class KafkaApis:
     def _log_partition_error(request: Request, part: ProducePartition, exc: Exception) -> None:
         log.warning("connection %s: %s-%d: %s", request.connection.connection_id, part.topic, part.partition, exc)
 
-    def _check_partition(self, view: apis.ProduceRequestView, topic: str, partition: int) -> int:
+    def _check_partition(self, view: apis.ProduceRequestView, topic: str, partition: int,
+                         writable: bool = True) -> int:
         if view.acks not in (0, 1, -1):
             return ErrorCode.invalid_required_acks.value
+        if not writable:  # Kafka handleProduceRequest: authorization before existence
+            return ErrorCode.topic_authorization_failed.value
         count = self.catalog.partitions(topic)
         if count is None or not 0 <= partition < count:
             return ErrorCode.unknown_topic_or_partition.value
         return ErrorCode.none.value
+
+
+class _AuthorizedTopics:
+    """The catalog as one Metadata request's principal may see it (Kafka ``handleTopicMetadataRequest``).
+
+    A named topic without TOPIC Describe gets TOPIC_AUTHORIZATION_FAILED; all-topics
+    listings leave such topics out (not logged: Kafka's ``logIfDenied = false``).
+    Auto-creating a missing topic needs CLUSTER Create or TOPIC Create, else
+    TOPIC_AUTHORIZATION_FAILED.
+    """
+
+    def __init__(self, kafka_apis: KafkaApis, request: Request) -> None:
+        self._apis = kafka_apis
+        self._request = request
+
+    def describe(self, name: str, auto_create: bool) -> tuple[int, int]:
+        authorize, request, catalog = self._apis.authorize, self._request, self._apis.catalog
+        if not authorize(request, AclOperation.DESCRIBE, ResourceType.TOPIC, name):
+            return ErrorCode.topic_authorization_failed.value, 0
+        if (auto_create and catalog.auto_create and catalog.partitions(name) is None
+                and not authorize(request, AclOperation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME, log_denied=False)
+                and not authorize(request, AclOperation.CREATE, ResourceType.TOPIC, name)):
+            return ErrorCode.topic_authorization_failed.value, 0
+        return catalog.describe(name, auto_create)
+
+    def all_topics(self) -> dict[str, int]:
+        return {name: count for name, count in self._apis.catalog.all_topics().items()
+                if self._apis.authorize(self._request, AclOperation.DESCRIBE, ResourceType.TOPIC, name,
+                                        log_denied=False)}
 
 
 def _log_unacked_failure(ids: tuple[str | None, int | None], commit: Commit) -> None:

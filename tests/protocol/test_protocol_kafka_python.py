@@ -12,7 +12,10 @@ import uuid
 
 import pytest
 
+from kafka.protocol.admin import CreateAclsRequest
 from kafka.protocol.admin import CreatePartitionsRequest
+from kafka.protocol.admin import DeleteAclsRequest
+from kafka.protocol.admin import DescribeAclsRequest
 from kafka.protocol.admin import CreateTopicsRequest
 from kafka.protocol.admin import DeleteGroupsRequest
 from kafka.protocol.admin import DeleteTopicsRequest
@@ -477,6 +480,14 @@ OTHER_REQUESTS = {
         ]),
     ]),
     DescribeClusterRequest: dict(include_cluster_authorized_operations=True, endpoint_type=1),
+    DescribeAclsRequest: dict(resource_type_filter=2, resource_name_filter="events", pattern_type_filter=4,
+                              principal_filter="User:alice", host_filter=None, operation=4, permission_type=3),
+    CreateAclsRequest: dict(creations=[CreateAclsRequest.AclCreation(
+        resource_type=2, resource_name="events", resource_pattern_type=3, principal="User:alice", host="*",
+        operation=4, permission_type=3)]),
+    DeleteAclsRequest: dict(filters=[DeleteAclsRequest.DeleteAclsFilter(
+        resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1, principal_filter="User:alice",
+        host_filter="10.0.0.1", operation=1, permission_type=2)]),
     SaslHandshakeRequest: dict(mechanism="SCRAM-SHA-256"),
     SaslAuthenticateRequest: dict(auth_bytes=b"n,,n=alice,r=abc"),
     DescribeUserScramCredentialsRequest: dict(users=[DescribeUserScramCredentialsRequest.UserName(name="alice")]),
