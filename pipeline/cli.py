@@ -98,6 +98,22 @@ def _resolve(args: argparse.Namespace, flags: dict[str, str] | None = None):
     return resolve(getattr(args, "config", None), os.environ, flag_values(args, flags))
 
 
+def _check_listeners(config) -> None:
+    """Build every listener's TLS context once before anything starts (bad ssl.* files exit 2).
+
+    Raises:
+        pipeline.config.ConfigError: a TLS listener's keystore or truststore cannot be loaded, or a
+            listener has no security protocol.
+    """
+    from pipeline.config import ConfigError
+    from pipeline.server import build_listeners
+
+    try:
+        build_listeners(config)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
@@ -108,6 +124,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     resolved = _resolve(args)  # a ConfigError exits 2 in main(), before anything starts
     setup_logging(resolved.log)  # the file or the environment may set log.*
     config = resolved.server
+    _check_listeners(config)
     log.info("configuration: %s", _sources_summary(resolved.sources))
     lock = _lock_data_dir(config.data_dir)
     if lock is None:
@@ -183,6 +200,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 log.info("listening on %s:%d (ready in %.1f s)", host, port, ready,
                          extra={"stage": "listener", "seconds": round(ready, 3)})
                 print(f"pipeline {config.mode.value}: listening on {host}:{port}", flush=True)
+                for name, protocol, other_host, other_port in server.listener_addresses[1:]:
+                    log.info("listening on %s:%d (%s, %s)", other_host, other_port, name, protocol)
+                    print(f"pipeline {config.mode.value}: listening on {other_host}:{other_port} ({name})",
+                          flush=True)
                 nursery.start_soon(watch_signals)
 
     try:

@@ -133,21 +133,36 @@ def choice(*options: str, convert: Callable[[str], Any] = str) -> Parser:
     return parse
 
 
-def listener(value: Any, text: bool) -> tuple[str, int]:
-    """``PLAINTEXT://HOST:PORT`` (Kafka's listener syntax, one listener, no TLS) or
-    ``HOST:PORT`` -> (host, port); port 0 picks a free one."""
-    text_value = string(value, text)
-    scheme, sep, address = text_value.partition("://")
-    if not sep:
-        address = text_value
-    elif scheme.upper() != "PLAINTEXT":
-        raise ValueError(f"expected PLAINTEXT://HOST:PORT (one PLAINTEXT listener), got {value!r}")
-    host, sep, port = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535 or "," in address:
-        raise ValueError(f"expected PLAINTEXT://HOST:PORT, got {value!r}")
-    return host, int(port)
+def listener_list(value: Any, text: bool) -> tuple[str, int, tuple | None]:
+    """Kafka's ``listeners`` / ``advertised.listeners`` (KIP-103): ``NAME://HOST:PORT[,...]``, or
+    ``HOST:PORT`` for one PLAINTEXT listener -> (first host, first port, every Endpoint, or None
+    when the value is that one PLAINTEXT listener); port 0 picks a free one."""
+    from pipeline.network.listeners import parse_endpoints
+
+    endpoints = parse_endpoints(string(value, text))
+    first = endpoints[0]
+    return first.host, first.port, (None if len(endpoints) == 1 and first.name == "PLAINTEXT" else endpoints)
+
+
+def protocol_map(value: Any, text: bool) -> tuple[tuple[str, str], ...]:
+    """Kafka's ``listener.security.protocol.map``: ``NAME:PROTOCOL[,...]``."""
+    from pipeline.network.listeners import parse_protocol_map
+
+    return parse_protocol_map(string(value, text))
+
+
+def tls_protocols(value: Any, text: bool) -> tuple[str, ...]:
+    """Kafka's ``ssl.enabled.protocols``: ``TLSv1.2,TLSv1.3`` (a TOML array is taken too)."""
+    from pipeline.security.tls import parse_protocols
+
+    return parse_protocols(",".join(value) if isinstance(value, list) else string(value, text))
+
+
+def secret(value: Any, text: bool) -> str:
+    """A password: any non-empty string, shown as ``[hidden]`` (Kafka's Password type)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a non-empty string")
+    return value
 
 
 def path(value: Any, text: bool) -> Path:
@@ -258,8 +273,16 @@ class Key:
         """``value`` as ``config show`` prints it (JSON-able)."""
         if value is None:
             return None
-        if len(self.fields) == 2:
-            host, port = value
+        if self.parse is secret:
+            return "[hidden]"
+        if isinstance(value, tuple) and len(self.fields) == 1:  # lists: "a,b" (pairs "n:v,n:v")
+            return ",".join(":".join(v) if isinstance(v, tuple) else v for v in value)
+        if len(self.fields) == 3:  # listeners: (first host, first port, every endpoint or None)
+            host, port, endpoints = value
+            if host is None:
+                return None
+            if endpoints:
+                return ",".join(str(e) for e in (type(endpoints[0])(endpoints[0].name, host, port), *endpoints[1:]))
             return f"PLAINTEXT://{host}:{port}"
         if isinstance(value, Path):
             return str(value)
@@ -279,12 +302,39 @@ def _mode(value: str):
 
 _KEY_LIST: list[Key] = [
     # -- listener and broker identity
-    Key("listeners", ("listen_host", "listen_port"), listener,
-        "where to listen: PLAINTEXT://HOST:PORT (HOST:PORT also taken); port 0 picks a free one",
-        "--listen", "HOST:PORT", group="listener"),
-    Key("advertised.listeners", ("advertised_host", "advertised_port"), listener,
-        "the address Metadata gives clients", "--advertised-listener", "HOST:PORT",
-        unset="the listen address", group="listener"),
+    Key("listeners", ("listen_host", "listen_port", "listeners"), listener_list,
+        "where to listen: NAME://HOST:PORT[,NAME://HOST:PORT...] (KIP-103; HOST:PORT: one PLAINTEXT "
+        "listener); port 0 picks a free one", "--listen", "HOST:PORT", group="listener"),
+    Key("advertised.listeners", ("advertised_host", "advertised_port", "advertised_listeners"), listener_list,
+        "what Metadata, FindCoordinator and DescribeCluster tell a client, per listener name "
+        "(NAME://HOST:PORT[,...]; HOST:PORT: the first listener's)", "--advertised-listener", "HOST:PORT",
+        unset="each listener's own address", group="listener"),
+    Key("listener.security.protocol.map", ("listener_security_protocol_map",), protocol_map,
+        "security protocol of each listener name: NAME:PROTOCOL[,...], PROTOCOL one of PLAINTEXT, SSL, "
+        "SASL_PLAINTEXT, SASL_SSL", "--listener-security-protocol-map", "NAME:PROTOCOL,...", group="listener"),
+    Key("ssl.keystore.location", ("ssl_keystore_location",), path,
+        "PEM file with the server's certificate chain and private key, for SSL and SASL_SSL listeners",
+        "--ssl-keystore-location", "FILE", unset="none (needed by a TLS listener)", group="TLS"),
+    Key("ssl.keystore.type", ("ssl_keystore_type",), choice("PEM"),
+        "keystore format (PEM only; Kafka's JKS/PKCS12: convert with keytool/openssl)",
+        "--ssl-keystore-type", "PEM", group="TLS"),
+    Key("ssl.key.password", ("ssl_key_password",), secret,
+        "password of an encrypted private key in the keystore (never shown or logged)",
+        "--ssl-key-password", "PASSWORD", unset="none (key not encrypted)", group="TLS"),
+    Key("ssl.truststore.location", ("ssl_truststore_location",), path,
+        "PEM bundle of the CAs client certificates must chain to (with ssl.client.auth)",
+        "--ssl-truststore-location", "FILE", unset="the system's CAs", group="TLS"),
+    Key("ssl.truststore.type", ("ssl_truststore_type",), choice("PEM"),
+        "truststore format (PEM only)", "--ssl-truststore-type", "PEM", group="TLS"),
+    Key("ssl.client.auth", ("ssl_client_auth",), choice("none", "requested", "required"),
+        "client certificates: none, requested (verified if sent) or required (a client without one is "
+        "closed); the principal of a client with one is User:<subject DN>",
+        "--ssl-client-auth", "none|requested|required", group="TLS"),
+    Key("ssl.enabled.protocols", ("ssl_enabled_protocols",), tls_protocols,
+        "TLS versions accepted: TLSv1.2, TLSv1.3", "--ssl-enabled-protocols", "TLSv1.2,TLSv1.3", group="TLS"),
+    Key("pipeline.ssl.handshake.timeout.ms", ("ssl_handshake_timeout_ms",), integer(1),
+        "close a TLS connection whose handshake is not complete this long after accept (ms)",
+        "--ssl-handshake-timeout-ms", "MS", group="TLS"),
     Key("node.id", ("node_id",), integer(0), "this broker's id in Metadata", "--node-id", "N", group="listener"),
     Key("pipeline.cluster.id", ("cluster_id",), string,
         "the cluster id in Metadata (Kafka keeps it in meta.properties, not a property)",
@@ -697,6 +747,14 @@ def resolve(config_file: str | Path | None = None, environ: Mapping[str, str] | 
     for name, (value, source) in layered.items():
         values[name] = value
         sources[name] = source
+    if values["listeners"][2] or values["advertised.listeners"] and values["advertised.listeners"][2]:
+        from pipeline.network.listeners import check_listeners
+
+        try:
+            check_listeners(values["listeners"][2] or (), (values["advertised.listeners"] or (0, 0, ()))[2] or (),
+                            values["listener.security.protocol.map"])
+        except ValueError as exc:
+            raise ConfigError(f"{sources['listeners']}: listeners: {exc}") from None
     if values["spark.remote"] is not None and sources["spark.master"] != DEFAULT_SOURCE:
         raise ConfigError(f"spark.master ({sources['spark.master']}) and spark.remote "
                           f"({sources['spark.remote']}) are both set: give one")

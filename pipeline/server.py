@@ -47,6 +47,13 @@ from pipeline.network.connection_state import (
 )
 from pipeline.network.framing import DEFAULT_MAX_RECEIVE_BYTES
 from pipeline.network.io_wait import IoWaitMeter
+from pipeline.network.listeners import (
+    DEFAULT_PROTOCOL_MAP,
+    TLS_PROTOCOLS,
+    Endpoint,
+    Listener,
+    security_protocol,
+)
 from pipeline.network.memory_pool import DEFAULT_QUEUED_MAX_REQUEST_BYTES, MemoryPool
 from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
@@ -65,6 +72,7 @@ from pipeline.security.acl_store import ACL_STORE_FILE, AclStore
 from pipeline.security.sasl import DEFAULT_MECHANISMS, FailedAuthenticationThrottle
 from pipeline.security.sasl_apis import SaslApis
 from pipeline.security.users import UserStore
+from pipeline.security.tls import DEFAULT_HANDSHAKE_TIMEOUT_MS, TlsSettings, server_context
 from pipeline.table.catalog import TableConfig
 from pipeline.table.layout import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_COMPACTION_INTERVAL_MS
 
@@ -95,6 +103,19 @@ class ServerConfig:
     listen_port: int = 9092
     advertised_host: str | None = None
     advertised_port: int | None = None
+    # [listeners] in Kafka's NAME://HOST:PORT,... form (KIP-103); None: one PLAINTEXT listener on
+    # listen_host:listen_port, which always give the first listener's address.
+    listeners: tuple[Endpoint, ...] | None = None
+    advertised_listeners: tuple[Endpoint, ...] | None = None  # [advertised.listeners] by name
+    listener_security_protocol_map: tuple[tuple[str, str], ...] = DEFAULT_PROTOCOL_MAP
+    ssl_keystore_location: Path | None = None   # [ssl.keystore.location], PEM chain + key
+    ssl_keystore_type: str = "PEM"              # [ssl.keystore.type] Kafka's JKS is not read here
+    ssl_key_password: str | None = None         # [ssl.key.password]
+    ssl_truststore_location: Path | None = None  # [ssl.truststore.location], PEM CAs
+    ssl_truststore_type: str = "PEM"            # [ssl.truststore.type]
+    ssl_client_auth: str = "none"               # [ssl.client.auth]
+    ssl_enabled_protocols: tuple[str, ...] = ("TLSv1.2", "TLSv1.3")  # [ssl.enabled.protocols]
+    ssl_handshake_timeout_ms: int = DEFAULT_HANDSHAKE_TIMEOUT_MS
     mode: Mode = Mode.MULTIQUEUE
     queues: int = 4
     io_threads: int = 8                         # [num.io.threads]
@@ -143,6 +164,47 @@ class ServerConfig:
     failed_authentication_delay_ms: int = 100   # [connection.failed.authentication.delay.ms], Kafka's default
 
 
+def listener_endpoints(c: ServerConfig) -> tuple[Endpoint, ...]:
+    """Every listener to open, in order; the first at ``listen_host:listen_port`` (KIP-103)."""
+    first_name = c.listeners[0].name if c.listeners else "PLAINTEXT"
+    return (Endpoint(first_name, c.listen_host, c.listen_port), *(c.listeners or ())[1:])
+
+
+def build_listeners(c: ServerConfig) -> list[tuple[Endpoint, Listener]]:
+    """Each listener with its security protocol and, for SSL and SASL_SSL, its TLS context
+    (Kafka ChannelBuilders.create: one SslFactory per TLS listener).
+
+    Raises:
+        pipeline.security.tls.TlsConfigError: a TLS listener without a usable keystore or truststore.
+        ValueError: a listener name missing from ``listener.security.protocol.map``.
+    """
+    out = []
+    context = None
+    for endpoint in listener_endpoints(c):
+        protocol = security_protocol(endpoint.name, c.listener_security_protocol_map)
+        if protocol in TLS_PROTOCOLS and context is None:
+            context = server_context(TlsSettings(
+                c.ssl_keystore_location, c.ssl_key_password, c.ssl_truststore_location, c.ssl_client_auth,
+                c.ssl_enabled_protocols, c.ssl_handshake_timeout_ms))
+        out.append((endpoint, Listener(endpoint.name, protocol, context if protocol in TLS_PROTOCOLS else None,
+                                       c.ssl_handshake_timeout_ms / 1000.0)))
+    return out
+
+
+def advertised_endpoints(c: ServerConfig, bound: list[tuple[Endpoint, str, int]]) -> tuple[tuple[str, str, int], ...]:
+    """(name, host, port) Metadata gives a client of each listener: its ``advertised.listeners``
+    entry, else (the first listener) ``advertised_host``/``advertised_port``, else where it is bound."""
+    named = {e.name: e for e in c.advertised_listeners or ()}
+    out = []
+    for i, (endpoint, host, port) in enumerate(bound):
+        if endpoint.name in named:
+            host, port = named[endpoint.name].host, named[endpoint.name].port or port
+        elif i == 0 and c.advertised_listeners is None and c.advertised_host:
+            host, port = c.advertised_host, c.advertised_port or port
+        out.append((endpoint.name, host, port))
+    return tuple(out)
+
+
 class Server:
     """One broker front end: ``recover`` (blocking), then ``serve`` until ``shutdown``.
 
@@ -164,6 +226,7 @@ class Server:
         self.recovered: Recovered | None = None
         self._shutdown = trio.Event()
         self.address: tuple[str, int] | None = None
+        self.listener_addresses: list[tuple[str, str, str, int]] = []
         self.processors: list[Processor] = []
         self.memory_pool = MemoryPool(config.queued_max_request_bytes)
         self.quotas = ConnectionQuotas(config.max_connections,
@@ -219,14 +282,26 @@ class Server:
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen, serve until ``shutdown``, then stop in order. Reports (host, port) when ready."""
         c = self.config
-        listeners = await trio.open_tcp_listeners(c.listen_port, host=c.listen_host)
-        host, port = listeners[0].socket.getsockname()[:2]
+        listeners: list[trio.SocketListener] = []
+        kinds: list[Listener] = []
+        bound: list[tuple[Endpoint, str, int]] = []
+        for endpoint, kind in build_listeners(c):
+            sockets = await trio.open_tcp_listeners(endpoint.port, host=endpoint.host)
+            listeners += sockets
+            kinds += [kind] * len(sockets)
+            bound.append((endpoint, *sockets[0].socket.getsockname()[:2]))
+        self.listener_addresses = [(e.name, security_protocol(e.name, c.listener_security_protocol_map), h, p)
+                                   for e, h, p in bound]
+        """(listener name, security protocol, host, port) of every listener, as bound."""
+        host, port = bound[0][1:]
         self.address = (host, port)
+        endpoints = advertised_endpoints(c, bound)
         broker = BrokerInfo(
             node_id=c.node_id,
-            host=c.advertised_host or host,
-            port=c.advertised_port or port,
+            host=endpoints[0][1],
+            port=endpoints[0][2],
             cluster_id=c.cluster_id,
+            endpoints=endpoints,
         )
         recovered = self.recovered or self.recover()
         checkpoint = recovered.checkpoint
@@ -319,7 +394,7 @@ class Server:
             return KafkaChannel(connection_id, stream, request_channel, state, memory)
 
         self.processors = [Processor(i, channel_factory, self.quotas) for i in range(c.network_threads)]
-        acceptor = Acceptor(listeners, self.processors, self.quotas)
+        acceptor = Acceptor(listeners, self.processors, self.quotas, kinds)
         self.handlers = [RequestHandler(i, self.apis, request_channel) for i in range(handler_count)]
         # Removed when the run ends if serving ends by an exception or a second signal.
         trio.lowlevel.add_instrument(self.io_wait)

@@ -34,7 +34,7 @@ def test_defaults_are_the_dataclasses_own():
     assert resolved.log == LogConfig()
     assert set(resolved.sources.values()) == {"default"}
     d = ServerConfig()
-    assert default_value(KEYS["listeners"]) == (d.listen_host, d.listen_port)
+    assert default_value(KEYS["listeners"]) == (d.listen_host, d.listen_port, None)
     assert default_value(KEYS["advertised.listeners"]) is None
     assert default_value(KEYS["num.network.threads"]) == d.network_threads
     assert default_value(KEYS["file.delete.delay.ms"]) == d.table.file_delete_delay_ms
@@ -110,7 +110,8 @@ def test_log_options_before_and_after_the_command():
     ("num.network.thread = 5", "unknown key 'num.network.thread' (did you mean 'num.network.threads'?"),
     ("num.network.threads = 0", "num.network.threads: expected an integer >= 1, got 0"),
     ('num.network.threads = "4"', "num.network.threads: expected an integer >= 1, got '4'"),
-    ('listeners = "SSL://127.0.0.1:9093"', "listeners: expected PLAINTEXT://HOST:PORT"),
+    ('listeners = "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9092"', "listeners: each listener must have a different port"),
+    ('listeners = "INTERNAL://127.0.0.1:9093"', "listeners: no security protocol defined for listener INTERNAL"),
     ("auto.create.topics.enable = 1", "auto.create.topics.enable: expected true or false"),
     ('pipeline.mode = "fast"', "pipeline.mode: expected one of multiqueue, baseline, shared-unmuted"),
     ("table.compaction.min.files = 1", "table.compaction.min.files: expected an integer >= 2"),
@@ -147,7 +148,7 @@ def test_environment_text_is_converted_per_type():
 
 @pytest.mark.parametrize("argv, named", [
     (["--queues", "0"], "flag:--queues: pipeline.queues: expected an integer >= 1, got 0"),
-    (["--listen", "127.0.0.1"], "flag:--listen: listeners: expected PLAINTEXT://HOST:PORT"),
+    (["--listen", "127.0.0.1"], "flag:--listen: listeners: expected NAME://HOST:PORT"),
     (["--ack-on", "disk"], "flag:--ack-on: pipeline.ack.on: expected one of wal, spark"),
     (["--spark-connect-port", "70000"], "flag:--spark-connect-port: spark.connect.grpc.binding.port: "
                                         "expected an integer from 0 to 65535"),

@@ -566,7 +566,7 @@ class AdminApis:
                               "type CONTROLLER")
         elif endpoint != 1:
             error, message = ErrorCode.unsupported_endpoint_type, f"Unsupported endpoint type {endpoint}"
-        b = self.broker
+        b = self.broker.for_listener(request.connection.listener)
         brokers = () if error != ErrorCode.none else (
             apis.make(module.DescribeClusterBroker, broker_id=b.node_id, host=b.host, port=b.port, rack=None),)
         self._complete(request, apis.make(

@@ -270,7 +270,7 @@ class GroupCoordinatorService:
         mod = apis.response_module(FIND_COORDINATOR, version)
         key_type = int(getattr(body, "key_type", GROUP_KEY_TYPE))
         keys = list(body.coordinator_keys) if version >= 4 else [body.key]
-        broker = self.apis.broker
+        broker = self.apis.broker.for_listener(request.connection.listener)
         found = []
         for key in keys:
             if key_type == GROUP_KEY_TYPE and not self._closing:

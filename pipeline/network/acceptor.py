@@ -6,7 +6,9 @@ network threads and each stays on one Processor for life. A connection over
 ``max.connections`` or ``max.connections.per.ip`` is closed at once
 (ConnectionQuotas), with a log line (at most one a second, counting the
 others) and a metric. Running out of file descriptors is survived by logging
-and pausing accepts, as trio's ``serve_listeners`` does.
+and pausing accepts, as trio's ``serve_listeners`` does. Each listener
+(KIP-103: PLAINTEXT, SSL, ...) has its own sockets, and every connection goes to
+its Processor with the Listener it arrived on.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Sequence
 import trio
 
 from pipeline.network.connection_quotas import ConnectionQuotas
+from pipeline.network.listeners import PLAINTEXT_LISTENER, Listener
 from pipeline.network.processor import Processor
 
 log = logging.getLogger(__name__)
@@ -36,13 +39,18 @@ class Acceptor:
         listeners: bound listening sockets.
         processors: where connections go, in turn.
         quotas: connection limits, shared with the Processors (which release).
+        kinds: the Listener (name, security protocol, TLS) of each of
+            ``listeners``, in the same order (KIP-103); default all PLAINTEXT.
     """
 
     def __init__(self, listeners: Sequence[trio.SocketListener], processors: Sequence[Processor],
-                 quotas: ConnectionQuotas) -> None:
+                 quotas: ConnectionQuotas, kinds: Sequence[Listener] | None = None) -> None:
         if not processors:
             raise ValueError("at least one Processor is needed")
         self.listeners = list(listeners)
+        self.kinds = list(kinds) if kinds is not None else [PLAINTEXT_LISTENER] * len(self.listeners)
+        if len(self.kinds) != len(self.listeners):
+            raise ValueError("one Listener per listening socket is needed")
         self._processors = list(processors)
         self._quotas = quotas
         self._next = 0
@@ -58,15 +66,15 @@ class Acceptor:
         """Accept until cancelled; closes the listeners on the way out."""
         try:
             async with trio.open_nursery() as nursery:
-                for listener in self.listeners:
-                    nursery.start_soon(self._accept_loop, listener)
+                for listener, kind in zip(self.listeners, self.kinds):
+                    nursery.start_soon(self._accept_loop, listener, kind)
                 task_status.started()
         finally:
             with trio.CancelScope(shield=True):
                 for listener in self.listeners:
                     await trio.aclose_forcefully(listener)
 
-    async def _accept_loop(self, listener: trio.SocketListener) -> None:
+    async def _accept_loop(self, listener: trio.SocketListener, kind: Listener) -> None:
         while True:
             try:
                 stream = await listener.accept()
@@ -85,7 +93,7 @@ class Acceptor:
             processor = self._processors[self._next]
             self._next = (self._next + 1) % len(self._processors)
             try:
-                await processor.accept(stream, ip)
+                await processor.accept(stream, ip, kind)
             except trio.ClosedResourceError:  # processor stopping: shutdown under way
                 self._quotas.release(ip)
                 await trio.aclose_forcefully(stream)

@@ -10,6 +10,13 @@ Like Kafka's Selector it also expires connections: a reaper task asks every
 connection's ``ConnectionState.timeout_reason`` a few times a second and
 aborts those that stalled inside a frame, stopped reading their responses,
 or sat idle past ``connections.max.idle.ms``.
+
+A connection from a TLS listener (SSL, SASL_SSL) first completes its TLS
+handshake in its own task, under the listener's deadline (Kafka
+SslTransportLayer); one that fails or times out is closed with a logged
+reason before it becomes a KafkaChannel. The channel then reads and writes
+the SSLStream as it would the socket, and knows its listener, security
+protocol and (mTLS) principal.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import trio
 from pipeline.logs import log_context
 from pipeline.network.channel import KafkaChannel
 from pipeline.network.connection_quotas import ConnectionQuotas
+from pipeline.network.listeners import PLAINTEXT_LISTENER, Listener
+from pipeline.security.tls import ANONYMOUS, TlsHandshakeError, server_handshake
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +79,7 @@ class Processor:
         self.processor_id = processor_id
         self._channel_factory = channel_factory
         self._quotas = quotas
-        self._new_send, self._new_receive = trio.open_memory_channel[tuple[trio.SocketStream, str]](
+        self._new_send, self._new_receive = trio.open_memory_channel[tuple[trio.SocketStream, str, Listener]](
             new_connection_queue_size
         )
         self.channels: set[KafkaChannel] = set()
@@ -78,15 +87,18 @@ class Processor:
         """Connections this Processor has served (Kafka socket-server-metrics connection-creation-total)."""
         self.connections_closed = 0
         """Of those, connections closed (Kafka connection-close-total)."""
+        self.handshake_failures = 0
+        """TLS connections closed because their handshake failed or timed out (Kafka failed-authentication-total)."""
         self._stopping = False
 
-    async def accept(self, stream: trio.SocketStream, ip: str) -> None:
-        """Hand a new connection from ``ip`` to this Processor (waits while its queue is full).
+    async def accept(self, stream: trio.SocketStream, ip: str, listener: Listener = PLAINTEXT_LISTENER) -> None:
+        """Hand a new connection from ``ip`` that arrived on ``listener`` to this Processor
+        (waits while its queue is full).
 
         Raises:
             trio.ClosedResourceError: the Processor is stopping.
         """
-        await self._new_send.send((stream, ip))
+        await self._new_send.send((stream, ip, listener))
 
     def stop_reading(self) -> None:
         """Server shutdown: read no more requests on any connection, take no new ones."""
@@ -100,7 +112,7 @@ class Processor:
         async with trio.open_nursery() as nursery:
             task_status.started()
             nursery.start_soon(self._reap)
-            async for stream, ip in self._new_receive:
+            async for stream, ip, listener in self._new_receive:
                 if self._stopping:
                     self._quotas.release(ip)
                     await trio.aclose_forcefully(stream)
@@ -109,10 +121,43 @@ class Processor:
                     stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
                 except OSError:
                     pass
-                channel = self._channel_factory(connection_id(stream), stream)
-                self.channels.add(channel)
-                self.connections_created += 1
-                nursery.start_soon(self._serve, channel, ip)
+                if listener.ssl_context is None:
+                    channel = self._new_channel(connection_id(stream), stream, listener, ANONYMOUS)
+                    nursery.start_soon(self._serve, channel, ip)
+                else:
+                    nursery.start_soon(self._secure_and_serve, connection_id(stream), stream, ip, listener)
+
+    def _new_channel(self, conn_id: str, stream: trio.abc.Stream, listener: Listener, principal: str) -> KafkaChannel:
+        channel = self._channel_factory(conn_id, stream)  # type: ignore[arg-type]
+        channel.listener = listener.name
+        channel.security_protocol = listener.security_protocol
+        channel.principal = principal
+        self.channels.add(channel)
+        self.connections_created += 1
+        return channel
+
+    async def _secure_and_serve(self, conn_id: str, stream: trio.SocketStream, ip: str, listener: Listener) -> None:
+        """TLS handshake under the listener's deadline, then serve; a failed one closes this connection only."""
+        log_context.set((conn_id, None))
+        try:
+            secured, principal = await server_handshake(stream, listener.ssl_context, listener.handshake_timeout_s)
+        except BaseException as exc:
+            if isinstance(exc, TlsHandshakeError):
+                self.handshake_failures += 1
+                log.warning("closing connection %s on listener %s: %s", conn_id, listener.name, exc,
+                            extra={"connection_id": conn_id})
+            self._quotas.release(ip)
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            if not isinstance(exc, TlsHandshakeError):
+                raise
+            return
+        channel = self._new_channel(conn_id, secured, listener, principal)
+        if principal != ANONYMOUS:
+            log.info("connection %s on listener %s: TLS client %s", conn_id, listener.name, principal)
+        if self._stopping:
+            channel.stop_reading()
+        await self._serve(channel, ip)
 
     async def _reap(self) -> None:
         """Abort timed-out connections; ends once stopping and every connection is gone."""

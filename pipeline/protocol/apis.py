@@ -22,7 +22,7 @@ import re
 import uuid
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from typing import Protocol
 
@@ -420,6 +420,18 @@ class BrokerInfo:
     host: str
     port: int
     cluster_id: str
+    endpoints: tuple[tuple[str, str, int], ...] = ()
+    """(listener name, advertised host, advertised port) of every listener (KIP-103);
+    ``host``/``port`` are the first listener's."""
+
+    def for_listener(self, listener: str) -> BrokerInfo:
+        """This broker as a client that came in through ``listener`` must see it: with that
+        listener's advertised host and port (Kafka answers Metadata, FindCoordinator and
+        DescribeCluster with the endpoint of the request's listener). An unknown name: self."""
+        for name, host, port in self.endpoints:
+            if name == listener:
+                return self if (host, port) == (self.host, self.port) else replace(self, host=host, port=port)
+        return self
 
 
 def metadata_response(

@@ -182,7 +182,8 @@ class KafkaApis:
             elif header.api_key == METADATA:
                 body = apis.decode_request(header, request.frame)
                 request.connection.complete(
-                    request.token, apis.metadata_response(header, body, self.broker,
+                    request.token, apis.metadata_response(header, body,
+                                                          self.broker.for_listener(request.connection.listener),
                                                           self.catalog if self.authorizer is None
                                                           else _AuthorizedTopics(self, request),
                                                           self.request_metrics.errors(METADATA))

@@ -39,6 +39,8 @@ MS = datetime.timedelta(milliseconds=30_000)
 class Recorder:
     """A ConnectionHandle that keeps what it is given."""
 
+    listener = "PLAINTEXT"
+
     def __init__(self) -> None:
         self.completed: list[tuple[int, bytes | None]] = []
         self.closed: list[str] = []

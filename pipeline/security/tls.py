@@ -1,0 +1,164 @@
+"""TLS for SSL and SASL_SSL listeners: the server context, the handshake, the principal.
+
+Kafka's SslFactory builds one server SSLEngine factory from the ``ssl.*``
+configs; its SslTransportLayer runs the handshake before the connection
+carries any request, and DefaultKafkaPrincipalBuilder names an mTLS client
+``User:`` + its certificate's subject distinguished name. Here the context is
+an ``ssl.SSLContext`` (built once, at start-up), the transport is
+``trio.SSLStream``, and the handshake runs in the connection's own task under
+a deadline, so a slow or silent client holds only itself up.
+
+Key material is never logged: only file paths and what the ssl module says
+went wrong.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+ANONYMOUS = "User:ANONYMOUS"
+"""Kafka's KafkaPrincipal.ANONYMOUS: an SSL client that sent no certificate."""
+
+CLIENT_AUTH = ("none", "requested", "required")
+"""Kafka ``ssl.client.auth`` values."""
+
+_VERIFY_MODE = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+TLS_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+"""``ssl.enabled.protocols`` names served (Kafka's default is TLSv1.2,TLSv1.3; older ones are refused)."""
+
+DEFAULT_HANDSHAKE_TIMEOUT_MS = 10_000
+"""How long a client has to complete the TLS handshake (ms) before it is closed."""
+
+
+class TlsConfigError(ValueError):
+    """The ``ssl.*`` configuration cannot make a server context; the message names the key."""
+
+
+class TlsHandshakeError(Exception):
+    """A client did not complete the TLS handshake: timed out, not TLS, or refused (no or a bad certificate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """The ``ssl.*`` configs of one listener (Kafka SslConfigs).
+
+    Attributes:
+        keystore_location: PEM file holding the server's certificate chain and
+            private key (``ssl.keystore.location`` with ``ssl.keystore.type=PEM``).
+        key_password: password of an encrypted private key (``ssl.key.password``), or None.
+        truststore_location: PEM bundle of the CAs client certificates must chain
+            to (``ssl.truststore.location``); None: the system's default CAs.
+        client_auth: ``none``, ``requested`` or ``required`` (``ssl.client.auth``).
+        enabled_protocols: TLS versions allowed (``ssl.enabled.protocols``).
+        handshake_timeout_ms: deadline of a handshake (ms).
+    """
+
+    keystore_location: Path | None
+    key_password: str | None = None
+    truststore_location: Path | None = None
+    client_auth: str = "none"
+    enabled_protocols: tuple[str, ...] = ("TLSv1.2", "TLSv1.3")
+    handshake_timeout_ms: int = DEFAULT_HANDSHAKE_TIMEOUT_MS
+
+
+def parse_protocols(text: str) -> tuple[str, ...]:
+    """``TLSv1.2,TLSv1.3`` -> the names, checked (Kafka ``ssl.enabled.protocols``).
+
+    Raises:
+        ValueError: empty, or a name other than TLSv1.2 and TLSv1.3.
+    """
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in TLS_VERSIONS]
+    if not names or bad:
+        raise ValueError(f"expected a comma-separated list of {', '.join(TLS_VERSIONS)}, got {text!r}")
+    return names
+
+
+def server_context(settings: TlsSettings) -> ssl.SSLContext:
+    """The server SSLContext for ``settings`` (Kafka SslFactory / DefaultSslEngineFactory).
+
+    Raises:
+        TlsConfigError: no keystore, a file that cannot be read or parsed, a
+            wrong key password, or a bad ``client_auth``; the message names the
+            key and the path, never key material.
+    """
+    if settings.keystore_location is None:
+        raise TlsConfigError("ssl.keystore.location: an SSL or SASL_SSL listener needs a keystore "
+                             "(PEM file with the certificate chain and the private key)")
+    if settings.client_auth not in _VERIFY_MODE:
+        raise TlsConfigError(f"ssl.client.auth: expected one of {', '.join(CLIENT_AUTH)}, "
+                             f"got {settings.client_auth!r}")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    versions = sorted(TLS_VERSIONS[n] for n in settings.enabled_protocols)
+    context.minimum_version, context.maximum_version = versions[0], versions[-1]
+    try:
+        context.load_cert_chain(settings.keystore_location, password=settings.key_password)
+    except FileNotFoundError:
+        raise TlsConfigError(f"ssl.keystore.location: no such file {settings.keystore_location}") from None
+    except (ssl.SSLError, OSError) as exc:
+        # The ssl module says "PEM lib" or "bad decrypt"; no key bytes are in the message.
+        raise TlsConfigError(f"ssl.keystore.location: cannot load the certificate chain and private key "
+                             f"from {settings.keystore_location} (wrong ssl.key.password, or not PEM "
+                             f"with both): {exc}") from None
+    context.verify_mode = _VERIFY_MODE[settings.client_auth]
+    if settings.client_auth != "none":
+        try:
+            if settings.truststore_location is not None:
+                context.load_verify_locations(cafile=settings.truststore_location)
+            else:
+                context.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+        except FileNotFoundError:
+            raise TlsConfigError(f"ssl.truststore.location: no such file {settings.truststore_location}") from None
+        except (ssl.SSLError, OSError) as exc:
+            raise TlsConfigError(f"ssl.truststore.location: cannot load CA certificates from "
+                                 f"{settings.truststore_location}: {exc}") from None
+    return context
+
+
+def principal_of(der_certificate: bytes | None) -> str:
+    """``User:`` + the certificate subject in RFC 2253/4514 form, ``CN=alice,OU=eng,O=acme``
+    (most specific first, as Java's ``X500Principal.getName()`` and so Kafka's
+    DefaultKafkaPrincipalBuilder give it); ANONYMOUS without a certificate.
+
+    Attribute types without a short name are written as dotted OIDs.
+    """
+    if not der_certificate:
+        return ANONYMOUS
+    from cryptography import x509
+
+    return "User:" + x509.load_der_x509_certificate(der_certificate).subject.rfc4514_string()
+
+
+async def server_handshake(transport: trio.abc.Stream, context: ssl.SSLContext,
+                           timeout_s: float) -> tuple[trio.SSLStream, str]:
+    """Wrap ``transport`` in TLS and complete the server side of the handshake.
+
+    Returns:
+        (the SSLStream to serve the connection on, the client's principal).
+
+    Raises:
+        TlsHandshakeError: no handshake within ``timeout_s`` seconds, the peer
+            is not speaking TLS (e.g. a plaintext Kafka client on a TLS port),
+            sent no certificate where one is required, or one that does not
+            verify, or closed the connection. The caller closes ``transport``.
+    """
+    stream = trio.SSLStream(transport, context, server_side=True)
+    try:
+        with trio.fail_after(timeout_s):
+            await stream.do_handshake()
+    except trio.TooSlowError:
+        raise TlsHandshakeError(f"TLS handshake not complete after {timeout_s:g} s") from None
+    except trio.BrokenResourceError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ssl.SSLError):
+            reason = cause.reason or str(cause)
+            hint = " (a plaintext client on a TLS listener?)" if reason in (
+                "WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE") else ""
+            raise TlsHandshakeError(f"TLS handshake failed: {reason}{hint}") from None
+        raise TlsHandshakeError(f"TLS handshake failed: peer closed the connection ({cause or exc})") from None
+    return stream, principal_of(stream.getpeercert(binary_form=True))
