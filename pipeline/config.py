@@ -181,19 +181,6 @@ def _min_files(value: Any, text: bool) -> int:
     return integer(2)(value, text)
 
 
-def _sasl_mechanisms(value: Any, text: bool) -> str:
-    """``sasl.enabled.mechanisms``: ``PLAIN,SCRAM-SHA-256`` (a TOML array is taken too), as that
-    canonical comma-separated text."""
-    from pipeline.security.sasl import SUPPORTED_MECHANISMS
-
-    items = value if isinstance(value, list) else string(value, text).split(",")
-    mechanisms = tuple(dict.fromkeys(str(m).strip().upper() for m in items if str(m).strip()))
-    unknown = [m for m in mechanisms if m not in SUPPORTED_MECHANISMS]
-    if not mechanisms or unknown:
-        raise ValueError(f"expected some of {', '.join(SUPPORTED_MECHANISMS)}, got {value!r}")
-    return ",".join(mechanisms)
-
-
 def _authorizer_name(value: Any, text: bool) -> str:
     from pipeline.security.acl import AUTHORIZER_NAMES
 

@@ -66,13 +66,13 @@ from pipeline.protocol.apis import BrokerInfo
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import MultiQueueRequestChannel, RequestChannel, SharedRequestChannel
 from pipeline.requests.handler import KafkaApis, RequestHandler
-from pipeline.security.acl import Authorizer, parse_super_users
-from pipeline.security.acl_apis import AclApis
-from pipeline.security.acl_store import ACL_STORE_FILE, AclStore
 from pipeline.security.sasl import DEFAULT_MECHANISMS, FailedAuthenticationThrottle
 from pipeline.security.sasl_apis import SaslApis
 from pipeline.security.users import UserStore
 from pipeline.security.tls import DEFAULT_HANDSHAKE_TIMEOUT_MS, TlsSettings, server_context
+from pipeline.security.acl import Authorizer, parse_super_users
+from pipeline.security.acl_apis import AclApis
+from pipeline.security.acl_store import ACL_STORE_FILE, AclStore
 from pipeline.table.catalog import TableConfig
 from pipeline.table.layout import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_COMPACTION_INTERVAL_MS
 
@@ -157,11 +157,11 @@ class ServerConfig:
     metrics_port: int | None = None
     node_id: int = 0
     cluster_id: str = "pipeline"
+    sasl_enabled_mechanisms: str = ",".join(DEFAULT_MECHANISMS)  # [sasl.enabled.mechanisms]
+    failed_authentication_delay_ms: int = 100   # [connection.failed.authentication.delay.ms], Kafka's default
     authorizer_class_name: str = ""             # [authorizer.class.name]; empty: no authorizer
     super_users: str = ""                       # [super.users]
     allow_everyone_if_no_acl_found: bool = False  # [allow.everyone.if.no.acl.found]
-    sasl_enabled_mechanisms: str = ",".join(DEFAULT_MECHANISMS)  # [sasl.enabled.mechanisms]
-    failed_authentication_delay_ms: int = 100   # [connection.failed.authentication.delay.ms], Kafka's default
 
 
 def listener_endpoints(c: ServerConfig) -> tuple[Endpoint, ...]:
@@ -358,6 +358,10 @@ class Server:
         self.admin_apis = AdminApis(broker, self.catalog, TopicConfigs(broker_topic_defaults(c), c.table),
                                     on_delete_topic, broker_configs(c), request_channel.metrics)
         self.admin_apis.register(self.apis)
+        # SASL on SASL_PLAINTEXT/SASL_SSL listeners; users in DATA_DIR/_pipeline/users.db.
+        self.sasl_apis = SaslApis(UserStore.for_data_dir(c.data_dir), tuple(c.sasl_enabled_mechanisms.split(",")),
+                                  FailedAuthenticationThrottle(c.failed_authentication_delay_ms))
+        self.sasl_apis.register(self.apis)
         # ACLs (authorizer.class.name set): DATA_DIR/_pipeline/acls.db, checked by every api
         # through KafkaApis.authorize; off, the ACL apis answer SECURITY_DISABLED.
         acl_store = AclStore(Path(c.data_dir) / "_pipeline" / ACL_STORE_FILE) if c.authorizer_class_name else None
@@ -367,10 +371,6 @@ class Server:
             log.info("authorizer on: %d ACL(s), %d super user(s)", len(self.apis.authorizer.acls),
                      len(self.apis.authorizer.super_users))
         AclApis(self.apis.authorizer, acl_store).register(self.apis)
-        # SASL on SASL_PLAINTEXT/SASL_SSL listeners; users in DATA_DIR/_pipeline/users.db.
-        self.sasl_apis = SaslApis(UserStore.for_data_dir(c.data_dir), tuple(c.sasl_enabled_mechanisms.split(",")),
-                                  FailedAuthenticationThrottle(c.failed_authentication_delay_ms))
-        self.sasl_apis.register(self.apis)
         mute = c.mode is Mode.BASELINE
         ordered = c.mode is not Mode.SHARED_UNMUTED
         limits = ConnectionLimits(
