@@ -11,6 +11,10 @@ used to answer early.
 
 Results are built with kio's classes for the request's version
 (``apis.response_module``); ``apis.make`` drops the fields a version lacks.
+
+Authorization (issue 9) goes through ``KafkaApis.authorize`` (allowed when no
+authorizer is configured), per topic or resource as Kafka's ``ControllerApis``
+and ``KafkaApis`` check it; each method cites its rule.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pipeline.protocol.apis import BrokerInfo, validate_topic_name
 from pipeline.requests.catalog import NoSuchTopicError, TopicCatalog, TopicExistsError
 from pipeline.requests.channel import Request
 from pipeline.requests.metrics import RequestMetrics, add_error
+from pipeline.security.acl import CLUSTER_NAME, AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,10 @@ _NO_AUTHORIZED_OPERATIONS = -2147483648
 # (AclEntry.supportedOperations: CREATE 5, ALTER 7, DESCRIBE 8, CLUSTER_ACTION 9,
 # DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11, IDEMPOTENT_WRITE 12) as a bit field;
 # with no authorizer every one is allowed (KafkaApis.handleDescribeCluster, KIP-430).
-_CLUSTER_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
+_CLUSTER_OPERATION_CODES = (5, 7, 8, 9, 10, 11, 12)
+_CLUSTER_OPERATIONS = sum(1 << op for op in _CLUSTER_OPERATION_CODES)
+_AUTHORIZATION_FAILED = "Authorization failed."
+"""Kafka's message for TOPIC_AUTHORIZATION_FAILED results of the admin apis."""
 
 DeleteHook = Callable[[str], Awaitable[None]]
 """``on_delete_topic(topic)``: remove everything the topic stored (see ``AdminApis``)."""
@@ -130,9 +138,12 @@ class AdminApis:
         self.on_delete_topic = on_delete_topic
         self.broker_configs = {c.name: c for c in broker_configs or []}
         self.request_metrics = request_metrics if request_metrics is not None else RequestMetrics()
+        self._authorize: Callable[..., bool] = lambda request, operation, resource_type, name, log_denied=True: True
+        """``KafkaApis.authorize`` once registered; everything allowed before (tests without an authorizer)."""
 
     def register(self, kafka_apis: Any) -> None:
-        """Serve the six admin api keys on ``kafka_apis`` (``KafkaApis.register``)."""
+        """Serve the six admin api keys on ``kafka_apis`` (``KafkaApis.register``); authorize with it."""
+        self._authorize = kafka_apis.authorize
         kafka_apis.register(CREATE_TOPICS, self.create_topics)
         kafka_apis.register(DELETE_TOPICS, self.delete_topics)
         kafka_apis.register(CREATE_PARTITIONS, self.create_partitions)
@@ -164,6 +175,11 @@ class AdminApis:
         carry the partition count, replication factor and every config with
         its source (KIP-525); v7 the topic id (KIP-516).
 
+        Authorization (Kafka ``ControllerApis.createTopics``): CLUSTER Create, or
+        else TOPIC Create on the name, else TOPIC_AUTHORIZATION_FAILED (after the
+        duplicate check); the v5+ configs need TOPIC DescribeConfigs, else
+        ``topic_config_error_code`` is TOPIC_AUTHORIZATION_FAILED and none are given.
+
         Raises:
             InvalidRequestError: the body cannot be parsed.
         """
@@ -172,6 +188,8 @@ class AdminApis:
         module = apis.response_module(CREATE_TOPICS, header.api_version)
         counts = collections.Counter(t.name for t in body.topics)
         duplicates = sorted(n for n, c in counts.items() if c > 1)
+        cluster_create = self._authorize(request, AclOperation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME,
+                                         log_denied=False)
         results, codes = [], []
         for topic in body.topics:
             values: dict[str, Any] = {"name": topic.name, "topic_id": _ZERO_UUID, "error_message": None,
@@ -182,6 +200,9 @@ class AdminApis:
                     raise _Refused(ErrorCode.invalid_request,
                                    f"Create topics request from client `{header.client_id}` contains multiple "
                                    f"entries for the following topics: {', '.join(duplicates)}")
+                if not cluster_create and not self._authorize(request, AclOperation.CREATE, ResourceType.TOPIC,
+                                                              topic.name):
+                    raise _Refused(ErrorCode.topic_authorization_failed, _AUTHORIZATION_FAILED)
                 partitions, overrides = self._check_new_topic(topic)
                 if body.validate_only:
                     topic_id = apis.topic_id_for(topic.name)
@@ -191,7 +212,10 @@ class AdminApis:
                     except TopicExistsError as exc:
                         raise _Refused(ErrorCode.topic_already_exists, str(exc)) from None
                 values.update(topic_id=topic_id, num_partitions=partitions, replication_factor=1)
-                if header.api_version >= 5:  # KIP-525: the created topic's configs
+                if header.api_version >= 5 and not self._authorize(
+                        request, AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, topic.name, log_denied=False):
+                    values["topic_config_error_code"] = ErrorCode.topic_authorization_failed.value
+                elif header.api_version >= 5:  # KIP-525: the created topic's configs
                     values["configs"] = tuple(
                         apis.make(module.CreatableTopicConfigs, name=e.name, value=e.value, read_only=e.read_only,
                                   config_source=int(e.source), is_sensitive=False)
@@ -279,6 +303,10 @@ class AdminApis:
         then the store forgets it. Topics are deleted one after the other,
         and the request is answered when all are done.
 
+        Authorization (Kafka ``ControllerApis.deleteTopics``): TOPIC Delete, else
+        TOPIC_AUTHORIZATION_FAILED, checked before the topic's existence; a topic
+        id whose topic the principal may not Describe stays UNKNOWN_TOPIC_ID.
+
         Raises:
             InvalidRequestError: the body cannot be parsed.
         """
@@ -304,6 +332,11 @@ class AdminApis:
                                    else "Duplicate topic id.")
                 if topic_id is not None and resolved.startswith("\0"):
                     raise _Refused(ErrorCode.unknown_topic_id, f"Unknown topic id {topic_id}")
+                if not self._authorize(request, AclOperation.DELETE, ResourceType.TOPIC, resolved):
+                    if topic_id is not None and not self._authorize(
+                            request, AclOperation.DESCRIBE, ResourceType.TOPIC, resolved, log_denied=False):
+                        raise _Refused(ErrorCode.unknown_topic_id, f"Unknown topic id {topic_id}")
+                    raise _Refused(ErrorCode.topic_authorization_failed, _AUTHORIZATION_FAILED)
                 try:
                     await self.catalog.delete(resolved, self.on_delete_topic)
                 except NoSuchTopicError:
@@ -336,6 +369,8 @@ class AdminApis:
         per new partition, each this broker alone, else
         INVALID_REPLICA_ASSIGNMENT. ``validate_only`` checks only. New
         partitions start empty at offset 0 and show in Metadata at once.
+        A topic without TOPIC Alter is TOPIC_AUTHORIZATION_FAILED, before its existence
+        is checked (Kafka ``ControllerApis.createPartitions``).
 
         Raises:
             InvalidRequestError: the body cannot be parsed.
@@ -350,6 +385,8 @@ class AdminApis:
             try:
                 if counts[topic.name] > 1:
                     raise _Refused(ErrorCode.invalid_request, "Duplicate topic in request.")
+                if not self._authorize(request, AclOperation.ALTER, ResourceType.TOPIC, topic.name):
+                    raise _Refused(ErrorCode.topic_authorization_failed, _AUTHORIZATION_FAILED)
                 current = self.catalog.partitions(topic.name)
                 if current is None:
                     raise _Refused(ErrorCode.unknown_topic_or_partition,
@@ -398,6 +435,10 @@ class AdminApis:
         INVALID_REQUEST. Other resource types -> INVALID_REQUEST. Synonyms
         when ``include_synonyms``; documentation (v3+) when asked.
 
+        Authorization (Kafka ``KafkaApis.handleDescribeConfigsRequest``): a topic
+        needs TOPIC DescribeConfigs (else TOPIC_AUTHORIZATION_FAILED), a broker
+        CLUSTER DescribeConfigs (else CLUSTER_AUTHORIZATION_FAILED).
+
         Raises:
             InvalidRequestError: the body cannot be parsed.
         """
@@ -411,6 +452,7 @@ class AdminApis:
             error, message, entries = ErrorCode.none, None, []
             keys = resource.configuration_keys
             try:
+                self._authorize_configs(request, resource, AclOperation.DESCRIBE_CONFIGS)
                 if resource.resource_type == TOPIC_RESOURCE:
                     entries = self._describe_topic(resource.resource_name, keys, synonyms)
                 elif resource.resource_type == BROKER_RESOURCE:
@@ -437,6 +479,20 @@ class AdminApis:
                     for e in entries)))
         self._complete(request, apis.make(module.DescribeConfigsResponse, throttle_time=apis.ZERO_MS,
                                           results=tuple(results)), codes)
+
+    def _authorize_configs(self, request: Request, resource: Any, operation: AclOperation) -> None:
+        """TOPIC ``operation`` for a topic, CLUSTER ``operation`` for a broker or broker logger
+        (Kafka ``KafkaApis`` ``authorizeConfigsResource``); other types are left to the caller.
+
+        Raises:
+            _Refused: TOPIC_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED.
+        """
+        if resource.resource_type == TOPIC_RESOURCE:
+            if not self._authorize(request, operation, ResourceType.TOPIC, resource.resource_name):
+                raise _Refused(ErrorCode.topic_authorization_failed, _AUTHORIZATION_FAILED)
+        elif resource.resource_type in (BROKER_RESOURCE, BROKER_LOGGER_RESOURCE):
+            if not self._authorize(request, operation, ResourceType.CLUSTER, CLUSTER_NAME):
+                raise _Refused(ErrorCode.cluster_authorization_failed, "Cluster authorization failed.")
 
     def _describe_topic(self, name: str, keys: Any, synonyms: bool) -> list[ConfigEntry]:
         try:
@@ -477,6 +533,10 @@ class AdminApis:
         ``DynamicBrokerConfig.validateConfigs`` for non-dynamic keys); a
         resource named twice -> INVALID_REQUEST; other types -> INVALID_REQUEST.
 
+        Authorization (Kafka ``KafkaApis.handleIncrementalAlterConfigsRequest``): a
+        topic needs TOPIC AlterConfigs (else TOPIC_AUTHORIZATION_FAILED), a broker
+        CLUSTER AlterConfigs (else CLUSTER_AUTHORIZATION_FAILED).
+
         Raises:
             InvalidRequestError: the body cannot be parsed.
         """
@@ -490,6 +550,7 @@ class AdminApis:
             try:
                 if counts[(resource.resource_type, resource.resource_name)] > 1:
                     raise _Refused(ErrorCode.invalid_request, "Error due to duplicate resource in request")
+                self._authorize_configs(request, resource, AclOperation.ALTER_CONFIGS)
                 names = collections.Counter(c.name for c in resource.configs)
                 if any(n > 1 for n in names.values()):
                     raise _Refused(ErrorCode.invalid_request, "Error due to duplicate config keys")
@@ -549,8 +610,10 @@ class AdminApis:
         """DescribeCluster v0-v1 (KIP-700, KIP-919): this broker, the cluster id, and this
         broker as the controller. v1 ``endpoint_type`` 1 (brokers) is served; 2
         (controllers) is MISMATCHED_ENDPOINT_TYPE as on a Kafka broker; anything else
-        UNSUPPORTED_ENDPOINT_TYPE. Authorized operations, when asked, are every cluster
-        operation (no authorizer).
+        UNSUPPORTED_ENDPOINT_TYPE. Authorized operations, when asked (KIP-430, Kafka
+        ``AuthHelper.computeDescribeClusterResponse``): with CLUSTER Describe the cluster
+        operations the principal is allowed (every one with no authorizer), without it 0;
+        as in Kafka the request itself is never refused.
 
         Raises:
             InvalidRequestError: the body cannot be parsed.
@@ -573,6 +636,13 @@ class AdminApis:
             module.DescribeClusterResponse, throttle_time=apis.ZERO_MS, error_code=error, error_message=message,
             endpoint_type=endpoint, cluster_id=b.cluster_id, controller_id=b.node_id if error == ErrorCode.none else -1,
             brokers=brokers,
-            cluster_authorized_operations=_CLUSTER_OPERATIONS if body.include_cluster_authorized_operations
-            else _NO_AUTHORIZED_OPERATIONS), [error])
+            cluster_authorized_operations=self._cluster_operations(request)
+            if body.include_cluster_authorized_operations else _NO_AUTHORIZED_OPERATIONS), [error])
+
+    def _cluster_operations(self, request: Request) -> int:
+        """KIP-430 bit field of the CLUSTER operations allowed; 0 without CLUSTER Describe."""
+        if not self._authorize(request, AclOperation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+            return 0
+        return sum(1 << op for op in _CLUSTER_OPERATION_CODES
+                   if self._authorize(request, AclOperation(op), ResourceType.CLUSTER, CLUSTER_NAME, log_denied=False))
 

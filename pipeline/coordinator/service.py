@@ -20,6 +20,14 @@ request path:
 ``close`` (server shutdown, after the handlers have drained): pending
 JoinGroup/SyncGroup answers go out NOT_COORDINATOR, queued writes finish and
 are answered, then ``run`` returns.
+
+Authorization (issue 9) goes through ``KafkaApis.authorize``, with Kafka's
+rules (``KafkaApis.handleJoinGroupRequest`` and its siblings): the member apis
+and OffsetFetch need GROUP Read, OffsetCommit GROUP Read and TOPIC Read,
+DescribeGroups and FindCoordinator GROUP Describe, DeleteGroups GROUP Delete,
+OffsetDelete GROUP Delete and TOPIC Read; ListGroups lists the groups the
+principal may Describe (all of them with CLUSTER Describe). With no authorizer
+every check passes.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from pipeline.protocol.apis import (
 )
 from pipeline.requests.channel import Request
 from pipeline.requests.metrics import add_error
+from pipeline.security.acl import CLUSTER_NAME, AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +83,9 @@ WRITE_BATCH_MAX = 512
 INVALID_REQUEST = 42
 OFFSET_METADATA_TOO_LARGE = 12
 GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1
+TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED = 29, 30
+READ, DESCRIBE, DELETE = AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE
+GROUP, TOPIC = ResourceType.GROUP, ResourceType.TOPIC
 
 
 def _ms(value: datetime.timedelta) -> int:
@@ -259,11 +271,23 @@ class GroupCoordinatorService:
                          protocol_type=r.protocol_type, protocol_name=r.protocol_name, assignment=r.assignment)
         return apis.encode(header, body)
 
+    # ------------------------------------------------------------------ authorization
+
+    def _allowed(self, request: Request, operation: AclOperation, resource_type: ResourceType, name: str,
+                 log_denied: bool = True) -> bool:
+        """``KafkaApis.authorize`` (True for everything when no authorizer is configured)."""
+        return self.apis.authorize(request, operation, resource_type, name, log_denied)
+
+    def _readable_topics(self, request: Request, topics: Any) -> dict[str, bool]:
+        """topic -> TOPIC Read allowed, each topic checked once (Kafka ``authHelper.filterByAuthorized``)."""
+        return {name: self._allowed(request, READ, TOPIC, name) for name in dict.fromkeys(t.name for t in topics)}
+
     # ------------------------------------------------------------------ handlers
 
     async def _find_coordinator(self, request: Request) -> None:
         """FindCoordinator v0-4: this broker for groups; transactions have no coordinator here
-        (COORDINATOR_NOT_AVAILABLE); another key type is INVALID_REQUEST (Kafka KafkaApis.handleFindCoordinatorRequest)."""
+        (COORDINATOR_NOT_AVAILABLE); another key type is INVALID_REQUEST (Kafka KafkaApis.handleFindCoordinatorRequest).
+        A group key needs GROUP Describe, else GROUP_AUTHORIZATION_FAILED (per key from v4)."""
         header = request.header
         version = header.api_version
         body = apis.decode_request(header, request.frame)
@@ -273,7 +297,9 @@ class GroupCoordinatorService:
         broker = self.apis.broker.for_listener(request.connection.listener)
         found = []
         for key in keys:
-            if key_type == GROUP_KEY_TYPE and not self._closing:
+            if key_type == GROUP_KEY_TYPE and not self._allowed(request, DESCRIBE, GROUP, key):
+                found.append((key, GROUP_AUTHORIZATION_FAILED, None, -1, "", -1))
+            elif key_type == GROUP_KEY_TYPE and not self._closing:
                 found.append((key, gc.NONE, None, broker.node_id, broker.host, broker.port))
             elif key_type == GROUP_KEY_TYPE:
                 found.append((key, gc.COORDINATOR_NOT_AVAILABLE, "the broker is shutting down", -1, "", -1))
@@ -296,9 +322,15 @@ class GroupCoordinatorService:
         request.connection.complete(request.token, apis.encode(header, response))
 
     async def _join_group(self, request: Request) -> None:
+        """JoinGroup; GROUP Read, else GROUP_AUTHORIZATION_FAILED with the request's member id
+        (Kafka KafkaApis.handleJoinGroupRequest)."""
         header = request.header
         version = header.api_version
         body = apis.decode_request(header, request.frame)
+        if not self._allowed(request, READ, GROUP, body.group_id):
+            request.connection.complete(request.token, self._join_response(
+                request, JoinResult(GROUP_AUTHORIZATION_FAILED, member_id=body.member_id)))
+            return
         session_ms = _ms(body.session_timeout)
         instance_id = getattr(body, "group_instance_id", None)
         waiter = _Waiter(request)
@@ -313,8 +345,13 @@ class GroupCoordinatorService:
         self._poke()
 
     async def _sync_group(self, request: Request) -> None:
+        """SyncGroup; GROUP Read, else GROUP_AUTHORIZATION_FAILED (Kafka KafkaApis.handleSyncGroupRequest)."""
         header = request.header
         body = apis.decode_request(header, request.frame)
+        if not self._allowed(request, READ, GROUP, body.group_id):
+            request.connection.complete(request.token, self._sync_response(
+                request, SyncResult(GROUP_AUTHORIZATION_FAILED)))
+            return
         replies = self.state.sync(
             _Waiter(request), self._now_ms(), group_id=body.group_id, generation_id=int(body.generation_id),
             member_id=body.member_id, instance_id=getattr(body, "group_instance_id", None),
@@ -324,11 +361,16 @@ class GroupCoordinatorService:
         self._poke()
 
     async def _heartbeat(self, request: Request) -> None:
+        """Heartbeat; GROUP Read, else GROUP_AUTHORIZATION_FAILED (Kafka KafkaApis.handleHeartbeatRequest)."""
         header = request.header
         body = apis.decode_request(header, request.frame)
-        error = self.state.heartbeat(self._now_ms(), group_id=body.group_id, generation_id=int(body.generation_id),
-                                     member_id=body.member_id, instance_id=getattr(body, "group_instance_id", None))
-        self._poke()
+        if not self._allowed(request, READ, GROUP, body.group_id):
+            error = GROUP_AUTHORIZATION_FAILED
+        else:
+            error = self.state.heartbeat(self._now_ms(), group_id=body.group_id,
+                                         generation_id=int(body.generation_id), member_id=body.member_id,
+                                         instance_id=getattr(body, "group_instance_id", None))
+            self._poke()
         add_error(self._errors[HEARTBEAT], error)
         mod = apis.response_module(HEARTBEAT, header.api_version)
         response = apis.make(mod.HeartbeatResponse, throttle_time=apis.ZERO_MS, error_code=apis.error_code(error))
@@ -336,7 +378,8 @@ class GroupCoordinatorService:
 
     async def _leave_group(self, request: Request) -> None:
         """LeaveGroup v0-5; v3+ may remove several members (KIP-345). Before v3 a member's
-        error is the response's error (Kafka LeaveGroupResponse)."""
+        error is the response's error (Kafka LeaveGroupResponse). GROUP Read, else
+        GROUP_AUTHORIZATION_FAILED and no members (Kafka KafkaApis.handleLeaveGroupRequest)."""
         header = request.header
         version = header.api_version
         body = apis.decode_request(header, request.frame)
@@ -344,9 +387,12 @@ class GroupCoordinatorService:
             leaving = [(m.member_id, m.group_instance_id) for m in body.members]
         else:
             leaving = [(body.member_id, None)]
-        error, member_errors, replies = self.state.leave(self._now_ms(), body.group_id, leaving)
-        self._deliver(replies)
-        self._poke()
+        if not self._allowed(request, READ, GROUP, body.group_id):
+            error, member_errors, leaving = GROUP_AUTHORIZATION_FAILED, [], []
+        else:
+            error, member_errors, replies = self.state.leave(self._now_ms(), body.group_id, leaving)
+            self._deliver(replies)
+            self._poke()
         mod = apis.response_module(LEAVE_GROUP, version)
         if version >= 3:
             members = tuple(apis.make(mod.MemberResponse, member_id=mid, group_instance_id=iid,
@@ -372,12 +418,22 @@ class GroupCoordinatorService:
         """OffsetCommit v2-8 (Kafka KafkaApis.handleOffsetCommitRequest, GroupCoordinator.handleCommitOffsets):
         unknown topic-partitions are UNKNOWN_TOPIC_OR_PARTITION, metadata over
         OFFSET_METADATA_MAX_BYTES is OFFSET_METADATA_TOO_LARGE, the group's verdict applies to
-        the rest; the valid offsets are answered once durable."""
+        the rest; the valid offsets are answered once durable.
+
+        Authorization first (Kafka handleOffsetCommitRequest): without GROUP Read every
+        partition is GROUP_AUTHORIZATION_FAILED; a topic without TOPIC Read has its
+        partitions TOPIC_AUTHORIZATION_FAILED."""
         header = request.header
         body = apis.decode_request(header, request.frame)
         group_id = body.group_id
         results: list[tuple[str, int, int]] = []  # (topic, partition, error); -1: to write
         to_write: dict[tuple[str, int], tuple[int, int, str | None]] = {}
+        if not self._allowed(request, READ, GROUP, group_id):
+            request.connection.complete(request.token, self._offset_commit_response(request, [
+                (t.name, int(p.partition_index), GROUP_AUTHORIZATION_FAILED) for t in body.topics
+                for p in t.partitions]))
+            return
+        readable = self._readable_topics(request, body.topics)
         group_error = self.state.validate_commit(
             self._now_ms(), group_id=group_id, generation_id=int(body.generation_id_or_member_epoch),
             member_id=body.member_id, instance_id=getattr(body, "group_instance_id", None))
@@ -386,7 +442,9 @@ class GroupCoordinatorService:
             for part in topic.partitions:
                 p = int(part.partition_index)
                 metadata = part.committed_metadata
-                if not self._partition_exists(topic.name, p):
+                if not readable[topic.name]:
+                    error = TOPIC_AUTHORIZATION_FAILED
+                elif not self._partition_exists(topic.name, p):
                     error = gc.UNKNOWN_TOPIC_OR_PARTITION
                 elif group_error != gc.NONE:
                     error = group_error
@@ -425,7 +483,12 @@ class GroupCoordinatorService:
 
     async def _offset_fetch(self, request: Request) -> None:
         """OffsetFetch v1-8: committed offsets, -1 where nothing is committed; null topics (v2+)
-        means every committed partition; v8 asks for several groups (KIP-709)."""
+        means every committed partition; v8 asks for several groups (KIP-709).
+
+        Kafka handleOffsetFetchRequest: a group without GROUP Read is
+        GROUP_AUTHORIZATION_FAILED (per group in v8); asked partitions of a topic
+        without TOPIC Describe are TOPIC_AUTHORIZATION_FAILED, and "every committed
+        partition" leaves such topics out."""
         header = request.header
         version = header.api_version
         body = apis.decode_request(header, request.frame)
@@ -435,12 +498,28 @@ class GroupCoordinatorService:
         else:
             asked = [(body.group_id, body.topics)]
         groups = []
+        describable: dict[str, bool] = {}
+
+        def may_describe(topic: str, log_denied: bool) -> bool:
+            if topic not in describable:
+                describable[topic] = self._allowed(request, DESCRIBE, TOPIC, topic, log_denied)
+            return describable[topic]
+
         for group_id, topics in asked:
+            if not self._allowed(request, READ, GROUP, group_id):
+                groups.append((group_id, GROUP_AUTHORIZATION_FAILED, []))
+                continue
             if self._closing:
                 groups.append((group_id, gc.COORDINATOR_NOT_AVAILABLE, []))
                 continue
             partitions = None if topics is None else [(t.name, int(p)) for t in topics for p in t.partition_indexes]
-            groups.append((group_id, gc.NONE, self.state.fetch_offsets(group_id, partitions)))
+            rows = [(t, p, o, e, m, gc.NONE) for t, p, o, e, m in self.state.fetch_offsets(group_id, partitions)]
+            if topics is None:
+                rows = [r for r in rows if may_describe(r[0], False)]
+            else:
+                rows = [r if may_describe(r[0], True) else (r[0], r[1], -1, -1, None, TOPIC_AUTHORIZATION_FAILED)
+                        for r in rows]
+            groups.append((group_id, gc.NONE, rows))
         plural = "s" if version >= 8 else ""  # kio's v8 names: OffsetFetchResponsePartitions, ...Topics
         partition_cls = getattr(mod, f"OffsetFetchResponsePartition{plural}")
         topic_cls = getattr(mod, f"OffsetFetchResponseTopic{plural}")
@@ -448,10 +527,11 @@ class GroupCoordinatorService:
         for group_id, error, rows in groups:
             add_error(self._errors[OFFSET_FETCH], error)
             by_topic: dict[str, list[Any]] = {}
-            for t, p, offset, epoch, metadata in rows:
+            for t, p, offset, epoch, metadata, partition_error in rows:
                 by_topic.setdefault(t, []).append(apis.make(
                     partition_cls, partition_index=i32(p), committed_offset=i64(offset),
-                    committed_leader_epoch=i32(epoch), metadata=metadata, error_code=apis.error_code(gc.NONE)))
+                    committed_leader_epoch=i32(epoch), metadata=metadata,
+                    error_code=apis.error_code(partition_error)))
             topics_built = tuple(apis.make(topic_cls, name=t, partitions=tuple(ps)) for t, ps in by_topic.items())
             built.append((group_id, error, topics_built))
         if version >= 8:
@@ -465,12 +545,17 @@ class GroupCoordinatorService:
         request.connection.complete(request.token, apis.encode(header, response))
 
     async def _describe_groups(self, request: Request) -> None:
+        """DescribeGroups; a group without GROUP Describe is GROUP_AUTHORIZATION_FAILED, with an
+        empty summary (Kafka KafkaApis.handleDescribeGroupsRequest)."""
         header = request.header
         body = apis.decode_request(header, request.frame)
         mod = apis.response_module(DESCRIBE_GROUPS, header.api_version)
         groups = []
         for group_id in body.groups:
-            s = self.state.describe(group_id)
+            if self._allowed(request, DESCRIBE, GROUP, group_id):
+                s = self.state.describe(group_id)
+            else:
+                s = gc.GroupSummary(GROUP_AUTHORIZATION_FAILED, "", "", "", ())
             add_error(self._errors[DESCRIBE_GROUPS], s.error)
             members = tuple(apis.make(mod.DescribedGroupMember, member_id=m.member_id,
                                       group_instance_id=m.instance_id, client_id=m.client_id,
@@ -483,11 +568,15 @@ class GroupCoordinatorService:
         request.connection.complete(request.token, apis.encode(header, response))
 
     async def _list_groups(self, request: Request) -> None:
+        """ListGroups: every group with CLUSTER Describe, else only the groups the principal may
+        Describe, without logging the others (Kafka KafkaApis.handleListGroupsRequest)."""
         header = request.header
         body = apis.decode_request(header, request.frame)
         mod = apis.response_module(LIST_GROUPS, header.api_version)
         error = gc.COORDINATOR_NOT_AVAILABLE if self._closing else gc.NONE
         listed = [] if self._closing else self.state.list_groups(getattr(body, "states_filter", ()))
+        if listed and not self._allowed(request, DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME, log_denied=False):
+            listed = [g for g in listed if self._allowed(request, DESCRIBE, GROUP, g[0], log_denied=False)]
         add_error(self._errors[LIST_GROUPS], error)
         groups = tuple(apis.make(mod.ListedGroup, group_id=g, protocol_type=pt, group_state=st)
                        for g, pt, st in listed)
@@ -497,11 +586,13 @@ class GroupCoordinatorService:
 
     async def _delete_groups(self, request: Request) -> None:
         """DeleteGroups v0-2 (Kafka GroupCoordinator.handleDeleteGroups): Empty groups lose
-        their offsets durably before the answer; others are NON_EMPTY_GROUP or GROUP_ID_NOT_FOUND."""
+        their offsets durably before the answer; others are NON_EMPTY_GROUP or GROUP_ID_NOT_FOUND.
+        A group without GROUP Delete is GROUP_AUTHORIZATION_FAILED (Kafka KafkaApis.handleDeleteGroupsRequest)."""
         header = request.header
         body = apis.decode_request(header, request.frame)
         mod = apis.response_module(DELETE_GROUPS, header.api_version)
-        results = [(g, self.state.delete_group(g)) for g in body.groups_names]
+        results = [(g, self.state.delete_group(g) if self._allowed(request, DELETE, GROUP, g)
+                    else GROUP_AUTHORIZATION_FAILED) for g in body.groups_names]
         deleting = [g for g, e in results if e == gc.NONE]
 
         def answer(ok: bool) -> None:
@@ -526,19 +617,28 @@ class GroupCoordinatorService:
 
     async def _offset_delete(self, request: Request) -> None:
         """OffsetDelete v0 (KIP-496, Kafka GroupCoordinator.handleDeleteOffsets): a group error
-        answers alone; topics a live consumer group subscribes to are GROUP_SUBSCRIBED_TO_TOPIC."""
+        answers alone; topics a live consumer group subscribes to are GROUP_SUBSCRIBED_TO_TOPIC.
+        Kafka KafkaApis.handleOffsetDeleteRequest: GROUP Delete, else GROUP_AUTHORIZATION_FAILED
+        alone; a topic without TOPIC Read has its partitions TOPIC_AUTHORIZATION_FAILED."""
         header = request.header
         body = apis.decode_request(header, request.frame)
         mod = apis.response_module(OFFSET_DELETE, header.api_version)
         group_id = body.group_id
-        group_error, subscribed = self.state.check_offset_delete(group_id, [t.name for t in body.topics])
+        if not self._allowed(request, DELETE, GROUP, group_id):
+            group_error, subscribed, readable = GROUP_AUTHORIZATION_FAILED, set(), {}
+        else:
+            readable = self._readable_topics(request, body.topics)
+            group_error, subscribed = self.state.check_offset_delete(
+                group_id, [t.name for t in body.topics if readable[t.name]])
         results: list[tuple[str, int, int]] = []
         to_delete: list[tuple[str, int]] = []
         if group_error == gc.NONE:
             for topic in body.topics:
                 for part in topic.partitions:
                     p = int(part.partition_index)
-                    if not self._partition_exists(topic.name, p):
+                    if not readable[topic.name]:
+                        results.append((topic.name, p, TOPIC_AUTHORIZATION_FAILED))
+                    elif not self._partition_exists(topic.name, p):
                         results.append((topic.name, p, gc.UNKNOWN_TOPIC_OR_PARTITION))
                     elif topic.name in subscribed:
                         results.append((topic.name, p, gc.GROUP_SUBSCRIBED_TO_TOPIC))

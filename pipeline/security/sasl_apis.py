@@ -37,6 +37,7 @@ from kio.schema.errors import ErrorCode
 
 from pipeline.protocol import apis
 from pipeline.protocol.errors import InvalidRequestError
+from pipeline.security.acl import CLUSTER_NAME, AclOperation, ResourceType
 from pipeline.security.sasl import (
     AuthenticationFailedError,
     FailedAuthenticationThrottle,
@@ -80,6 +81,8 @@ class SaslApis:
         self._nursery: trio.Nursery | None = None
         self.failures = 0
         """Failed authentications since start."""
+        self._authorize: Any = lambda request, operation, resource_type, name, log_denied=True: True
+        """``KafkaApis.authorize`` once registered."""
 
     def register(self, kafka_apis: KafkaApis) -> None:
         """Serve the four apis on ``kafka_apis`` and make it ask us who is authenticated."""
@@ -88,6 +91,10 @@ class SaslApis:
         kafka_apis.register(DESCRIBE_USER_SCRAM_CREDENTIALS, self._describe)
         kafka_apis.register(ALTER_USER_SCRAM_CREDENTIALS, self._alter)
         kafka_apis.is_authenticated = self.is_authenticated
+        self._authorize = kafka_apis.authorize
+
+    def _cluster_allowed(self, request: Request, operation: AclOperation) -> bool:
+        return self._authorize(request, operation, ResourceType.CLUSTER, CLUSTER_NAME)
 
     def is_authenticated(self, connection: ConnectionHandle) -> bool:
         """Whether ``connection`` completed SASL authentication."""
@@ -192,9 +199,20 @@ class SaslApis:
     # -- DescribeUserScramCredentials / AlterUserScramCredentials (KIP-554) ---------
 
     async def _describe(self, request: Request) -> None:
+        """DescribeUserScramCredentials; needs CLUSTER Describe, else CLUSTER_AUTHORIZATION_FAILED
+        for the response and every named user (Kafka ``KafkaApis.handleDescribeUserScramCredentialsRequest``,
+        ``DescribeUserScramCredentialsRequest.getErrorResponse``)."""
         header = request.header
         body = apis.decode_request(header, request.frame)
         module = apis.response_module(DESCRIBE_USER_SCRAM_CREDENTIALS, header.api_version)
+        if not self._cluster_allowed(request, AclOperation.DESCRIBE):
+            denied, message = ErrorCode.cluster_authorization_failed, "Cluster authorization failed."
+            request.connection.complete(request.token, apis.encode(header, module.DescribeUserScramCredentialsResponse(
+                throttle_time=apis.ZERO_MS, error_code=denied, error_message=message, results=tuple(
+                    module.DescribeUserScramCredentialsResult(user=u.name, error_code=denied, error_message=message,
+                                                              credential_infos=())
+                    for u in body.users or ()))))
+            return
         known = await trio.to_thread.run_sync(self.users.users)
         if body.users is None or not body.users:
             # Kafka: a null or empty list describes every user that has credentials.
@@ -221,10 +239,17 @@ class SaslApis:
             results=tuple(result(n) for n in names))))
 
     async def _alter(self, request: Request) -> None:
+        """AlterUserScramCredentials; needs CLUSTER Alter, else every user named is
+        CLUSTER_AUTHORIZATION_FAILED and nothing changes (Kafka
+        ``ControllerApis.handleAlterUserScramCredentials``, ``AlterUserScramCredentialsRequest.getErrorResponse``)."""
         header = request.header
         body = apis.decode_request(header, request.frame)
         module = apis.response_module(ALTER_USER_SCRAM_CREDENTIALS, header.api_version)
-        results = await trio.to_thread.run_sync(self._alter_store, body)
+        if not self._cluster_allowed(request, AclOperation.ALTER):
+            denied = (ErrorCode.cluster_authorization_failed, "Cluster authorization failed.")
+            results = {u: denied for u in sorted({c.name for c in (*body.deletions, *body.upsertions)})}
+        else:
+            results = await trio.to_thread.run_sync(self._alter_store, body)
         log.info("connection %s (%s): AlterUserScramCredentials for %s", request.connection.connection_id,
                  request.connection.principal, ", ".join(f"{u}: {m or 'ok'}" for u, (_e, m) in results.items()))
         request.connection.complete(request.token, apis.encode(header, module.AlterUserScramCredentialsResponse(
