@@ -500,7 +500,10 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
     from pipeline.config import DEFAULT_SOURCE, KEYS
 
-    table = Table("key", "value", "source", title="pipeline configuration (defaults < file < env < flags)")
+    table = Table(title="pipeline configuration (defaults < file < env < flags)")
+    table.add_column("key", no_wrap=True)
+    table.add_column("value", overflow="fold")  # long values wrap; nothing is cut off with "…"
+    table.add_column("source", overflow="fold")
     for r in rows:
         key = KEYS.get(r["key"])
         value = r["value"]

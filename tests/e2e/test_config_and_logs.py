@@ -64,7 +64,7 @@ def test_config_show_names_the_source_of_each_value(config_file):
     assert config["num.partitions"] == {"value": 1, "source": "default"}
     assert config['topic."orders".table.retention.days'] == {"value": 30, "source": f"file:{config_file}"}
 
-    table = run_cli(*args, env=env)
+    table = run_cli(*args, env={**env, "COLUMNS": "400"})  # wide enough for one line per key
     assert table.returncode == 0, table.stderr
     rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:4]]
             for line in table.stdout.splitlines() if line.startswith("│")}
@@ -141,9 +141,9 @@ PLAIN_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARN
 
 
 def unserved_request(correlation_id: int) -> bytes:
-    """Fetch v4 (listed in ApiVersions, not served): the handler closes the connection with a logged reason."""
+    """DeleteRecords v0 (api key 21, not served): the handler closes the connection with a logged reason."""
     client_id = b"log-test"
-    body = struct.pack(">hhih", 1, 4, correlation_id, len(client_id)) + client_id + b"\x00" * 16
+    body = struct.pack(">hhih", 21, 0, correlation_id, len(client_id)) + client_id + b"\x00" * 16
     return struct.pack(">i", len(body)) + body
 
 

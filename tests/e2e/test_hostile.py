@@ -356,11 +356,11 @@ def test_unknown_api_key_closes_the_connection(env, case, api_key):
     client.close()
 
 
-def test_advertised_but_unserved_api_closes_the_connection(env, case):
-    # Fetch is listed by ApiVersions (librdkafka needs it) but not served.
+def test_known_but_unserved_api_closes_the_connection(env, case):
+    # DeleteRecords is a Kafka api this broker does not serve (nor list in ApiVersions).
     client = hostile_client(env)
-    client.send(raw_frame(1, 4, 32, b"\x00" * 40))
-    expect_closed_with(client, case, r"api key 1 \(fetch\) is not served")
+    client.send(raw_frame(21, 0, 32, b"\x00" * 40))
+    expect_closed_with(client, case, r"api key 21 \(delete_records\) is not served")
     client.close()
 
 
