@@ -97,7 +97,6 @@ class FetchApis:
     async def fetch(self, request: Request) -> None:
         header = request.header
         body = apis.decode_request(header, request.frame)
-        version = header.api_version
         if getattr(body, "replica_id", -1) >= 0:
             # Follower fetches: this broker has no replicas.
             self._answer_fetch(request, body, [], ErrorCode.unknown_server_error.value)

@@ -21,7 +21,6 @@ import io
 import re
 import uuid
 
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 from typing import Protocol
