@@ -17,6 +17,9 @@ of every run. Presets:
 * ``--consume`` (not a preset of the sweep; see ``pipeline.bench.consume_bench``):
   produce, consume from the WAL and from the table, ack-to-consumer latency
   (``--smoke`` shrinks it to CI size).
+* ``--security`` (not a preset of the sweep; see ``pipeline.bench.security_bench``):
+  produce throughput and latency over PLAINTEXT, SSL and SASL_SSL listeners of
+  one server (``--smoke`` shrinks it to CI size).
 * ``--full``: every configuration and queue count 1, 2, 4, 8, connections
   1, 8, 64, in-flight 1 and 5, acks -1 and 0, 8 s per run (~15-20 minutes).
 
@@ -167,6 +170,21 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                          help="--consume: comma list of consumer clients, confluent,kafka-python (default both)")
     consume.add_argument("--no-table-phase", dest="table_phase", action="store_false",
                          help="--consume: skip the restart with short retention and the reads from the table")
+    security = p.add_argument_group("security protocols (--security)")
+    security.add_argument("--security", action="store_true",
+                          help="one server with a listener per security protocol; per protocol, a librdkafka "
+                               "producer at default settings writes --security-records records (1 KiB) as fast as "
+                               "acknowledged, then --rate records/s for --duration s: records/s, MB/s, p50/p99, "
+                               "server CPU per record, median of --rounds interleaved rounds "
+                               "(pipeline.bench.security_bench; default 200,000 records, 2000/s for 10 s, 3 rounds)")
+    security.add_argument("--protocols", default=None,
+                          help="--security: comma list of PLAINTEXT,SSL,SASL_PLAINTEXT,SASL_SSL, the first is the "
+                               "reference (default PLAINTEXT,SSL,SASL_SSL)")
+    security.add_argument("--sasl-mechanism", default=None,
+                          help="--security: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (default)")
+    security.add_argument("--security-records", type=int, default=None,
+                          help="--security: records per throughput phase (default 200000; --smoke 3000)")
+    security.add_argument("--rounds", type=int, default=None, help="--security: rounds over the protocols (default 3)")
     hostile = p.add_argument_group("hostile clients (--hostile)")
     hostile.add_argument("--hostile", action="store_true",
                          help="good producers at a steady rate, alone and then beside every hostile client on "
@@ -250,20 +268,32 @@ def resolve_hostile(args: argparse.Namespace):
     return opts
 
 
+def _bench_argv() -> list[str]:
+    """This invocation's bench options, for the reproducing command a report prints: ``sys.argv``
+    after ``pipeline bench`` or ``python -m pipeline.bench``."""
+    import sys
+
+    return sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]
+
+
 def _run(args: argparse.Namespace) -> int:
     if getattr(args, "consume", False):
-        import sys
-
         from pipeline.bench.consume_bench import main as consume_main, resolve_consume
 
         try:
             consume_opts = resolve_consume(args)
         except ValueError as exc:
             raise SystemExit(f"pipeline bench: {exc}") from None
-        return consume_main(consume_opts, sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
-    if getattr(args, "table", False):
-        import sys
+        return consume_main(consume_opts, _bench_argv())
+    if getattr(args, "security", False):
+        from pipeline.bench.security_bench import main as security_main, resolve_security
 
+        try:
+            security_opts = resolve_security(args)
+        except ValueError as exc:
+            raise SystemExit(f"pipeline bench: {exc}") from None
+        return security_main(security_opts, _bench_argv())
+    if getattr(args, "table", False):
         from pipeline.bench.table_bench import TableBenchOptions, main as table_main
 
         out = args.out if args.out != Path("bench-results") else Path("bench-results") / "table"
@@ -275,7 +305,7 @@ def _run(args: argparse.Namespace) -> int:
                                        repeats=args.repeats)
         if not (1 <= table_opts.hours <= 24 * 31 and table_opts.duration <= 3600 and table_opts.rate > 0):
             raise SystemExit("pipeline bench: --table needs 1 <= --hours <= 744, --duration <= 3600, --rate > 0")
-        return table_main(table_opts, sys.argv[2:] if len(sys.argv) > 2 else [])
+        return table_main(table_opts, _bench_argv())
     if getattr(args, "hostile", False):
         from pipeline.bench.hostile_runner import main as hostile_main
 
