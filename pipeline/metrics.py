@@ -254,20 +254,43 @@ class ServerCollector:
                                       labels=labels)
         closed = CounterMetricFamily("kafka_server_socket_server_metrics_connection_close",
                                      "Kafka connection-close-total: connections a Processor closed", labels=labels)
+        auth_labels = ["listener"]
+        succeeded = CounterMetricFamily("kafka_server_socket_server_metrics_successful_authentication",
+                                        "Kafka successful-authentication-total: SASL exchanges completed (SASL_*) "
+                                        "and TLS handshakes completed (SSL), per listener", labels=auth_labels)
+        failed = CounterMetricFamily("kafka_server_socket_server_metrics_failed_authentication",
+                                     "Kafka failed-authentication-total: SASL exchanges failed and TLS handshakes "
+                                     "failed or timed out, per listener", labels=auth_labels)
+        listeners = [name for name, _protocol, _host, _port in getattr(s, "listener_addresses", ())] or [LISTENER]
+        good: Counter[str] = Counter()
+        bad: Counter[str] = Counter()
         muted = Counter()
         for p in list(s.processors):
-            ids = [LISTENER, str(p.processor_id)]
             channels = list(p.channels)
-            count.add_metric(ids, len(channels))
-            created.add_metric(ids, p.connections_created)
-            closed.add_metric(ids, p.connections_closed)
+            open_by_listener = Counter(ch.listener for ch in channels)
+            for listener in sorted(set(listeners) | set(p.connections_created)):
+                ids = [listener, str(p.processor_id)]
+                count.add_metric(ids, open_by_listener[listener])
+                created.add_metric(ids, p.connections_created[listener])
+                closed.add_metric(ids, p.connections_closed[listener])
+            good.update(p.successful_authentications)
+            bad.update(p.failed_authentications)
             for ch in channels:
                 reason = ch.state.mute_reason
                 if reason is not None:
                     muted[reason.value] += 1
+        sasl = getattr(s, "sasl_apis", None)
+        if sasl is not None:
+            good.update(sasl.successful_by_listener)
+            bad.update(sasl.failed_by_listener)
+        for listener in sorted(set(listeners) | set(good) | set(bad)):
+            succeeded.add_metric([listener], good[listener])
+            failed.add_metric([listener], bad[listener])
         yield count
         yield created
         yield closed
+        yield succeeded
+        yield failed
         mute = GaugeMetricFamily("pipeline_muted_channels", "Connections not being read now, by mute reason "
                                  "(Kafka KafkaChannel mute states, by cause)", labels=["reason"])
         for reason in MuteReason:

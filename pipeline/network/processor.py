@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import socket
+from collections import Counter
 from typing import Callable
 
 import trio
@@ -83,12 +84,18 @@ class Processor:
             new_connection_queue_size
         )
         self.channels: set[KafkaChannel] = set()
-        self.connections_created = 0
-        """Connections this Processor has served (Kafka socket-server-metrics connection-creation-total)."""
-        self.connections_closed = 0
-        """Of those, connections closed (Kafka connection-close-total)."""
+        self.connections_created: Counter[str] = Counter()
+        """Connections this Processor has served, by listener name (Kafka socket-server-metrics
+        connection-creation-total)."""
+        self.connections_closed: Counter[str] = Counter()
+        """Of those, connections closed, by listener name (Kafka connection-close-total)."""
         self.handshake_failures = 0
-        """TLS connections closed because their handshake failed or timed out (Kafka failed-authentication-total)."""
+        """TLS connections closed because their handshake failed or timed out."""
+        self.failed_authentications: Counter[str] = Counter()
+        """Failed TLS handshakes by listener name: Kafka counts them in failed-authentication-total."""
+        self.successful_authentications: Counter[str] = Counter()
+        """Completed TLS handshakes on SSL listeners, by listener name (Kafka successful-authentication-total;
+        on SASL_SSL the SASL exchange is the authentication, counted by SaslApis)."""
         self._stopping = False
 
     async def accept(self, stream: trio.SocketStream, ip: str, listener: Listener = PLAINTEXT_LISTENER) -> None:
@@ -133,7 +140,7 @@ class Processor:
         channel.security_protocol = listener.security_protocol
         channel.principal = principal
         self.channels.add(channel)
-        self.connections_created += 1
+        self.connections_created[listener.name] += 1
         return channel
 
     async def _secure_and_serve(self, conn_id: str, stream: trio.SocketStream, ip: str, listener: Listener) -> None:
@@ -144,6 +151,7 @@ class Processor:
         except BaseException as exc:
             if isinstance(exc, TlsHandshakeError):
                 self.handshake_failures += 1
+                self.failed_authentications[listener.name] += 1
                 log.warning("closing connection %s on listener %s: %s", conn_id, listener.name, exc,
                             extra={"connection_id": conn_id})
             self._quotas.release(ip)
@@ -153,6 +161,8 @@ class Processor:
                 raise
             return
         channel = self._new_channel(conn_id, secured, listener, principal)
+        if listener.security_protocol == "SSL":
+            self.successful_authentications[listener.name] += 1
         if principal != ANONYMOUS:
             log.info("connection %s on listener %s: TLS client %s", conn_id, listener.name, principal)
         if self._stopping:
@@ -177,6 +187,6 @@ class Processor:
             await channel.run()
         finally:
             self.channels.discard(channel)
-            self.connections_closed += 1
+            self.connections_closed[channel.listener] += 1
             self._quotas.release(ip)
             log.debug("processor %d: connection %s closed", self.processor_id, channel.connection_id)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime
 import logging
 import weakref
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -81,6 +82,10 @@ class SaslApis:
         self._nursery: trio.Nursery | None = None
         self.failures = 0
         """Failed authentications since start."""
+        self.failed_by_listener: Counter[str] = Counter()
+        """Failed SASL authentications by listener name (Kafka socket-server-metrics failed-authentication-total)."""
+        self.successful_by_listener: Counter[str] = Counter()
+        """Completed SASL authentications by listener name (Kafka successful-authentication-total)."""
         self._authorize: Any = lambda request, operation, resource_type, name, log_denied=True: True
         """``KafkaApis.authorize`` once registered."""
 
@@ -128,6 +133,7 @@ class SaslApis:
         except IllegalSaslStateError as exc:
             raise InvalidRequestError(f"ILLEGAL_SASL_STATE: {exc}") from None
         except UnsupportedMechanismError as exc:
+            self.failed_by_listener[connection.listener] += 1
             log.warning("connection %s from %s: %s", connection.connection_id, connection.peer_host, exc)
             answer(ErrorCode.unsupported_sasl_mechanism.value, exc.enabled)
             connection.close(str(exc))
@@ -159,6 +165,7 @@ class SaslApis:
             raise InvalidRequestError(f"ILLEGAL_SASL_STATE: {exc}") from None
         except AuthenticationFailedError as exc:
             self.failures += 1
+            self.failed_by_listener[connection.listener] += 1
             log.warning("failed authentication from %s (connection %s, mechanism %s, principal tried User:%s): %s",
                         connection.peer_host, connection.connection_id, server.mechanism, exc.user, exc)
             delay = self.throttle.failure(connection.peer_host, trio.current_time())
@@ -173,6 +180,7 @@ class SaslApis:
             assert server.principal is not None
             connection.principal = server.principal
             self.throttle.success(connection.peer_host)
+            self.successful_by_listener[connection.listener] += 1
             log.info("connection %s from %s authenticated as %s (%s)", connection.connection_id,
                      connection.peer_host, server.principal, server.mechanism)
         connection.complete(request.token, payload(ErrorCode.none.value, None, step.token))

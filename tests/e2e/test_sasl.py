@@ -29,7 +29,7 @@ from kio.serial import entity_reader
 
 from pipeline.security.users import DEFAULT_ITERATIONS
 from tests.e2e import raw_client as rc
-from tests.e2e.server_process import ServerProcess
+from tests.e2e.server_process import ServerProcess, free_port
 from tests.e2e.table_reader import read_table
 
 pytestmark = pytest.mark.slow
@@ -57,11 +57,26 @@ class Sasl:
         ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(self.keystore))
         self.server: ServerProcess | None = None
         self.ports: dict[str, int] = {}
+        self.metrics_port = free_port()
+
+    def authentications(self) -> dict[tuple[str, str], float]:
+        """(outcome "successful"/"failed", listener) -> Kafka's successful-/failed-authentication-total."""
+        from prometheus_client.parser import text_string_to_metric_families
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        prefix = "kafka_server_socket_server_metrics_"
+        return {(family.name[len(prefix):].split("_")[0], sample.labels["listener"]): sample.value
+                for family in text_string_to_metric_families(text)
+                if family.name in (prefix + "successful_authentication", prefix + "failed_authentication")
+                for sample in family.samples if sample.name.endswith("_total")}
 
     def start(self) -> None:
         self.server = ServerProcess(self.data_dir, "--listen", LISTENERS,
                                     "--ssl-keystore-location", str(self.keystore),
-                                    "--table-commit-interval-ms", "1000").start()
+                                    "--table-commit-interval-ms", "1000",
+                                    "--metrics-port", str(self.metrics_port)).start()
         self.ports = listener_ports(self.server)
 
     def stop(self) -> None:
@@ -213,6 +228,9 @@ def test_failed_authentications_are_closed_while_another_client_carries_on(sasl)
     alice.produce("sasl-carry-on", value=b"after")
     assert alice.flush(30) == 0
     EXPECTED["sasl-carry-on"] += 3
+    counts = sasl.authentications()  # Kafka socket-server-metrics, per listener
+    assert counts[("failed", "SASL_PLAINTEXT")] >= 6 and counts[("failed", "SASL_SSL")] >= 1
+    assert counts[("successful", "SASL_SSL")] >= 1 and counts[("failed", "PLAINTEXT")] == 0
     log = sasl.server.log_text()
     assert "failed authentication from 127.0.0.1" in log
     assert "principal tried User:mallory" in log

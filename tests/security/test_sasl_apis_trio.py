@@ -167,6 +167,8 @@ async def test_failures_close_only_their_connection(tmp_path, caplog):
     assert messages[0] == messages[1]  # wrong password and unknown user look the same
     assert not good.closed and (await metadata(broker, good)).topics[0].name == "t"
     assert broker.sasl.failures == 3
+    listener = good.listener
+    assert broker.sasl.failed_by_listener == {listener: 3} and broker.sasl.successful_by_listener == {listener: 1}
     text = caplog.text
     assert "User:mallory" in text and "10.0.0.1" in text
     assert "not-the-password" not in text and "pw-alice" not in text

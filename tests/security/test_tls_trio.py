@@ -148,6 +148,10 @@ async def test_mtls_principal_is_the_subject_and_a_client_without_a_certificate_
         assert "CERTIFICATE" in caplog.text.upper()
         assert len(channels) == 1  # the refused one never became a channel
         assert await round_trip(alice, 3) == 3  # the other client carries on
+        # Kafka socket-server-metrics successful-/failed-authentication-total, per listener
+        assert processor.successful_authentications == {"SSL": 1}
+        assert processor.failed_authentications == {"SSL": 1}
+        assert processor.connections_created == {"SSL": 1}
         await alice.aclose()
 
 
@@ -192,7 +196,7 @@ async def test_a_client_that_never_finishes_the_handshake_is_closed_after_the_de
             await wait_closed_by_server(silent)
         assert 0.4 < trio.current_time() - started < 3
         assert "TLS handshake not complete after 0.5 s" in caplog.text
-        assert processor.handshake_failures == 1
+        assert processor.handshake_failures == 1 and processor.failed_authentications["SSL"] == 1
         assert await round_trip(tls, 2) == 2
 
 
