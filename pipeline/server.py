@@ -109,10 +109,12 @@ class ServerConfig:
     advertised_listeners: tuple[Endpoint, ...] | None = None  # [advertised.listeners] by name
     listener_security_protocol_map: tuple[tuple[str, str], ...] = DEFAULT_PROTOCOL_MAP
     ssl_keystore_location: Path | None = None   # [ssl.keystore.location], PEM chain + key
-    ssl_keystore_type: str = "PEM"              # [ssl.keystore.type] Kafka's JKS is not read here
+    ssl_keystore_type: str = "PEM"              # [ssl.keystore.type] PEM or PKCS12; Kafka's JKS is not read here
+    ssl_keystore_password: str | None = None    # [ssl.keystore.password] of a PKCS12 keystore
     ssl_key_password: str | None = None         # [ssl.key.password]
     ssl_truststore_location: Path | None = None  # [ssl.truststore.location], PEM CAs
-    ssl_truststore_type: str = "PEM"            # [ssl.truststore.type]
+    ssl_truststore_type: str = "PEM"            # [ssl.truststore.type] PEM or PKCS12
+    ssl_truststore_password: str | None = None  # [ssl.truststore.password] of a PKCS12 truststore
     ssl_client_auth: str = "none"               # [ssl.client.auth]
     ssl_enabled_protocols: tuple[str, ...] = ("TLSv1.2", "TLSv1.3")  # [ssl.enabled.protocols]
     ssl_handshake_timeout_ms: int = DEFAULT_HANDSHAKE_TIMEOUT_MS
@@ -185,7 +187,9 @@ def build_listeners(c: ServerConfig) -> list[tuple[Endpoint, Listener]]:
         if protocol in TLS_PROTOCOLS and context is None:
             context = server_context(TlsSettings(
                 c.ssl_keystore_location, c.ssl_key_password, c.ssl_truststore_location, c.ssl_client_auth,
-                c.ssl_enabled_protocols, c.ssl_handshake_timeout_ms))
+                c.ssl_enabled_protocols, c.ssl_handshake_timeout_ms, keystore_type=c.ssl_keystore_type,
+                keystore_password=c.ssl_keystore_password, truststore_type=c.ssl_truststore_type,
+                truststore_password=c.ssl_truststore_password))
         out.append((endpoint, Listener(endpoint.name, protocol, context if protocol in TLS_PROTOCOLS else None,
                                        c.ssl_handshake_timeout_ms / 1000.0)))
     return out

@@ -56,6 +56,10 @@ class TlsSettings:
         client_auth: ``none``, ``requested`` or ``required`` (``ssl.client.auth``).
         enabled_protocols: TLS versions allowed (``ssl.enabled.protocols``).
         handshake_timeout_ms: deadline of a handshake (ms).
+        keystore_type: ``PEM`` or ``PKCS12`` (``ssl.keystore.type``).
+        keystore_password: password of a PKCS12 keystore (``ssl.keystore.password``).
+        truststore_type: ``PEM`` or ``PKCS12`` (``ssl.truststore.type``).
+        truststore_password: password of a PKCS12 truststore (``ssl.truststore.password``).
     """
 
     keystore_location: Path | None
@@ -64,6 +68,10 @@ class TlsSettings:
     client_auth: str = "none"
     enabled_protocols: tuple[str, ...] = ("TLSv1.2", "TLSv1.3")
     handshake_timeout_ms: int = DEFAULT_HANDSHAKE_TIMEOUT_MS
+    keystore_type: str = "PEM"
+    keystore_password: str | None = None
+    truststore_type: str = "PEM"
+    truststore_password: str | None = None
 
 
 def parse_protocols(text: str) -> tuple[str, ...]:
@@ -97,7 +105,10 @@ def server_context(settings: TlsSettings) -> ssl.SSLContext:
     versions = sorted(TLS_VERSIONS[n] for n in settings.enabled_protocols)
     context.minimum_version, context.maximum_version = versions[0], versions[-1]
     try:
-        context.load_cert_chain(settings.keystore_location, password=settings.key_password)
+        if settings.keystore_type == "PKCS12":
+            _load_pkcs12_keystore(context, Path(settings.keystore_location), settings.keystore_password)
+        else:
+            context.load_cert_chain(settings.keystore_location, password=settings.key_password)
     except FileNotFoundError:
         raise TlsConfigError(f"ssl.keystore.location: no such file {settings.keystore_location}") from None
     except (ssl.SSLError, OSError) as exc:
@@ -108,7 +119,11 @@ def server_context(settings: TlsSettings) -> ssl.SSLContext:
     context.verify_mode = _VERIFY_MODE[settings.client_auth]
     if settings.client_auth != "none":
         try:
-            if settings.truststore_location is not None:
+            if settings.truststore_location is not None and settings.truststore_type == "PKCS12":
+                context.load_verify_locations(cadata=_pkcs12_certificates(
+                    Path(settings.truststore_location).read_bytes(), settings.truststore_password,
+                    "ssl.truststore"))
+            elif settings.truststore_location is not None:
                 context.load_verify_locations(cafile=settings.truststore_location)
             else:
                 context.load_default_certs(ssl.Purpose.CLIENT_AUTH)
@@ -118,6 +133,68 @@ def server_context(settings: TlsSettings) -> ssl.SSLContext:
             raise TlsConfigError(f"ssl.truststore.location: cannot load CA certificates from "
                                  f"{settings.truststore_location}: {exc}") from None
     return context
+
+
+def _pkcs12(data: bytes, password: str | None, key: str):
+    """cryptography's PKCS12KeyAndCertificates of ``data``.
+
+    Raises:
+        TlsConfigError: not PKCS12, or a wrong password (the message names ``key``, never key material).
+    """
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    try:
+        return pkcs12.load_pkcs12(data, password.encode() if password is not None else None)
+    except ValueError:
+        raise TlsConfigError(f"{key}.location: cannot read it as PKCS12 (wrong {key}.password, "
+                             f"or not a PKCS12 file)") from None
+
+
+def _pkcs12_certificates(data: bytes, password: str | None, key: str) -> str:
+    """Every certificate of a PKCS12 truststore, as one PEM bundle (Java keytool's trusted-certificate
+    entries and a key entry's chain alike).
+
+    Raises:
+        TlsConfigError: unreadable, or no certificate in it.
+    """
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    store = _pkcs12(data, password, key)
+    certs = [c.certificate for c in store.additional_certs]
+    if store.cert is not None:
+        certs.insert(0, store.cert.certificate)
+    if not certs:
+        raise TlsConfigError(f"{key}.location: the PKCS12 store holds no certificate")
+    return "".join(c.public_bytes(Encoding.PEM).decode() for c in certs)
+
+
+def _load_pkcs12_keystore(context: ssl.SSLContext, location: Path, password: str | None) -> None:
+    """Load a PKCS12 keystore's key and chain into ``context`` (Kafka ``ssl.keystore.type=PKCS12``).
+
+    The ssl module loads keys from files only: the key is written, encrypted
+    with a random one-time password, to a file in a private (0700) temporary
+    directory that is removed at once; it is never on disk in clear.
+
+    Raises:
+        TlsConfigError: unreadable, wrong password, or no private key and certificate in it.
+        FileNotFoundError: no such file.
+    """
+    import secrets
+    import tempfile
+
+    from cryptography.hazmat.primitives.serialization import BestAvailableEncryption, Encoding, PrivateFormat
+
+    store = _pkcs12(location.read_bytes(), password, "ssl.keystore")
+    if store.key is None or store.cert is None:
+        raise TlsConfigError(f"ssl.keystore.location: {location} holds no private key with its certificate")
+    one_time = secrets.token_bytes(32).hex()
+    pem = store.key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, BestAvailableEncryption(one_time.encode()))
+    pem += store.cert.certificate.public_bytes(Encoding.PEM)
+    pem += b"".join(c.certificate.public_bytes(Encoding.PEM) for c in store.additional_certs)
+    with tempfile.TemporaryDirectory(prefix="pipeline-keystore-") as private:  # mkdtemp: mode 0700
+        path = Path(private) / "keystore.pem"
+        path.write_bytes(pem)
+        context.load_cert_chain(path, password=one_time)
 
 
 def principal_of(der_certificate: bytes | None) -> str:

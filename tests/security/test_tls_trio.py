@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import ssl
 import struct
+import tempfile
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 import trio
@@ -237,3 +239,48 @@ def test_protocols_and_anonymous():
         with pytest.raises(ValueError):
             parse_protocols(bad)
     assert principal_of(None) == ANONYMOUS
+
+
+def _pkcs12_stores(ca: trustme.CA, tmp_path) -> tuple:
+    """(keystore, truststore) as PKCS12 files with passwords, as ``keytool -storetype PKCS12`` users have them."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    cert = ca.issue_cert("127.0.0.1")
+    key = serialization.load_pem_private_key(cert.private_key_pem.bytes(), None)
+    chain = [x509.load_pem_x509_certificate(b.bytes()) for b in cert.cert_chain_pems]
+    keystore, truststore = tmp_path / "server.p12", tmp_path / "trust.p12"
+    keystore.write_bytes(pkcs12.serialize_key_and_certificates(
+        b"server", key, chain[0], chain[1:], serialization.BestAvailableEncryption(b"store-secret")))
+    truststore.write_bytes(pkcs12.serialize_key_and_certificates(
+        None, None, None, [x509.load_pem_x509_certificate(ca.cert_pem.bytes())],
+        serialization.BestAvailableEncryption(b"trust-secret")))
+    return keystore, truststore
+
+
+@pytest.mark.trio
+async def test_pkcs12_keystore_and_truststore_serve_mtls(ca, tmp_path):
+    keystore, truststore = _pkcs12_stores(ca, tmp_path)
+    context = server_context(TlsSettings(keystore, truststore_location=truststore, client_auth="required",
+                                         keystore_type="PKCS12", keystore_password="store-secret",
+                                         truststore_type="PKCS12", truststore_password="trust-secret"))
+    async with tls_listener(context) as (port, processor, channels):
+        alice = await tls_client(ca, port, "alice")
+        assert await round_trip(alice, 5) == 5
+        assert channels[0].principal.startswith("User:CN=alice,")
+        await alice.aclose()
+
+
+def test_pkcs12_errors_name_the_key_and_never_the_password(ca, tmp_path):
+    keystore, truststore = _pkcs12_stores(ca, tmp_path)
+    with pytest.raises(TlsConfigError, match="wrong ssl.keystore.password") as caught:
+        server_context(TlsSettings(keystore, keystore_type="PKCS12", keystore_password="guess-1"))
+    assert "guess-1" not in str(caught.value) and "store-secret" not in str(caught.value)
+    with pytest.raises(TlsConfigError, match="holds no private key"):  # a truststore given as the keystore
+        server_context(TlsSettings(truststore, keystore_type="PKCS12", keystore_password="trust-secret"))
+    with pytest.raises(TlsConfigError, match="wrong ssl.truststore.password"):
+        server_context(TlsSettings(keystore, truststore_location=truststore, client_auth="required",
+                                   keystore_type="PKCS12", keystore_password="store-secret",
+                                   truststore_type="PKCS12", truststore_password="guess-2"))
+    assert list(Path(tempfile.gettempdir()).glob("pipeline-keystore-*")) == []  # the one-time key file is gone
