@@ -176,14 +176,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                                "producer at default settings writes --security-records records (1 KiB) as fast as "
                                "acknowledged, then --rate records/s for --duration s: records/s, MB/s, p50/p99, "
                                "server CPU per record, median of --rounds interleaved rounds "
-                               "(pipeline.bench.security_bench; default 200,000 records, 2000/s for 10 s, 3 rounds)")
+                               "(pipeline.bench.security_bench; default 100,000 records, 2000/s for 10 s, 3 rounds)")
     security.add_argument("--protocols", default=None,
                           help="--security: comma list of PLAINTEXT,SSL,SASL_PLAINTEXT,SASL_SSL, the first is the "
                                "reference (default PLAINTEXT,SSL,SASL_SSL)")
     security.add_argument("--sasl-mechanism", default=None,
                           help="--security: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (default)")
     security.add_argument("--security-records", type=int, default=None,
-                          help="--security: records per throughput phase (default 200000; --smoke 3000)")
+                          help="--security: records per throughput phase (default 100000; --smoke 3000)")
     security.add_argument("--rounds", type=int, default=None, help="--security: rounds over the protocols (default 3)")
     hostile = p.add_argument_group("hostile clients (--hostile)")
     hostile.add_argument("--hostile", action="store_true",

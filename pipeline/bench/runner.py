@@ -87,6 +87,8 @@ class ManagedProcess:
         while the previous server shuts down and is verified)."""
         self._log = open(self.log_path, "ab")
         self._launched_at = time.monotonic()
+        self.port = None
+        self._ready.clear()
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self._log,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True)
         threading.Thread(target=self._read_stdout, daemon=True, name=f"{self.name}-stdout").start()
@@ -117,8 +119,8 @@ class ManagedProcess:
             self._stdout.append(line)
             if (m := METRICS.search(line)) is not None:
                 self.metrics_port = int(m.group(1))
-            if (m := LISTENING.search(line)) is not None:
-                self.port = int(m.group(2))
+            if self.port is None and (m := LISTENING.search(line)) is not None:
+                self.port = int(m.group(2))  # the first listener's (a server prints one line per listener)
                 self._ready.set()
 
     @property

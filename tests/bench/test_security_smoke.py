@@ -27,6 +27,7 @@ def test_security_bench_smoke(tmp_path):
         assert s["records"] == 600 and not s["errors"] and not s["timed_out"]  # 300/s for 2 s
         assert 0 < t["latency_ms"]["p50"] <= t["latency_ms"]["p99"] and run["server_cpu_s"] > 0
         assert s["first_ack_ms"] > 0
+        assert run["table_wait_s"] is not None  # each phase started with the persister empty
     rows = {r["protocol"]: r for r in results["summary"]}
     assert rows["PLAINTEXT"]["records_per_s_vs_plaintext"] == 1.0
     assert all(r["ok"] and r["records_per_s"] > 0 and r["p99_ms"] > 0 for r in rows.values())
