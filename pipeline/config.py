@@ -577,6 +577,26 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+LISTENER_PREFIX = "listener.name."
+LISTENER_KEYS = ("ssl.keystore.location", "ssl.keystore.type", "ssl.keystore.password", "ssl.key.password",
+                 "ssl.truststore.location", "ssl.truststore.type", "ssl.truststore.password", "ssl.client.auth",
+                 "ssl.enabled.protocols", "sasl.enabled.mechanisms")
+"""Keys a listener can override with Kafka's ``listener.name.<listener name, lower case>.<key>`` prefix
+(KIP-103; Kafka ``ListenerName.configPrefix``): the TLS and SASL settings, so that, e.g., an internal
+and an external SSL listener present different certificates. File only (the prefix has no flag)."""
+
+
+def listener_override(name: str) -> tuple[str, str] | None:
+    """``listener.name.internal.ssl.keystore.location`` -> (``internal``, ``ssl.keystore.location``);
+    None if ``name`` has no listener prefix. A key's dots leave no doubt where the listener name ends:
+    it is the part before the first ``ssl.`` or ``sasl.`` of ``LISTENER_KEYS``-like keys."""
+    if not name.startswith(LISTENER_PREFIX):
+        return None
+    rest = name[len(LISTENER_PREFIX):]
+    listener, dot, key = rest.partition(".")
+    return (listener, key) if dot and listener else None
+
+
 @dataclass(slots=True)
 class FileConfig:
     """What a configuration file sets.
@@ -584,11 +604,15 @@ class FileConfig:
     Attributes:
         values: key -> parsed value, for the keys the file sets.
         topics: the ``[topic."<name>"]`` tables.
-        sources: key (``topic.<name>.<key>`` for a topic's) -> ``file:PATH``.
+        listeners: listener name (lower case) -> {key of ``LISTENER_KEYS``: parsed value}, from
+            ``listener.name.<name>.<key>`` entries.
+        sources: key (``topic.<name>.<key>`` for a topic's, the whole prefixed key for a
+            listener's) -> ``file:PATH``.
     """
 
     values: dict[str, Any] = field(default_factory=dict)
     topics: dict[str, TopicTableConfig] = field(default_factory=dict)
+    listeners: dict[str, dict[str, Any]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -630,6 +654,16 @@ def load_config(file: str | Path) -> FileConfig:
     if not isinstance(topic_tables, dict):
         raise ConfigError(f"{source}: 'topic' must be a table of topics, e.g. [topic.\"orders\"]")
     for name, value in _flatten(data).items():
+        override = listener_override(name)
+        if override is not None:
+            listener, key_name = override
+            if key_name not in LISTENER_KEYS:
+                raise ConfigError(f"{source}: {name}: a listener can override only "
+                                  f"{', '.join(LISTENER_KEYS)} ({_suggest(key_name, list(LISTENER_KEYS))})")
+            result.listeners.setdefault(listener.lower(), {})[key_name] = parse_value(
+                KEYS[key_name], value, source, text=False)
+            result.sources[name] = source
+            continue
         key = KEYS.get(name)
         if key is None:
             raise ConfigError(f"{source}: unknown key {name!r} ({_suggest(name, list(KEYS))}"
@@ -687,6 +721,12 @@ class Resolved:
                     value = getattr(settings, attr)
                     rows.append({"key": f'topic."{topic}".{name}',
                                  "value": getattr(value, "value", value), "source": where})
+        by_field = {key.fields[0]: name for name, key in KEYS.items() if name in LISTENER_KEYS}
+        for listener, settings in self.server.listener_overrides:
+            for target, value in settings:
+                name = f"{LISTENER_PREFIX}{listener}.{by_field[target]}"
+                rows.append({"key": name, "value": KEYS[by_field[target]].show(value),
+                             "source": self.sources.get(name, "file")})
         return rows
 
 
@@ -732,11 +772,13 @@ def resolve(config_file: str | Path | None = None, environ: Mapping[str, str] | 
     values = {name: default_value(key) for name, key in KEYS.items()}
     sources = {name: DEFAULT_SOURCE for name in KEYS}
     topics: dict[str, TopicTableConfig] = {}
+    overrides: dict[str, dict[str, Any]] = {}
     if config_file is not None:
         file = load_config(config_file)
         values.update(file.values)
         sources.update(file.sources)
         topics = file.topics
+        overrides = file.listeners
     layered = {**environment_values(os.environ if environ is None else environ), **(flags or {})}
     for name, (value, source) in layered.items():
         values[name] = value
@@ -749,6 +791,13 @@ def resolve(config_file: str | Path | None = None, environ: Mapping[str, str] | 
                             values["listener.security.protocol.map"])
         except ValueError as exc:
             raise ConfigError(f"{sources['listeners']}: listeners: {exc}") from None
+    if overrides:
+        names = {e.name.lower() for e in values["listeners"][2] or ()} or {"plaintext"}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ConfigError(f"file:{config_file}: listener.name.{unknown[0]}.*: no listener named "
+                              f"{unknown[0]!r} in listeners ({', '.join(sorted(names))}; names are compared in "
+                              "lower case, as Kafka's listener.name prefix)")
     if values["spark.remote"] is not None and sources["spark.master"] != DEFAULT_SOURCE:
         raise ConfigError(f"spark.master ({sources['spark.master']}) and spark.remote "
                           f"({sources['spark.remote']}) are both set: give one")
@@ -767,5 +816,13 @@ def resolve(config_file: str | Path | None = None, environ: Mapping[str, str] | 
             else:
                 server_fields[target] = value
     table = replace(TableConfig(), **table_fields, topics=topics)
+    server_fields["listener_overrides"] = _listener_overrides(overrides)
     server = replace(ServerConfig(), **server_fields, table=table)
     return Resolved(server, LogConfig(**log_fields), values, sources)
+
+
+def _listener_overrides(overrides: dict[str, dict[str, Any]]) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
+    """``{listener: {key: value}}`` -> ``ServerConfig.listener_overrides``: (listener, ((field, value), ...))
+    with ``ServerConfig`` field names, sorted (hashable and printable)."""
+    return tuple((listener, tuple(sorted((KEYS[key].fields[0], value) for key, value in keys.items())))
+                 for listener, keys in sorted(overrides.items()))

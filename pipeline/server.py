@@ -69,7 +69,7 @@ from pipeline.requests.handler import KafkaApis, RequestHandler
 from pipeline.security.sasl import DEFAULT_MECHANISMS, FailedAuthenticationThrottle
 from pipeline.security.sasl_apis import SaslApis
 from pipeline.security.users import UserStore
-from pipeline.security.tls import DEFAULT_HANDSHAKE_TIMEOUT_MS, TlsSettings, server_context
+from pipeline.security.tls import DEFAULT_HANDSHAKE_TIMEOUT_MS, TlsConfigError, TlsSettings, server_context
 from pipeline.security.acl import Authorizer, parse_super_users
 from pipeline.security.acl_apis import AclApis
 from pipeline.security.acl_store import ACL_STORE_FILE, AclStore
@@ -160,6 +160,8 @@ class ServerConfig:
     node_id: int = 0
     cluster_id: str = "pipeline"
     sasl_enabled_mechanisms: str = ",".join(DEFAULT_MECHANISMS)  # [sasl.enabled.mechanisms]
+    listener_overrides: tuple = ()              # [listener.name.<name>.ssl.*/sasl.enabled.mechanisms], KIP-103:
+    # ((listener name lower case, ((ServerConfig field, value), ...)), ...); see listener_config()
     failed_authentication_delay_ms: int = 100   # [connection.failed.authentication.delay.ms], Kafka's default
     authorizer_class_name: str = ""             # [authorizer.class.name]; empty: no authorizer
     super_users: str = ""                       # [super.users]
@@ -181,18 +183,37 @@ def build_listeners(c: ServerConfig) -> list[tuple[Endpoint, Listener]]:
         ValueError: a listener name missing from ``listener.security.protocol.map``.
     """
     out = []
-    context = None
+    contexts: dict[TlsSettings, object] = {}  # listeners with the same settings share one context
     for endpoint in listener_endpoints(c):
         protocol = security_protocol(endpoint.name, c.listener_security_protocol_map)
-        if protocol in TLS_PROTOCOLS and context is None:
-            context = server_context(TlsSettings(
-                c.ssl_keystore_location, c.ssl_key_password, c.ssl_truststore_location, c.ssl_client_auth,
-                c.ssl_enabled_protocols, c.ssl_handshake_timeout_ms, keystore_type=c.ssl_keystore_type,
-                keystore_password=c.ssl_keystore_password, truststore_type=c.ssl_truststore_type,
-                truststore_password=c.ssl_truststore_password))
-        out.append((endpoint, Listener(endpoint.name, protocol, context if protocol in TLS_PROTOCOLS else None,
-                                       c.ssl_handshake_timeout_ms / 1000.0)))
+        context = None
+        if protocol in TLS_PROTOCOLS:
+            lc = listener_config(c, endpoint.name)
+            settings = TlsSettings(
+                lc.ssl_keystore_location, lc.ssl_key_password, lc.ssl_truststore_location, lc.ssl_client_auth,
+                lc.ssl_enabled_protocols, lc.ssl_handshake_timeout_ms, keystore_type=lc.ssl_keystore_type,
+                keystore_password=lc.ssl_keystore_password, truststore_type=lc.ssl_truststore_type,
+                truststore_password=lc.ssl_truststore_password)
+            if settings not in contexts:
+                try:
+                    contexts[settings] = server_context(settings)
+                except TlsConfigError as exc:
+                    if lc is c:
+                        raise
+                    raise TlsConfigError(f"listener {endpoint.name} (listener.name.{endpoint.name.lower()}.*): "
+                                         f"{exc}") from None
+            context = contexts[settings]
+        out.append((endpoint, Listener(endpoint.name, protocol, context, c.ssl_handshake_timeout_ms / 1000.0)))
     return out
+
+
+def listener_config(c: ServerConfig, listener: str) -> ServerConfig:
+    """``c`` with listener ``listener``'s ``listener.name.<name>.*`` overrides applied (Kafka
+    ``ListenerName.configPrefix``; names compared in lower case); ``c`` itself if it has none."""
+    for name, settings in c.listener_overrides:
+        if name == listener.lower():
+            return replace(c, **dict(settings))
+    return c
 
 
 def advertised_endpoints(c: ServerConfig, bound: list[tuple[Endpoint, str, int]]) -> tuple[tuple[str, str, int], ...]:
@@ -364,7 +385,9 @@ class Server:
         self.admin_apis.register(self.apis)
         # SASL on SASL_PLAINTEXT/SASL_SSL listeners; users in DATA_DIR/_pipeline/users.db.
         self.sasl_apis = SaslApis(UserStore.for_data_dir(c.data_dir), tuple(c.sasl_enabled_mechanisms.split(",")),
-                                  FailedAuthenticationThrottle(c.failed_authentication_delay_ms))
+                                  FailedAuthenticationThrottle(c.failed_authentication_delay_ms),
+                                  {e.name: tuple(listener_config(c, e.name).sasl_enabled_mechanisms.split(","))
+                                   for e in listener_endpoints(c)})
         self.sasl_apis.register(self.apis)
         # ACLs (authorizer.class.name set): DATA_DIR/_pipeline/acls.db, checked by every api
         # through KafkaApis.authorize; off, the ACL apis answer SECURITY_DISABLED.

@@ -71,12 +71,16 @@ class SaslApis:
         users: the credential store (read at every authentication).
         enabled_mechanisms: ``sasl.enabled.mechanisms``.
         throttle: the failed-authentication delay per address.
+        mechanisms_by_listener: listener name -> its mechanisms, where
+            ``listener.name.<name>.sasl.enabled.mechanisms`` sets them (KIP-103).
     """
 
     def __init__(self, users: UserStore, enabled_mechanisms: tuple[str, ...],
-                 throttle: FailedAuthenticationThrottle) -> None:
+                 throttle: FailedAuthenticationThrottle,
+                 mechanisms_by_listener: dict[str, tuple[str, ...]] | None = None) -> None:
         self.users = users
         self.enabled_mechanisms = enabled_mechanisms
+        self.mechanisms_by_listener = mechanisms_by_listener or {}
         self.throttle = throttle
         self._servers: weakref.WeakKeyDictionary[Any, SaslServer] = weakref.WeakKeyDictionary()
         self._nursery: trio.Nursery | None = None
@@ -191,7 +195,8 @@ class SaslApis:
             return None
         server = self._servers.get(connection)
         if server is None:
-            server = self._servers[connection] = SaslServer(self.enabled_mechanisms, self.users)
+            mechanisms = self.mechanisms_by_listener.get(connection.listener, self.enabled_mechanisms)
+            server = self._servers[connection] = SaslServer(mechanisms, self.users)
         return server
 
     @staticmethod

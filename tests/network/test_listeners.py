@@ -95,3 +95,57 @@ def test_broker_info_answers_with_the_connections_listener():
     assert (b.for_listener("SSL").host, b.for_listener("SSL").port) == ("tls.example", 9093)
     assert b.for_listener("UNKNOWN") is b
     assert BrokerInfo(0, "h", 1, "c").for_listener("PLAINTEXT").port == 1
+
+
+def test_listener_prefixed_overrides_give_each_tls_listener_its_own_certificate(tmp_path):
+    """Kafka's listener.name.<name>.ssl.* (KIP-103): two SSL listeners, two certificates, one file."""
+    import ssl
+
+    import trustme
+
+    from pipeline.server import build_listeners, listener_config
+
+    ca = trustme.CA()
+    default, internal = tmp_path / "external.pem", tmp_path / "internal.pem"
+    ca.issue_cert("broker.example").private_key_and_cert_chain_pem.write_to_path(str(default))
+    ca.issue_cert("broker.internal").private_key_and_cert_chain_pem.write_to_path(str(internal))
+    toml = tmp_path / "pipeline.toml"
+    toml.write_text(f'''
+listeners = "EXTERNAL://127.0.0.1:0,INTERNAL://127.0.0.1:0,CLIENTS://127.0.0.1:0"
+listener.security.protocol.map = "EXTERNAL:SSL,INTERNAL:SSL,CLIENTS:SASL_PLAINTEXT"
+ssl.keystore.location = "{default}"
+listener.name.internal.ssl.keystore.location = "{internal}"
+listener.name.internal.ssl.client.auth = "required"
+listener.name.internal.ssl.key.password = "not-shown"
+listener.name.clients.sasl.enabled.mechanisms = "SCRAM-SHA-512"
+''')
+    resolved = resolve(toml, {}, {})
+    c = resolved.server
+    assert listener_config(c, "EXTERNAL") is c
+    inside = listener_config(c, "INTERNAL")
+    assert inside.ssl_keystore_location == internal and inside.ssl_client_auth == "required"
+    assert listener_config(c, "CLIENTS").sasl_enabled_mechanisms == "SCRAM-SHA-512"
+    rows = {r["key"]: (r["value"], r["source"]) for r in resolved.rows()}
+    assert rows["listener.name.internal.ssl.keystore.location"] == (str(internal), f"file:{toml}")
+    assert rows["listener.name.internal.ssl.key.password"][0] == "[hidden]"
+    assert rows["listener.name.clients.sasl.enabled.mechanisms"][0] == "SCRAM-SHA-512"
+    # the key password applies to INTERNAL only; its key is not encrypted, so drop it to build contexts
+    c = c.__class__(**{**{f: getattr(c, f) for f in c.__dataclass_fields__},
+                       "listener_overrides": tuple((n, tuple(kv for kv in s if kv[0] != "ssl_key_password"))
+                                                   for n, s in c.listener_overrides)})
+    listeners = {endpoint.name: listener for endpoint, listener in build_listeners(c)}
+    external, inner = listeners["EXTERNAL"].ssl_context, listeners["INTERNAL"].ssl_context
+    assert external is not inner and listeners["CLIENTS"].ssl_context is None
+    assert external.verify_mode == ssl.CERT_NONE and inner.verify_mode == ssl.CERT_REQUIRED
+
+
+@pytest.mark.parametrize("line, message", [
+    ('listener.name.internal.num.io.threads = 4', "a listener can override only ssl.keystore.location"),
+    ('listener.name.nosuch.ssl.client.auth = "required"', "no listener named 'nosuch' in listeners"),
+    ('listener.name.internal.ssl.client.auth = "sometimes"', "ssl.client.auth"),
+])
+def test_bad_listener_overrides_name_the_key(tmp_path, line, message):
+    toml = tmp_path / "pipeline.toml"
+    toml.write_text(f'listeners = "INTERNAL://127.0.0.1:0"\nlistener.security.protocol.map = "INTERNAL:SSL"\n{line}\n')
+    with pytest.raises(ConfigError, match=message):
+        resolve(toml, {}, {})

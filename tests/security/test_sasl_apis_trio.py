@@ -238,3 +238,18 @@ async def test_describe_and_alter_scram_credentials(tmp_path):
     c = Connection()
     assert (await broker.scram(c, "SCRAM-SHA-256", "bob", "pw-bob")).error_code == NONE
     assert c.principal == "User:bob"
+
+
+async def test_a_listener_offers_its_own_mechanisms(tmp_path):
+    """listener.name.<name>.sasl.enabled.mechanisms (KIP-103): only that listener's list is offered there."""
+    broker = Broker(tmp_path)
+    broker.sasl.mechanisms_by_listener = {"SASL_SSL": ("SCRAM-SHA-512",)}
+    strict = Connection("SASL_SSL")
+    response = await broker.call(strict, HANDSHAKE, 1, mechanism="PLAIN")
+    assert response.error_code == UNSUPPORTED_MECHANISM and response.mechanisms == ("SCRAM-SHA-512",)
+    assert strict.closed
+    final = await broker.scram(Connection("SASL_SSL"), "SCRAM-SHA-512", "alice", "pw-alice", 2)
+    assert final.error_code == NONE
+    other = Connection("SASL_PLAINTEXT")  # no override: the broker-wide list
+    assert (await broker.call(other, HANDSHAKE, 1, mechanism="PLAIN")).mechanisms == (
+        "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
