@@ -130,7 +130,7 @@ def evaluate_targets(results: dict) -> list[dict]:
 
 
 COLUMNS = ("config", "C", "K", "acks", "req/s", "rec/s", "MB/s", "p50 ms", "p99 ms", "p99.9 ms",
-           "% ceil", "srv CPU s", "cli CPU s", "RSS MB", "max q", "viol.", "status")
+           "% ceil", "srv CPU s", "CPU s/M rec", "cli CPU s", "RSS MB", "max q", "viol.", "status")
 
 
 def _fmt(v, spec: str = ".0f") -> str:
@@ -148,7 +148,8 @@ def table_rows(results: dict) -> list[list[str]]:
             _fmt(f.get("requests_per_s")), _fmt(f.get("records_per_s")), _fmt(f.get("mb_per_s"), ".2f"),
             _fmt(lat.get("p50"), ".1f"), _fmt(lat.get("p99"), ".1f"), _fmt(lat.get("p99.9"), ".1f"),
             _fmt(None if f.get("fraction_of_ceiling") is None else 100 * f["fraction_of_ceiling"], ".1f"),
-            _fmt(f.get("server_cpu_s"), ".1f"), _fmt(f.get("client_cpu_s"), ".1f"), _fmt(f.get("peak_rss_mb")),
+            _fmt(f.get("server_cpu_s"), ".1f"), _fmt(f.get("server_cpu_s_per_m_records"), ".1f"),
+            _fmt(f.get("client_cpu_s"), ".1f"), _fmt(f.get("peak_rss_mb")),
             "-" if not depth else "/".join(f"{d:.0f}" for d in depth),
             "-" if run.get("verification") is None else str(run["verification"]["violations"]),
             run["status"],

@@ -467,6 +467,8 @@ def figures(outcome: RunOutcome, ceiling_rps: float | None) -> dict:
     if srv:
         out["server_cpu_s"] = srv["server_cpu_s"]
         out["server_cpu_cores"] = srv["server_cpu_s"] / max(1e-9, srv["window_s"])
+        # CPU seconds of the server process tree (JVM included) per million records of the run
+        out["server_cpu_s_per_m_records"] = srv["server_cpu_s"] / records * 1e6 if records else None
         out["peak_rss_mb"] = srv["peak_rss_bytes"] / 2**20
         out["queue_depth_max"] = srv["queue_depth"]["max"]
         out["queue_depth_mean"] = srv["queue_depth"]["mean"]

@@ -32,6 +32,7 @@ def test_bench_smoke(tmp_path):
             assert f["requests_per_s"] > 0 and f["records_per_s"] > 0 and f["mb_per_s"] > 0
             assert 0 < f["latency_ms"]["p50"] <= f["latency_ms"]["p99"] <= f["latency_ms"]["p99.9"]
             assert f["server_cpu_s"] > 0 and f["peak_rss_mb"] > 0
+            assert f["server_cpu_s_per_m_records"] == pytest.approx(f["server_cpu_s"] / f["records"] * 1e6)
             assert f["queue_depth_max"] is not None and f["fraction_of_ceiling"] > 0
             v = run["verification"]
             assert v is not None and v["table"] is not None and v["table"]["rows"] > 0
