@@ -127,7 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _check_listeners(config)
     log.info("configuration: %s", _sources_summary(resolved.sources))
     if config.brokers > 1:
-        return _supervise(args, config)
+        return _supervise(args, config, prefix_log=resolved.log.format == "plain")
     lock = _lock_data_dir(config.data_dir, state_dir(config))  # a broker of a cluster: its own state dir
     if lock is None:
         return 1
@@ -223,7 +223,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(args: argparse.Namespace, config) -> int:
+def _supervise(args: argparse.Namespace, config, prefix_log: bool = True) -> int:
     """``serve --brokers N``: run N brokers under a supervisor (``pipeline.supervisor``)."""
     from pipeline.supervisor import Supervisor
 
@@ -232,7 +232,7 @@ def _supervise(args: argparse.Namespace, config) -> int:
         return 1
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     at = argv.index("serve") if "serve" in argv else len(argv)
-    return Supervisor(config, argv[:at], argv[at + 1:]).run()
+    return Supervisor(config, argv[:at], argv[at + 1:], prefix_log=prefix_log).run()
 
 
 def _metrics_endpoint(config):

@@ -109,25 +109,33 @@ class Broker:
     backoff_s: float = RESTART_BACKOFF_S[0]
     restart_at: float | None = None
     pumps: list[threading.Thread] = field(default_factory=list)
+    prefix_log: bool = True
+    """Prefix the broker's log lines (its stderr) with ``[broker I]``; False (JSON logs): passed as they are."""
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE if self.prefix_log else None,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                      start_new_session=True, preexec_fn=_die_with_parent)
         self.started_at = time.monotonic()
         self.restart_at = None
-        pump = threading.Thread(target=_pump, args=(self.node_id, self.proc.stdout), daemon=True,
-                                name=f"broker-{self.node_id}-stdout")
-        pump.start()
-        self.pumps.append(pump)
+        self.pumps = [p for p in self.pumps if p.is_alive()]
+        streams = [(self.proc.stdout, sys.stdout, f"broker {self.node_id}: ")]
+        if self.prefix_log:
+            streams.append((self.proc.stderr, sys.stderr, f"[broker {self.node_id}] "))
+        for stream, out, prefix in streams:
+            pump = threading.Thread(target=_pump, args=(stream, out, prefix), daemon=True,
+                                    name=f"broker-{self.node_id}-output")
+            pump.start()
+            self.pumps.append(pump)
         log.info("broker %d started: pid %d", self.node_id, self.proc.pid)
 
 
-def _pump(node_id: int, stream) -> None:
-    """Print a broker's output lines as ``broker I: LINE``."""
+def _pump(stream, out, prefix: str) -> None:
+    """Copy a broker's output lines to ``out``, each prefixed with ``prefix``."""
     for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace").rstrip("\n")
-        print(f"broker {node_id}: {line}", flush=True)
+        out.write(prefix + raw.decode(errors="replace"))
+        out.flush()
     stream.close()
 
 
@@ -138,10 +146,12 @@ class Supervisor:
         config: the resolved ``ServerConfig`` (``brokers`` > 1).
         top_args: ``pipeline`` options before ``serve`` (``--log-level``...), passed on.
         serve_args: the ``serve`` options as given, passed on minus the ones set per broker.
+        prefix_log: prefix each broker's log lines with ``[broker I]`` (plain logs).
     """
 
-    def __init__(self, config, top_args: list[str], serve_args: list[str]) -> None:
+    def __init__(self, config, top_args: list[str], serve_args: list[str], prefix_log: bool = True) -> None:
         self.config = config
+        self.prefix_log = prefix_log
         self.top_args = top_args
         self.serve_args = strip_flags(serve_args)
         self.brokers: list[Broker] = []
@@ -201,7 +211,7 @@ class Supervisor:
             log.info("cluster: %s", format_brokers(members))
             print(f"pipeline supervisor: {len(members)} brokers {format_brokers(members)}, Spark {self.spark_remote}",
                   flush=True)
-            self.brokers = [Broker(m.node_id, self._broker_cmd(m, members)) for m in members]
+            self.brokers = [Broker(m.node_id, self._broker_cmd(m, members), prefix_log=self.prefix_log) for m in members]
             for b in self.brokers:
                 b.start()
             self._starting = False
