@@ -294,14 +294,27 @@ class Server:
         linger = c.table_commit_interval_ms if c.ack_on == "wal" else c.linger_ms
         return FlushPolicy(c.batch_max_records, c.batch_max_bytes, linger)
 
-    async def _refresh_catalog(self) -> None:
-        """In a cluster: take other brokers' topic changes every ``CATALOG_REFRESH_S``."""
+    async def _refresh_catalog(self, on_deleted) -> None:
+        """In a cluster: take other brokers' topic changes every ``CATALOG_REFRESH_S``; a topic
+        another broker deleted has this broker's data of it dropped too (``on_deleted``: what
+        remains buffered here is flushed first, then dropped with the topic's rows, so rows
+        this broker flushed after the deleting broker dropped the table's do not survive)."""
         while True:
             await trio.sleep(CATALOG_REFRESH_S)
             try:
                 await trio.to_thread.run_sync(self.catalog.refresh)
             except Exception as exc:  # a busy or briefly locked store: next time
                 log.warning("reading the shared topic store failed: %s", exc)
+            while self.catalog.deleted_elsewhere:
+                topic = self.catalog.deleted_elsewhere[0]
+                if self.catalog.partitions(topic) is None:  # not re-created meanwhile
+                    try:
+                        await on_deleted(topic)
+                    except Exception as exc:
+                        log.warning("dropping this broker's data of deleted topic %r failed (retried): %s",
+                                    topic, exc)
+                        break
+                self.catalog.deleted_elsewhere.pop(0)
 
     def _build_request_channel(self) -> tuple[RequestChannel, int]:
         c = self.config
@@ -441,7 +454,7 @@ class Server:
             await nursery.start(self.fetch_apis.run)
             await nursery.start(self.sasl_apis.run)
             if self.catalog.shared:
-                nursery.start_soon(self._refresh_catalog)
+                nursery.start_soon(self._refresh_catalog, on_delete_topic)
             handlers_done = trio.Event()
 
             async def run_handlers() -> None:

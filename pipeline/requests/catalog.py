@@ -77,6 +77,9 @@ class TopicCatalog:
         """The store is shared with other broker processes (a cluster): ``refresh`` takes
         their changes; a name not found is looked up in the store again first."""
         self._version = store.data_version() if store is not None else 0
+        self.deleted_elsewhere: list[str] = []
+        """Topics ``refresh`` found deleted by another broker, for the server to drop its
+        own data of (``Server._refresh_catalog``), oldest first."""
 
     def refresh(self) -> bool:
         """Take the changes other processes made to a shared store (``shared``): topics they
@@ -92,6 +95,7 @@ class TopicCatalog:
         for name in [n for n in self._topics if n not in stored and n not in self._busy]:
             log.info("topic %r was deleted by another broker", name)
             self._by_id.pop(self._topics.pop(name).topic_id, None)
+            self.deleted_elsewhere.append(name)
         for name, topic in stored.items():
             if name not in self._busy and self._topics.get(name) != topic:
                 self._put(topic)
