@@ -65,6 +65,24 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
+def create_shared_stores(config) -> None:
+    """Create the SQLite stores the brokers share (topics, groups, users, ACLs) before any
+    broker starts: two processes creating one at the same moment can fail with "database
+    is locked" (switching a new file to WAL journal mode takes an exclusive lock, and SQLite
+    does not wait for it); once created, the mode is the file's and opening it just reads it."""
+    from pipeline.admin.store import FILE as TOPICS, TopicStore
+    from pipeline.coordinator.offset_store import STORE_FILE as GROUPS, OffsetStore
+    from pipeline.security.acl_store import ACL_STORE_FILE, AclStore
+    from pipeline.security.users import UserStore
+
+    shared = Path(config.data_dir) / "_pipeline"
+    TopicStore(shared / TOPICS).close()
+    OffsetStore(shared / GROUPS).close()
+    UserStore.for_data_dir(config.data_dir)  # connects per call: nothing to close
+    if config.authorizer_class_name:
+        AclStore(shared / ACL_STORE_FILE).close()
+
+
 def strip_flags(argv: list[str], flags: tuple[str, ...] = _OWN_FLAGS) -> list[str]:
     """``argv`` without ``flags`` and their values (``--flag VALUE`` and ``--flag=VALUE``)."""
     out: list[str] = []
@@ -207,6 +225,7 @@ class Supervisor:
                 self.spark_remote = self.connect.url
                 log.info("Spark Connect server at %s (log %s)", self.spark_remote, self.connect.process.log_path)
                 endpoints.write_text(json.dumps({"spark_connect": self.spark_remote}))
+            create_shared_stores(c)
             members = self.cluster()
             log.info("cluster: %s", format_brokers(members))
             print(f"pipeline supervisor: {len(members)} brokers {format_brokers(members)}, Spark {self.spark_remote}",
