@@ -142,3 +142,36 @@ def test_supervisor_argument_handling():
     assert broker_ports("127.0.0.1", 9092, 3) == [9092, 9093, 9094]
     free = broker_ports("127.0.0.1", 0, 3)
     assert len(set(free)) == 3 and all(free)
+
+
+def test_catalogs_sharing_a_store_see_each_others_topics(tmp_path):
+    """Two brokers' catalogs on one topics.db (two SQLite connections, as two processes have)."""
+    import trio
+
+    from pipeline.admin.store import TopicStore
+
+    a = TopicCatalog(3, True, store=TopicStore(tmp_path / "topics.db"))
+    b = TopicCatalog(3, True, store=TopicStore(tmp_path / "topics.db"))
+    a.shared = b.shared = True
+    assert a.describe("auto", True) == (0, 3)  # auto-created on a ...
+    assert b.partitions("auto") == 3  # ... known on b at once: a miss rereads the store
+    trio.run(a.create, "made", 5, {"retention.ms": "1000"})
+    assert b.describe("made", False) == (0, 5)
+    assert b.retention("made")[0] == 1000
+    trio.run(b.set_partitions, "made", 8)
+    assert a.partitions("made") == 5  # a name it knows: not reread until refresh (every second in a server)
+    assert a.refresh() and a.partitions("made") == 8
+    assert not a.refresh()  # nothing changed since
+    # created at the same moment on both: the second auto-creation takes the first's
+    b.store.insert(b._new("race", 2))
+    assert a.describe("race", True) == (0, 2)
+
+    async def nothing(_topic):
+        pass
+
+    trio.run(a.delete, "auto", nothing)
+    assert b.refresh() and b.partitions("auto") is None
+    assert b.deleted_elsewhere == ["auto"]
+    alone = TopicCatalog(3, True, store=TopicStore(tmp_path / "topics.db"))  # not shared: as before
+    a.store.insert(a._new("later", 1))
+    assert alone.partitions("later") is None and not alone.refresh()

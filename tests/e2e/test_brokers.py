@@ -224,6 +224,7 @@ def test_idempotent_producer_exactly_once_in_order_across_a_broker_kill(cluster_
 
     victim = 1
     killed_pid = None
+    acked_before_kill: dict[int, tuple[int, int]] = {}
     for i in range(N):
         while True:
             try:
@@ -233,13 +234,17 @@ def test_idempotent_producer_exactly_once_in_order_across_a_broker_kill(cluster_
                 producer.poll(0.05)
         producer.poll(0)
         if i == N // 3:
-            producer.flush(120)  # some of it acknowledged by both brokers before the kill
+            assert producer.flush(120) == 0  # a third acknowledged by both brokers before the kill
+        if i == N // 2:  # the kill: requests in flight to it are retried by the producer
             killed_pid = cluster.broker_pid(victim)
             os.kill(killed_pid, signal.SIGKILL)
+            acked_before_kill = dict(acked)
     assert producer.flush(480) == 0, f"undelivered; errors {errors[:5]}\n{cluster.log_text()}"
     assert not errors, errors[:5]
     assert not duplicates
     assert len(acked) == N
+    assert len(acked_before_kill) >= N // 3
+    assert all(acked[i] == pos for i, pos in acked_before_kill.items())
 
     # the supervisor noticed and restarted the broker, under a new pid
     cluster.wait_listening(3, 60)
