@@ -91,10 +91,7 @@ class Cluster:
 
     def broker_pid(self, node_id: int) -> int:
         for child in psutil.Process(self.proc.pid).children():
-            try:
-                cmd = child.cmdline()
-            except psutil.Error:
-                continue
+            cmd = _cmdline(child)
             if "--node-id" in cmd and cmd[cmd.index("--node-id") + 1] == str(node_id):
                 return child.pid
         raise LookupError(f"no broker {node_id} running")
@@ -141,6 +138,15 @@ def cluster_factory(tmp_path):
         c.kill_all()
 
 
+def _cmdline(process: psutil.Process) -> list[str]:
+    """A process's command line; [] for one gone or a zombie (the Connect server's JVM leaves
+    its launcher's process unreaped: spark-class execs the JVM after running it)."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
 def _metadata(host: str, port: int, topic: str):
     from kio.schema.metadata.v9.response import MetadataResponse
     from kio.serial import entity_reader
@@ -183,12 +189,12 @@ def test_metadata_spreads_leaders_and_a_killed_supervisor_leaves_nothing(cluster
             assert error == (0 if node == leader else NOT_LEADER_OR_FOLLOWER), (partition, leader, node)
 
     tree = cluster.tree()
-    assert any("SparkConnectServer" in " ".join(p.cmdline()) for p in tree)
-    assert sum(1 for p in tree if "--node-id" in p.cmdline()) == 2
+    assert any("SparkConnectServer" in " ".join(_cmdline(p)) for p in tree)
+    assert sum(1 for p in tree if "--node-id" in _cmdline(p)) == 2
     cluster.proc.kill()  # SIGKILL: no clean-up runs in the supervisor
     cluster.proc.wait(30)
     _gone, alive = psutil.wait_procs(tree, timeout=30)
-    assert not alive, [f"{p.pid} {p.cmdline()[:4]}" for p in alive]  # PR_SET_PDEATHSIG took them all
+    assert not alive, [f"{p.pid} {_cmdline(p)[:4]}" for p in alive]  # PR_SET_PDEATHSIG took them all
 
 
 N = 12_000
@@ -279,7 +285,7 @@ def test_idempotent_producer_exactly_once_in_order_across_a_broker_kill(cluster_
     tree = cluster.tree()
     assert cluster.stop() == 0, cluster.log_text()
     _gone, alive = psutil.wait_procs(tree, timeout=20)
-    assert not alive, [f"{p.pid} {p.cmdline()[:4]}" for p in alive]
+    assert not alive, [f"{p.pid} {_cmdline(p)[:4]}" for p in alive]
 
     rows = read_table(cluster.data_dir, f"SELECT partition, offset, CAST(value AS STRING) AS v FROM records "
                                         f"WHERE topic = '{TOPIC}'")
