@@ -292,3 +292,59 @@ def test_idempotent_producer_exactly_once_in_order_across_a_broker_kill(cluster_
     table = {(r["partition"], r["offset"]): int(r["v"]) for r in rows}
     assert len(rows) == len(table) == N, "a row is missing or written twice"
     assert table == {pos: i for i, pos in acked.items()}
+
+
+def test_concurrent_appends_through_one_connect_server_need_the_table_lock(connect_server, tmp_path):
+    """Why the brokers hold ``DATA_DIR/_pipeline/table.lock`` around every table change: two
+    sessions of one Connect server appending to one table at once share its ``_temporary``
+    staging directory, and the first job to commit deletes it under the other (measured here:
+    8 of 30 appends failed with TASK_WRITE_FAILED, chmod: cannot access .../_temporary/...).
+    With the lock (as ``SparkGroupSink(shared_table=True)`` takes it) every append lands."""
+    import pyarrow as pa
+
+    from pipeline.persist.group_sink import table_lock
+    from pipeline.persist.schema import ARROW_SCHEMA
+    from pipeline.persist.spark_sink import build_spark_session
+    from pipeline.table.catalog import TableCatalog, TableConfig
+
+    rounds, rows = 10, 300
+    config = TableConfig(database="brokers_lock_test")
+    sessions = [build_spark_session(remote=connect_server.url) for _ in range(2)]
+    catalogs = [TableCatalog(s, tmp_path, config) for s in sessions]
+    catalogs[0].ensure()
+    lock = tmp_path / "table.lock"
+    failures: list[str] = []
+
+    def flush(topic: str, r: int) -> pa.Table:
+        now = int(time.time() * 1000)
+        columns = {
+            "topic": pa.array([topic] * rows), "partition": pa.array([r] * rows, pa.int32()),
+            "offset": pa.array(range(rows), pa.int64()),
+            "timestamp": pa.array([now] * rows, pa.int64()).cast(pa.timestamp("ms")),
+            "timestampType": pa.array([0] * rows, pa.int32()),
+        }
+        return pa.table({f.name: columns[f.name].cast(f.type) if f.name in columns else pa.nulls(rows, f.type)
+                         for f in ARROW_SCHEMA})
+
+    def append(i: int) -> None:
+        for r in range(rounds):
+            try:
+                with table_lock(lock):
+                    catalogs[i].write(flush(f"t{i}", r))
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                failures.append(str(exc).splitlines()[0])
+
+    try:
+        threads = [threading.Thread(target=append, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        assert not failures, failures[:3]
+        counts = {r[0]: r[1] for r in sessions[0].sql(
+            f"SELECT topic, count(*) FROM {config.database}.records GROUP BY topic").collect()}
+        assert counts == {"t0": rounds * rows, "t1": rounds * rows}
+    finally:
+        sessions[0].sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
+        for s in sessions:
+            s.stop()
