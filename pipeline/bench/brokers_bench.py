@@ -106,6 +106,7 @@ def run_one(n: int, args: argparse.Namespace, work: Path) -> dict:
         cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--brokers", str(n), "--listen", "127.0.0.1:0",
                "--data-dir", str(data), "--spark-remote", connect.url, *args.server_arg]
         proc, addresses, log = _start(cmd, n, work / f"brokers-{n}.log")
+        admin = None
         try:
             bootstrap = ",".join(addresses)
             admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -132,6 +133,7 @@ def run_one(n: int, args: argparse.Namespace, work: Path) -> dict:
                     "records_per_s": round(per * args.producers / window), "undelivered": undelivered,
                     "broker_cpu_s": cpu, "cpus": psutil.cpu_count()}
         finally:
+            del admin  # its connections go before the brokers (no "connection refused" noise)
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(300)
