@@ -16,7 +16,8 @@ The supervisor serves nothing itself. It
    prefixed ``broker I:``, so each broker's ``listening on`` line shows;
 4. restarts a broker that exits (logged, with a back-off that doubles from
    1 s up to 30 s, reset once a broker stayed up a minute); its WAL recovery
-   makes the restart lose nothing acknowledged;
+   makes the restart lose nothing acknowledged; a broker that exits with a
+   configuration error (status 2) is not restarted: the cluster stops, status 2;
 5. on SIGTERM/SIGINT stops every broker (SIGTERM, each drains and flushes;
    SIGKILL after ``BROKER_STOP_TIMEOUT_S``), then the Connect server.
 
@@ -51,6 +52,8 @@ BROKER_STOP_TIMEOUT_S = 90.0
 """How long a broker may take to drain and flush after SIGTERM before it is killed (s)."""
 RESTART_BACKOFF_S = (1.0, 30.0)
 """First and longest wait before restarting a broker that died (s); doubles per quick death."""
+CONFIG_ERROR_STATUS = 2
+"""``pipeline serve``'s exit status for a configuration error: such a broker is not restarted."""
 STABLE_AFTER_S = 60.0
 """A broker up this long is healthy again: its next restart waits the first back-off."""
 
@@ -235,7 +238,9 @@ class Supervisor:
                 b.start()
             self._starting = False
             if not self._stop.is_set():
-                self._supervise()
+                code = self._supervise()
+                if code:
+                    return code
             log.info("stop signal received: stopping the brokers, then Spark")
             return 0
         except StartupInterrupted as exc:
@@ -248,7 +253,8 @@ class Supervisor:
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
-    def _supervise(self) -> None:
+    def _supervise(self) -> int:
+        """Until a stop signal (0), or a broker's configuration error (2: restarting cannot help)."""
         while not self._stop.wait(0.2):
             now = time.monotonic()
             for b in self.brokers:
@@ -262,12 +268,17 @@ class Supervisor:
                 code = b.proc.poll()
                 if code is None:
                     continue
+                if code == CONFIG_ERROR_STATUS:
+                    log.error("broker %d exited with a configuration error (status 2, its log says which): "
+                              "stopping the cluster", b.node_id)
+                    return CONFIG_ERROR_STATUS
                 if now - b.started_at >= STABLE_AFTER_S:
                     b.backoff_s = RESTART_BACKOFF_S[0]
                 b.restart_at = now + b.backoff_s
                 log.error("broker %d (pid %d) exited with %s; restarting in %.0f s", b.node_id, b.proc.pid,
                           f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}", b.backoff_s)
                 b.backoff_s = min(b.backoff_s * 2, RESTART_BACKOFF_S[1])
+        return 0
 
     def _stop_all(self) -> None:
         running = [b for b in self.brokers if b.proc is not None and b.proc.poll() is None]

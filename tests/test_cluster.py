@@ -175,3 +175,44 @@ def test_catalogs_sharing_a_store_see_each_others_topics(tmp_path):
     alone = TopicCatalog(3, True, store=TopicStore(tmp_path / "topics.db"))  # not shared: as before
     a.store.insert(a._new("later", 1))
     assert alone.partitions("later") is None and not alone.refresh()
+
+
+def test_supervisor_restarts_a_dead_broker_and_gives_up_on_a_configuration_error(tmp_path, capsys):
+    """The supervisor's loop with stand-in brokers (tiny Python processes, no Spark)."""
+    import sys
+    import threading
+
+    from pipeline import supervisor as sv
+
+    marker = tmp_path / "runs"
+    # broker 0 dies (status 1) on its first two runs, then stays up; broker 1 lives
+    flaky = [sys.executable, "-c", f"import pathlib, sys, time; p = pathlib.Path({str(marker)!r}); "
+             "n = len(p.read_text()) if p.exists() else 0; p.write_text('x' * (n + 1)); "
+             "print('up', n, flush=True); sys.exit(1) if n < 2 else time.sleep(60)"]
+    steady = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]
+    s = sv.Supervisor(SimpleNamespace(spark_remote="sc://x:1"), [], [])
+    s.brokers = [sv.Broker(0, flaky), sv.Broker(1, steady)]
+    old = sv.RESTART_BACKOFF_S
+    sv.RESTART_BACKOFF_S = (0.1, 0.2)
+    for b in s.brokers:
+        b.backoff_s = 0.1
+        b.start()
+    try:
+        threading.Timer(6.0, s._stop.set).start()
+        assert s._supervise() == 0
+    finally:
+        sv.RESTART_BACKOFF_S = old
+        s._stop_all()
+    assert s.brokers[0].restarts == 2 and s.brokers[1].restarts == 0
+    out = capsys.readouterr().out
+    assert "broker 0: up 0" in out and "broker 0: up 2" in out and "broker 1: up" in out
+    assert all(b.proc.poll() is not None for b in s.brokers)  # SIGTERMed by _stop_all
+
+    bad = sv.Supervisor(SimpleNamespace(spark_remote="sc://x:1"), [], [])
+    bad.brokers = [sv.Broker(0, [sys.executable, "-c", "import sys; sys.exit(2)"]), sv.Broker(1, steady)]
+    for b in bad.brokers:
+        b.start()
+    try:
+        assert bad._supervise() == 2  # a configuration error: restarting cannot help
+    finally:
+        bad._stop_all()
