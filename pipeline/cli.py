@@ -118,7 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
     from pipeline.logs import children_stderr_to_log, setup_logging
-    from pipeline.server import Server
+    from pipeline.server import Server, state_dir
     from pipeline.table.catalog import TableConfigError
 
     resolved = _resolve(args)  # a ConfigError exits 2 in main(), before anything starts
@@ -126,7 +126,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = resolved.server
     _check_listeners(config)
     log.info("configuration: %s", _sources_summary(resolved.sources))
-    lock = _lock_data_dir(config.data_dir)
+    if config.brokers > 1:
+        return _supervise(args, config, prefix_log=resolved.log.format == "plain")
+    lock = _lock_data_dir(config.data_dir, state_dir(config))  # a broker of a cluster: its own state dir
     if lock is None:
         return 1
     endpoint = _metrics_endpoint(config)  # before Spark: /readyz answers 503 until serving
@@ -145,7 +147,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         took = time.monotonic() - started
         log.info("Spark ready in %.1f s: %s", took, _spark_whereabouts(sink, config),
                  extra={"stage": "spark", "seconds": round(took, 3)})
-        _write_endpoints(config)
+        if config.cluster_brokers is None:  # a cluster's supervisor writes it
+            _write_endpoints(config)
         server = Server(config, sink)
         _set_phase(endpoint, "RECOVERING", server)
         started = time.monotonic()
@@ -210,13 +213,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         trio.run(main)
     finally:
         _set_phase(endpoint, "STOPPING")
-        _endpoints_path(config.data_dir).unlink(missing_ok=True)
+        if config.cluster_brokers is None:
+            _endpoints_path(config.data_dir).unlink(missing_ok=True)
         log.info("stopping Spark")
         _stop_bounded(sink)
         signals.restore()
         if endpoint is not None:
             endpoint.close()
     return 0
+
+
+def _supervise(args: argparse.Namespace, config, prefix_log: bool = True) -> int:
+    """``serve --brokers N``: run N brokers under a supervisor (``pipeline.supervisor``)."""
+    from pipeline.supervisor import Supervisor
+
+    lock = _lock_data_dir(config.data_dir)
+    if lock is None:
+        return 1
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    at = argv.index("serve") if "serve" in argv else len(argv)
+    return Supervisor(config, argv[:at], argv[at + 1:], prefix_log=prefix_log).run()
 
 
 def _metrics_endpoint(config):
@@ -294,18 +310,21 @@ def _set_phase(endpoint, phase: str, server=None) -> None:
 
 def _group_sink(config):
     from pipeline.persist.group_sink import SparkGroupSink
+    from pipeline.server import state_dir
 
     return SparkGroupSink(config.data_dir, config.spark_master, config.spark_remote,
+                          state_dir=state_dir(config), shared_table=config.cluster_brokers is not None,
                           table_config=config.table, metastore_uris=config.metastore_uris,
                           connect_port=config.spark_connect_port or None if not config.spark_remote else None,
                           thrift_port=config.thrift_port or None if not config.spark_remote else None)
 
 
-def _lock_data_dir(data_dir: Path):
-    """Take ``DATA_DIR/_pipeline/lock`` (flock) for this process's lifetime; None (logged) if another holds it."""
+def _lock_data_dir(data_dir: Path, state: Path | None = None):
+    """Take ``DATA_DIR/_pipeline/lock`` (flock) for this process's lifetime; None (logged) if another holds it.
+    ``state``: lock ``state/lock`` instead (a broker of a cluster: its own state directory)."""
     import fcntl
 
-    state = Path(data_dir) / "_pipeline"
+    state = Path(state) if state is not None else Path(data_dir) / "_pipeline"
     state.mkdir(parents=True, exist_ok=True)
     f = open(state / "lock", "a+")
     try:
@@ -637,6 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.logs import LogConfig, setup_logging
 
     args = build_parser().parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])  # `serve --brokers N` passes them on
     # Logging before the command runs: log.* from the environment and the flags
     # (`serve` reconfigures it once its --config file is read).
     try:

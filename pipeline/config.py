@@ -158,6 +158,14 @@ def tls_protocols(value: Any, text: bool) -> tuple[str, ...]:
     return parse_protocols(",".join(value) if isinstance(value, list) else string(value, text))
 
 
+def cluster_brokers(value: Any, text: bool) -> tuple:
+    """``pipeline.cluster.brokers``: ``ID@HOST:PORT[,...]`` (every broker of the cluster, like Kafka's
+    ``controller.quorum.voters``) -> ``pipeline.cluster.ClusterBroker``s sorted by id."""
+    from pipeline.cluster import parse_brokers
+
+    return parse_brokers(string(value, text))
+
+
 def secret(value: Any, text: bool) -> str:
     """A password: any non-empty string, shown as ``[hidden]`` (Kafka's Password type)."""
     if not isinstance(value, str) or not value:
@@ -263,7 +271,7 @@ class Key:
         if self.parse is secret:
             return "[hidden]"
         if isinstance(value, tuple) and len(self.fields) == 1:  # lists: "a,b" (pairs "n:v,n:v")
-            return ",".join(":".join(v) if isinstance(v, tuple) else v for v in value)
+            return ",".join(":".join(v) if isinstance(v, tuple) else str(v) for v in value)
         if len(self.fields) == 3:  # listeners: (first host, first port, every endpoint or None)
             host, port, endpoints = value
             if host is None:
@@ -330,6 +338,15 @@ _KEY_LIST: list[Key] = [
         "close a TLS connection whose handshake is not complete this long after accept (ms)",
         "--ssl-handshake-timeout-ms", "MS", group="TLS"),
     Key("node.id", ("node_id",), integer(0), "this broker's id in Metadata", "--node-id", "N", group="listener"),
+    Key("pipeline.cluster.brokers", ("cluster_brokers",), cluster_brokers,
+        "every broker of the cluster as ID@HOST:PORT[,...] (Kafka's controller.quorum.voters form), this one "
+        "included (its node.id): partition leaders and group coordinators are spread over them; set by "
+        "`serve --brokers N` for its brokers", "--cluster-brokers", "ID@HOST:PORT,...",
+        unset="none: a cluster of this broker alone", group="listener"),
+    Key("pipeline.brokers", ("brokers",), integer(1),
+        "run this many brokers on this machine under one supervisor (node ids 0..N-1, listening on the "
+        "--listen port and the next N-1), one shared Spark Connect server; 1: this process is the broker",
+        "--brokers", "N", group="listener"),
     Key("pipeline.cluster.id", ("cluster_id",), string,
         "the cluster id in Metadata (Kafka keeps it in meta.properties, not a property)",
         "--cluster-id", "ID", group="listener"),
@@ -798,6 +815,18 @@ def resolve(config_file: str | Path | None = None, environ: Mapping[str, str] | 
             raise ConfigError(f"file:{config_file}: listener.name.{unknown[0]}.*: no listener named "
                               f"{unknown[0]!r} in listeners ({', '.join(sorted(names))}; names are compared in "
                               "lower case, as Kafka's listener.name prefix)")
+    if values["pipeline.cluster.brokers"] is not None:
+        if values["node.id"] not in {b.node_id for b in values["pipeline.cluster.brokers"]}:
+            raise ConfigError(f"{sources['node.id']}: node.id {values['node.id']} is not in "
+                              f"pipeline.cluster.brokers ({sources['pipeline.cluster.brokers']})")
+        if values["listeners"][2] and len(values["listeners"][2]) > 1:
+            raise ConfigError(f"{sources['listeners']}: listeners: a broker of a cluster "
+                              "(pipeline.cluster.brokers) has one listener")
+        if values["pipeline.brokers"] > 1:
+            raise ConfigError(f"pipeline.brokers ({sources['pipeline.brokers']}) and pipeline.cluster.brokers "
+                              f"({sources['pipeline.cluster.brokers']}) are both set: --brokers N makes the list itself")
+    if values["pipeline.brokers"] > 1 and values["listeners"][2] and len(values["listeners"][2]) > 1:
+        raise ConfigError(f"{sources['listeners']}: listeners: --brokers N gives each broker one listener")
     if values["spark.remote"] is not None and sources["spark.master"] != DEFAULT_SOURCE:
         raise ConfigError(f"spark.master ({sources['spark.master']}) and spark.remote "
                           f"({sources['spark.remote']}) are both set: give one")

@@ -26,6 +26,7 @@ import trio
 
 from pipeline.admin.apis import AdminApis, broker_configs
 from pipeline.admin.store import FILE as TOPIC_STORE_FILE, TopicStore
+from pipeline.cluster import Cluster, ClusterBroker
 from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
 from pipeline.log.fetch import FetchApis
 from pipeline.log.manager import DEFAULT_INDEX_MAX_BYTES, LogManager
@@ -158,6 +159,8 @@ class ServerConfig:
     thrift_port: int = 0                        # [hive.server2.thrift.port]; 0: off
     metrics_port: int | None = None
     node_id: int = 0
+    cluster_brokers: tuple[ClusterBroker, ...] | None = None  # [pipeline.cluster.brokers]; None: alone
+    brokers: int = 1                            # `serve --brokers N`: a supervisor of N brokers
     cluster_id: str = "pipeline"
     sasl_enabled_mechanisms: str = ",".join(DEFAULT_MECHANISMS)  # [sasl.enabled.mechanisms]
     listener_overrides: tuple = ()              # [listener.name.<name>.ssl.*/sasl.enabled.mechanisms], KIP-103:
@@ -166,6 +169,24 @@ class ServerConfig:
     authorizer_class_name: str = ""             # [authorizer.class.name]; empty: no authorizer
     super_users: str = ""                       # [super.users]
     allow_everyone_if_no_acl_found: bool = False  # [allow.everyone.if.no.acl.found]
+
+
+def state_dir(c: ServerConfig) -> Path:
+    """Where this broker keeps its own state (WAL, checkpoint, lock): ``DATA_DIR/_pipeline``
+    alone; ``DATA_DIR/_pipeline/broker-<node.id>`` as a member of a cluster, whose brokers
+    share the data directory's stores (topics, groups, users, ACLs) and tables."""
+    base = Path(c.data_dir) / "_pipeline"
+    return base if c.cluster_brokers is None else base / f"broker-{c.node_id}"
+
+
+def cluster_of(c: ServerConfig) -> Cluster | None:
+    """The cluster this broker is a member of (``pipeline.cluster.brokers``); None: alone."""
+    return None if c.cluster_brokers is None else Cluster(c.cluster_brokers, c.node_id)
+
+
+CATALOG_REFRESH_S = 1.0
+"""In a cluster, how often a broker looks for topic changes other brokers made (s); a name it
+does not know is looked up at once."""
 
 
 def listener_endpoints(c: ServerConfig) -> tuple[Endpoint, ...]:
@@ -241,9 +262,10 @@ class Server:
     def __init__(self, config: ServerConfig, sink: SparkGroupSink) -> None:
         self.config = config
         self.sink = sink
-        state_dir = Path(config.data_dir) / "_pipeline"
-        self.wal = WriteAheadLog(state_dir / "wal", segment_bytes=config.log_segment_bytes)
-        self.store = StateStore(state_dir)
+        own = state_dir(config)
+        self.cluster = cluster_of(config)
+        self.wal = WriteAheadLog(own / "wal", segment_bytes=config.log_segment_bytes)
+        self.store = StateStore(own)
         self.logs = LogManager(wal=self.wal,
                                retention=lambda topic: (config.log_retention_ms, config.log_retention_bytes),
                                index_max_bytes=config.wal_index_max_bytes)
@@ -297,6 +319,28 @@ class Server:
         linger = c.table_commit_interval_ms if c.ack_on == "wal" else c.linger_ms
         return FlushPolicy(c.batch_max_records, c.batch_max_bytes, linger)
 
+    async def _refresh_catalog(self, on_deleted) -> None:
+        """In a cluster: take other brokers' topic changes every ``CATALOG_REFRESH_S``; a topic
+        another broker deleted has this broker's data of it dropped too (``on_deleted``: what
+        remains buffered here is flushed first, then dropped with the topic's rows, so rows
+        this broker flushed after the deleting broker dropped the table's do not survive)."""
+        while True:
+            await trio.sleep(CATALOG_REFRESH_S)
+            try:
+                await trio.to_thread.run_sync(self.catalog.refresh)
+            except Exception as exc:  # a busy or briefly locked store: next time
+                log.warning("reading the shared topic store failed: %s", exc)
+            while self.catalog.deleted_elsewhere:
+                topic = self.catalog.deleted_elsewhere[0]
+                if self.catalog.partitions(topic) is None:  # not re-created meanwhile
+                    try:
+                        await on_deleted(topic)
+                    except Exception as exc:
+                        log.warning("dropping this broker's data of deleted topic %r failed (retried): %s",
+                                    topic, exc)
+                        break
+                self.catalog.deleted_elsewhere.pop(0)
+
     def _build_request_channel(self) -> tuple[RequestChannel, int]:
         c = self.config
         if c.mode is Mode.MULTIQUEUE:
@@ -327,6 +371,7 @@ class Server:
             port=endpoints[0][2],
             cluster_id=c.cluster_id,
             endpoints=endpoints,
+            cluster=self.cluster,
         )
         recovered = self.recovered or self.recover()
         checkpoint = recovered.checkpoint
@@ -336,7 +381,9 @@ class Server:
             wal_policy=replace(DEFAULT_WAL_POLICY, linger_ms=c.wal_linger_ms),
             ack_on=c.ack_on,  # type: ignore[arg-type]
             max_buffer_bytes=c.buffer_memory,
-            maintenance_interval_s=c.table_compaction_interval_ms / 1000.0 if c.table_compaction_interval_ms else None,
+            # In a cluster one broker (the controller, lowest id) compacts and applies retention.
+            maintenance_interval_s=c.table_compaction_interval_ms / 1000.0 if c.table_compaction_interval_ms and (
+                self.cluster is None or self.cluster.controller_id == c.node_id) else None,
             log_listener=self.logs,
         )
         self.persister = persister
@@ -348,6 +395,7 @@ class Server:
                                     {t: max(n, c.num_partitions) for t, n in checkpoint.topics.items()},
                                     store=TopicStore(Path(c.data_dir) / "_pipeline" / TOPIC_STORE_FILE),
                                     retention_defaults=(c.log_retention_ms, c.log_retention_bytes))
+        self.catalog.shared = self.cluster is not None and self.cluster.size > 1
         self.apis = KafkaApis(
             broker,
             self.catalog,
@@ -432,6 +480,8 @@ class Server:
             await nursery.start(self.logs.run)
             await nursery.start(self.fetch_apis.run)
             await nursery.start(self.sasl_apis.run)
+            if self.catalog.shared:
+                nursery.start_soon(self._refresh_catalog, on_delete_topic)
             handlers_done = trio.Event()
 
             async def run_handlers() -> None:

@@ -630,11 +630,13 @@ class AdminApis:
         elif endpoint != 1:
             error, message = ErrorCode.unsupported_endpoint_type, f"Unsupported endpoint type {endpoint}"
         b = self.broker.for_listener(request.connection.listener)
-        brokers = () if error != ErrorCode.none else (
-            apis.make(module.DescribeClusterBroker, broker_id=b.node_id, host=b.host, port=b.port, rack=None),)
+        brokers = () if error != ErrorCode.none else tuple(
+            apis.make(module.DescribeClusterBroker, broker_id=n, host=h, port=p, rack=None)
+            for n, h, p in b.all_brokers())
         self._complete(request, apis.make(
             module.DescribeClusterResponse, throttle_time=apis.ZERO_MS, error_code=error, error_message=message,
-            endpoint_type=endpoint, cluster_id=b.cluster_id, controller_id=b.node_id if error == ErrorCode.none else -1,
+            endpoint_type=endpoint, cluster_id=b.cluster_id,
+            controller_id=b.controller_id if error == ErrorCode.none else -1,
             brokers=brokers,
             cluster_authorized_operations=self._cluster_operations(request)
             if body.include_cluster_authorized_operations else _NO_AUTHORIZED_OPERATIONS), [error])

@@ -119,6 +119,13 @@ class TopicStore:
                             MappingProxyType(configs.get(name, {})))
                 for name, partitions, topic_id, created_ms in rows]
 
+    def data_version(self) -> int:
+        """SQLite's ``PRAGMA data_version``: changes whenever another connection (another
+        broker process of a cluster) committed a change since the last call. Cheap (no I/O
+        beyond the shared-memory index)."""
+        with self._transaction() as db:
+            return db.execute("PRAGMA data_version").fetchone()[0]
+
     @property
     def legacy_imported(self) -> bool:
         """True once ``import_legacy`` has run on this store (or the store was created by it)."""

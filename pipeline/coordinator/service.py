@@ -273,6 +273,13 @@ class GroupCoordinatorService:
 
     # ------------------------------------------------------------------ authorization
 
+    def _coordinates(self, group_id: str) -> bool:
+        """Whether this broker coordinates ``group_id`` (always, alone; in a cluster
+        ``Cluster.coordinator``). Group requests for a group another broker coordinates
+        answer NOT_COORDINATOR, so the client asks FindCoordinator again (Kafka)."""
+        cluster = self.apis.broker.cluster
+        return cluster is None or cluster.coordinates(group_id)
+
     def _allowed(self, request: Request, operation: AclOperation, resource_type: ResourceType, name: str,
                  log_denied: bool = True) -> bool:
         """``KafkaApis.authorize`` (True for everything when no authorizer is configured)."""
@@ -300,7 +307,8 @@ class GroupCoordinatorService:
             if key_type == GROUP_KEY_TYPE and not self._allowed(request, DESCRIBE, GROUP, key):
                 found.append((key, GROUP_AUTHORIZATION_FAILED, None, -1, "", -1))
             elif key_type == GROUP_KEY_TYPE and not self._closing:
-                found.append((key, gc.NONE, None, broker.node_id, broker.host, broker.port))
+                node = broker.node_id if broker.cluster is None else broker.cluster.coordinator(key)
+                found.append((key, gc.NONE, None, node, *broker.address_of(node)))
             elif key_type == GROUP_KEY_TYPE:
                 found.append((key, gc.COORDINATOR_NOT_AVAILABLE, "the broker is shutting down", -1, "", -1))
             elif key_type == TRANSACTION_KEY_TYPE:
@@ -331,6 +339,10 @@ class GroupCoordinatorService:
             request.connection.complete(request.token, self._join_response(
                 request, JoinResult(GROUP_AUTHORIZATION_FAILED, member_id=body.member_id)))
             return
+        if not self._coordinates(body.group_id):
+            request.connection.complete(request.token, self._join_response(
+                request, JoinResult(gc.NOT_COORDINATOR, member_id=body.member_id)))
+            return
         session_ms = _ms(body.session_timeout)
         instance_id = getattr(body, "group_instance_id", None)
         waiter = _Waiter(request)
@@ -352,6 +364,9 @@ class GroupCoordinatorService:
             request.connection.complete(request.token, self._sync_response(
                 request, SyncResult(GROUP_AUTHORIZATION_FAILED)))
             return
+        if not self._coordinates(body.group_id):
+            request.connection.complete(request.token, self._sync_response(request, SyncResult(gc.NOT_COORDINATOR)))
+            return
         replies = self.state.sync(
             _Waiter(request), self._now_ms(), group_id=body.group_id, generation_id=int(body.generation_id),
             member_id=body.member_id, instance_id=getattr(body, "group_instance_id", None),
@@ -366,6 +381,8 @@ class GroupCoordinatorService:
         body = apis.decode_request(header, request.frame)
         if not self._allowed(request, READ, GROUP, body.group_id):
             error = GROUP_AUTHORIZATION_FAILED
+        elif not self._coordinates(body.group_id):
+            error = gc.NOT_COORDINATOR
         else:
             error = self.state.heartbeat(self._now_ms(), group_id=body.group_id,
                                          generation_id=int(body.generation_id), member_id=body.member_id,
@@ -389,6 +406,8 @@ class GroupCoordinatorService:
             leaving = [(body.member_id, None)]
         if not self._allowed(request, READ, GROUP, body.group_id):
             error, member_errors, leaving = GROUP_AUTHORIZATION_FAILED, [], []
+        elif not self._coordinates(body.group_id):
+            error, member_errors, leaving = gc.NOT_COORDINATOR, [], []
         else:
             error, member_errors, replies = self.state.leave(self._now_ms(), body.group_id, leaving)
             self._deliver(replies)
@@ -432,6 +451,10 @@ class GroupCoordinatorService:
             request.connection.complete(request.token, self._offset_commit_response(request, [
                 (t.name, int(p.partition_index), GROUP_AUTHORIZATION_FAILED) for t in body.topics
                 for p in t.partitions]))
+            return
+        if not self._coordinates(group_id):
+            request.connection.complete(request.token, self._offset_commit_response(request, [
+                (t.name, int(p.partition_index), gc.NOT_COORDINATOR) for t in body.topics for p in t.partitions]))
             return
         readable = self._readable_topics(request, body.topics)
         group_error = self.state.validate_commit(
@@ -512,6 +535,9 @@ class GroupCoordinatorService:
             if self._closing:
                 groups.append((group_id, gc.COORDINATOR_NOT_AVAILABLE, []))
                 continue
+            if not self._coordinates(group_id):
+                groups.append((group_id, gc.NOT_COORDINATOR, []))
+                continue
             partitions = None if topics is None else [(t.name, int(p)) for t in topics for p in t.partition_indexes]
             rows = [(t, p, o, e, m, gc.NONE) for t, p, o, e, m in self.state.fetch_offsets(group_id, partitions)]
             if topics is None:
@@ -552,7 +578,9 @@ class GroupCoordinatorService:
         mod = apis.response_module(DESCRIBE_GROUPS, header.api_version)
         groups = []
         for group_id in body.groups:
-            if self._allowed(request, DESCRIBE, GROUP, group_id):
+            if not self._coordinates(group_id):
+                s = gc.GroupSummary(gc.NOT_COORDINATOR, "", "", "", ())
+            elif self._allowed(request, DESCRIBE, GROUP, group_id):
                 s = self.state.describe(group_id)
             else:
                 s = gc.GroupSummary(GROUP_AUTHORIZATION_FAILED, "", "", "", ())
@@ -574,7 +602,8 @@ class GroupCoordinatorService:
         body = apis.decode_request(header, request.frame)
         mod = apis.response_module(LIST_GROUPS, header.api_version)
         error = gc.COORDINATOR_NOT_AVAILABLE if self._closing else gc.NONE
-        listed = [] if self._closing else self.state.list_groups(getattr(body, "states_filter", ()))
+        listed = [] if self._closing else [g for g in self.state.list_groups(getattr(body, "states_filter", ()))
+                                           if self._coordinates(g[0])]
         if listed and not self._allowed(request, DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME, log_denied=False):
             listed = [g for g in listed if self._allowed(request, DESCRIBE, GROUP, g[0], log_denied=False)]
         add_error(self._errors[LIST_GROUPS], error)
@@ -591,8 +620,9 @@ class GroupCoordinatorService:
         header = request.header
         body = apis.decode_request(header, request.frame)
         mod = apis.response_module(DELETE_GROUPS, header.api_version)
-        results = [(g, self.state.delete_group(g) if self._allowed(request, DELETE, GROUP, g)
-                    else GROUP_AUTHORIZATION_FAILED) for g in body.groups_names]
+        results = [(g, GROUP_AUTHORIZATION_FAILED if not self._allowed(request, DELETE, GROUP, g)
+                    else gc.NOT_COORDINATOR if not self._coordinates(g) else self.state.delete_group(g))
+                   for g in body.groups_names]
         deleting = [g for g, e in results if e == gc.NONE]
 
         def answer(ok: bool) -> None:
@@ -626,6 +656,8 @@ class GroupCoordinatorService:
         group_id = body.group_id
         if not self._allowed(request, DELETE, GROUP, group_id):
             group_error, subscribed, readable = GROUP_AUTHORIZATION_FAILED, set(), {}
+        elif not self._coordinates(group_id):
+            group_error, subscribed, readable = gc.NOT_COORDINATOR, set(), {}
         else:
             readable = self._readable_topics(request, body.topics)
             group_error, subscribed = self.state.check_offset_delete(

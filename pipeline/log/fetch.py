@@ -78,10 +78,13 @@ class FetchApis:
         self.fetches = 0
         self.delayed_fetches = 0
         self._authorize: Any = lambda request, operation, resource_type, name: True
+        self._leads: Any = lambda topic, partition: True
 
     def register(self, kafka_apis: Any) -> None:
         # KafkaApis.authorize: Fetch needs TOPIC Read, ListOffsets TOPIC Describe (TOPIC_AUTHORIZATION_FAILED).
         self._authorize = kafka_apis.authorize
+        # In a cluster only a partition's leader serves it (others: NOT_LEADER_OR_FOLLOWER).
+        self._leads = kafka_apis.broker.leads
         kafka_apis.register(FETCH, self.fetch)
         kafka_apis.register(LIST_OFFSETS, self.list_offsets)
 
@@ -134,6 +137,8 @@ class FetchApis:
                     p.error = ErrorCode.topic_authorization_failed.value
                 elif count is None or not 0 <= p.partition < count:
                     p.error = ErrorCode.unknown_topic_or_partition.value
+                elif not self._leads(p.topic, p.partition):
+                    p.error = ErrorCode.not_leader_or_follower.value
             live = [p for p in wanted if not p.error]
             keys = [(p.topic, p.partition) for p in live]
             event = None
@@ -243,6 +248,8 @@ class FetchApis:
                     error = ErrorCode.topic_authorization_failed.value
                 elif count is None or not 0 <= p.partition_index < count:
                     error = ErrorCode.unknown_topic_or_partition.value
+                elif not self._leads(topic.name, int(p.partition_index)):
+                    error = ErrorCode.not_leader_or_follower.value
                 else:
                     try:
                         offset, timestamp = await self.logs.offset_for(topic.name, int(p.partition_index),

@@ -14,10 +14,13 @@ buffers.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from typing import Sequence
+from pathlib import Path
+from typing import Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -37,6 +40,34 @@ LOCAL_RELATION_MAX_BYTES = 48 * 1024 * 1024
 """Spark's default ``spark.sql.execution.arrow.localRelationThreshold``."""
 
 
+TABLE_LOCK_FILE = "table.lock"
+"""``DATA_DIR/_pipeline/table.lock``: taken (flock) around every change to the tables by the
+brokers of a cluster, which share one Spark and one table."""
+
+
+@contextlib.contextmanager
+def table_lock(path: Path | None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (nothing if None), blocking until it is free.
+
+    The brokers of a cluster append to the same tables through one Spark
+    Connect server: one application, whose jobs share the table directory's
+    ``_temporary`` staging directory (Hadoop FileOutputCommitter), which the
+    first job to commit deletes under the others; a compaction swaps a
+    partition's location and would lose files another broker added meanwhile.
+    One table change at a time across processes rules both out. The lock is
+    the kernel's: a broker killed with it held releases it.
+    """
+    if path is None:
+        yield
+        return
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class SparkGroupSink:
     """The table side of the persister: Arrow conversion + Spark, blocking (worker thread).
 
@@ -48,16 +79,27 @@ class SparkGroupSink:
         decode_in_subprocess: decode records in a worker process (default) rather
             than in the calling thread.
         table_config, metastore_uris, connect_port, thrift_port: see ``SparkSink``.
+        state_dir: this broker's own state directory (the warm-up write goes there);
+            default ``DATA_DIR/_pipeline``.
+        shared_table: the tables are shared with other processes (the brokers of a
+            cluster): every change to them holds ``DATA_DIR/_pipeline/table.lock``
+            (``table_lock``).
     """
 
     def __init__(self, data_dir: str | os.PathLike, master: str | None = "local[*]", remote: str | None = None,
                  spark: SparkSession | None = None, decode_in_subprocess: bool = True,
                  table_config: TableConfig | None = None, metastore_uris: str | None = None,
-                 connect_port: int | None = None, thrift_port: int | None = None) -> None:
+                 connect_port: int | None = None, thrift_port: int | None = None,
+                 state_dir: str | os.PathLike | None = None, shared_table: bool = False) -> None:
         self._sink = SparkSink(data_dir, master=None if remote else master, remote=remote, spark=spark,
                                table_config=table_config, metastore_uris=metastore_uris,
                                connect_port=connect_port, thrift_port=thrift_port)
         self.data_dir = data_dir
+        self._state_dir = os.fspath(state_dir) if state_dir is not None else os.path.join(
+            self._sink.data_dir, "_pipeline")
+        self._table_lock = Path(self._sink.data_dir) / "_pipeline" / TABLE_LOCK_FILE if shared_table else None
+        if self._table_lock is not None:
+            self._table_lock.parent.mkdir(parents=True, exist_ok=True)
         self._decode_in_subprocess = decode_in_subprocess
         self._pool: ProcessPoolExecutor | None = None
         self._formats: dict[str, ValueFormat] = {}
@@ -69,11 +111,12 @@ class SparkGroupSink:
         one throwaway row written to ``DATA_DIR/_pipeline/warmup`` here keeps
         that off the first produce request's latency.
         """
-        self._sink.start()
+        with table_lock(self._table_lock):  # creating the tables, settling a compaction cut short
+            self._sink.start()
         self._formats = self._sink.catalog.value_formats()
         self._sink.catalog.check_typed_tables(self._formats)
         warmup = pa.table({"warmup": pa.array([1], pa.int32())})
-        path = os.path.join(self._sink.data_dir, "_pipeline", "warmup")
+        path = os.path.join(self._state_dir, "warmup")
         self._sink.spark.createDataFrame(warmup).write.mode("overwrite").parquet(path)
         if self._decode_in_subprocess and self._pool is None:
             # spawn, not fork: forking a process that runs a JVM gateway and
@@ -109,7 +152,8 @@ class SparkGroupSink:
         # are serialised, so setting the SQL conf per write is safe.
         threshold = "0" if table.num_rows >= LOCAL_RELATION_MAX_ROWS else str(LOCAL_RELATION_MAX_BYTES)
         self._sink.spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", threshold)
-        self._sink.catalog.write_flush(table.without(exclude or set()))
+        with table_lock(self._table_lock):
+            self._sink.catalog.write_flush(table.without(exclude or set()))
 
     @property
     def catalog(self):
@@ -127,8 +171,10 @@ class SparkGroupSink:
     def drop_topic(self, topic: str) -> int:
         """Remove every row of a deleted topic from the tables (``TableCatalog.drop_topic``);
         blocking, run it in a worker thread. Returns the partitions dropped."""
-        return self._sink.catalog.drop_topic(topic)
+        with table_lock(self._table_lock):
+            return self._sink.catalog.drop_topic(topic)
 
     def maintain(self) -> MaintenanceResult:
         """Table maintenance (retention, compaction, deleting replaced files): ``TableCatalog.maintain``."""
-        return self._sink.catalog.maintain()
+        with table_lock(self._table_lock):
+            return self._sink.catalog.maintain()

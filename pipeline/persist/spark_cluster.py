@@ -87,6 +87,15 @@ def _spark_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _set_pdeathsig() -> None:
+    """preexec_fn: the child gets SIGKILL when the thread that started it dies (Linux prctl(2))."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 class SparkProcess:
     """One Spark JVM launched by a ``bin/`` script, its output appended to ``log_path``.
 
@@ -95,7 +104,10 @@ class SparkProcess:
     executors) go with it.
     """
 
-    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str]) -> None:
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str],
+                 die_with_parent: bool = False) -> None:
+        self.die_with_parent = die_with_parent
+        """SIGKILL the JVM when this process dies (``PR_SET_PDEATHSIG``, kept across exec)."""
         self.name = name
         self.cmd = cmd
         self.log_path = log_path
@@ -109,6 +121,7 @@ class SparkProcess:
         self.proc = subprocess.Popen(
             self.cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             env=self.env, start_new_session=True,
+            preexec_fn=_set_pdeathsig if self.die_with_parent else None,
         )
 
     @property
@@ -296,6 +309,9 @@ class ConnectServer(_OneProcessService):
             the write hanging.
         conf: extra ``--conf`` settings for the server.
         timeout_s: how long the server may take to accept connections.
+        die_with_parent: the JVM gets SIGKILL when the thread that started it dies
+            (``PR_SET_PDEATHSIG``): start it from the main thread. Otherwise it
+            outlives a SIGKILLed parent (its own process group).
 
     Attributes:
         bound_port: the port the server listens on, once started.
@@ -313,7 +329,9 @@ class ConnectServer(_OneProcessService):
 
     def __init__(self, work_dir: str | os.PathLike[str], master: str = "local[*]",
                  port: int | None = None, driver_memory: str = "2g",
-                 conf: dict[str, str] | None = None, timeout_s: float = 120.0) -> None:
+                 conf: dict[str, str] | None = None, timeout_s: float = 120.0,
+                 die_with_parent: bool = False) -> None:
+        self.die_with_parent = die_with_parent
         self.work_dir = Path(work_dir).resolve()
         self.master = master
         self.port = port
@@ -345,7 +363,7 @@ class ConnectServer(_OneProcessService):
         # Thrift and Connect servers) by SPARK_DAEMON_MEMORY, not --driver-memory.
         env = _spark_env({"SPARK_DAEMON_MEMORY": self.driver_memory})
         self.process = SparkProcess("Spark Connect server", cmd,
-                                    self.work_dir / "connect-server.log", env)
+                                    self.work_dir / "connect-server.log", env, die_with_parent=self.die_with_parent)
         self.process.start()
 
         def listening() -> bool:

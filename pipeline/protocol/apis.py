@@ -412,8 +412,9 @@ class TopicResolver(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class BrokerInfo:
-    """This broker as advertised in Metadata: the only broker, leader of
-    every partition and controller."""
+    """This broker as advertised in Metadata; alone (``cluster`` None) it is the only broker,
+    leader of every partition and controller; in a cluster (``pipeline.cluster``) the
+    leaders and the controller are the cluster's."""
 
     node_id: int
     host: str
@@ -422,6 +423,36 @@ class BrokerInfo:
     endpoints: tuple[tuple[str, str, int], ...] = ()
     """(listener name, advertised host, advertised port) of every listener (KIP-103);
     ``host``/``port`` are the first listener's."""
+    cluster: Any = None
+    """The ``pipeline.cluster.Cluster`` this broker is a member of; None: alone."""
+
+    def leader(self, topic: str, partition: int) -> int:
+        """Node id of the leader of ``topic``-``partition``."""
+        return self.node_id if self.cluster is None else self.cluster.leader(topic, partition)
+
+    def leads(self, topic: str, partition: int) -> bool:
+        """Whether this broker leads ``topic``-``partition`` (Produce, Fetch, ListOffsets are served
+        by the leader only; others answer NOT_LEADER_OR_FOLLOWER)."""
+        return self.cluster is None or self.cluster.leads(topic, partition)
+
+    @property
+    def controller_id(self) -> int:
+        return self.node_id if self.cluster is None else self.cluster.controller_id
+
+    def all_brokers(self) -> tuple[tuple[int, str, int], ...]:
+        """(node id, host, port) of every broker, by id: this one as advertised on its listener,
+        the others at their ``pipeline.cluster.brokers`` address."""
+        if self.cluster is None:
+            return ((self.node_id, self.host, self.port),)
+        return tuple((b.node_id, self.host, self.port) if b.node_id == self.node_id else (b.node_id, b.host, b.port)
+                     for b in self.cluster.brokers)
+
+    def address_of(self, node_id: int) -> tuple[str, int]:
+        """(host, port) clients reach broker ``node_id`` at."""
+        for n, host, port in self.all_brokers():
+            if n == node_id:
+                return host, port
+        raise KeyError(node_id)
 
     def for_listener(self, listener: str) -> BrokerInfo:
         """This broker as a client that came in through ``listener`` must see it: with that
@@ -448,14 +479,14 @@ def metadata_response(
     allowed before). Invalid names get ``INVALID_TOPIC_EXCEPTION`` (17)
     without consulting ``topics``; v12 lookups by topic id of unknown ids
     get ``UNKNOWN_TOPIC_ID`` (100). Each partition: leader and sole
-    replica/ISR member ``broker.node_id``, leader epoch 0.
+    replica/ISR member ``broker.leader(topic, partition)`` (this broker when
+    alone), leader epoch 0.
 
     :raises InvalidRequestError: a v10/v11 request with a null topic name
         (Kafka rejects it the same way: ids are usable from v12).
     """
     version = header.api_version
     module = _RESPONSE_MODULES[(METADATA, version)]
-    node = broker.node_id
     auto_create = getattr(request, "allow_auto_topic_creation", True)
 
     def topic_entry(
@@ -474,13 +505,13 @@ def metadata_response(
                     module.MetadataResponsePartition,
                     error_code=ErrorCode.none,
                     partition_index=index,
-                    leader_id=node,
+                    leader_id=leader,
                     leader_epoch=0,
-                    replica_nodes=(node,),
-                    isr_nodes=(node,),
+                    replica_nodes=(leader,),
+                    isr_nodes=(leader,),
                     offline_replicas=(),
                 )
-                for index in range(partitions)
+                for index, leader in ((i, broker.leader(name or "", i)) for i in range(partitions))
             ),
         )
 
@@ -532,17 +563,18 @@ def metadata_response(
     body = _make(
         module.MetadataResponse,
         throttle_time=_ZERO_MS,
-        brokers=(
+        brokers=tuple(
             _make(
                 module.MetadataResponseBroker,
-                node_id=node,
-                host=broker.host,
-                port=broker.port,
+                node_id=node_id,
+                host=host,
+                port=port,
                 rack=None,
-            ),
+            )
+            for node_id, host, port in broker.all_brokers()
         ),
         cluster_id=broker.cluster_id,
-        controller_id=node,
+        controller_id=broker.controller_id,
         topics=tuple(entries),
     )
     return encode_response(header, _encode(body))

@@ -73,6 +73,33 @@ class TopicCatalog:
                     log.info("topic store %s: imported %d topics from the checkpoint", store.path, len(legacy))
             self._topics = {t.name: t for t in store.load()}
         self._by_id = {t.topic_id: t.name for t in self._topics.values()}
+        self.shared = False
+        """The store is shared with other broker processes (a cluster): ``refresh`` takes
+        their changes; a name not found is looked up in the store again first."""
+        self._version = store.data_version() if store is not None else 0
+        self.deleted_elsewhere: list[str] = []
+        """Topics ``refresh`` found deleted by another broker, for the server to drop its
+        own data of (``Server._refresh_catalog``), oldest first."""
+
+    def refresh(self) -> bool:
+        """Take the changes other processes made to a shared store (``shared``): topics they
+        created, deleted, resized or reconfigured. Topics this catalog is creating or
+        deleting are left alone. True if anything was reloaded. Blocking (one small read)."""
+        if not self.shared or self.store is None:
+            return False
+        version = self.store.data_version()
+        if version == self._version:
+            return False
+        self._version = version
+        stored = {t.name: t for t in self.store.load()}
+        for name in [n for n in self._topics if n not in stored and n not in self._busy]:
+            log.info("topic %r was deleted by another broker", name)
+            self._by_id.pop(self._topics.pop(name).topic_id, None)
+            self.deleted_elsewhere.append(name)
+        for name, topic in stored.items():
+            if name not in self._busy and self._topics.get(name) != topic:
+                self._put(topic)
+        return True
 
     def _new(self, name: str, partitions: int, configs: Mapping[str, str] | None = None) -> StoredTopic:
         return StoredTopic(name, partitions, topic_id_for(name), int(self._clock() * 1000),
@@ -87,6 +114,8 @@ class TopicCatalog:
     def partitions(self, name: str) -> int | None:
         """Partition count of ``name``, or None if no such topic (or it is being deleted)."""
         topic = self._topics.get(name)
+        if topic is None and self.shared and self.refresh():
+            topic = self._topics.get(name)
         return None if topic is None else topic.partitions
 
     def describe(self, name: str, auto_create: bool) -> tuple[int, int]:
@@ -98,6 +127,8 @@ class TopicCatalog:
         while a topic has no leader yet.
         """
         topic = self._topics.get(name)
+        if topic is None and self.shared and self.refresh():
+            topic = self._topics.get(name)
         if topic is not None:
             return ErrorCode.none.value, topic.partitions
         try:
@@ -110,7 +141,15 @@ class TopicCatalog:
             return ErrorCode.unknown_topic_or_partition.value, 0
         topic = self._new(name, self.num_partitions)
         if self.store is not None:
-            self.store.insert(topic)
+            try:
+                self.store.insert(topic)
+            except TopicExistsError:
+                # Another broker of the cluster created it a moment ago: take its version.
+                self.refresh()
+                stored = self._topics.get(name)
+                if stored is None:
+                    return ErrorCode.leader_not_available.value, 0
+                return ErrorCode.none.value, stored.partitions
         self._put(topic)
         log.info("auto-created topic %r with %d partitions", name, self.num_partitions)
         return ErrorCode.none.value, self.num_partitions
@@ -156,6 +195,8 @@ class TopicCatalog:
         Raises:
             TopicExistsError: it exists, or is being created or deleted (Kafka TOPIC_ALREADY_EXISTS).
         """
+        if self.shared:
+            await trio.to_thread.run_sync(self.refresh)
         if name in self._topics or name in self._busy:
             raise TopicExistsError(f"Topic '{name}' already exists."
                                    if name in self._topics else f"Topic '{name}' is being created or deleted.")

@@ -87,6 +87,8 @@ class KafkaApis:
         persister: where sequenced appends go.
         first_producer_id: first id InitProducerId hands out; the server seeds
             it from the wall clock (ms) so ids are not reused across restarts.
+            In a cluster of N brokers the k-th id is ``k * N + index`` from k =
+            ``first_producer_id`` (``pipeline.cluster.Cluster.producer_id``).
         yield_before_sequencing: let other handlers run between parsing and
             sequencing a produce, as a preempted pool thread would (set for
             the shared-queue modes).
@@ -112,7 +114,10 @@ class KafkaApis:
         self.logs = logs
         self.persister = persister
         self.yield_before_sequencing = yield_before_sequencing
-        self._producer_ids = itertools.count(first_producer_id)
+        # In a cluster the ids are interleaved (k * N + this broker's index) so brokers never collide.
+        cluster = broker.cluster
+        self._producer_ids = (itertools.count(first_producer_id) if cluster is None or cluster.size == 1
+                              else map(cluster.producer_id, itertools.count(first_producer_id)))
         self._deadlines: list[tuple[float, int, PendingProduce]] = []
         self._deadline_seq = itertools.count()
         # Compressed records are inflated (up to MAX_UNCOMPRESSED_BATCH_BYTES)
@@ -368,6 +373,9 @@ class KafkaApis:
         count = self.catalog.partitions(topic)
         if count is None or not 0 <= partition < count:
             return ErrorCode.unknown_topic_or_partition.value
+        if not self.broker.leads(topic, partition):
+            # Another broker of the cluster leads it: the client refreshes its metadata (Kafka ReplicaManager).
+            return ErrorCode.not_leader_or_follower.value
         return ErrorCode.none.value
 
 

@@ -422,9 +422,7 @@ class TableCatalog:
         for owned in self.tables():
             df = self.spark.table(owned.name)
             if owned.topic is not None:
-                from pyspark.sql import functions as F
-
-                df = df.withColumn("topic", F.lit(owned.topic))
+                df = df.withColumn("topic", _functions(self.spark).lit(owned.topic))
             frames.append(df.select("topic", "partition", "offset"))
         out = frames[0]
         for df in frames[1:]:
@@ -661,16 +659,31 @@ def read_uncompacted_files(spark: SparkSession, data_dir: str | os.PathLike[str]
     return spark.read.schema(TABLE_SPARK_SCHEMA).option("basePath", str(root)).parquet(str(root)).select(*COLUMNS)
 
 
+def _functions(spark: SparkSession):
+    """``pyspark.sql.functions`` for a classic session, its Connect twin for a Connect one.
+
+    pyspark picks by the ``SPARK_CONNECT_MODE_ENABLED`` environment variable, which only
+    ``SparkSession.builder.remote`` sets; ``build_spark_session`` builds its Connect session
+    directly (and a process may hold sessions of both kinds), so ask the session.
+    """
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        from pyspark.sql.connect import functions
+    else:
+        from pyspark.sql import functions
+    return functions
+
+
 def present_offsets(df: DataFrame, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
     """(topic, partition, offset) rows of ``df`` within [start, end) of each (topic, partition)."""
     from functools import reduce
 
-    from pyspark.sql import functions as F
-
     if not ranges:
         return set()
+    # The DataFrame's own columns, not pyspark.sql.functions.col: those are classic-only unless
+    # the process built its Connect session through the builder (pipeline builds it directly).
+    topic, partition, offset = df["topic"], df["partition"], df["offset"]
     conditions = [
-        (F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") >= lo) & (F.col("offset") < hi)
+        (topic == t) & (partition == p) & (offset >= lo) & (offset < hi)
         for (t, p), (lo, hi) in ranges.items()
     ]
     rows = df.where(reduce(lambda a, b: a | b, conditions)).select("topic", "partition", "offset").collect()

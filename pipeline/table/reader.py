@@ -62,9 +62,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
 
-from pipeline.table.catalog import OwnedTable, TableCatalog
+from pipeline.table.catalog import OwnedTable, TableCatalog, _functions
 
 READ_COLUMNS: tuple[str, ...] = ("offset", "timestamp", "timestampType", "key", "value", "headers")
 """The columns a RecordBatch needs (topic and partition are the caller's)."""
@@ -187,6 +186,7 @@ class TableReader:
         if compression not in CODECS:
             raise ValueError(f"compression must be one of {sorted(CODECS)}, not {compression!r}")
         self.spark = spark
+        self._F = _functions(spark)  # pyspark.sql.functions, or their Connect twins for a Connect session
         self.catalog = catalog
         self.chunk_rows = chunk_rows
         self.chunk_bytes = chunk_bytes
@@ -261,7 +261,7 @@ class TableReader:
         Raises:
             Whatever Spark raises.
         """
-        row = self._frame(topic, partition).agg(F.min("offset")).collect()[0]
+        row = self._frame(topic, partition).agg(self._F.min("offset")).collect()[0]
         return row[0]
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int,
@@ -290,15 +290,15 @@ class TableReader:
 
         def prune(owned: OwnedTable) -> Column:
             if "hour" not in owned.partition_columns:
-                return F.col("date") >= F.lit(date)
-            return (F.col("date") > F.lit(date)) | ((F.col("date") == F.lit(date)) & (
-                F.col("hour").isNull() | (F.col("hour") >= F.lit(hour))))
+                return self._F.col("date") >= self._F.lit(date)
+            return (self._F.col("date") > self._F.lit(date)) | ((self._F.col("date") == self._F.lit(date)) & (
+                self._F.col("hour").isNull() | (self._F.col("hour") >= self._F.lit(hour))))
 
-        where = F.col("timestamp") >= F.timestamp_millis(F.lit(timestamp_ms))
+        where = self._F.col("timestamp") >= self._F.timestamp_millis(self._F.lit(timestamp_ms))
         if end is not None:
-            where = where & (F.col("offset") < F.lit(end))
+            where = where & (self._F.col("offset") < self._F.lit(end))
         rows = (self._frame(topic, partition, where, prune).orderBy("offset").limit(1)
-                .select("offset", F.unix_millis("timestamp")).collect())
+                .select("offset", self._F.unix_millis("timestamp")).collect())
         return (rows[0][0], rows[0][1]) if rows else None
 
     def max_timestamp(self, topic: str, partition: int, end: int | None = None) -> tuple[int, int] | None:
@@ -310,9 +310,9 @@ class TableReader:
         Raises:
             Whatever Spark raises.
         """
-        where = None if end is None else F.col("offset") < F.lit(end)
-        rows = (self._frame(topic, partition, where).orderBy(F.col("timestamp").desc(), F.col("offset").asc())
-                .limit(1).select("offset", F.unix_millis("timestamp")).collect())
+        where = None if end is None else self._F.col("offset") < self._F.lit(end)
+        rows = (self._frame(topic, partition, where).orderBy(self._F.col("timestamp").desc(), self._F.col("offset").asc())
+                .limit(1).select("offset", self._F.unix_millis("timestamp")).collect())
         return (rows[0][0], rows[0][1]) if rows else None
 
     # -- internals -------------------------------------------------------------------
@@ -337,20 +337,20 @@ class TableReader:
         """The partition's rows of every source table (``READ_COLUMNS``), filtered by ``where``."""
         frames = []
         for owned, by_topic in self._sources(topic):
-            conditions = [F.col("partition") == F.lit(partition)]
+            conditions = [self._F.col("partition") == self._F.lit(partition)]
             if by_topic:
-                conditions.insert(0, F.col("topic") == F.lit(topic))
+                conditions.insert(0, self._F.col("topic") == self._F.lit(topic))
             if prune is not None:
                 conditions.append(prune(owned))
             if where is not None:
                 conditions.append(where)
-            frames.append(self.spark.table(owned.name).where(reduce(Column.__and__, conditions))
+            frames.append(self.spark.table(owned.name).where(reduce(lambda a, b: a & b, conditions))
                           .select(*READ_COLUMNS))
         return reduce(DataFrame.unionByName, frames)
 
     def _query(self, topic: str, partition: int, lo: int, hi: int) -> pa.Table:
         """Rows with ``lo <= offset < hi``, sorted by offset, one row per offset."""
-        where = (F.col("offset") >= F.lit(lo)) & (F.col("offset") < F.lit(hi))
+        where = (self._F.col("offset") >= self._F.lit(lo)) & (self._F.col("offset") < self._F.lit(hi))
         rows = self._frame(topic, partition, where).toArrow()
         if rows.num_rows == 0:
             return rows
@@ -390,8 +390,8 @@ class TableReader:
             if hi >= end:
                 return rows
             # A gap (retention dropped a time partition): jump to the next offset the tables hold.
-            nxt = self._frame(topic, partition, (F.col("offset") >= F.lit(hi)) & (F.col("offset") < F.lit(end))) \
-                .agg(F.min("offset")).collect()[0][0]
+            nxt = self._frame(topic, partition, (self._F.col("offset") >= self._F.lit(hi)) & (self._F.col("offset") < self._F.lit(end))) \
+                .agg(self._F.min("offset")).collect()[0][0]
             if nxt is None:
                 return rows
             lo = nxt

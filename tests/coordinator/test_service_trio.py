@@ -427,3 +427,30 @@ async def test_every_advertised_version_of_every_group_api_is_answered(autojump_
                 assert int(r.error_code) == gc.GROUP_ID_NOT_FOUND
             seen.append((api, v))
         assert seen == served_versions() and {api for api, _v in seen} == set(GROUP_APIS)
+
+
+async def test_in_a_cluster_each_group_has_one_coordinator(autojump_clock, tmp_path):
+    """pipeline.cluster: FindCoordinator names crc32(group) % N's broker with its address; group
+    requests for a group another broker coordinates answer NOT_COORDINATOR."""
+    from dataclasses import replace
+
+    from pipeline.cluster import Cluster, parse_brokers
+
+    cluster = Cluster(parse_brokers("0@127.0.0.1:9092,1@10.0.0.2:9093"), 0)
+    groups = [f"g{i}" for i in range(20)]
+    mine = next(g for g in groups if cluster.coordinates(g))
+    theirs = next(g for g in groups if not cluster.coordinates(g))
+    async with coordinator(tmp_path) as (b, _s, connect):
+        b.apis.broker = replace(b.apis.broker, cluster=cluster)
+        c = await connect()
+        r = await c.call("find_coordinator", 4, key_type=0, coordinator_keys=(mine, theirs))
+        assert [(x.key, int(x.error_code), int(x.node_id), x.host, int(x.port)) for x in r.coordinators] == [
+            (mine, gc.NONE, 0, "127.0.0.1", 9092), (theirs, gc.NONE, 1, "10.0.0.2", 9093)]
+        assert (await c.response(await c.send_join(theirs))).error_code == gc.NOT_COORDINATOR
+        assert await c.heartbeat(theirs, 1, "m") == gc.NOT_COORDINATOR
+        assert await c.commit(theirs, {("t", 0): 5}) == {("t", 0): gc.NOT_COORDINATOR}
+        r = await c.call("offset_fetch", 8, groups=(
+            nested("offset_fetch", 8, "OffsetFetchRequestGroup", group_id=theirs, topics=None),))
+        assert r.groups[0].error_code == gc.NOT_COORDINATOR
+        joined = await c.join(mine)  # the group this broker coordinates works as before
+        assert joined.error_code == gc.NONE

@@ -108,7 +108,7 @@ class ReadBroker(Broker):
 @asynccontextmanager
 async def broker(tmp_path, *, ack_on: str = "wal", segment_bytes: int = 64 << 20,
                  retention: tuple[int, int] = (-1, -1), sink: MemorySink | None = None,
-                 commit_linger_ms: float = 0) -> AsyncIterator[ReadBroker]:
+                 commit_linger_ms: float = 0, cluster=None) -> AsyncIterator[ReadBroker]:
     sink = sink or MemorySink()
     wal = WriteAheadLog(tmp_path / "wal", segment_bytes=segment_bytes, fsync=False)
     store = StateStore(tmp_path / "state")
@@ -123,7 +123,8 @@ async def broker(tmp_path, *, ack_on: str = "wal", segment_bytes: int = 64 << 20
     persister = BatchingPersister(sink, wal, store, checkpoint, FlushPolicy(linger_ms=commit_linger_ms), ack_on=ack_on,  # type: ignore[arg-type]
                                   log_listener=logs)
     request_channel = MultiQueueRequestChannel(2, 100)
-    apis = KafkaApis(BrokerInfo(0, "127.0.0.1", 9092, "test"), TopicCatalog(initial={"t": 2}), logs, persister,
+    apis = KafkaApis(BrokerInfo(0, "127.0.0.1", 9092, "test", cluster=cluster), TopicCatalog(initial={"t": 2}),
+                     logs, persister,
                      first_producer_id=1000, request_metrics=request_channel.metrics)
     fetch = FetchApis(logs, apis.catalog, request_channel.metrics)
     fetch.register(apis)
@@ -407,3 +408,24 @@ async def test_a_forgotten_topic_leaves_the_checkpoint_at_once(autojump_clock, t
         await eventually(lambda: store.load() is not None and store.load().end_offsets == {("t", 0): 2})
         await b.persister.forget_topic("t")  # what DeleteTopics does after dropping the rows
         assert StateStore(tmp_path / "state").load().end_offsets == {}  # a crash now restarts "t" at 0
+
+
+async def test_a_partition_another_broker_leads_is_not_served(autojump_clock, tmp_path):
+    """In a cluster (pipeline.cluster) Fetch and ListOffsets of a partition this broker does not
+    lead answer NOT_LEADER_OR_FOLLOWER (6) for that partition alone."""
+    from pipeline.cluster import Cluster, parse_brokers
+
+    cluster = Cluster(parse_brokers("0@127.0.0.1:9092,1@127.0.0.1:9093"), 0)
+    mine = next(p for p in (0, 1) if cluster.leads("t", p))
+    other = 1 - mine
+    assert not cluster.leads("t", other)  # two partitions, two brokers: one each
+    async with broker(tmp_path, cluster=cluster) as b:
+        client, _ = await b.connect()
+        await client.send(fetch(1, ("t", mine, 0), ("t", other, 0)))
+        await client.wait_responses(1)
+        got = fetched(client.responses[0][1])
+        assert got[("t", mine)][0] == 0 and got[("t", other)][0] == 6
+        await client.send(list_offsets(2, (mine, -1), (other, -1)))
+        await client.wait_responses(2)
+        response, _ = entity_reader(ListOffsetsResponse)(client.responses[1][1], 0)
+        assert [int(p.error_code) for p in response.topics[0].partitions] == [0, 6]
