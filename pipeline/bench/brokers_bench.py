@@ -129,9 +129,12 @@ def run_one(n: int, args: argparse.Namespace, work: Path) -> dict:
             cpu = [round(sum(p.cpu_times()[:2]) - c, 2) for p, c in zip(brokers, cpu0)]
             window = max(r[1] for r in results) - min(r[0] for r in results)
             undelivered = sum(r[2] + r[3] for r in results)
-            return {"brokers": n, "records": per * args.producers, "seconds": round(window, 2),
-                    "records_per_s": round(per * args.producers / window), "undelivered": undelivered,
-                    "broker_cpu_s": cpu, "cpus": psutil.cpu_count()}
+            records = per * args.producers
+            return {"brokers": n, "records": records, "seconds": round(window, 2),
+                    "records_per_s": round(records / window),
+                    "mb_per_s": round(records * args.record_bytes / window / 1e6, 2), "undelivered": undelivered,
+                    "broker_cpu_s": cpu, "cpu_s_per_m_records": round(sum(cpu) / records * 1e6, 2),
+                    "cpus": psutil.cpu_count(), "load_average": os.getloadavg()[0]}
         finally:
             del admin  # its connections go before the brokers (no "connection refused" noise)
             proc.send_signal(signal.SIGTERM)
@@ -152,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="where brokers.json goes")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG", help="extra `pipeline serve` argument")
     args = p.parse_args(argv)
+    command = "python -m pipeline.bench.brokers_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="brokers-bench-") as tmp:
@@ -160,10 +164,13 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     (args.out / "brokers.json").write_text(json.dumps(rows, indent=2))
-    print("| brokers | records/s | broker CPU s | undelivered |\n|---|---|---|---|")
+    base = rows[0]["records_per_s"] if rows else None
+    print(f"`{command}`\n\n| brokers | records/s | MB/s | x {rows[0]['brokers'] if rows else ''} broker(s) | "
+          "broker CPU s | CPU s per M records | undelivered |\n|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['brokers']} | {r['records_per_s']} | {r['broker_cpu_s']} | {r['undelivered']} |")
-    return 0
+        print(f"| {r['brokers']} | {r['records_per_s']:,} | {r['mb_per_s']} | {r['records_per_s'] / base:.2f} | "
+              f"{r['broker_cpu_s']} | {r['cpu_s_per_m_records']} | {r['undelivered']} |")
+    return 1 if any(r["undelivered"] for r in rows) else 0
 
 
 if __name__ == "__main__":

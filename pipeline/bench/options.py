@@ -20,6 +20,8 @@ of every run. Presets:
 * ``--security`` (not a preset of the sweep; see ``pipeline.bench.security_bench``):
   produce throughput and latency over PLAINTEXT, SSL and SASL_SSL listeners of
   one server (``--smoke`` shrinks it to CI size).
+* ``--brokers 1,2`` (not a preset of the sweep; see ``pipeline.bench.brokers_bench``):
+  records/s, MB/s and broker CPU of ``pipeline serve --brokers N`` for each N.
 * ``--full``: every configuration and queue count 1, 2, 4, 8, connections
   1, 8, 64, in-flight 1 and 5, acks -1 and 0, 8 s per run (~15-20 minutes).
 
@@ -185,6 +187,15 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     security.add_argument("--security-records", type=int, default=None,
                           help="--security: records per throughput phase (default 100000; --smoke 3000)")
     security.add_argument("--rounds", type=int, default=None, help="--security: rounds over the protocols (default 3)")
+    brokers = p.add_argument_group("several brokers (--brokers)")
+    brokers.add_argument("--brokers", type=int_list, default=None, metavar="N,...",
+                         help="for each N, `pipeline serve --brokers N` on one shared Spark Connect server and "
+                              "--producers librdkafka producer processes (acks=1) writing --brokers-records records "
+                              "of --record-bytes (default 100) as fast as acknowledged: records/s, MB/s, broker CPU "
+                              "(pipeline.bench.brokers_bench; e.g. --brokers 1,2)")
+    brokers.add_argument("--producers", type=int, default=None, help="--brokers: producer processes (default 4)")
+    brokers.add_argument("--brokers-records", type=int, default=None,
+                         help="--brokers: records per broker count, all producers (default 400000)")
     hostile = p.add_argument_group("hostile clients (--hostile)")
     hostile.add_argument("--hostile", action="store_true",
                          help="good producers at a steady rate, alone and then beside every hostile client on "
@@ -293,6 +304,15 @@ def _run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"pipeline bench: {exc}") from None
         return security_main(security_opts, _bench_argv())
+    if getattr(args, "brokers", None):
+        from pipeline.bench.brokers_bench import main as brokers_main
+
+        argv = ["--brokers", ",".join(str(n) for n in args.brokers), "--out", str(args.out)]
+        for flag, value in (("--producers", args.producers), ("--records", args.brokers_records),
+                            ("--record-bytes", args.record_bytes), ("--partitions", args.partitions)):
+            if value is not None:
+                argv += [flag, str(value)]
+        return brokers_main(argv + [f"--server-arg={a}" for a in args.server_arg])
     if getattr(args, "table", False):
         from pipeline.bench.table_bench import TableBenchOptions, main as table_main
 
