@@ -27,6 +27,8 @@ import struct
 from array import array
 from dataclasses import dataclass
 
+from pipeline.fastinit import fast_frozen_init
+
 # RecordBatch v2 header up to maxTimestamp (Kafka DefaultRecordBatch):
 # baseOffset int64, batchLength int32, partitionLeaderEpoch int32, magic int8,
 # crc uint32, attributes int16, lastOffsetDelta int32, baseTimestamp int64,
@@ -76,6 +78,7 @@ def rebase(records: bytearray, base_offset: int) -> None:
         offset += count
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Location:
     """Where one appended batch set of a partition is in the write-ahead log.

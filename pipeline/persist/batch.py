@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.fastinit import fast_frozen_init
 
+
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class PartitionAppend:
     """The records of one topic-partition of one produce request, with offsets assigned.

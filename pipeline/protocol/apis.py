@@ -45,6 +45,7 @@ from .header import API_VERSIONS_KEY
 from .header import RequestHeader
 from .header import encode_response
 from .header import readonly_buffer
+from ..fastinit import fast_frozen_init
 
 __all__ = (
     "ADVERTISED_VERSIONS",
@@ -578,6 +579,7 @@ def init_producer_id_response(
 # ------------------------------------------------------------------------- Produce
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class ProducePartition:
     """One partition's data in a ProduceRequest. ``records`` is the raw
@@ -588,6 +590,7 @@ class ProducePartition:
     records: bytes | None
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class ProduceRequestView:
     """A ProduceRequest flattened to what the handler needs.
@@ -617,6 +620,7 @@ def produce_view(request: Any) -> ProduceRequestView:
     )
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class PartitionResult:
     """Outcome for one partition of a ProduceRequest.

@@ -37,6 +37,7 @@ from .errors import InvalidRequestError
 from .errors import UnsupportedVersionError
 from .guard import read_nullable_legacy_string
 from .guard import read_unsigned_varint
+from ..fastinit import fast_frozen_init
 
 __all__ = (
     "API_VERSIONS_KEY",
@@ -61,6 +62,7 @@ _RESPONSE_V0 = struct.Struct(">i")
 _RESPONSE_V1 = struct.Struct(">iB")  # correlation_id, 0 tagged fields
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class RequestHeader:
     """A parsed request header.

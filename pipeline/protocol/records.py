@@ -40,6 +40,7 @@ from .errors import InvalidRecordError
 from .errors import InvalidTimestampError
 from .errors import RecordTooLargeError
 from .errors import UnsupportedCompressionTypeError
+from ..fastinit import fast_frozen_init
 
 __all__ = ("RecordsInfo", "has_compressed_batch", "validate_records")
 
@@ -69,6 +70,7 @@ ZSTD_MIN_PRODUCE_VERSION = 7
 """KIP-110: a Produce request below v7 may not carry zstd batches."""
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class RecordsInfo:
     """Summary of one partition's records.

@@ -20,6 +20,8 @@ from typing import Any, Iterable
 
 from kio.schema.errors import ErrorCode
 
+from pipeline.fastinit import fast_frozen_init
+
 NO_PRODUCER_ID = -1
 MAX_SEQUENCE = 2**31 - 1
 BATCHES_KEPT = 5
@@ -32,6 +34,7 @@ class Verdict(enum.Enum):
     ERROR = "error"
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class BatchMetadata:
     """One appended batch of a producer on one partition.
@@ -49,6 +52,7 @@ class BatchMetadata:
     ticket: Any = None
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class SequenceCheck:
     """Outcome of ``ProducerStateManager.check``.
