@@ -286,6 +286,11 @@ class BatchingPersister:
         return (self._wal_acc.size_bytes + self._in_wal_write + self._spark_acc.size_bytes
                 + self._in_spark_prepare + self._in_spark_write)
 
+    @property
+    def has_capacity(self) -> bool:
+        """True if ``append`` may go on now without waiting (``wait_for_capacity`` would return at once)."""
+        return self.buffered_bytes < self._max_buffer_bytes or self._wal_acc.closing
+
     async def wait_for_capacity(self, deadline: float = math.inf) -> bool:
         """Block while more than ``max_buffer_bytes`` are buffered (backpressure).
 

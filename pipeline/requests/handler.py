@@ -264,7 +264,8 @@ class KafkaApis:
             results.append(PartitionResult(part.topic, part.partition, error, log_start_offset=0))
 
         deadline = request.received_at + max(view.timeout_ms, MIN_PRODUCE_TIMEOUT_MS) / 1000.0
-        if checked and not await self.persister.wait_for_capacity(deadline):
+        # has_capacity first: the usual case, without a coroutine per request.
+        if checked and not self.persister.has_capacity and not await self.persister.wait_for_capacity(deadline):
             # Persistence is stalled (Spark down, buffer.memory full): answer
             # within the request's timeout rather than hold it (Kafka
             # REQUEST_TIMED_OUT); nothing of it was sequenced or stored.
