@@ -324,9 +324,10 @@ class BatchingPersister:
         self._appended_seq += 1
         commit = Commit(self._appended_seq)
         self._wal_acc.append(appends, commit, trio.current_time() * 1000.0)
+        topics = self._topics
         for a in appends:
-            if self._topics.get(a.topic, 0) <= a.partition:
-                self._topics[a.topic] = a.partition + 1
+            if topics.get(a.topic, 0) <= a.partition:
+                topics[a.topic] = a.partition + 1
         self._wal_wakeup.set()
         return commit
 
