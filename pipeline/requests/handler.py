@@ -231,7 +231,7 @@ class KafkaApis:
 
     async def _produce(self, request: Request) -> None:
         header = request.header
-        view = apis.produce_view(apis.decode_request(header, request.frame))
+        view = apis.decode_produce(header, request.frame)
         self.stats.produce_requests += 1
         if self.yield_before_sequencing:
             # A scheduling point between parsing and sequencing, where a thread
