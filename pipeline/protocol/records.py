@@ -29,8 +29,8 @@ import struct
 from dataclasses import dataclass
 
 from aiokafka.record.default_records import DefaultRecordBatch as RecordBatchReader
+from crc32c import crc32c as calc_crc32c  # native; kafka.record.util.calc_crc32c wraps the same call
 from kafka.record.default_records import DefaultRecordBatch
-from kafka.record.util import calc_crc32c
 
 from .compression import DecompressedTooLargeError
 from .compression import DecompressionError
@@ -112,14 +112,13 @@ def has_compressed_batch(records: bytes | None) -> bool:
     """
     if not records:
         return False
-    view = memoryview(records)
-    end = len(view)
+    end = len(records)
     pos = 0
-    while pos + _CRC_START + 2 <= end:
-        (attributes,) = _ATTRIBUTES.unpack_from(view, pos + _CRC_START)
+    while pos + _CRC_START + 2 <= end:  # unpack_from reads bytes in place: no memoryview needed
+        (attributes,) = _ATTRIBUTES.unpack_from(records, pos + _CRC_START)
         if attributes & _CODEC_MASK:
             return True
-        (length,) = _LENGTH.unpack_from(view, pos + 8)
+        (length,) = _LENGTH.unpack_from(records, pos + 8)
         if length <= 0:
             return False
         pos += _LOG_OVERHEAD + length
