@@ -6,8 +6,8 @@ prints ``PORT <port>`` once listening, then serves until interrupted.
 A real ``pipeline.server.Server`` (Processors, RequestChannel, handlers,
 KafkaApis, the persister with its WAL group commit and fsync, the LogManager)
 whose table side is ``NullSink``: ``to_table`` pickles the appends as the
-real sink does to hand them to its decode worker (that cost is on the
-server's process), and ``write`` sleeps 50 ms per flush instead of a Spark
+real sink of the same tree does to hand them to its decode worker (that
+cost is on the server's process), and ``write`` sleeps 50 ms per flush instead of a Spark
 append. Nothing reaches a table, so the bench's verifier cannot run against
 it: use it with ``python -m pipeline.bench.request_cost PORT PID`` to compare
 CPU per request and requests/s of two code trees without the Spark JVM's CPU
@@ -35,7 +35,14 @@ class NullSink:
     """Time one flush's ``write`` takes (s)."""
 
     def to_table(self, appends: Sequence[PartitionAppend]) -> int:
-        pickle.dumps(list(appends), protocol=pickle.HIGHEST_PROTOCOL)  # the decode worker hand-off's cost
+        # The decode worker hand-off's cost: what the real sink pickles in this tree.
+        try:
+            from pipeline.persist.batch import to_columns
+        except ImportError:  # a tree from before issue 13 pickled the appends themselves
+            payload: object = list(appends)
+        else:
+            payload = to_columns(appends)
+        pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
         return len(appends)
 
     def write(self, table: int, exclude: set[tuple[str, int, int]] | None = None) -> None:
