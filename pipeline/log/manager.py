@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import trio
 
-from pipeline.log.partition import Location, PartitionLog, batch_spans, rebase
+from pipeline.log.partition import Location, PartitionLog, max_timestamp, rebase
 from pipeline.log.state import LogState
 from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.wal import WalPosition, WriteAheadLog, decode_appends
@@ -187,11 +187,14 @@ class LogManager:
         members = self._segment_partitions.setdefault(segment, set())
         self._segment_entries[segment] = self._segment_entries.get(segment, 0) + len(appends)
         self._segment_last_append_ms[segment] = max(self._segment_last_append_ms.get(segment, 0), append_ms)
+        logs = self._logs
         for a, pos in zip(appends, positions):
             key = (a.topic, a.partition)
-            plog = self.log(a.topic, a.partition)
-            max_ts = max((ts for _p, _s, _n, ts in batch_spans(a.records)), default=-1)
-            location = Location(a.base_offset, a.base_offset + a.record_count, segment, pos, len(a.records), max_ts)
+            plog = logs.get(key)
+            if plog is None:
+                plog = self.log(a.topic, a.partition)
+            location = Location(a.base_offset, a.base_offset + a.record_count, segment, pos, len(a.records),
+                                max_timestamp(a.records))
             try:
                 plog.index(location)
             except ValueError:

@@ -73,15 +73,23 @@ class MemoryWaiters:
     def __init__(self, pool: MemoryPool) -> None:
         self.pool = pool
         self._released = trio.Event()
+        self._waiting = 0
         pool.add_release_listener(self._notify)
 
     def _notify(self) -> None:
-        released, self._released = self._released, trio.Event()
-        released.set()
+        # Every handled request releases its frame: only wake (and replace
+        # the Event) when a muted channel is actually waiting.
+        if self._waiting:
+            released, self._released = self._released, trio.Event()
+            released.set()
 
     async def wait(self) -> None:
         """Until the next release."""
-        await self._released.wait()
+        self._waiting += 1
+        try:
+            await self._released.wait()
+        finally:
+            self._waiting -= 1
 
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -275,16 +283,18 @@ class KafkaChannel:
                 await self._sent.wait()
 
     async def _dispatch(self, requests: list[Request]) -> None:
-        # Shielded: once registered, a request must reach a handler or its
-        # slot would block every later response of this connection, and its
-        # memory would never return to the pool.
-        with trio.CancelScope(shield=True):
-            try:
+        try:
+            if self._request_channel.try_send_requests(requests):
+                return  # room in the queue: no wait, so nothing to shield
+            # Shielded: once registered, a request must reach a handler or its
+            # slot would block every later response of this connection, and its
+            # memory would never return to the pool.
+            with trio.CancelScope(shield=True):
                 await self._request_channel.send_requests(requests)
-            except trio.ClosedResourceError:  # server stopping: nobody will handle them
-                for request in requests:
-                    request.release()
-                raise
+        except trio.ClosedResourceError:  # server stopping: nobody will handle them
+            for request in requests:
+                request.release()
+            raise
 
     def _record_sent(self, tokens: list[int], taken: float, sent: float) -> None:
         """The responses of ``tokens`` were taken at ``taken`` and written at ``sent`` (s)."""

@@ -50,6 +50,7 @@ from pipeline.network.memory_pool import MemoryPool
 from pipeline.protocol.errors import InvalidRequestError
 from pipeline.protocol.header import RequestHeader, parse_request_header
 from pipeline.requests.sequencing import ResponseSequencer
+from pipeline.fastinit import fast_frozen_init
 
 DEFAULT_MAX_IN_FLIGHT: Final = 64
 """Requests per connection read but not yet answered (AutoMQ's cap)."""
@@ -114,6 +115,7 @@ class ConnectionLimits:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class ReceivedFrame:
     """A whole request frame, read and registered for its response.

@@ -9,7 +9,10 @@ is tested with plain function calls (the h11 style).
 
 Extraction is linear in the bytes received: the buffer is consumed by moving a
 read position and compacting at most once per ``receive_data`` call, never by
-re-slicing the remainder after every frame. A frame of ``LARGE_FRAME_BYTES`` or
+re-slicing the remainder after every frame. When a read starts on a frame
+boundary (nothing left over from the last one, the usual case) its bytes
+are not copied into the buffer at all: each frame is one ``bytes`` slice of
+the read (a frame costs one copy, not two). A frame of ``LARGE_FRAME_BYTES`` or
 more is read into a buffer of its declared size, allocated once its size
 prefix is known (Kafka NetworkReceive allocates the body from the MemoryPool
 the same way), so it is never held twice: peak memory per connection is the
@@ -74,7 +77,9 @@ class FrameDecoder:
     def __init__(self, max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES) -> None:
         if max_receive_bytes < 0:
             raise ValueError(f"max_receive_bytes must be >= 0, got {max_receive_bytes}")
-        self._buf = bytearray()
+        self._buf: bytes | bytearray = bytearray()
+        """Received bytes from ``_pos`` on: the last read's own ``bytes`` while
+        nothing was left over before it, else a growable ``bytearray``."""
         self._pos = 0
         self._max = max_receive_bytes
         self._error: InvalidReceiveError | None = None
@@ -96,10 +101,21 @@ class FrameDecoder:
             data = data[taken:]
             if not data:
                 return
-        if self._pos:
+        buf = self._buf
+        if self._pos >= len(buf) and isinstance(data, bytes):
+            # Nothing left over (the usual case): frames are sliced straight
+            # out of the read's own bytes, one copy each, no buffer copy.
+            self._buf, self._pos = data, 0
+            return
+        if isinstance(buf, bytes):
+            # A partial frame stays from the last read: from here on a
+            # growable buffer (one copy of the leftover).
+            self._buf = bytearray(memoryview(buf)[self._pos:])
+            self._pos = 0
+        elif self._pos:
             # Compact once per read, not once per frame: keeps total work
             # linear in bytes received however many frames a read holds.
-            del self._buf[: self._pos]
+            del buf[: self._pos]
             self._pos = 0
         self._buf += data
 
@@ -155,11 +171,14 @@ class FrameDecoder:
                     self._filled = len(part)
                     del part
                 self._body = body
-                del buf[:]
+                self._buf = bytearray()
                 self._pos = 0
             return None
-        with memoryview(buf) as view:  # one copy, released before the next resize
-            frame = bytes(view[pos + SIZE_PREFIX.size : end])
+        if isinstance(buf, bytes):
+            frame = buf[pos + SIZE_PREFIX.size : end]  # bytes slice: one copy
+        else:
+            with memoryview(buf) as view:  # one copy, released before the next resize
+                frame = bytes(view[pos + SIZE_PREFIX.size : end])
         self._pos = end
         return frame
 

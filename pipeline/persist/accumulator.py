@@ -118,8 +118,12 @@ class RecordAccumulator(Generic[W]):
             self._first_append_ms = now_ms
         group.appends.extend(appends)
         group.waiters.append(waiter)
-        group.records += sum(a.record_count for a in appends)
-        group.size_bytes += sum(a.size_bytes for a in appends)
+        records = size = 0
+        for a in appends:  # a loop, not two generators: this runs once per produce request
+            records += a.record_count
+            size += a.size_bytes
+        group.records += records
+        group.size_bytes += size
 
     def close(self) -> None:
         """Stop taking appends; whatever is buffered becomes ready (reason CLOSING)."""

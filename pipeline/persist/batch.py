@@ -10,8 +10,12 @@ turns many appends into one Arrow table for one Spark write.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
+
+from pipeline.fastinit import fast_frozen_init
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class PartitionAppend:
     """The records of one topic-partition of one produce request, with offsets assigned.
@@ -61,3 +65,28 @@ class PartitionAppend:
         and ``buffer.memory`` count, so compressed data cannot slip a flush
         past them by its compression ratio."""
         return max(len(self.records), self.uncompressed_bytes)
+
+
+AppendColumns = tuple[list, list, list, list, list, list, list, list, list, list]
+"""``PartitionAppend`` fields as ten parallel lists, in field order (``to_columns``)."""
+
+
+def to_columns(appends: Sequence[PartitionAppend]) -> AppendColumns:
+    """The appends as one list per field: what goes to the decode worker process.
+
+    Pickling ten lists of plain values costs a quarter of pickling the same
+    appends as objects (one reduce call and tuple per append): 16-37 ms
+    against 68-93 ms for 20,000 appends on the development VM (issue 13:
+    the hand-off held the GIL ~6 % of the time at acks=0, in the executor's
+    feeder thread, beside the event loop).
+    """
+    return ([a.topic for a in appends], [a.partition for a in appends], [a.base_offset for a in appends],
+            [a.records for a in appends], [a.record_count for a in appends],
+            [a.log_append_time_ms for a in appends], [a.producer_id for a in appends],
+            [a.producer_epoch for a in appends], [a.base_sequence for a in appends],
+            [a.uncompressed_bytes for a in appends])
+
+
+def from_columns(columns: AppendColumns) -> list[PartitionAppend]:
+    """``to_columns`` undone: equal appends, in the same order."""
+    return [PartitionAppend(*fields) for fields in zip(*columns)]

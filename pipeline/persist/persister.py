@@ -286,6 +286,11 @@ class BatchingPersister:
         return (self._wal_acc.size_bytes + self._in_wal_write + self._spark_acc.size_bytes
                 + self._in_spark_prepare + self._in_spark_write)
 
+    @property
+    def has_capacity(self) -> bool:
+        """True if ``append`` may go on now without waiting (``wait_for_capacity`` would return at once)."""
+        return self.buffered_bytes < self._max_buffer_bytes or self._wal_acc.closing
+
     async def wait_for_capacity(self, deadline: float = math.inf) -> bool:
         """Block while more than ``max_buffer_bytes`` are buffered (backpressure).
 
@@ -319,9 +324,10 @@ class BatchingPersister:
         self._appended_seq += 1
         commit = Commit(self._appended_seq)
         self._wal_acc.append(appends, commit, trio.current_time() * 1000.0)
+        topics = self._topics
         for a in appends:
-            if self._topics.get(a.topic, 0) <= a.partition:
-                self._topics[a.topic] = a.partition + 1
+            if topics.get(a.topic, 0) <= a.partition:
+                topics[a.topic] = a.partition + 1
         self._wal_wakeup.set()
         return commit
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import io
 import re
+import struct
 import uuid
 
 from dataclasses import dataclass, replace
@@ -45,6 +46,7 @@ from .header import API_VERSIONS_KEY
 from .header import RequestHeader
 from .header import encode_response
 from .header import readonly_buffer
+from ..fastinit import fast_frozen_init
 
 __all__ = (
     "ADVERTISED_VERSIONS",
@@ -610,6 +612,7 @@ def init_producer_id_response(
 # ------------------------------------------------------------------------- Produce
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class ProducePartition:
     """One partition's data in a ProduceRequest. ``records`` is the raw
@@ -620,6 +623,7 @@ class ProducePartition:
     records: bytes | None
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class ProduceRequestView:
     """A ProduceRequest flattened to what the handler needs.
@@ -649,6 +653,158 @@ def produce_view(request: Any) -> ProduceRequestView:
     )
 
 
+_FIRST_FLEXIBLE_PRODUCE = 9
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_ACKS_TIMEOUT = struct.Struct(">hi")
+
+
+def _uvarint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """(value, next position) of the unsigned varint at ``pos`` (at most 5 bytes, as kio reads them);
+    (-1, pos) if it is truncated or longer."""
+    value = shift = 0
+    for i in range(pos, min(pos + 5, end)):
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i + 1
+        shift += 7
+    return -1, pos
+
+
+def decode_produce(header: RequestHeader, frame: bytes | bytearray | memoryview) -> ProduceRequestView:
+    """``produce_view(decode_request(header, frame))``, with a fast path for the usual request.
+
+    The fast path (issue 13: kio's decode, the bounds walk that guards it and
+    the view took ~9 % of the event loop at acks=0) reads a Produce v3-v11
+    body with ``struct`` straight into the view: records are ``bytes`` slices
+    of the frame, as kio makes them. It takes only what the general path
+    accepts with the same result, and hands anything else to it (which then
+    accepts it or raises ``InvalidRequestError``): a frame that is not
+    ``bytes``, any tagged field, a null where Kafka allows none, a negative
+    length, a length past the frame end, a varint over 5 bytes, a name that is
+    not UTF-8. Bytes after the body are ignored by both.
+
+    :raises UnsupportedVersionError, InvalidRequestError: see ``decode_request``.
+    """
+    if type(frame) is bytes and header.api_key == PRODUCE and 3 <= header.api_version <= 11:
+        view = _produce_view_fast(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE)
+        if view is not None:
+            return view
+    return produce_view(decode_request(header, frame))
+
+
+def _produce_view_fast(buf: bytes, pos: int, flexible: bool) -> ProduceRequestView | None:
+    """The view of a Produce body at ``pos``, or None: let the general path decide."""
+    end = len(buf)
+    try:
+        if flexible:
+            n = buf[pos]
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = _uvarint(buf, pos, end)
+            if n < 0:
+                return None
+            if n == 0:
+                transactional_id = None
+            else:
+                stop = pos + n - 1
+                if stop > end:
+                    return None
+                transactional_id = str(buf[pos:stop], "utf-8")
+                pos = stop
+        else:
+            (n,) = _INT16.unpack_from(buf, pos)
+            pos += 2
+            if n == -1:
+                transactional_id = None
+            elif n < 0 or pos + n > end:
+                return None
+            else:
+                transactional_id = str(buf[pos:pos + n], "utf-8")
+                pos += n
+        acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(buf, pos)
+        pos += 6
+        if flexible:
+            topics = buf[pos]
+            if topics < 0x80:
+                pos += 1
+            else:
+                topics, pos = _uvarint(buf, pos, end)
+            topics -= 1
+        else:
+            (topics,) = _INT32.unpack_from(buf, pos)
+            pos += 4
+        if topics < 0 or topics > end - pos:
+            return None
+        partitions: list[ProducePartition] = []
+        for _ in range(topics):
+            if flexible:
+                n = buf[pos]
+                if n < 0x80:
+                    pos += 1
+                else:
+                    n, pos = _uvarint(buf, pos, end)
+                n -= 1
+            else:
+                (n,) = _INT16.unpack_from(buf, pos)
+                pos += 2
+            if n < 0 or pos + n > end:
+                return None
+            topic = str(buf[pos:pos + n], "utf-8")
+            pos += n
+            if flexible:
+                count = buf[pos]
+                if count < 0x80:
+                    pos += 1
+                else:
+                    count, pos = _uvarint(buf, pos, end)
+                count -= 1
+            else:
+                (count,) = _INT32.unpack_from(buf, pos)
+                pos += 4
+            if count < 0 or count > end - pos:
+                return None
+            for _ in range(count):
+                (index,) = _INT32.unpack_from(buf, pos)
+                pos += 4
+                if flexible:
+                    n = buf[pos]
+                    if n < 0x80:
+                        pos += 1
+                    else:
+                        n, pos = _uvarint(buf, pos, end)
+                    if n < 0:
+                        return None
+                    n -= 1  # -1: null records
+                else:
+                    (n,) = _INT32.unpack_from(buf, pos)
+                    pos += 4
+                if n == -1:
+                    records = None
+                elif n < 0 or pos + n > end:
+                    return None
+                else:
+                    records = buf[pos:pos + n]
+                    pos += n
+                if flexible:
+                    if pos >= end or buf[pos] != 0:  # tagged fields of the partition
+                        return None
+                    pos += 1
+                partitions.append(ProducePartition(topic, index, records))
+            if flexible:
+                if pos >= end or buf[pos] != 0:  # tagged fields of the topic
+                    return None
+                pos += 1
+        if flexible and (pos >= end or buf[pos] != 0):  # tagged fields of the request
+            return None
+    except (struct.error, ValueError, IndexError):  # truncated, or a name that is not UTF-8
+        return None
+    return ProduceRequestView(acks, timeout_ms, transactional_id, partitions)
+
+
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class PartitionResult:
     """Outcome for one partition of a ProduceRequest.

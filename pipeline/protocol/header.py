@@ -37,6 +37,7 @@ from .errors import InvalidRequestError
 from .errors import UnsupportedVersionError
 from .guard import read_nullable_legacy_string
 from .guard import read_unsigned_varint
+from ..fastinit import fast_frozen_init
 
 __all__ = (
     "API_VERSIONS_KEY",
@@ -61,6 +62,7 @@ _RESPONSE_V0 = struct.Struct(">i")
 _RESPONSE_V1 = struct.Struct(">iB")  # correlation_id, 0 tagged fields
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class RequestHeader:
     """A parsed request header.
@@ -77,6 +79,13 @@ class RequestHeader:
     client_id: str | None
     header_version: int
     body_offset: int
+
+
+_FIXED_CLIENT = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
+_UNKNOWN = object()
+_FIRST_FLEXIBLE: dict[int, int | None] = {}
+"""``_first_flexible_version`` of the api keys seen so far (at most the known api keys):
+what ``parse_request_header``'s fast path looks up."""
 
 
 @functools.cache
@@ -200,7 +209,27 @@ def parse_request_header(frame: bytes | bytearray | memoryview) -> RequestHeader
             f"request frame of {length} bytes is shorter than the {_FIXED.size}-byte request header"
         )
     api_key, api_version, correlation_id = _FIXED.unpack_from(frame, 0)
+    first_flexible = _FIRST_FLEXIBLE.get(api_key, _UNKNOWN)
+    if first_flexible is not _UNKNOWN and api_key != _CONTROLLED_SHUTDOWN_KEY and length >= _FIXED_CLIENT.size:
+        # Fast path, every request but the first of each api key: the
+        # header version from a dict, and a v2 header's usual empty
+        # tagged-field section read as one byte. Same checks as below.
+        client_length = _FIXED_CLIENT.unpack_from(frame, 0)[3]
+        start = _FIXED_CLIENT.size
+        end = start + client_length
+        if client_length >= 0 and end < length:
+            try:
+                client_id = str(frame[start:end], "utf-8")
+            except ValueError:
+                pass  # the general path raises with the full message
+            else:
+                if first_flexible is None or api_version < first_flexible:
+                    return RequestHeader(api_key, api_version, correlation_id, client_id, 1, end)
+                if frame[end] == 0:  # no tagged fields
+                    return RequestHeader(api_key, api_version, correlation_id, client_id, 2, end + 1)
     header_version = request_header_version(api_key, api_version)
+    if api_key not in _FIRST_FLEXIBLE:
+        _FIRST_FLEXIBLE[api_key] = _first_flexible_version(api_key)  # known: it did not raise
     if header_version == 0:
         return RequestHeader(api_key, api_version, correlation_id, None, 0, _FIXED.size)
     try:

@@ -29,8 +29,8 @@ import struct
 from dataclasses import dataclass
 
 from aiokafka.record.default_records import DefaultRecordBatch as RecordBatchReader
+from crc32c import crc32c as calc_crc32c  # native; kafka.record.util.calc_crc32c wraps the same call
 from kafka.record.default_records import DefaultRecordBatch
-from kafka.record.util import calc_crc32c
 
 from .compression import DecompressedTooLargeError
 from .compression import DecompressionError
@@ -40,6 +40,7 @@ from .errors import InvalidRecordError
 from .errors import InvalidTimestampError
 from .errors import RecordTooLargeError
 from .errors import UnsupportedCompressionTypeError
+from ..fastinit import fast_frozen_init
 
 __all__ = ("RecordsInfo", "has_compressed_batch", "validate_records")
 
@@ -69,6 +70,7 @@ ZSTD_MIN_PRODUCE_VERSION = 7
 """KIP-110: a Produce request below v7 may not carry zstd batches."""
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class RecordsInfo:
     """Summary of one partition's records.
@@ -110,14 +112,13 @@ def has_compressed_batch(records: bytes | None) -> bool:
     """
     if not records:
         return False
-    view = memoryview(records)
-    end = len(view)
+    end = len(records)
     pos = 0
-    while pos + _CRC_START + 2 <= end:
-        (attributes,) = _ATTRIBUTES.unpack_from(view, pos + _CRC_START)
+    while pos + _CRC_START + 2 <= end:  # unpack_from reads bytes in place: no memoryview needed
+        (attributes,) = _ATTRIBUTES.unpack_from(records, pos + _CRC_START)
         if attributes & _CODEC_MASK:
             return True
-        (length,) = _LENGTH.unpack_from(view, pos + 8)
+        (length,) = _LENGTH.unpack_from(records, pos + 8)
         if length <= 0:
             return False
         pos += _LOG_OVERHEAD + length
@@ -167,30 +168,29 @@ def validate_records(records: bytes | None, produce_version: int = ZSTD_MIN_PROD
     first: tuple | None = None
     last_sequence = _NO_SEQUENCE
     while pos < end:
-        where = f"batch {index} at byte {pos}"
         remaining = end - pos
         if remaining < _LOG_OVERHEAD:
             raise InvalidRecordError(
-                f"{where}: {remaining} trailing bytes, less than the {_LOG_OVERHEAD}-byte log overhead"
+                f"batch {index} at byte {pos}: {remaining} trailing bytes, less than the {_LOG_OVERHEAD}-byte log overhead"
             )
         (length,) = _LENGTH.unpack_from(view, pos + 8)
         batch_size = _LOG_OVERHEAD + length
         if length < 0 or batch_size > remaining:
             # ByteBufferLogInputStream.nextBatch: no whole batch here.
             raise InvalidRecordError(
-                f"{where}: length field {length} does not fit the {remaining - _LOG_OVERHEAD} bytes left"
+                f"batch {index} at byte {pos}: length field {length} does not fit the {remaining - _LOG_OVERHEAD} bytes left"
             )
         if batch_size > _MAGIC_OFFSET:
             magic = view[pos + _MAGIC_OFFSET]
             if magic < 2:
                 raise InvalidRecordError(
-                    f"{where}: magic {magic}, Produce v3+ carries only RecordBatch v2 (magic 2)"
+                    f"batch {index} at byte {pos}: magic {magic}, Produce v3+ carries only RecordBatch v2 (magic 2)"
                 )
             if magic > 2:
-                raise CorruptRecordError(f"{where}: magic {magic} is not a known record format")
+                raise CorruptRecordError(f"batch {index} at byte {pos}: magic {magic} is not a known record format")
         if batch_size < _HEADER_SIZE:
             raise CorruptRecordError(
-                f"{where}: {batch_size} bytes, smaller than the {_HEADER_SIZE}-byte RecordBatch v2 header"
+                f"batch {index} at byte {pos}: {batch_size} bytes, smaller than the {_HEADER_SIZE}-byte RecordBatch v2 header"
             )
         (
             _base_offset,
@@ -208,28 +208,28 @@ def validate_records(records: bytes | None, produce_version: int = ZSTD_MIN_PROD
             count,
         ) = _HEADER.unpack_from(view, pos)
         if calc_crc32c(view[pos + _CRC_START : pos + batch_size]) != crc:
-            raise CorruptRecordError(f"{where}: CRC32C mismatch")
+            raise CorruptRecordError(f"batch {index} at byte {pos}: CRC32C mismatch")
         if count < 1 or count != last_offset_delta + 1:
             raise InvalidRecordError(
-                f"{where}: record count {count} does not match last offset delta {last_offset_delta}"
+                f"batch {index} at byte {pos}: record count {count} does not match last offset delta {last_offset_delta}"
             )
         codec = attributes & _CODEC_MASK
         if codec > _MAX_CODEC:
-            raise CorruptRecordError(f"{where}: unknown compression codec {codec}")
+            raise CorruptRecordError(f"batch {index} at byte {pos}: unknown compression codec {codec}")
         if codec == _MAX_CODEC and produce_version < ZSTD_MIN_PRODUCE_VERSION:
             raise UnsupportedCompressionTypeError(
-                f"{where}: zstd needs Produce v{ZSTD_MIN_PRODUCE_VERSION}+, request is v{produce_version}"
+                f"batch {index} at byte {pos}: zstd needs Produce v{ZSTD_MIN_PRODUCE_VERSION}+, request is v{produce_version}"
             )
         if attributes & _CONTROL_MASK:
-            raise InvalidRecordError(f"{where}: control batch from a producer")
+            raise InvalidRecordError(f"batch {index} at byte {pos}: control batch from a producer")
         if first is None:
             first = (producer_id, producer_epoch, base_sequence, bool(attributes & _TRANSACTIONAL_MASK))
         elif (producer_id, producer_epoch) != first[:2]:
             raise InvalidRecordError(
-                f"{where}: producer {producer_id}/{producer_epoch} differs "
+                f"batch {index} at byte {pos}: producer {producer_id}/{producer_epoch} differs "
                 f"from the first batch's {first[0]}/{first[1]}"
             )
-        uncompressed_bytes += _check_records(view[pos : pos + batch_size], where, count, codec,
+        uncompressed_bytes += _check_records(view[pos : pos + batch_size], index, pos, count, codec,
                                              check_timestamps=not attributes & _TIMESTAMP_TYPE_MASK)
         last_sequence = _last_sequence(base_sequence, last_offset_delta)
         record_count += count
@@ -251,7 +251,7 @@ def validate_records(records: bytes | None, produce_version: int = ZSTD_MIN_PROD
     )
 
 
-def _check_records(batch: memoryview, where: str, count: int, codec: int, check_timestamps: bool) -> int:
+def _check_records(batch: memoryview, index: int, pos: int, count: int, codec: int, check_timestamps: bool) -> int:
     """Read every record of one CRC-checked batch, decompressing it if needed.
 
     Returns:
@@ -264,14 +264,17 @@ def _check_records(batch: memoryview, where: str, count: int, codec: int, check_
         "Incorrect declared batch size, records still remaining").
     :raises InvalidTimestampError: with ``check_timestamps`` (CreateTime), a
         record timestamp outside ``MIN_TIMESTAMP_MS..MAX_TIMESTAMP_MS``.
+
+    ``index`` and ``pos`` (the batch's number and byte position in the
+    partition's records) only name it in error messages.
     """
     if codec:
         try:
             records = decompress_bounded(codec, batch[_HEADER_SIZE:], MAX_UNCOMPRESSED_BATCH_BYTES)
         except DecompressedTooLargeError as exc:
-            raise RecordTooLargeError(f"{where}: records {exc}") from None
+            raise RecordTooLargeError(f"batch {index} at byte {pos}: records {exc}") from None
         except DecompressionError as exc:
-            raise CorruptRecordError(f"{where}: cannot decompress (codec {codec}): {exc}") from None
+            raise CorruptRecordError(f"batch {index} at byte {pos}: cannot decompress (codec {codec}): {exc}") from None
         # The same batch, uncompressed, for the reader: codec bits cleared,
         # length fixed (the reader checks neither CRC nor the original size).
         plain = bytearray(batch[:_HEADER_SIZE])
@@ -296,16 +299,16 @@ def _check_records(batch: memoryview, where: str, count: int, codec: int, check_
         read = max(read, len(timestamps))
         message = str(exc)
         if "unconsumed bytes" in message:
-            raise InvalidRecordError(f"{where}: bytes left after the {count} records ({message})") from None
+            raise InvalidRecordError(f"batch {index} at byte {pos}: bytes left after the {count} records ({message})") from None
         raise InvalidRecordError(
-            f"{where}: record {read} of {count} is truncated or malformed ({type(exc).__name__}: {message})"
+            f"batch {index} at byte {pos}: record {read} of {count} is truncated or malformed ({type(exc).__name__}: {message})"
         ) from None
     if timestamps:
         low, high = min(timestamps), max(timestamps)
         if low < MIN_TIMESTAMP_MS or high > MAX_TIMESTAMP_MS:
             bad = low if low < MIN_TIMESTAMP_MS else high
             raise InvalidTimestampError(
-                f"{where}: record timestamp {bad} ms is outside what the table can store "
+                f"batch {index} at byte {pos}: record timestamp {bad} ms is outside what the table can store "
                 f"({MIN_TIMESTAMP_MS}..{MAX_TIMESTAMP_MS} ms, years 1-9999)"
             )
     return len(batch)

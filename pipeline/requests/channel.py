@@ -159,6 +159,23 @@ class RequestChannel:
         queued[index] += len(requests)
         self._senders[index].send_nowait(requests)
 
+    def try_send_requests(self, requests: list[Request]) -> bool:
+        """``send_requests`` if it would not wait: True if enqueued, False if the queue is full.
+
+        The Processor's usual path (no cancel scope, no checkpoint); the same
+        bound as ``send_requests``.
+
+        Raises:
+            trio.ClosedResourceError: after ``close``.
+        """
+        index = self.queue_index(requests[0].connection.connection_id)
+        queued = self._queued
+        if queued[index] and queued[index] + len(requests) > self._capacities[index]:
+            return False
+        queued[index] += len(requests)
+        self._senders[index].send_nowait(requests)
+        return True
+
     def taken(self, queue_index: int, count: int) -> None:
         """A handler took ``count`` requests off queue ``queue_index``: room for more."""
         self._queued[queue_index] -= count

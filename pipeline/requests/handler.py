@@ -236,7 +236,7 @@ class KafkaApis:
 
     async def _produce(self, request: Request) -> None:
         header = request.header
-        view = apis.produce_view(apis.decode_request(header, request.frame))
+        view = apis.decode_produce(header, request.frame)
         self.stats.produce_requests += 1
         if self.yield_before_sequencing:
             # A scheduling point between parsing and sequencing, where a thread
@@ -269,7 +269,8 @@ class KafkaApis:
             results.append(PartitionResult(part.topic, part.partition, error, log_start_offset=0))
 
         deadline = request.received_at + max(view.timeout_ms, MIN_PRODUCE_TIMEOUT_MS) / 1000.0
-        if checked and not await self.persister.wait_for_capacity(deadline):
+        # has_capacity first: the usual case, without a coroutine per request.
+        if checked and not self.persister.has_capacity and not await self.persister.wait_for_capacity(deadline):
             # Persistence is stalled (Spark down, buffer.memory full): answer
             # within the request's timeout rather than hold it (Kafka
             # REQUEST_TIMED_OUT); nothing of it was sequenced or stored.

@@ -20,6 +20,8 @@ from typing import Any, Iterable
 
 from kio.schema.errors import ErrorCode
 
+from pipeline.fastinit import fast_frozen_init
+
 NO_PRODUCER_ID = -1
 MAX_SEQUENCE = 2**31 - 1
 BATCHES_KEPT = 5
@@ -32,6 +34,7 @@ class Verdict(enum.Enum):
     ERROR = "error"
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class BatchMetadata:
     """One appended batch of a producer on one partition.
@@ -49,6 +52,7 @@ class BatchMetadata:
     ticket: Any = None
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class SequenceCheck:
     """Outcome of ``ProducerStateManager.check``.
@@ -63,6 +67,10 @@ class SequenceCheck:
     verdict: Verdict
     error_code: int = 0
     duplicate: BatchMetadata | None = None
+
+
+_APPEND = SequenceCheck(Verdict.APPEND)
+"""The common verdict, made once (``check`` runs for every partition of every produce)."""
 
 
 def next_sequence(seq: int, count: int = 1) -> int:
@@ -100,11 +108,11 @@ class ProducerStateManager:
         its sequence, KIP-360).
         """
         if producer_id == NO_PRODUCER_ID:
-            return SequenceCheck(Verdict.APPEND)
+            return _APPEND
         entry = self._entries.get((producer_id, topic, partition))
         if entry is None or not entry.batches:
             if first_seq == 0:
-                return SequenceCheck(Verdict.APPEND)
+                return _APPEND
             if entry is not None and epoch > entry.epoch:
                 return SequenceCheck(Verdict.ERROR, ErrorCode.out_of_order_sequence_number.value)
             return SequenceCheck(Verdict.ERROR, ErrorCode.unknown_producer_id.value)
@@ -112,14 +120,14 @@ class ProducerStateManager:
             return SequenceCheck(Verdict.ERROR, ErrorCode.invalid_producer_epoch.value)
         if epoch > entry.epoch:
             if first_seq == 0:
-                return SequenceCheck(Verdict.APPEND)
+                return _APPEND
             return SequenceCheck(Verdict.ERROR, ErrorCode.out_of_order_sequence_number.value)
         for batch in entry.batches:
             if batch.first_seq == first_seq and batch.last_seq == last_seq:
                 return SequenceCheck(Verdict.DUPLICATE, duplicate=batch)
         if first_seq != next_sequence(entry.batches[-1].last_seq):
             return SequenceCheck(Verdict.ERROR, ErrorCode.out_of_order_sequence_number.value)
-        return SequenceCheck(Verdict.APPEND)
+        return _APPEND
 
     def update(self, producer_id: int, epoch: int, topic: str, partition: int,
                first_seq: int, last_seq: int, base_offset: int, ticket: Any = None) -> None:

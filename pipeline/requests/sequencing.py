@@ -17,11 +17,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from pipeline.fastinit import fast_frozen_init
+
 
 class SequencingError(Exception):
     """A token completed twice, or a token this sequencer never issued."""
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class ReadyResponse:
     """A response whose turn has come.

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.persist.arrow import appends_to_table
-from pipeline.persist.batch import PartitionAppend
+from pipeline.persist.batch import AppendColumns, PartitionAppend, from_columns
 from pipeline.persist.schema import ARROW_SCHEMA, COLUMNS
 from pipeline.table.values import ValueFormat, parse_values
 
@@ -105,3 +105,9 @@ def split_typed(table: pa.Table, formats: dict[str, ValueFormat]) -> FlushTables
 def build_flush(appends: Sequence[PartitionAppend], formats: dict[str, ValueFormat]) -> FlushTables:
     """Decode ``appends`` (``appends_to_table``) and split the rows (``split_typed``): the decode worker's job."""
     return split_typed(appends_to_table(appends), formats)
+
+
+def build_flush_from_columns(columns: AppendColumns, formats: dict[str, ValueFormat]) -> FlushTables:
+    """``build_flush`` of the appends ``pipeline.persist.batch.to_columns`` made (the decode worker's
+    entry point: columns pickle much more cheaply than the appends themselves)."""
+    return build_flush(from_columns(columns), formats)

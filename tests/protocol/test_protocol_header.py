@@ -182,3 +182,35 @@ def test_kio_written_header_v2_with_null_client_id() -> None:
     frame = encode_entity(kio_header)
     header = parse_request_header(frame)
     assert header == RequestHeader(3, 12, 8, None, 2, len(frame))
+
+
+def test_fast_path_agrees_with_the_general_parser() -> None:
+    """parse_request_header's cached fast path (issue 13) returns what the general path does."""
+    from pipeline.protocol import header as header_module
+
+    def frame(api_key: int, version: int, client: bytes | None, tagged: bytes = b"", body: bytes = b"") -> bytes:
+        fixed = struct.pack(">hhi", api_key, version, 77)
+        cid = struct.pack(">h", -1) if client is None else struct.pack(">h", len(client)) + client
+        return fixed + cid + tagged + body
+
+    cases = [
+        frame(0, 9, b"producer", b"\x00", b"body"),          # flexible, no tags
+        frame(0, 9, b"producer", b"\x01\x00\x01x", b"b"),    # flexible, one tag
+        frame(0, 8, b"producer", b"", b"body"),              # not flexible
+        frame(0, 8, None, b"", b"body"),                     # null client id
+        frame(0, 9, b"", b"\x00", b"b"),                     # empty client id
+        frame(18, 3, b"c", b"\x00"),                         # header ends at the frame end
+        frame(18, 0, b"c"),
+    ]
+    for raw in cases:
+        header_module._FIRST_FLEXIBLE.clear()
+        general = header_module.parse_request_header(raw)
+        fast = header_module.parse_request_header(raw)   # api key now cached
+        assert fast == general, raw
+        assert header_module.parse_request_header(bytearray(raw)) == general
+    header_module._FIRST_FLEXIBLE.clear()
+    header_module.parse_request_header(frame(0, 9, b"p", b"\x00", b"b"))
+    with pytest.raises(InvalidRequestError):
+        header_module.parse_request_header(frame(0, 9, b"\xff\xfe", b"\x00", b"b"))  # not UTF-8
+    with pytest.raises(InvalidRequestError):
+        header_module.parse_request_header(frame(0, 9, b"p", b"\x05", b""))  # tags past the end

@@ -1,0 +1,89 @@
+"""decode_produce's fast path (issue 13) against the general path (kio + bounds walk + produce_view).
+
+For every Produce version served, on well-formed frames and on many mutations
+of them (truncations, byte flips, varints, nulls, tags, trailing bytes): the
+fast path either declines (None) or returns exactly the view the general path
+returns, and whenever the general path refuses a frame the fast path declines
+it too, so ``decode_produce`` accepts and rejects what it did before.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pipeline.protocol import apis
+from pipeline.protocol.errors import InvalidRequestError
+from pipeline.protocol.header import parse_request_header
+from tests.protocol.protocol_helpers import make, ms, request_frame, request_module, sample_request
+
+VERSIONS = range(3, 12)
+
+
+def _general(header, frame):
+    try:
+        return apis.produce_view(apis.decode_request(header, frame))
+    except InvalidRequestError:
+        return None
+
+
+def _fast(header, frame):
+    return apis._produce_view_fast(frame, header.body_offset, header.api_version >= 9)
+
+
+def _frames(version: int) -> list[bytes]:
+    module = request_module(0, version)
+    Records = type(sample_request(0, version).topic_data[0].partition_data[0].records)
+    frames = [request_frame(sample_request(0, version)), request_frame(sample_request(0, version, records=b""))]
+    frames.append(request_frame(make(module.ProduceRequest, transactional_id="tx-é", acks=0, timeout=ms(-5),
+                                     topic_data=())))
+    frames.append(request_frame(make(
+        module.ProduceRequest, transactional_id=None, acks=1, timeout=ms(1500),
+        topic_data=(module.TopicProduceData(name="t" * 200, partition_data=tuple(
+            module.PartitionProduceData(index=i, records=Records(bytes([i]) * (i * 50))) for i in range(5))),))))
+    return frames
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_well_formed_frames_take_the_fast_path(version: int) -> None:
+    for frame in _frames(version):
+        header = parse_request_header(frame)
+        view = _fast(header, frame)
+        assert view is not None
+        assert view == _general(header, frame)
+        assert apis.decode_produce(header, frame) == view
+        assert apis.decode_produce(header, frame + b"\x00\x01trailing") == view
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_mutations_never_change_the_outcome(version: int) -> None:
+    rng = random.Random(version)
+    for base in _frames(version):
+        header = parse_request_header(base)
+        body_at = header.body_offset
+        mutants = [base[:cut] for cut in range(body_at, len(base))]
+        for _ in range(400):
+            m = bytearray(base)
+            for _ in range(rng.randint(1, 3)):
+                i = rng.randrange(body_at, len(m))
+                m[i] = rng.choice((0x00, 0x01, 0x7F, 0x80, 0xFF, rng.randrange(256)))
+            mutants.append(bytes(m))
+        for mutant in mutants:
+            fast = _fast(header, mutant)
+            general = _general(header, mutant)
+            if fast is not None:
+                assert fast == general, mutant
+            if general is None:
+                assert fast is None
+
+
+def test_tagged_fields_and_non_bytes_frames_go_to_the_general_path() -> None:
+    frame = request_frame(sample_request(0, 9))
+    header = parse_request_header(frame)
+    # the request's tagged-field count is the last byte of the body
+    assert frame[-1] == 0
+    tagged = frame[:-1] + b"\x01\x05\x01z"
+    assert _fast(header, tagged) is None
+    view = _general(header, frame)
+    assert apis.decode_produce(header, bytearray(frame)) == view  # general path, same view
