@@ -355,6 +355,7 @@ def test_read_costs(spark, tmp_path):
     cached_s = time.perf_counter() - started
     print(f"\ncold read: {cold_s * 1000:.0f} ms ({cold.record_count} records, {cold.size_bytes} bytes); "
           f"cached read: {cached_s * 1000:.1f} ms ({cached.record_count} records); cache {reader.cached_bytes} bytes")
+    # The second read came from the cache (no Spark query): counted, not timed; the times are
+    # printed for the module docstring's figures (timing is the benchmarks' job, not a test's).
     assert reader.misses == 2 and reader.hits == 1
     assert cached == cold and decode(cold.records)[0][:4] == (50_000, T0 + 50_000, 0, b"key-50000")
-    assert cached_s < cold_s
