@@ -605,8 +605,8 @@ and an external SSL listener present different certificates. File only (the pref
 
 def listener_override(name: str) -> tuple[str, str] | None:
     """``listener.name.internal.ssl.keystore.location`` -> (``internal``, ``ssl.keystore.location``);
-    None if ``name`` has no listener prefix. A key's dots leave no doubt where the listener name ends:
-    it is the part before the first ``ssl.`` or ``sasl.`` of ``LISTENER_KEYS``-like keys."""
+    None if ``name`` has no listener prefix. The listener name ends at the first dot: listener
+    names have none (Kafka ListenerName: letters, digits and underscores)."""
     if not name.startswith(LISTENER_PREFIX):
         return None
     rest = name[len(LISTENER_PREFIX):]
