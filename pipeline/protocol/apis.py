@@ -694,94 +694,59 @@ def decode_produce(header: RequestHeader, frame: bytes | bytearray | memoryview)
     return produce_view(decode_request(header, frame))
 
 
+def _length(buf: bytes, pos: int, end: int, flexible: bool, fixed: struct.Struct) -> tuple[int, int]:
+    """(length, next position) of a string, bytes or array length at ``pos``: a compact
+    (unsigned varint, length + 1, 0 = null) field in flexible versions, else ``fixed``
+    (INT16 or INT32, -1 = null). -1: null; below -1: malformed (the caller declines).
+
+    :raises struct.error, IndexError: truncated.
+    """
+    if flexible:
+        n = buf[pos]
+        if n < 0x80:
+            return n - 1, pos + 1
+        n, pos = _uvarint(buf, pos, end)
+        return (n - 1 if n >= 0 else -2), pos
+    return fixed.unpack_from(buf, pos)[0], pos + fixed.size
+
+
+def _tagged_fields_empty(buf: bytes, pos: int, end: int) -> bool:
+    """Whether a flexible version's tagged-field section at ``pos`` is the empty one (one 0 byte)."""
+    return pos < end and buf[pos] == 0
+
+
 def _produce_view_fast(buf: bytes, pos: int, flexible: bool) -> ProduceRequestView | None:
     """The view of a Produce body at ``pos``, or None: let the general path decide."""
     end = len(buf)
     try:
-        if flexible:
-            n = buf[pos]
-            if n < 0x80:
-                pos += 1
-            else:
-                n, pos = _uvarint(buf, pos, end)
-            if n < 0:
-                return None
-            if n == 0:
-                transactional_id = None
-            else:
-                stop = pos + n - 1
-                if stop > end:
-                    return None
-                transactional_id = str(buf[pos:stop], "utf-8")
-                pos = stop
+        n, pos = _length(buf, pos, end, flexible, _INT16)
+        if n == -1:
+            transactional_id = None
+        elif n < 0 or pos + n > end:
+            return None
         else:
-            (n,) = _INT16.unpack_from(buf, pos)
-            pos += 2
-            if n == -1:
-                transactional_id = None
-            elif n < 0 or pos + n > end:
-                return None
-            else:
-                transactional_id = str(buf[pos:pos + n], "utf-8")
-                pos += n
+            transactional_id = str(buf[pos:pos + n], "utf-8")
+            pos += n
         acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(buf, pos)
         pos += 6
-        if flexible:
-            topics = buf[pos]
-            if topics < 0x80:
-                pos += 1
-            else:
-                topics, pos = _uvarint(buf, pos, end)
-            topics -= 1
-        else:
-            (topics,) = _INT32.unpack_from(buf, pos)
-            pos += 4
+        topics, pos = _length(buf, pos, end, flexible, _INT32)
         if topics < 0 or topics > end - pos:
             return None
         partitions: list[ProducePartition] = []
         for _ in range(topics):
-            if flexible:
-                n = buf[pos]
-                if n < 0x80:
-                    pos += 1
-                else:
-                    n, pos = _uvarint(buf, pos, end)
-                n -= 1
-            else:
-                (n,) = _INT16.unpack_from(buf, pos)
-                pos += 2
+            n, pos = _length(buf, pos, end, flexible, _INT16)
             if n < 0 or pos + n > end:
                 return None
             topic = str(buf[pos:pos + n], "utf-8")
             pos += n
-            if flexible:
-                count = buf[pos]
-                if count < 0x80:
-                    pos += 1
-                else:
-                    count, pos = _uvarint(buf, pos, end)
-                count -= 1
-            else:
-                (count,) = _INT32.unpack_from(buf, pos)
-                pos += 4
+            count, pos = _length(buf, pos, end, flexible, _INT32)
             if count < 0 or count > end - pos:
                 return None
             for _ in range(count):
                 (index,) = _INT32.unpack_from(buf, pos)
                 pos += 4
-                if flexible:
-                    n = buf[pos]
-                    if n < 0x80:
-                        pos += 1
-                    else:
-                        n, pos = _uvarint(buf, pos, end)
-                    if n < 0:
-                        return None
-                    n -= 1  # -1: null records
-                else:
-                    (n,) = _INT32.unpack_from(buf, pos)
-                    pos += 4
-                if n == -1:
+                n, pos = _length(buf, pos, end, flexible, _INT32)
+                if n == -1:  # null records
                     records = None
                 elif n < 0 or pos + n > end:
                     return None
@@ -789,15 +754,15 @@ def _produce_view_fast(buf: bytes, pos: int, flexible: bool) -> ProduceRequestVi
                     records = buf[pos:pos + n]
                     pos += n
                 if flexible:
-                    if pos >= end or buf[pos] != 0:  # tagged fields of the partition
+                    if not _tagged_fields_empty(buf, pos, end):  # tagged fields of the partition
                         return None
                     pos += 1
                 partitions.append(ProducePartition(topic, index, records))
             if flexible:
-                if pos >= end or buf[pos] != 0:  # tagged fields of the topic
+                if not _tagged_fields_empty(buf, pos, end):  # tagged fields of the topic
                     return None
                 pos += 1
-        if flexible and (pos >= end or buf[pos] != 0):  # tagged fields of the request
+        if flexible and not _tagged_fields_empty(buf, pos, end):  # tagged fields of the request
             return None
     except (struct.error, ValueError, IndexError):  # truncated, or a name that is not UTF-8
         return None
