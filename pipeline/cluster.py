@@ -28,6 +28,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+from pipeline.network.listeners import parse_host_port
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterBroker:
@@ -50,14 +52,12 @@ def parse_brokers(text: str) -> tuple[ClusterBroker, ...]:
     out: list[ClusterBroker] = []
     for entry in (e.strip() for e in text.split(",")):
         node, at, address = entry.partition("@")
-        host, colon, port = address.rpartition(":")
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        if not at or not colon or not host or not node.strip().isdigit() or not port.isdigit():
+        if not at or not node.strip().isdigit():
             raise ValueError(f"expected ID@HOST:PORT, got {entry!r}")
-        if not 0 < int(port) <= 65535:
+        host, port = parse_host_port(address, entry, "ID@HOST:PORT")
+        if port == 0:
             raise ValueError(f"port out of range in {entry!r}")
-        out.append(ClusterBroker(int(node), host, int(port)))
+        out.append(ClusterBroker(int(node), host, port))
     ids = [b.node_id for b in out]
     if len(set(ids)) != len(ids):
         raise ValueError(f"a node id is given twice in {text!r}")

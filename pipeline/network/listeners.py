@@ -36,12 +36,17 @@ class Endpoint:
         return f"{self.name}://{host}:{self.port}"
 
 
-def _address(text: str, whole: str) -> tuple[str, int]:
+def parse_host_port(text: str, whole: str, expected: str = "NAME://HOST:PORT") -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPv6]:PORT`` -> (host, port 0..65535).
+
+    Raises:
+        ValueError: ``expected {expected}, got {whole!r}``.
+    """
     host, sep, port = text.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected NAME://HOST:PORT, got {whole!r}")
+        raise ValueError(f"expected {expected}, got {whole!r}")
     return host, int(port)
 
 
@@ -69,7 +74,7 @@ def parse_endpoints(text: str, *, default_name: str = "PLAINTEXT") -> tuple[Endp
         name = name.strip().upper()
         if not name or not all(c.isalnum() or c in "_-" for c in name):
             raise ValueError(f"bad listener name {name!r} in {entry!r}")
-        endpoints.append(Endpoint(name, *_address(address, entry)))
+        endpoints.append(Endpoint(name, *parse_host_port(address, entry)))
     names = [e.name for e in endpoints]
     if len(set(names)) != len(names):
         raise ValueError(f"each listener must have a different name, got {text!r}")
