@@ -187,54 +187,12 @@ def check_offsets(acked: dict[int, int], received: dict[int, array]) -> OffsetCh
 
 
 def produce(bootstrap: str, topic: str, records: int, record_bytes: int, timeout_s: float) -> dict:
-    """Produce ``records`` values of ``record_bytes`` bytes with one librdkafka producer, as fast as acknowledged.
+    """Produce ``records`` values of ``record_bytes`` bytes with one librdkafka producer (acks=all),
+    as fast as acknowledged: ``pipeline.bench.security_bench.produce``'s figures, ``acked``
+    (partition -> n: offsets 0..n-1 acknowledged) among them."""
+    from pipeline.bench.security_bench import produce as produce_records
 
-    Returns figures: ``acked`` (partition -> records acknowledged; the server
-    assigns offsets 0..n-1 in order), ``records``, ``bytes`` (value bytes),
-    ``seconds`` (first produce() to last delivery report), ``records_per_s``,
-    ``mb_per_s`` (value MB, 10^6 bytes), ``errors``, ``timed_out``.
-    """
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
-    acked: dict[int, int] = {}
-    max_offset: dict[int, int] = {}
-    errors: list[str] = []
-    last_ack = [0.0]
-
-    def on_delivery(err, msg) -> None:
-        if err is not None:
-            if len(errors) < 20:
-                errors.append(str(err))
-            return
-        p = msg.partition()
-        acked[p] = acked.get(p, 0) + 1
-        max_offset[p] = max(max_offset.get(p, -1), msg.offset())
-        last_ack[0] = time.perf_counter()
-
-    value = os.urandom(record_bytes)
-    started = time.perf_counter()
-    deadline = started + timeout_s
-    sent = 0
-    while sent < records and time.perf_counter() < deadline:
-        try:
-            producer.produce(topic, key=b"%d" % sent, value=value, on_delivery=on_delivery)
-            sent += 1
-        except BufferError:  # librdkafka's queue is full: serve delivery reports until it drains a little
-            producer.poll(0.05)
-            continue
-        if sent % 1000 == 0:
-            producer.poll(0)
-    remaining = producer.flush(max(1.0, deadline - time.perf_counter()))
-    seconds = max(1e-9, (last_ack[0] or time.perf_counter()) - started)
-    n = sum(acked.values())
-    for p, count in acked.items():
-        if max_offset[p] != count - 1:
-            errors.append(f"partition {p}: {count} acknowledged but the largest offset is {max_offset[p]} "
-                          "(the topic was not empty?)")
-    return {"acked": acked, "records": n, "bytes": n * record_bytes, "seconds": seconds,
-            "records_per_s": n / seconds, "mb_per_s": n * record_bytes / seconds / 1e6,
-            "errors": errors, "timed_out": sent < records or remaining > 0}
+    return produce_records({"bootstrap.servers": bootstrap, "acks": "all"}, topic, records, record_bytes, timeout_s)
 
 
 # ------------------------------------------------------------------- consuming

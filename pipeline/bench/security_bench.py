@@ -189,7 +189,8 @@ def produce(config: dict[str, str], topic: str, records: int, record_bytes: int,
     """Produce ``records`` values of ``record_bytes`` bytes with one new librdkafka producer.
 
     ``rate`` None: as fast as acknowledged; else paced at ``rate`` records/s.
-    Returns figures: ``records`` (acknowledged), ``bytes``, ``seconds`` (first
+    Returns figures: ``acked`` (partition -> records acknowledged; offsets 0..n-1 on a
+    fresh topic, checked), ``records`` (acknowledged), ``bytes``, ``seconds`` (first
     produce() to last acknowledgement), ``records_per_s``, ``mb_per_s`` (value
     MB, 10^6 bytes), ``latency_ms`` (produce() -> acknowledgement percentiles),
     ``first_ack_ms`` (producer creation -> first acknowledgement: connection
@@ -222,7 +223,8 @@ def produce(config: dict[str, str], topic: str, records: int, record_bytes: int,
     remaining = producer.flush(max(1.0, deadline - time.perf_counter()))
     n = acks.acked
     seconds = max(1e-9, (acks.last_ack or time.perf_counter()) - started)
-    return {"records": n, "bytes": n * record_bytes, "seconds": seconds, "records_per_s": n / seconds,
+    return {"acked": dict(acks.per_partition), "records": n, "bytes": n * record_bytes, "seconds": seconds,
+            "records_per_s": n / seconds,
             "mb_per_s": n * record_bytes / seconds / 1e6, "latency_ms": acks.percentiles_ms(),
             "first_ack_ms": (acks.first_ack - created) * 1000 if acks.first_ack is not None else None,
             "errors": acks.errors + acks.offsets_ok(), "timed_out": sent < records or remaining > 0}
