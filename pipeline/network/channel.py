@@ -244,6 +244,8 @@ class KafkaChannel:
         pool = self._memory.pool
         batch_reads = self._request_channel.batches_per_read
         requests = self._requests
+        # A plain TCP stream's socket, read with recv_into for large frames (TLS goes through its stream).
+        sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         while True:
             now = trio.current_time()
             batch: list[Request] = []
@@ -269,6 +271,16 @@ class KafkaChannel:
                 await self._dispatch(batch)
                 continue  # the state may have moved while we waited: ask again
             if event is NEED_DATA:
+                if sock is not None and (into := state.receive_buffer()) is not None:
+                    # The rest of a large frame: straight from the kernel into it.
+                    with into:
+                        n = await sock.recv_into(into)
+                    if not n:
+                        log.warning("connection %s: peer closed with a truncated frame (%d bytes buffered)",
+                                    self.connection_id, state.buffered_bytes)
+                        return
+                    state.received_into(n, trio.current_time())
+                    continue
                 data = await stream.receive_some(RECEIVE_SIZE)
                 if not data:
                     if state.buffered_bytes:

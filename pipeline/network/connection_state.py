@@ -208,6 +208,16 @@ class ConnectionState:
         self._decoder.receive_data(data)
         self._last_activity = now
 
+    def receive_buffer(self) -> memoryview | None:
+        """Where the next read may go straight into the frame being received (``FrameDecoder.receive_buffer``);
+        None: read and pass the bytes to ``receive_data``."""
+        return self._decoder.receive_buffer()
+
+    def received_into(self, n: int, now: float) -> None:
+        """``n`` bytes were read into ``receive_buffer()`` (``FrameDecoder.received_into``)."""
+        self._decoder.received_into(n)
+        self._last_activity = now
+
     def next_request(self, now: float) -> ReceivedFrame | _Sentinel:
         """The next whole request, NEED_DATA, or PAUSED.
 

@@ -120,3 +120,58 @@ def test_large_frame_is_handed_out_without_a_copy():
     frame = decoder.next_frame()
     assert isinstance(frame, bytearray) and frame == body
     assert decoder.next_frame() == b"next"
+
+
+def read_like_a_socket(stream: bytes, read_sizes: list[int]) -> tuple[list[bytes], int]:
+    """Feed ``stream`` as the channel reads a plain socket: into ``receive_buffer`` when the
+    decoder lends one (a large frame being filled), else through ``receive_data``; each read
+    takes at most the next of ``read_sizes`` bytes. Returns the frames and the reads made into buffers."""
+    decoder = FrameDecoder(len(stream))
+    frames: list[bytes] = []
+    pos, i, into_reads = 0, 0, 0
+    while pos < len(stream):
+        size = read_sizes[i % len(read_sizes)]
+        i += 1
+        into = decoder.receive_buffer()
+        if into is not None:
+            n = min(size, len(into), len(stream) - pos)
+            into[:n] = stream[pos:pos + n]
+            into.release()
+            decoder.received_into(n)
+            into_reads += 1
+        else:
+            n = min(size, len(stream) - pos)
+            decoder.receive_data(stream[pos:pos + n])
+        pos += n
+        frames.extend(drain(decoder))
+    assert decoder.buffered_bytes == 0 and decoder.receive_buffer() is None
+    return frames, into_reads
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 2 * LARGE_FRAME_BYTES), min_size=1, max_size=5),
+       st.lists(st.integers(1, 150_000), min_size=1, max_size=8))
+def test_reads_into_the_lent_buffer_give_the_same_frames(sizes, read_sizes):
+    bodies = [bytes([n % 251]) * n for n in sizes] + [b"tail"]
+    stream = b"".join(encode_frame(b) for b in bodies)
+    frames, _ = read_like_a_socket(stream, read_sizes)
+    assert frames == bodies
+
+
+def test_a_large_frame_after_its_first_read_is_read_straight_into_its_buffer():
+    body = bytes(range(256)) * (4 * LARGE_FRAME_BYTES // 256)
+    frames, into_reads = read_like_a_socket(encode_frame(body) + encode_frame(b"x"), [10_000])
+    assert frames == [body, b"x"]
+    assert into_reads == len(body) // 10_000  # every read after the first went into the frame
+
+
+def test_received_into_outside_a_large_frame_is_refused():
+    decoder = FrameDecoder()
+    with pytest.raises(ValueError):
+        decoder.received_into(1)
+    decoder.receive_data(encode_frame(b"q" * LARGE_FRAME_BYTES)[:100])
+    assert decoder.next_frame() is None
+    into = decoder.receive_buffer()
+    assert into is not None and len(into) == LARGE_FRAME_BYTES - 96
+    with pytest.raises(ValueError):
+        decoder.received_into(len(into) + 1)
