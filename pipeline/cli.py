@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -141,6 +142,19 @@ def tune_gc_for_serving() -> None:
     gc.set_threshold(max(threshold0, SERVING_GC_THRESHOLD), threshold1, threshold2)
 
 
+def _warm_up_protocol() -> None:
+    """``pipeline.protocol.apis.warm_up``, logged; a failure only leaves the work to first use."""
+    from pipeline.protocol.apis import warm_up
+
+    started = time.monotonic()
+    try:
+        warm_up()
+    except Exception:
+        log.exception("protocol warm-up failed; request schemas load on first use")
+    else:
+        log.debug("protocol schemas built in %.2f s", time.monotonic() - started)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
@@ -169,8 +183,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.info("starting Spark (%s); data in %s", config.spark_remote or config.spark_master,
                  config.data_dir.resolve())
         started = time.monotonic()
+        warm = threading.Thread(target=_warm_up_protocol, name="protocol-warm-up", daemon=True)
+        warm.start()  # imports beside Spark's start, not on the first requests
         with children_stderr_to_log():  # the JVM's and the decode worker's stderr into this log
             sink.start()
+        warm.join()
         took = time.monotonic() - started
         log.info("Spark ready in %.1f s: %s", took, _spark_whereabouts(sink, config),
                  extra={"stage": "spark", "seconds": round(took, 3)})

@@ -44,6 +44,7 @@ from .guard import compile_plan
 from .guard import is_rust_panic
 from .header import API_VERSIONS_KEY
 from .header import RequestHeader
+from .header import is_flexible
 from .header import encode_response
 from .header import readonly_buffer
 from ..fastinit import fast_frozen_init
@@ -194,6 +195,26 @@ _RESPONSE_MODULES = _Lazy(lambda key: load_payload_module(key[0], key[1], Entity
 _RESPONSE_CLASSES = _Lazy(lambda key: load_response_schema(*key))
 # response entity class -> kio writer.
 _WRITERS = _Lazy(entity_writer)
+
+
+def warm_up() -> None:
+    """Build now what the lazy tables above would build on first use, for every served (api key, version).
+
+    ~1-2 s of imports (kio's schema modules) and code generation; ``pipeline
+    serve`` runs it in a thread while Spark starts. Otherwise the first
+    request of each api key and version pays it on the event loop: a profile
+    of a fresh server under librdkafka load spent ~20 % of its first seconds
+    in these imports (issue 13). Idempotent; unknown combinations are skipped
+    as they would be refused on first use anyway.
+    """
+    for api_key, (low, high) in SUPPORTED_VERSIONS.items():
+        for version in range(low, high + 1):
+            key = (api_key, version)
+            is_flexible(api_key, version)
+            _REQUEST_READERS[key]
+            _REQUEST_PLANS[key]
+            _RESPONSE_MODULES[key]
+            _WRITERS[_RESPONSE_CLASSES[key]]
 
 
 def api_name(api_key: int) -> str:
