@@ -7,10 +7,12 @@ per method.
 Decoding records (kafka.record, ~4-10 us per record in Python) runs in a
 separate process by default: in a thread it would hold the GIL in 5 ms slices
 and slow the event loop serving requests, and it could not overlap with the
-Spark write on another core. The raw batches go to the worker pickled (one
-copy of the bytes; the appends as one list per field, ``batch.to_columns``,
-which pickles ~4x faster than the objects), the Arrow table comes back
-through pickle's Arrow IPC buffers.
+Spark write on another core. The persister's flushes send the worker the
+appends' fields (one list per field, ``batch.to_columns``, which pickles ~4x
+faster than the objects) and where each append's records are in the WAL; the
+worker reads the record bytes from there (``to_table_from_wal``), so they are
+not pickled. Recovery's replays send the bytes (``to_table``). The Arrow table
+comes back through pickle's Arrow IPC buffers.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from pipeline.persist.arrow import appends_to_table
 from pipeline.persist.batch import PartitionAppend, to_columns
 from pipeline.persist.spark_sink import SparkSink
 from pipeline.table.catalog import MaintenanceResult, TableConfig, end_offsets, present_offsets
-from pipeline.table.typed import FlushTables, build_flush, build_flush_from_columns
+from pipeline.persist.wal import WalSpan
+from pipeline.table.typed import FlushTables, build_flush, build_flush_from_columns, build_flush_from_wal
 from pipeline.table.values import ValueFormat
 
 
@@ -143,6 +146,21 @@ class SparkGroupSink:
         if self._pool is None:
             return build_flush(appends, self._formats)
         return self._pool.submit(build_flush_from_columns, to_columns(appends), self._formats).result()
+
+    def to_table_from_wal(self, appends: Sequence[PartitionAppend], wal_directory: str,
+                          spans: Sequence[WalSpan]) -> FlushTables:
+        """``to_table`` for appends whose records stayed only in the WAL (``records`` is empty):
+        append i's records are read back from ``spans[i]`` of ``wal_directory`` where they are
+        decoded (the worker process if any), so record bytes are neither kept nor pickled by
+        the server's process (``pipeline.table.typed.build_flush_from_wal``).
+
+        Raises:
+            OSError: a span could not be read; see ``to_table`` otherwise.
+        """
+        if self._pool is None:
+            return build_flush_from_wal(to_columns(appends), wal_directory, spans, self._formats)
+        return self._pool.submit(build_flush_from_wal, to_columns(appends), wal_directory, list(spans),
+                                 self._formats).result()
 
     def write(self, table: FlushTables, exclude: set[tuple[str, int, int]] | None = None) -> None:
         """Write the flush minus the (topic, partition, offset) rows in ``exclude``: one Spark

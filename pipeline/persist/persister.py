@@ -43,7 +43,7 @@ from hdrh.histogram import HdrHistogram
 from pipeline.persist.accumulator import FlushGroup, FlushPolicy, FlushReason, RecordAccumulator
 from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.state import Checkpoint, StateStore
-from pipeline.persist.wal import WalPosition, WriteAheadLog, encode_appends
+from pipeline.persist.wal import WalPosition, WalSpan, WriteAheadLog, encode_appends
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,12 @@ class GroupSink(Protocol):
 
     def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
         """(topic, partition, offset) already in the table within [start, end) per partition."""
+
+    # Optional: ``to_table_from_wal(appends, wal_directory, spans) -> same as to_table``: the
+    # appends come without their record bytes (``records`` empty, ``size_bytes`` kept), and
+    # append i's records are the bytes at ``spans[i]`` = (segment, position, length) of the WAL
+    # in ``wal_directory`` (``pipeline.persist.wal.read_spans``). When the sink has it, the
+    # persister drops record bytes once they are in the WAL and uses it for every flush.
 
     # Optional: ``maintain() -> pipeline.table.catalog.MaintenanceResult``, called
     # every ``maintenance_interval_s`` between two writes when that is set.
@@ -177,6 +183,13 @@ class _SparkWaiter:
     position: WalPosition
     acked_at: float                # trio.current_time() (s) of the WAL commit
     seq: int = 0                   # the last append number of the WAL group
+    spans: list[WalSpan] | None = None  # where the group's appends' records are in the WAL
+
+
+def _without_records(a: PartitionAppend) -> PartitionAppend:
+    """``a`` minus its record bytes, still counting their size (``size_bytes``) for the limits."""
+    return PartitionAppend(a.topic, a.partition, a.base_offset, b"", a.record_count, a.log_append_time_ms,
+                           a.producer_id, a.producer_epoch, a.base_sequence, a.size_bytes)
 
 
 def offset_ranges(appends: Sequence[PartitionAppend]) -> dict[tuple[str, int], tuple[int, int]]:
@@ -236,6 +249,8 @@ class BatchingPersister:
             raise ValueError(f"ack_on must be 'wal' or 'spark', got {ack_on!r}")
         self._sink = sink
         self._wal = wal
+        # A sink that can read records back from the WAL gets positions, not bytes (GroupSink).
+        self._reads_wal = callable(getattr(sink, "to_table_from_wal", None))
         self._store = store
         self.ack_on: AckOn = ack_on
         self._wal_acc: RecordAccumulator[Commit] = RecordAccumulator(wal_policy)
@@ -419,11 +434,12 @@ class BatchingPersister:
                 commit.resolve(self._failed)
             return
         positions: list[int] = []
-        payload = encode_appends(group.appends, positions)
         self._in_wal_write = group.size_bytes
         started = time.perf_counter()
         try:
-            position = await trio.to_thread.run_sync(self._wal.append, [payload])
+            # Encoded in the worker thread too: joining a group's records
+            # (up to 8 MiB) is a copy the event loop need not make.
+            position, size = await trio.to_thread.run_sync(self._encode_and_append, group.appends, positions)
         except Exception as exc:  # disk full, I/O error: the log directory is gone
             self._failed = exc
             log.critical("write-ahead log append failed; refusing produce requests from now on: %s", exc)
@@ -435,11 +451,11 @@ class BatchingPersister:
         stats = self.stats
         elapsed = time.perf_counter() - started
         stats.wal_writes += 1
-        stats.wal_bytes += len(payload)
+        stats.wal_bytes += size
         stats.wal_seconds += elapsed
         _record_ms(stats.wal_write_ms, elapsed * 1000.0)
+        start = position.offset - size  # the payload's place in the segment
         if self._listener is not None:
-            start = position.offset - len(payload)  # the payload's place in the segment
             self._listener.wal_appended(group.appends, position.segment, [start + p for p in positions],
                                         int(time.time() * 1000))
         spark_commit = None
@@ -458,9 +474,22 @@ class BatchingPersister:
 
             spark_commit.add_callback(release)
         now = trio.current_time()
-        self._spark_acc.append(group.appends, _SparkWaiter(spark_commit, position, now,
-                                                           max(c.seq for c in group.waiters)), now * 1000.0)
+        waiter = _SparkWaiter(spark_commit, position, now, max(c.seq for c in group.waiters))
+        appends = group.appends
+        if self._reads_wal:
+            # From here on the records are read back from the WAL where they are decoded: the
+            # Spark stage keeps no copy of them in memory, and none is pickled to the decoder.
+            segment = position.segment
+            waiter.spans = [(segment, start + p, len(a.records)) for a, p in zip(appends, positions)]
+            appends = [_without_records(a) for a in appends]
+        self._spark_acc.append(appends, waiter, now * 1000.0)
         self._spark_wakeup.set()
+
+    def _encode_and_append(self, appends: Sequence[PartitionAppend], positions: list[int]) -> tuple[WalPosition, int]:
+        """One WAL entry for ``appends`` (``encode_appends``, filling ``positions``), written and fsynced;
+        returns the end position and the payload's size (bytes). Blocking: a worker thread."""
+        payload = encode_appends(appends, positions)
+        return self._wal.append([payload]), len(payload)
 
     # -- stage 2: Spark flushes --------------------------------------------
 
@@ -498,7 +527,12 @@ class BatchingPersister:
                 group = acc.drain(reason)
                 self._in_spark_prepare = group.size_bytes
                 try:
-                    table = await trio.to_thread.run_sync(self._sink.to_table, group.appends)
+                    if self._reads_wal:
+                        spans = [span for w in group.waiters for span in w.spans]
+                        table = await trio.to_thread.run_sync(self._sink.to_table_from_wal, group.appends,
+                                                              self._wal.directory, spans)
+                    else:
+                        table = await trio.to_thread.run_sync(self._sink.to_table, group.appends)
                     await send.send((group, table))
                 except trio.BrokenResourceError:
                     return  # the writer gave up at shutdown; the WAL keeps the rest

@@ -237,17 +237,18 @@ class WriteAheadLog:
                 usable (e.g. after ENOSPC); after a failed fsync it is not.
         """
         frames: list[bytes] = []
+        length = 0
         for payload in payloads:
             size = len(payload)
             if not 0 < size <= _MAX_PAYLOAD:
                 raise ValueError(f"a write-ahead log payload must be 1..{_MAX_PAYLOAD} bytes, got {size}")
             frames.append(_ENTRY_HEADER.pack(size, _crc32c(payload)))
             frames.append(payload)
-        data = b"".join(frames)
+            length += _ENTRY_HEADER.size + size
         with self._lock:
             self._check_usable()
             assert self._active is not None and self._fd is not None
-            if not data:
+            if not frames:
                 return WalPosition(self._active, self._sizes[self._active])
             created = False
             if self._sizes[self._active] >= self.segment_bytes:
@@ -255,14 +256,14 @@ class WriteAheadLog:
                 created = True
             before = self._sizes[self._active]
             try:
-                _write_all(self._fd, data)
+                _write_all(self._fd, frames)
             except BaseException:
                 try:
                     os.ftruncate(self._fd, before)
                 except OSError as exc:  # the segment now ends in garbage: unusable
                     self._failed = exc
                 raise
-            self._sizes[self._active] = before + len(data)
+            self._sizes[self._active] = before + length
             if self.fsync:
                 try:
                     os.fsync(self._fd)
@@ -363,7 +364,7 @@ class WriteAheadLog:
     # --------------------------------------------------------------- helpers
 
     def _path(self, segment: int) -> str:
-        return os.path.join(self.directory, f"{segment:020d}.wal")
+        return segment_path(self.directory, segment)
 
     def _check_usable(self) -> None:
         if self._failed is not None:
@@ -392,10 +393,60 @@ class WriteAheadLog:
             os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+WalSpan = tuple[int, int, int]
+"""(segment, byte position, length in bytes) of one append's records in a WAL directory."""
+
+
+def segment_path(directory: str, segment: int) -> str:
+    """The file of WAL segment ``segment`` in ``directory``."""
+    return os.path.join(directory, f"{segment:020d}.wal")
+
+
+def read_spans(directory: str, spans: Sequence[WalSpan]) -> list[bytes]:
+    """The bytes of each span, in order: the records of appends the WAL holds, read back by the decode
+    worker instead of being pickled to it (issue 13). Each segment file is opened once.
+
+    Only spans ``WriteAheadLog.append`` has returned for may be asked (those bytes never change),
+    and only before ``truncate_before`` passes them.
+
+    Raises:
+        FileNotFoundError: a segment was deleted.
+        OSError: a read failed or came back short (the file is shorter than the span).
+    """
+    out: list[bytes] = []
+    fds: dict[int, int] = {}
+    try:
+        for segment, position, length in spans:
+            fd = fds.get(segment)
+            if fd is None:
+                fd = fds[segment] = os.open(segment_path(directory, segment), os.O_RDONLY)
+            data = os.pread(fd, length, position)
+            if len(data) != length:
+                raise OSError(f"short read of WAL segment {segment}: {len(data)} of {length} bytes at {position}")
+            out.append(data)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return out
+
+
+def _write_all(fd: int, buffers: list) -> None:
+    """Write ``buffers`` in order with gathered writes (``os.writev``): no joined copy of a group.
+
+    A short write (a signal, a full pipe; rare for a regular file) goes on
+    from where it stopped. At most ``_IOV_MAX`` buffers per call.
+    """
+    views = [memoryview(b) for b in buffers if len(b)]
+    while views:
+        written = os.writev(fd, views[:_IOV_MAX])
+        while views and written >= len(views[0]):
+            written -= len(views.pop(0))
+        if written:
+            views[0] = views[0][written:]
+
+
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+"""Most buffers one ``writev`` takes (Linux: 1024)."""
 
 
 def _entry_at(data: bytes, pos: int) -> tuple[int, str | None]:
@@ -549,7 +600,7 @@ def encode_appends(appends: Sequence[PartitionAppend], positions: list[int] | No
         pos += _TOPIC_LENGTH.size + len(topic) + _APPEND_FIXED.size
         if positions is not None:
             positions.append(pos)
-        parts.append(bytes(a.records))
+        parts.append(a.records)  # bytes or a receive buffer's bytearray: joined below, not copied first
         pos += len(a.records)
     return b"".join(parts)
 

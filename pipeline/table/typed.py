@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from pipeline.persist.arrow import appends_to_table
 from pipeline.persist.batch import AppendColumns, PartitionAppend, from_columns
 from pipeline.persist.schema import ARROW_SCHEMA, COLUMNS
+from pipeline.persist.wal import WalSpan, read_spans
 from pipeline.table.values import ValueFormat, parse_values
 
 DEAD_LETTERS_TABLE = "dead_letters"
@@ -111,3 +112,20 @@ def build_flush_from_columns(columns: AppendColumns, formats: dict[str, ValueFor
     """``build_flush`` of the appends ``pipeline.persist.batch.to_columns`` made (the decode worker's
     entry point: columns pickle much more cheaply than the appends themselves)."""
     return build_flush(from_columns(columns), formats)
+
+
+def build_flush_from_wal(columns: AppendColumns, wal_directory: str, spans: Sequence[WalSpan],
+                         formats: dict[str, ValueFormat]) -> FlushTables:
+    """``build_flush_from_columns`` for appends whose records are read from the write-ahead log:
+    ``columns``' records column is ignored; append i's records are the bytes of ``spans[i]`` in
+    ``wal_directory`` (``pipeline.persist.wal.read_spans``). The decode worker's entry point when the
+    persister hands it WAL positions instead of record bytes.
+
+    Raises:
+        ValueError: ``spans`` and the appends differ in number; see ``build_flush`` otherwise.
+        OSError: a span could not be read (``read_spans``).
+    """
+    if len(spans) != len(columns[0]):
+        raise ValueError(f"{len(spans)} WAL spans for {len(columns[0])} appends")
+    records = read_spans(wal_directory, spans)
+    return build_flush(from_columns((*columns[:3], records, *columns[4:])), formats)

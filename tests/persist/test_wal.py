@@ -19,6 +19,7 @@ from pipeline.persist.wal import (
     WriteAheadLog,
     decode_appends,
     encode_appends,
+    read_spans,
 )
 
 HEADER = 8  # length + CRC32C
@@ -94,6 +95,33 @@ def test_round_trip_across_segments_with_rolling(tmp_path):
     assert wal.size_bytes == sum(sizes)
     assert wal.end_position == expected[-1].position
     wal.close()
+
+
+def test_read_spans_reads_payloads_back_across_segments(tmp_path):
+    groups = [[bytes([i]) * (10 + 7 * i) for i in range(j, j + 3)] for j in range(0, 30, 3)]
+    expected = write_groups(tmp_path, groups, segment_bytes=100)
+    spans = [(e.position.segment, e.position.offset - len(e.payload), len(e.payload)) for e in expected]
+    assert len({s for s, _, _ in spans}) > 3
+    assert read_spans(str(tmp_path), spans[::-1]) == [e.payload for e in expected][::-1]
+    assert read_spans(str(tmp_path), []) == []
+
+
+def test_read_spans_refuses_a_span_past_the_end_or_in_a_deleted_segment(tmp_path):
+    expected = write_groups(tmp_path, [[b"abc"], [b"defg"]], segment_bytes=1)
+    last = expected[-1].position
+    with pytest.raises(OSError, match="short read"):
+        read_spans(str(tmp_path), [(last.segment, last.offset - 4, 5)])
+    with pytest.raises(FileNotFoundError):
+        read_spans(str(tmp_path), [(last.segment + 5, 0, 1)])
+
+
+def test_many_entries_in_one_append_are_written_in_order(tmp_path):
+    wal, _ = opened(tmp_path, segment_bytes=1 << 30)
+    group = [bytes([i % 256]) * (1 + i % 5) for i in range(3000)]  # more buffers than one writev takes
+    wal.append(group)
+    wal.close()
+    _, entries = opened(tmp_path, segment_bytes=1 << 30)
+    assert payloads(entries) == group
 
 
 def test_one_oversized_group_stays_in_one_segment(tmp_path):

@@ -15,6 +15,7 @@ the state they need rather than counting on time.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 from collections import defaultdict
@@ -36,7 +37,7 @@ from pipeline.persist.arrow import appends_to_table
 from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.persister import BatchingPersister
 from pipeline.persist.state import Checkpoint, StateStore
-from pipeline.persist.wal import WriteAheadLog
+from pipeline.persist.wal import WriteAheadLog, read_spans
 from pipeline.protocol.apis import BrokerInfo
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.channel import MultiQueueRequestChannel
@@ -103,6 +104,21 @@ class MemorySink:
             ["topic", "partition", "offset", "value"]).to_pylist()]
 
 
+class WalReadingSink(MemorySink):
+    """``MemorySink`` with the GroupSink's optional ``to_table_from_wal``: the persister then hands
+    it record-less appends and WAL spans, as it does ``SparkGroupSink``; it reads them back with
+    the real ``read_spans`` and keeps the appends it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.given: list[PartitionAppend] = []
+
+    def to_table_from_wal(self, appends: Sequence[PartitionAppend], wal_directory: str, spans) -> pa.Table:
+        self.given.extend(appends)
+        records = read_spans(wal_directory, spans)
+        return appends_to_table([dataclasses.replace(a, records=r) for a, r in zip(appends, records)])
+
+
 @dataclass
 class Broker:
     nursery: trio.Nursery
@@ -125,9 +141,10 @@ class Broker:
 
 @asynccontextmanager
 async def broker(tmp_path, *, ack_on: str = "wal", max_buffer_bytes: int = 64 << 20,
-                 queues: int = 2) -> AsyncIterator[Broker]:
-    """The server's middle as ``Server.serve`` wires it, with ``MemorySink`` for Spark; topic "t", 2 partitions."""
-    sink = MemorySink()
+                 queues: int = 2, sink: MemorySink | None = None) -> AsyncIterator[Broker]:
+    """The server's middle as ``Server.serve`` wires it, with ``MemorySink`` (or ``sink``) for Spark;
+    topic "t", 2 partitions."""
+    sink = sink if sink is not None else MemorySink()
     wal = WriteAheadLog(tmp_path / "wal", fsync=False)
     wal.open()
     persister = BatchingPersister(sink, wal, StateStore(tmp_path / "state"), Checkpoint(),
@@ -315,3 +332,27 @@ async def test_invalid_partitions_and_corrupt_batches_are_refused_without_taking
         assert errors[3] == (0, 0)
         await eventually(lambda: len(b.sink.rows()) == 1)
         assert [(r["partition"], r["offset"], r["value"]) for r in b.sink.rows()] == [(0, 0, b"ok")]
+
+
+@pytest.mark.parametrize("ack_on", ["wal", "spark"])
+async def test_a_sink_that_reads_the_wal_gets_positions_not_record_bytes(autojump_clock, tmp_path, ack_on):
+    sink = WalReadingSink()
+    async with broker(tmp_path, ack_on=ack_on, sink=sink) as b:
+        client, _ = await b.connect()
+        b.sink.hold()
+        values = [[b"v%d-%d" % (i, j) * (i + 1) for j in range(i % 3 + 1)] for i in range(12)]
+        for i, vs in enumerate(values):
+            await client.send(produce(i, vs, partition=i % 2))
+        if ack_on == "wal":
+            await client.wait_responses(len(values))
+        await eventually(lambda: b.sink.writes_started >= 1)
+        # Spark stalled: the waiting records still count against buffer.memory, by their size.
+        assert b.persister.buffered_bytes >= sum(len(v) for vs in values for v in vs)
+        b.sink.resume()
+        await client.wait_responses(len(values))
+        await eventually(lambda: len(b.sink.rows()) == sum(map(len, values)))
+    assert sink.given and all(a.records == b"" and a.size_bytes > 0 for a in sink.given)
+    for p in (0, 1):
+        rows = sorted((r["offset"], r["value"]) for r in sink.rows() if r["partition"] == p)
+        expected = [v for i, vs in enumerate(values) if i % 2 == p for v in vs]
+        assert rows == list(enumerate(expected))
