@@ -184,7 +184,10 @@ def _start(cmd: list[str], n: int, log_path: Path, timeout_s: float = 600.0):
     def read() -> None:
         for raw in iter(proc.stdout.readline, b""):
             line = raw.decode(errors="replace")
-            log.write(b"stdout: " + raw)
+            try:
+                log.write(b"stdout: " + raw)
+            except ValueError:  # the log was closed after the server stopped
+                pass
             if m := METRICS.search(line):
                 metrics.append(int(m.group(1)))
             elif m := LISTENING.search(line):
