@@ -1,18 +1,50 @@
-"""Throughput of ``pipeline serve --brokers N`` for several N, one shared Spark Connect server each.
+"""Throughput, latency, CPU and memory of ``pipeline serve --brokers N`` for several N (issue 13's shape).
 
-    python -m pipeline.bench.brokers_bench --brokers 1,2 --producers 4 --records 400000
+    pipeline bench --quick                      # the model runs, then this phase for N = 1, 2
+    pipeline bench --brokers 1,2                # this phase alone (results in bench-results/brokers)
+    python -m pipeline.bench.brokers_bench --brokers 1,2 --producers 4 --records 100000
 
 For each N: a fresh data directory and Spark Connect server, ``pipeline serve
---brokers N --spark-remote ...`` (N = 1 is the plain server, writing through
-Connect as well, so only the number of brokers differs), a topic of
-``--partitions`` partitions, a warm-up, then ``--producers`` confluent-kafka
-producer processes (acks=1, linger.ms=5) sending ``--records`` records of
-``--record-bytes`` in all, as fast as they are acknowledged. Reported per N:
-records/s over the load window (first send to last acknowledgement) and the
-CPU seconds each broker process used in it. Results: ``OUT/brokers.json``.
+--brokers N --ack-on wal --spark-remote ...`` (N = 1 is the plain server,
+writing through Connect as well, so only the number of brokers differs), one
+topic of ``partitions`` partitions per producer (the partitions' leaders
+spread over the brokers), a warm-up of 5,000 records, then ``producers``
+confluent-kafka (librdkafka) producer processes at *default settings*
+(``acks=all``, no linger or batch overrides; a full local queue is waited out
+by polling, ``BufferError``) writing ``records`` values of ``record_bytes``
+(1 KiB) in all, as fast as acknowledged, released together by a barrier once
+every producer exists. The producing loop is ``pipeline.bench.security_bench.produce``.
 
-The figure means something only on a machine with at least N + 1 idle cores
-(the producers and the Connect server's JVM need theirs).
+Reported per N (``phase_row``):
+
+* records/s and MB/s (value + key bytes, 10^6 bytes) of acknowledged records
+  over the load window, the first ``produce()`` of any producer to the last
+  acknowledgement of any;
+* p50/p99/p99.9/max of ``produce()`` -> acknowledgement (librdkafka's
+  ``Message.latency()``), in ms, every producer's histogram merged (``hdrh``);
+* CPU seconds (user + system) of the broker process tree (the supervisor, the
+  brokers and their decode workers) over the window, per broker and per
+  million records acknowledged, and its peak RSS (sampled every 200 ms by
+  ``pipeline.bench.runner.Sampler``); the Spark Connect server's JVM the
+  same, listed apart (it is shared and not part of the brokers);
+* undelivered records (sent but not acknowledged by the phase's timeout) and
+  delivery errors; every acknowledged offset is checked (per partition of a
+  fresh topic exactly 0..n-1). A row with undelivered records or errors fails
+  the bench (exit status 1).
+
+Buffering: with ``--ack-on wal`` a produce is acknowledged once in the WAL and
+the Spark table catches up behind it within ``buffer.memory`` (256 MiB per
+broker). Before the load the bench waits until every broker's persister is
+empty (``pipeline_buffered_bytes`` 0 on each /metrics, after the warm-up), and
+the default phase sizes (quick 100,000 x 1 KiB, full 200,000 x 1 KiB, in all
+brokers together) fit in one broker's buffer, so the window measures the front
+end and the WAL, not how fast Spark drains a backlog. A larger ``records``
+than fits measures the drain too.
+
+The figures mean something only on a machine with at least N + 1 idle cores
+(the producers and the Connect server's JVM need theirs); the report says so.
+Every wait is bounded (``timeout_s`` per phase, 600 s per start-up); the
+servers are stopped (SIGTERM, killed after 300 s) however the phase ends.
 """
 
 from __future__ import annotations
@@ -21,156 +53,311 @@ import argparse
 import json
 import multiprocessing
 import os
-import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
-LISTENING = re.compile(r"listening on (\S+):(\d+)")
+from pipeline.bench.runner import LISTENING, METRICS
+
 TOPIC = "bench-brokers"
+WARMUP_RECORDS = 5000
+HISTOGRAM_MAX_US = 600_000_000
 
 
-def _produce(bootstrap: str, count: int, record_bytes: int, index: int, out) -> None:
-    import confluent_kafka
+@dataclass(slots=True)
+class BrokersBenchOptions:
+    """The plan of the brokers phase. Sizes in bytes, times in seconds.
 
-    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 5,
-                                         "batch.num.messages": 1000, "queue.buffering.max.messages": 200_000})
-    value = b"v" * record_bytes
-    failed = []
+    Attributes:
+        brokers: broker counts N, in run order.
+        producers: producer processes per N.
+        records: records per N, all producers together.
+        record_bytes: value bytes per record.
+        partitions: partitions of each producer's topic.
+        timeout_s: bound on each producer's load (records not acknowledged by then count as undelivered).
+        server_args: extra ``pipeline serve`` arguments.
+    """
 
-    def on_delivery(err, _msg):
-        if err is not None:
-            failed.append(str(err))
+    brokers: list[int] = field(default_factory=lambda: [1, 2])
+    producers: int = 4
+    records: int = 100_000
+    record_bytes: int = 1024
+    partitions: int = 4
+    timeout_s: float = 300.0
+    server_args: list[str] = field(default_factory=list)
 
-    started = time.time()
-    for i in range(count):
-        while True:
-            try:
-                producer.produce(TOPIC, key=f"{index}-{i % 1000}".encode(), value=value, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.01)
-        if i % 1000 == 0:
-            producer.poll(0)
-    left = producer.flush(600)
-    out.put((started, time.time(), left, len(failed)))
+    def check(self) -> "BrokersBenchOptions":
+        """Raises ValueError naming the option out of range."""
+        if not self.brokers or any(not 1 <= n <= 32 for n in self.brokers):
+            raise ValueError("--brokers values must be 1..32")
+        if not 1 <= self.producers <= 64 or not self.producers <= self.records <= 10_000_000:
+            raise ValueError("--producers must be 1..64 and --brokers-records producers..10,000,000")
+        if not 1 <= self.record_bytes <= 1_000_000 or not 1 <= self.partitions <= 256:
+            raise ValueError("--record-bytes must be 1..1,000,000 and --partitions 1..256 with --brokers")
+        return self
+
+
+# ------------------------------------------------------------------- producers
+
+
+def _producer(bootstrap: str, topic: str, records: int, record_bytes: int, timeout_s: float, barrier, out) -> None:
+    """One producer process: ``security_bench.produce`` at librdkafka's defaults, started by ``barrier``;
+    puts its figures (or ``{"error": text}``) on ``out``."""
+    from pipeline.bench.security_bench import produce
+
+    try:
+        figures = produce({"bootstrap.servers": bootstrap}, topic, records, record_bytes, timeout_s,
+                          go=lambda: barrier.wait(120))
+        figures["acked"] = {str(p): n for p, n in figures["acked"].items()}
+        out.put(figures)
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        out.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def merge_latency(figures: list[dict]) -> dict[str, float]:
+    """p50/p99/p99.9/max (ms) of the producers' ``latency_hdr`` histograms together; {} if none."""
+    from hdrh.histogram import HdrHistogram
+
+    merged = HdrHistogram(1, HISTOGRAM_MAX_US, 3)
+    for f in figures:
+        if f.get("latency_hdr"):
+            merged.add(HdrHistogram.decode(f["latency_hdr"]))
+    if merged.get_total_count() == 0:
+        return {}
+    return {name: merged.get_value_at_percentile(q) / 1000 for name, q in
+            (("p50", 50), ("p99", 99), ("p99.9", 99.9))} | {"max": merged.get_max_value() / 1000}
+
+
+def phase_row(n: int, opts: BrokersBenchOptions, figures: list[dict], sent: int, broker: dict, broker_cpu: list[float],
+              connect: dict) -> dict:
+    """The per-N entry of results.json from the producers' figures and the samplers' windows.
+
+    ``broker``/``connect``: ``runner.Sampler.end()`` of the broker tree / the Connect JVM
+    (``server_cpu_s``, ``peak_rss_bytes``). Pure.
+    """
+    done = [f for f in figures if "error" not in f]
+    acked = sum(f["records"] for f in done)
+    window = (max(f["t_last_ack"] for f in done) - min(f["t_start"] for f in done)) if done else 0.0
+    nbytes = sum(f["bytes"] + f["key_bytes"] for f in done)
+    errors = [f["error"] for f in figures if "error" in f] + [e for f in done for e in f["errors"]]
+    cpu = broker.get("server_cpu_s")
+    return {
+        "brokers": n, "producers": opts.producers, "record_bytes": opts.record_bytes,
+        "records_sent": sent, "records": acked, "undelivered": sent - acked, "errors": errors[:20],
+        "seconds": round(window, 3),
+        "records_per_s": acked / window if window > 0 else None,
+        "mb_per_s": nbytes / window / 1e6 if window > 0 else None,
+        "latency_ms": merge_latency(done),
+        "broker_cpu_s": [round(c, 2) for c in broker_cpu],
+        "broker_tree_cpu_s": cpu,
+        "cpu_s_per_m_records": cpu / acked * 1e6 if cpu is not None and acked else None,
+        "peak_rss_mb": broker["peak_rss_bytes"] / 2**20 if broker.get("peak_rss_bytes") else None,
+        "connect_cpu_s": connect.get("server_cpu_s"),
+        "connect_peak_rss_mb": connect["peak_rss_bytes"] / 2**20 if connect.get("peak_rss_bytes") else None,
+        "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
+        "ok": not errors and sent == acked and bool(done),
+    }
+
+
+# --------------------------------------------------------------------- servers
 
 
 def _start(cmd: list[str], n: int, log_path: Path, timeout_s: float = 600.0):
+    """Start ``cmd``; wait for ``n`` ``listening on`` and ``n`` ``metrics on`` lines.
+
+    Returns (process, addresses "host:port", metrics ports, open log file).
+    Raises RuntimeError (the process killed) if it exits or does not get there in ``timeout_s``.
+    """
     log = open(log_path, "ab")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             process_group=0)
     addresses: list[str] = []
-    lines: list[str] = []
+    metrics: list[int] = []
 
     def read() -> None:
         for raw in iter(proc.stdout.readline, b""):
             line = raw.decode(errors="replace")
-            lines.append(line)
-            m = LISTENING.search(line)
-            if m:
+            try:
+                log.write(b"stdout: " + raw)
+            except ValueError:  # the log was closed after the server stopped
+                pass
+            if m := METRICS.search(line):
+                metrics.append(int(m.group(1)))
+            elif m := LISTENING.search(line):
                 addresses.append(f"{m.group(1)}:{m.group(2)}")
 
     threading.Thread(target=read, daemon=True).start()
     deadline = time.monotonic() + timeout_s
-    while len(addresses) < n:
+    while len(addresses) < n or len(metrics) < n:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
+            proc.wait(60)
+            log.close()
             raise RuntimeError(f"server did not start; log {log_path}")
         time.sleep(0.5)
-    return proc, addresses, log
+    return proc, addresses[:n], metrics[:n], log
 
 
-def _broker_processes(proc, n: int):
+def _broker_pids(pid: int, n: int) -> list[int]:
+    """The broker processes: the server itself for N = 1, else the supervisor's ``--node-id`` children."""
     import psutil
 
-    root = psutil.Process(proc.pid)
     if n == 1:
-        return [root]
-    return [c for c in root.children() if "--node-id" in c.cmdline()]
+        return [pid]
+    return [c.pid for c in psutil.Process(pid).children() if "--node-id" in c.cmdline()]
 
 
-def run_one(n: int, args: argparse.Namespace, work: Path) -> dict:
-    import psutil
+def _stop(proc: subprocess.Popen, log) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own process group (process_group=0)
+        proc.wait(60)
+    log.close()
+
+
+def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: Callable[[str], None]) -> dict:
+    """One N: Connect server, brokers, warm-up, drain, load; returns ``phase_row``.
+
+    Raises RuntimeError if the servers do not start, or an exception of the set-up (topics, warm-up).
+    """
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from pipeline.bench.runner import Sampler, sample_tree
+    from pipeline.bench.security_bench import produce, wait_for_table
     from pipeline.persist.spark_cluster import ConnectServer
     from pipeline.table.catalog import catalog_conf
 
-    data = work / f"brokers-{n}"
     with ConnectServer(data / "_pipeline" / "spark-connect", conf=catalog_conf(data), timeout_s=600) as connect:
         cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--brokers", str(n), "--listen", "127.0.0.1:0",
-               "--data-dir", str(data), "--spark-remote", connect.url, *args.server_arg]
-        proc, addresses, log = _start(cmd, n, work / f"brokers-{n}.log")
+               "--data-dir", str(data), "--spark-remote", connect.url, "--ack-on", "wal", "--metrics-port", "0",
+               *opts.server_args]
+        say(f"brokers N={n}: starting `pipeline {' '.join(cmd[3:])}`")
+        proc, addresses, metrics_ports, log = _start(cmd, n, log_path)
         admin = None
         try:
             bootstrap = ",".join(addresses)
             admin = AdminClient({"bootstrap.servers": bootstrap})
-            for f in admin.create_topics([NewTopic(TOPIC, args.partitions, 1)]).values():
+            topics = [f"{TOPIC}-warmup"] + [f"{TOPIC}-{i}" for i in range(opts.producers)]
+            for f in admin.create_topics([NewTopic(t, opts.partitions, 1) for t in topics]).values():
                 f.result(60)
+            warm = produce({"bootstrap.servers": bootstrap}, topics[0], WARMUP_RECORDS, opts.record_bytes, 120)
+            if warm["timed_out"] or warm["errors"]:
+                raise RuntimeError(f"warm-up failed: {warm['errors'][:3]} (timed out: {warm['timed_out']})")
+            drained = wait_for_table(metrics_ports, 300)
+            say(f"brokers N={n}: {opts.producers} producers x {opts.records // opts.producers:,} records of "
+                f"{opts.record_bytes} B (buffer drained in {drained if drained is None else round(drained, 1)} s)")
             ctx = multiprocessing.get_context("spawn")
-            out = ctx.Queue()
-            _produce(bootstrap, 5000, args.record_bytes, -1, out)  # warm-up: metadata, connections, first writes
-            out.get()
-            brokers = _broker_processes(proc, n)
-            cpu0 = [sum(p.cpu_times()[:2]) for p in brokers]
-            per = args.records // args.producers
-            workers = [ctx.Process(target=_produce, args=(bootstrap, per, args.record_bytes, i, out))
-                       for i in range(args.producers)]
-            for w in workers:
-                w.start()
-            results = [out.get(timeout=900) for _ in workers]
-            for w in workers:
-                w.join()
-            cpu = [round(sum(p.cpu_times()[:2]) - c, 2) for p, c in zip(brokers, cpu0)]
-            window = max(r[1] for r in results) - min(r[0] for r in results)
-            undelivered = sum(r[2] + r[3] for r in results)
-            records = per * args.producers
-            return {"brokers": n, "records": records, "seconds": round(window, 2),
-                    "records_per_s": round(records / window),
-                    "mb_per_s": round(records * args.record_bytes / window / 1e6, 2), "undelivered": undelivered,
-                    "broker_cpu_s": cpu, "cpu_s_per_m_records": round(sum(cpu) / records * 1e6, 2),
-                    "cpus": psutil.cpu_count(), "load_average": os.getloadavg()[0]}
+            out, barrier = ctx.Queue(), ctx.Barrier(opts.producers + 1)
+            per = opts.records // opts.producers
+            workers = [ctx.Process(target=_producer, args=(bootstrap, topics[1 + i], per, opts.record_bytes,
+                                                           opts.timeout_s, barrier, out), daemon=True)
+                       for i in range(opts.producers)]
+            brokers = _broker_pids(proc.pid, n)
+            broker_sampler, connect_sampler = Sampler(proc.pid, None), Sampler(connect.process.proc.pid, None)
+            try:
+                for w in workers:
+                    w.start()
+                barrier.wait(180)
+                cpu0 = [sample_tree(pid).cpu_s for pid in brokers]
+                broker_sampler.begin()
+                connect_sampler.begin()
+                figures = [out.get(timeout=opts.timeout_s + 120) for _ in workers]
+                broker_window, connect_window = broker_sampler.end(), connect_sampler.end()
+                broker_cpu = [sample_tree(pid).cpu_s - c for pid, c in zip(brokers, cpu0)]
+            finally:
+                broker_sampler.close()
+                connect_sampler.close()
+                for w in workers:
+                    w.join(30)
+                    if w.is_alive():
+                        w.kill()
+            row = phase_row(n, opts, figures, per * opts.producers, broker_window, broker_cpu, connect_window)
+            row["table_wait_s"] = drained
+            return row
         finally:
             del admin  # its connections go before the brokers (no "connection refused" noise)
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(300)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
+            _stop(proc, log)
+
+
+def run_phase(opts: BrokersBenchOptions, work: Path, log_dir: Path, say: Callable[[str], None] = print) -> list[dict]:
+    """Every N of ``opts.brokers`` in turn (data in ``work/brokers-N``, removed after; logs in ``log_dir``).
+
+    Returns one ``phase_row`` per N; an N that could not run gives ``{"brokers": N, "error": text, "ok": False}``.
+    """
+    rows = []
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for n in opts.brokers:
+        data = work / f"brokers-{n}"
+        shutil.rmtree(data, ignore_errors=True)
+        try:
+            row = run_one(n, opts, data, log_dir / f"brokers-{n}.log", say)
+        except Exception as exc:  # noqa: BLE001 - reported in the row
+            row = {"brokers": n, "error": f"{type(exc).__name__}: {exc}", "ok": False}
+        finally:
+            shutil.rmtree(data, ignore_errors=True)
+        rows.append(row)
+        say(f"brokers N={n}: " + ("OK" if row["ok"] else f"FAILED {row.get('error') or row.get('errors')}"))
+    return rows
+
+
+# ------------------------------------------------------------------------ main
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The phase alone: ``OUT/results.json`` (``configurations`` empty, ``brokers`` the rows; redraw with
+    ``python -m pipeline.bench.report OUT``), ``OUT/brokers.json`` (the rows), ``summary.md``,
+    ``throughput_vs_brokers.png``, the table on stdout. Exit status 1 if an N failed."""
+    from rich.console import Console
+
+    from pipeline.bench import report
+    from pipeline.bench.options import int_list
+    from pipeline.bench.runner import _machine
+
+    d = BrokersBenchOptions()
     p = argparse.ArgumentParser(prog="python -m pipeline.bench.brokers_bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--brokers", default="1,2", help="broker counts to run (default 1,2)")
-    p.add_argument("--producers", type=int, default=4, help="producer processes (default 4)")
-    p.add_argument("--records", type=int, default=400_000, help="records in all per run (default 400000)")
-    p.add_argument("--record-bytes", type=int, default=100, help="value bytes per record (default 100)")
-    p.add_argument("--partitions", type=int, default=8, help="partitions of the topic (default 8)")
-    p.add_argument("--out", type=Path, default=Path("bench-results"), help="where brokers.json goes")
+    p.add_argument("--brokers", type=int_list, default=d.brokers, help="broker counts to run (default 1,2)")
+    p.add_argument("--producers", type=int, default=d.producers, help=f"producer processes (default {d.producers})")
+    p.add_argument("--records", type=int, default=d.records, help=f"records per N, all producers (default {d.records})")
+    p.add_argument("--record-bytes", type=int, default=d.record_bytes, help="value bytes per record (default 1024)")
+    p.add_argument("--partitions", type=int, default=d.partitions,
+                   help=f"partitions of each producer's topic (default {d.partitions})")
+    p.add_argument("--out", type=Path, default=Path("bench-results") / "brokers", help="output directory")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG", help="extra `pipeline serve` argument")
     args = p.parse_args(argv)
+    opts = BrokersBenchOptions(brokers=args.brokers, producers=args.producers, records=args.records,
+                               record_bytes=args.record_bytes, partitions=args.partitions,
+                               server_args=list(args.server_arg))
+    try:
+        opts.check()
+    except ValueError as exc:
+        raise SystemExit(f"pipeline bench: {exc}") from None
     command = "python -m pipeline.bench.brokers_bench " + " ".join(sys.argv[1:] if argv is None else argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results = {"command": command, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": _machine(),
+               "options": {"preset": "brokers"}, "configurations": [], "ceiling": {},
+               "brokers_options": asdict(opts)}
     with tempfile.TemporaryDirectory(prefix="brokers-bench-") as tmp:
-        for n in (int(x) for x in args.brokers.split(",")):
-            row = run_one(n, args, Path(tmp))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    (args.out / "brokers.json").write_text(json.dumps(rows, indent=2))
-    base = rows[0]["records_per_s"] if rows else None
-    print(f"`{command}`\n\n| brokers | records/s | MB/s | x {rows[0]['brokers'] if rows else ''} broker(s) | "
-          "broker CPU s | CPU s per M records | undelivered |\n|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['brokers']} | {r['records_per_s']:,} | {r['mb_per_s']} | {r['records_per_s'] / base:.2f} | "
-              f"{r['broker_cpu_s']} | {r['cpu_s_per_m_records']} | {r['undelivered']} |")
-    return 1 if any(r["undelivered"] for r in rows) else 0
+        results["brokers"] = run_phase(opts, Path(tmp), out / "logs")
+    results["wall_s"] = time.monotonic() - started
+    results["targets"] = report.evaluate_targets(results)
+    (out / "brokers.json").write_text(json.dumps(results["brokers"], indent=2))
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    report.write_plots(results, out)
+    (out / "summary.md").write_text(report.markdown(results))
+    print(report.markdown(results), flush=True)
+    report.print_report(results, Console(width=None if Console().is_terminal else 200))
+    return 0 if all(r["ok"] for r in results["brokers"]) else 1
 
 
 if __name__ == "__main__":

@@ -20,10 +20,20 @@ of every run. Presets:
 * ``--security`` (not a preset of the sweep; see ``pipeline.bench.security_bench``):
   produce throughput and latency over PLAINTEXT, SSL and SASL_SSL listeners of
   one server (``--smoke`` shrinks it to CI size).
-* ``--brokers 1,2`` (not a preset of the sweep; see ``pipeline.bench.brokers_bench``):
-  records/s, MB/s and broker CPU of ``pipeline serve --brokers N`` for each N.
 * ``--full``: every configuration and queue count 1, 2, 4, 8, connections
   1, 8, 64, in-flight 1 and 5, acks -1 and 0, 8 s per run (~15-20 minutes).
+
+``--quick`` and ``--full`` end with the brokers phase (``pipeline.bench.brokers_bench``):
+for each N of ``--brokers`` (quick 1,2 with 100,000 records per N; full 1,2,4
+with 200,000), ``pipeline serve --brokers N --ack-on wal`` and librdkafka
+producers at default settings writing 1 KiB records: records/s, MB/s,
+p50/p99/p99.9, CPU s per million records and peak RSS of the brokers, into the
+same results.json. ``--no-brokers`` skips it; ``--smoke`` runs it only when
+``--brokers`` is given (it costs a Spark Connect start-up, ~30-60 s, per N).
+``--brokers N,...`` *without* a preset flag runs that phase alone (its own
+results in ``bench-results/brokers``, ``--record-bytes`` and ``--partitions``
+then apply to it; in a preset run they are the sweep's and the phase keeps
+1 KiB records and 4 partitions per producer topic).
 
 Explicit options override the preset's value.
 """
@@ -38,11 +48,12 @@ CONFIG_NAMES = ("baseline", "multiqueue", "shared-unmuted")
 
 PRESETS: dict[str, dict] = {
     "smoke": dict(configs=["baseline", "multiqueue", "shared-unmuted"], queues=[2], connections=[4],
-                  in_flight=[5], acks=[-1], duration=1.5, requests=20_000),
+                  in_flight=[5], acks=[-1], duration=1.5, requests=20_000, brokers=[], brokers_records=6000),
     "quick": dict(configs=list(CONFIG_NAMES), queues=[4], connections=[1, 64], in_flight=[5],
-                  acks=[-1, 0], duration=2.5, requests=120_000),
+                  acks=[-1, 0], duration=2.5, requests=120_000, brokers=[1, 2], brokers_records=100_000),
     "full": dict(configs=list(CONFIG_NAMES), queues=[1, 2, 4, 8], connections=[1, 8, 64],
-                 in_flight=[1, 5], acks=[-1, 0], duration=8.0, requests=250_000),
+                 in_flight=[1, 5], acks=[-1, 0], duration=8.0, requests=250_000, brokers=[1, 2, 4],
+                 brokers_records=200_000),
 }
 QUICK_SHAPES = ((1, 5, -1), (64, 5, -1), (64, 5, 0))
 """(C, K, acks) that ``--quick`` runs: exactly the shapes the targets name."""
@@ -86,6 +97,9 @@ class BenchOptions:
         linger_ms, ack_on: passed to every server.
         ceiling: measure the echo framing ceiling.
         server_args: extra ``pipeline serve`` arguments.
+        brokers: the brokers phase's broker counts N ([]: no brokers phase).
+        producers: the brokers phase's producer processes.
+        brokers_records: the brokers phase's records per N (1 KiB each).
     """
 
     preset: str
@@ -107,6 +121,18 @@ class BenchOptions:
     ack_on: str = "spark"
     ceiling: bool = True
     server_args: list[str] = field(default_factory=list)
+    brokers: list[int] = field(default_factory=list)
+    producers: int = 4
+    brokers_records: int = 100_000
+
+    def brokers_plan(self):
+        """The brokers phase's ``pipeline.bench.brokers_bench.BrokersBenchOptions`` (None: no phase)."""
+        from pipeline.bench.brokers_bench import BrokersBenchOptions
+
+        if not self.brokers:
+            return None
+        return BrokersBenchOptions(brokers=list(self.brokers), producers=self.producers,
+                                   records=self.brokers_records, server_args=list(self.server_args))
 
     def all_shapes(self) -> list[tuple[int, int, int]]:
         """(C, K, acks) of every run against every server, in run order."""
@@ -187,15 +213,20 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     security.add_argument("--security-records", type=int, default=None,
                           help="--security: records per throughput phase (default 100000; --smoke 3000)")
     security.add_argument("--rounds", type=int, default=None, help="--security: rounds over the protocols (default 3)")
-    brokers = p.add_argument_group("several brokers (--brokers)")
+    brokers = p.add_argument_group("several brokers (--brokers; part of --quick and --full)")
     brokers.add_argument("--brokers", type=int_list, default=None, metavar="N,...",
-                         help="for each N, `pipeline serve --brokers N` on one shared Spark Connect server and "
-                              "--producers librdkafka producer processes (acks=1) writing --brokers-records records "
-                              "of --record-bytes (default 100) as fast as acknowledged: records/s, MB/s, broker CPU "
-                              "(pipeline.bench.brokers_bench; e.g. --brokers 1,2)")
+                         help="for each N, `pipeline serve --brokers N --ack-on wal` on one shared Spark Connect "
+                              "server and --producers librdkafka producer processes at default settings (acks=all) "
+                              "writing --brokers-records 1 KiB records as fast as acknowledged: records/s, MB/s, "
+                              "p50/p99/p99.9, CPU s per million records, RSS (pipeline.bench.brokers_bench). With "
+                              "--quick/--full/--smoke: the N list of the run's brokers phase (default 1,2 quick, "
+                              "1,2,4 full, none smoke); alone: only that phase, into bench-results/brokers")
+    brokers.add_argument("--no-brokers", action="store_true",
+                         help="--quick/--full: skip the brokers phase")
     brokers.add_argument("--producers", type=int, default=None, help="--brokers: producer processes (default 4)")
     brokers.add_argument("--brokers-records", type=int, default=None,
-                         help="--brokers: records per broker count, all producers (default 400000)")
+                         help="--brokers: records per broker count, all producers (default 100000; full 200000; "
+                              "smoke 6000)")
     hostile = p.add_argument_group("hostile clients (--hostile)")
     hostile.add_argument("--hostile", action="store_true",
                          help="good producers at a steady rate, alone and then beside every hostile client on "
@@ -235,6 +266,8 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         partitions=args.partitions or 4, requests=pick("requests"), duration=pick("duration"),
         client=args.client, io_threads=args.io_threads, linger_ms=args.linger_ms, ack_on=args.ack_on or "spark",
         ceiling=args.ceiling, server_args=list(args.server_arg),
+        brokers=[] if getattr(args, "no_brokers", False) else pick("brokers"),
+        producers=getattr(args, "producers", None) or 4, brokers_records=pick("brokers_records"),
     )
     if any(c < 1 for c in opts.connections) or max(opts.connections) > 1000:
         raise ValueError("--connections must be 1..1000")
@@ -246,6 +279,8 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         raise ValueError("--records-per-request and --partitions must be >= 1, --record-bytes >= 0")
     if not 1 <= opts.requests <= 10_000_000 or not 0 < opts.duration <= 600:
         raise ValueError("--requests must be 1..10,000,000 and --duration in (0, 600] s")
+    if opts.brokers:
+        opts.brokers_plan().check()
     return opts
 
 
@@ -304,10 +339,11 @@ def _run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"pipeline bench: {exc}") from None
         return security_main(security_opts, _bench_argv())
-    if getattr(args, "brokers", None):
+    if getattr(args, "brokers", None) and args.preset is None:
         from pipeline.bench.brokers_bench import main as brokers_main
 
-        argv = ["--brokers", ",".join(str(n) for n in args.brokers), "--out", str(args.out)]
+        out = args.out if args.out != Path("bench-results") else Path("bench-results") / "brokers"
+        argv = ["--brokers", ",".join(str(n) for n in args.brokers), "--out", str(out)]
         for flag, value in (("--producers", args.producers), ("--records", args.brokers_records),
                             ("--record-bytes", args.record_bytes), ("--partitions", args.partitions)):
             if value is not None:

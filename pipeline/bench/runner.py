@@ -21,6 +21,11 @@ it signals READY and waits, so CPU is measured over exactly the load window.
 
 Output in ``--out``: ``results.json`` (every figure and the exact
 configuration), PNG plots, ``summary.md``, and per-server logs.
+
+Last, unless the plan has no broker counts, the brokers phase
+(``pipeline.bench.brokers_bench.run_phase``: ``pipeline serve --brokers N`` for
+each N, librdkafka producers at default settings, 1 KiB records): its rows go
+into the same ``results.json`` under ``"brokers"``.
 """
 
 from __future__ import annotations
@@ -631,7 +636,7 @@ def prepare_out(out: Path) -> Path:
 
 
 def main(opts: BenchOptions) -> int:
-    """Run the plan; returns the exit code (1 if a baseline/multiqueue run failed)."""
+    """Run the plan; returns the exit code (1 if a baseline/multiqueue run or a brokers phase N failed)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -781,6 +786,15 @@ def main(opts: BenchOptions) -> int:
         except Exception:  # noqa: BLE001 - already reported
             pass
     executor.shutdown(wait=False)
+    plan = opts.brokers_plan()
+    if plan is not None:
+        from pipeline.bench.brokers_bench import run_phase
+
+        console.print(f"brokers phase: N = {', '.join(map(str, plan.brokers))}, {plan.producers} librdkafka "
+                      f"producers, {plan.records:,} records of {plan.record_bytes} B per N, --ack-on wal")
+        results["brokers_options"] = asdict(plan)
+        results["brokers"] = run_phase(plan, out / "data", out / "logs", console.print)
+        failed_required |= not all(row["ok"] for row in results["brokers"])
     results["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     results["wall_s"] = time.monotonic() - started
     results["ceiling"]["requests_per_s"] = ceiling

@@ -49,7 +49,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 DEFAULT_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_SSL")
@@ -148,6 +148,7 @@ class _Acks:
         self.max_offset: dict[int, int] = {}
         self.latency_us = HdrHistogram(1, 600_000_000, 3)
         self.errors: list[str] = []
+        self.key_bytes = 0
         self.first_ack: float | None = None
         self.last_ack = 0.0
 
@@ -163,6 +164,7 @@ class _Acks:
         p = msg.partition()
         self.per_partition[p] = self.per_partition.get(p, 0) + 1
         self.max_offset[p] = max(self.max_offset.get(p, -1), msg.offset())
+        self.key_bytes += len(msg.key() or b"")
         latency = msg.latency()
         if latency is not None:
             self.latency_us.record_value(max(1, int(latency * 1e6)))
@@ -185,16 +187,22 @@ class _Acks:
 
 
 def produce(config: dict[str, str], topic: str, records: int, record_bytes: int, timeout_s: float,
-            rate: float | None = None) -> dict:
+            rate: float | None = None, go: Callable[[], object] | None = None) -> dict:
     """Produce ``records`` values of ``record_bytes`` bytes with one new librdkafka producer.
 
     ``rate`` None: as fast as acknowledged; else paced at ``rate`` records/s.
+    ``go``: called once the producer exists, before the first produce() (e.g. a
+    barrier shared by several producer processes); the timings start after it.
     Returns figures: ``acked`` (partition -> records acknowledged; offsets 0..n-1 on a
-    fresh topic, checked), ``records`` (acknowledged), ``bytes``, ``seconds`` (first
-    produce() to last acknowledgement), ``records_per_s``, ``mb_per_s`` (value
-    MB, 10^6 bytes), ``latency_ms`` (produce() -> acknowledgement percentiles),
-    ``first_ack_ms`` (producer creation -> first acknowledgement: connection
-    set-up included), ``errors``, ``timed_out``.
+    fresh topic, checked), ``records`` (acknowledged), ``bytes`` (value bytes
+    acknowledged), ``key_bytes``, ``seconds`` (first produce() to last
+    acknowledgement), ``t_start``/``t_last_ack`` (those two instants on
+    ``time.perf_counter``, CLOCK_MONOTONIC on Linux: comparable between
+    processes), ``records_per_s``, ``mb_per_s`` (value MB, 10^6 bytes),
+    ``latency_ms`` (produce() -> acknowledgement percentiles), ``latency_hdr``
+    (the same latencies in us, an encoded ``hdrh`` histogram: add several with
+    ``HdrHistogram.decode``), ``first_ack_ms`` (producer creation -> first
+    acknowledgement: connection set-up included), ``errors``, ``timed_out``.
     """
     from confluent_kafka import Producer
 
@@ -202,6 +210,8 @@ def produce(config: dict[str, str], topic: str, records: int, record_bytes: int,
     created = time.perf_counter()
     producer = Producer(config)
     value = os.urandom(record_bytes)
+    if go is not None:
+        go()
     started = time.perf_counter()
     deadline = started + timeout_s
     sent = 0
@@ -223,9 +233,10 @@ def produce(config: dict[str, str], topic: str, records: int, record_bytes: int,
     remaining = producer.flush(max(1.0, deadline - time.perf_counter()))
     n = acks.acked
     seconds = max(1e-9, (acks.last_ack or time.perf_counter()) - started)
-    return {"acked": dict(acks.per_partition), "records": n, "bytes": n * record_bytes, "seconds": seconds,
-            "records_per_s": n / seconds,
+    return {"acked": dict(acks.per_partition), "records": n, "bytes": n * record_bytes, "key_bytes": acks.key_bytes,
+            "seconds": seconds, "t_start": started, "t_last_ack": started + seconds, "records_per_s": n / seconds,
             "mb_per_s": n * record_bytes / seconds / 1e6, "latency_ms": acks.percentiles_ms(),
+            "latency_hdr": acks.latency_us.encode().decode("ascii"),
             "first_ack_ms": (acks.first_ack - created) * 1000 if acks.first_ack is not None else None,
             "errors": acks.errors + acks.offsets_ok(), "timed_out": sent < records or remaining > 0}
 
@@ -339,18 +350,21 @@ def _listener_ports(server, log_path: Path, protocols: list[str], timeout_s: flo
         time.sleep(0.1)
 
 
-def wait_for_table(server, timeout_s: float) -> float | None:
-    """Wait until the server's persister holds nothing (``pipeline_buffered_bytes`` 0: everything
-    acknowledged is in the table), so the next phase starts with an empty ``buffer.memory``.
+def wait_for_table(metrics_ports: list[int | None], timeout_s: float) -> float | None:
+    """Wait until the persister of every server (one ``/metrics`` port each) holds nothing
+    (``pipeline_buffered_bytes`` 0: everything acknowledged is in the table), so the next
+    phase starts with an empty ``buffer.memory``.
 
-    Returns the seconds waited, or None if /metrics was unreachable or it did not drain in ``timeout_s``.
+    Returns the seconds waited, or None if a /metrics was unreachable or they did not drain in ``timeout_s``.
     """
     from pipeline.bench.runner import counter, scrape_metrics
 
+    if None in metrics_ports:  # a server printed no metrics port
+        return None
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         try:
-            buffered = counter(scrape_metrics(server.metrics_port), "pipeline_buffered_bytes")
+            buffered = sum(counter(scrape_metrics(port), "pipeline_buffered_bytes") or 0 for port in metrics_ports)
         except OSError:
             return None
         if not buffered:
@@ -401,11 +415,11 @@ def main(opts: SecurityBenchOptions, argv: list[str] | None = None) -> int:
                 topic = f"bench-security-{protocol.lower()}-{r}"
                 console.print(f"round {r + 1}/{opts.rounds} {protocol}: {opts.records:,} records as fast as acked, "
                               f"then {opts.rate:g}/s for {opts.latency_s:g} s")
-                drained = wait_for_table(server, opts.timeout_s)
+                drained = wait_for_table([server.metrics_port], opts.timeout_s)
                 cpu0 = _server_cpu(server)
                 throughput = produce(config, topic, opts.records, opts.record_bytes, opts.timeout_s)
                 cpu = _server_cpu(server) - cpu0
-                wait_for_table(server, opts.timeout_s)
+                wait_for_table([server.metrics_port], opts.timeout_s)
                 steady = produce(config, topic + "-latency", max(1, int(opts.rate * opts.latency_s)),
                                  opts.record_bytes, opts.latency_s + opts.timeout_s, rate=opts.rate)
                 result["runs"].append({"round": r, "protocol": protocol, "throughput": throughput,

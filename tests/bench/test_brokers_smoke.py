@@ -1,4 +1,5 @@
-"""``pipeline bench --brokers 1,2`` end to end, CI size: one shared Spark Connect server per N, real producers."""
+"""``pipeline bench --brokers 1,2`` end to end, CI size: one shared Spark Connect server per N, real
+librdkafka producers at default settings, 1 KiB records, ``--ack-on wal``."""
 
 from __future__ import annotations
 
@@ -13,14 +14,20 @@ pytestmark = pytest.mark.slow
 
 def test_brokers_bench_smoke(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--brokers", "1,2", "--producers", "2",
-                           "--brokers-records", "6000", "--partitions", "4", "--out", str(tmp_path)],
+                           "--brokers-records", "6000", "--partitions", "2", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = json.loads((tmp_path / "brokers.json").read_text())
     assert [r["brokers"] for r in rows] == [1, 2]
     for r in rows:
-        assert r["records"] == 6000 and r["undelivered"] == 0
-        assert r["records_per_s"] > 0 and r["mb_per_s"] > 0 and len(r["broker_cpu_s"]) == r["brokers"]
-        assert r["cpu_s_per_m_records"] > 0
-    assert "| brokers | records/s | MB/s |" in proc.stdout
+        assert r["ok"] and r["records"] == r["records_sent"] == 6000 and r["undelivered"] == 0, r
+        assert r["record_bytes"] == 1024 and r["records_per_s"] > 0 and r["mb_per_s"] > 0
+        assert 0 < r["latency_ms"]["p50"] <= r["latency_ms"]["p99"] <= r["latency_ms"]["p99.9"]
+        assert len(r["broker_cpu_s"]) == r["brokers"] and r["cpu_s_per_m_records"] > 0
+        assert r["peak_rss_mb"] > 0 and r["connect_peak_rss_mb"] > 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["brokers"] == rows
+    assert {t["target"].split(":")[0] for t in results["targets"]} >= {"end to end"}
+    assert (tmp_path / "throughput_vs_brokers.png").stat().st_size > 1000
+    assert "| brokers | records/s | MB/s |" in proc.stdout and "| brokers |" in (tmp_path / "summary.md").read_text()
     assert "python -m pipeline.bench.brokers_bench --brokers 1,2" in proc.stdout
