@@ -26,7 +26,11 @@ directory: every later produce gets KAFKA_STORAGE_ERROR.
 
 Memory is bounded: ``append`` must be preceded by ``await wait_for_capacity()``,
 which blocks while more than ``max_buffer_bytes`` are buffered in both stages
-(Kafka producer ``buffer.memory``).
+(Kafka producer ``buffer.memory``). With a sink that reads records back from
+the WAL (``to_table_from_wal``, as ``SparkGroupSink`` does) the Spark stage
+keeps only the appends' fields and WAL positions, not their bytes: the limit
+then bounds how far the table may lag behind the WAL (counted in record
+bytes) more than memory, which holds only what waits for the WAL write.
 """
 
 from __future__ import annotations
