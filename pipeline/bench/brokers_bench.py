@@ -67,6 +67,14 @@ from typing import Callable
 from pipeline.bench.runner import LISTENING, METRICS
 
 TOPIC = "bench-brokers"
+CLIENTS = ("confluent", "kcat")
+KCAT_DOC = """kcat producers: ``kcat -P -b BOOTSTRAP -t TOPIC -l FILE``, one process per producer, each
+sending every line of its own file (``record_bytes`` printable random bytes each, no key) at
+librdkafka's defaults. The same library as confluent-kafka's, without a Python call and a
+Python delivery callback per record (~10 us of client CPU per record, which on 2 cores
+takes a core from the brokers at ~100k records/s). Window: the processes' start to the
+last one's exit (kcat exits once every record is acknowledged or failed); acknowledged:
+the topics' high watermarks; no per-record latency."""
 WARMUP_RECORDS = 5000
 HISTOGRAM_MAX_US = 600_000_000
 
@@ -83,6 +91,8 @@ class BrokersBenchOptions:
         partitions: partitions of each producer's topic.
         timeout_s: bound on each producer's load (records not acknowledged by then count as undelivered).
         server_args: extra ``pipeline serve`` arguments.
+        client: "confluent" (confluent-kafka producer processes, the producing loop in Python)
+            or "kcat" (kcat processes: librdkafka from C, ``KCAT_DOC``).
     """
 
     brokers: list[int] = field(default_factory=lambda: [1, 2])
@@ -92,6 +102,7 @@ class BrokersBenchOptions:
     partitions: int = 4
     timeout_s: float = 300.0
     server_args: list[str] = field(default_factory=list)
+    client: str = "confluent"
 
     def check(self) -> "BrokersBenchOptions":
         """Raises ValueError naming the option out of range."""
@@ -101,6 +112,10 @@ class BrokersBenchOptions:
             raise ValueError("--producers must be 1..64 and --brokers-records producers..10,000,000")
         if not 1 <= self.record_bytes <= 1_000_000 or not 1 <= self.partitions <= 256:
             raise ValueError("--record-bytes must be 1..1,000,000 and --partitions 1..256 with --brokers")
+        if self.client not in CLIENTS:
+            raise ValueError(f"--brokers-client must be one of {', '.join(CLIENTS)}")
+        if self.client == "kcat" and shutil.which("kcat") is None:
+            raise ValueError("--brokers-client kcat: kcat is not installed (Debian: apt-get install kcat)")
         return self
 
 
@@ -119,6 +134,58 @@ def _producer(bootstrap: str, topic: str, records: int, record_bytes: int, timeo
         out.put(figures)
     except Exception as exc:  # noqa: BLE001 - reported in the row
         out.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def kcat_input(path: Path, records: int, record_bytes: int) -> Path:
+    """Write ``records`` lines of ``record_bytes`` printable random bytes (+ newline) to ``path``."""
+    import base64
+
+    with open(path, "wb") as f:
+        for start in range(0, records, 1000):
+            n = min(1000, records - start)
+            raw = base64.b64encode(os.urandom(record_bytes * n))
+            f.write(b"".join(raw[i * record_bytes:(i + 1) * record_bytes] + b"\n" for i in range(n)))
+    return path
+
+
+def kcat_produce(bootstrap: str, topics: list[str], inputs: list[Path], records: int, record_bytes: int,
+                 timeout_s: float) -> list[dict]:
+    """Run one kcat producer per topic (``KCAT_DOC``); returns figures shaped like
+    ``security_bench.produce``'s (``records``, ``bytes``, ``key_bytes``, ``t_start``/``t_last_ack`` on
+    ``time.perf_counter``, ``errors``), one per producer. Acknowledged records are read from
+    the high watermarks (fresh topics: the watermark is the count)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    started = time.perf_counter()
+    procs = [subprocess.Popen(["kcat", "-P", "-b", bootstrap, "-t", t, "-l", str(f)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE) for t, f in zip(topics, inputs)]
+    figures = []
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-brokers-watermarks",
+                         "enable.auto.commit": False})
+    try:
+        ends = []
+        for proc in procs:
+            try:
+                _, err = proc.communicate(timeout=max(1.0, started + timeout_s - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            ends.append((time.perf_counter(), err))
+        for topic, proc, (ended, err) in zip(topics, procs, ends):
+            meta = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+            acked = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), 30)[1] for p in meta)
+            errors = [line for line in err.decode(errors="replace").splitlines() if "ERROR" in line or "fail" in line]
+            if proc.returncode:
+                errors.append(f"kcat exited with status {proc.returncode}")
+            figures.append({"records": acked, "bytes": acked * record_bytes, "key_bytes": 0, "t_start": started,
+                            "t_last_ack": ended, "errors": errors[:10], "latency_hdr": None})
+    finally:
+        consumer.close()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return figures
 
 
 def merge_latency(figures: list[dict]) -> dict[str, float]:
@@ -149,7 +216,7 @@ def phase_row(n: int, opts: BrokersBenchOptions, figures: list[dict], sent: int,
     errors = [f["error"] for f in figures if "error" in f] + [e for f in done for e in f["errors"]]
     cpu = broker.get("server_cpu_s")
     return {
-        "brokers": n, "producers": opts.producers, "record_bytes": opts.record_bytes,
+        "brokers": n, "producers": opts.producers, "client": opts.client, "record_bytes": opts.record_bytes,
         "records_sent": sent, "records": acked, "undelivered": sent - acked, "errors": errors[:20],
         "seconds": round(window, 3),
         "records_per_s": acked / window if window > 0 else None,
@@ -255,9 +322,26 @@ def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: 
             drained = wait_for_table(metrics_ports, 300)
             say(f"brokers N={n}: {opts.producers} producers x {opts.records // opts.producers:,} records of "
                 f"{opts.record_bytes} B (buffer drained in {drained if drained is None else round(drained, 1)} s)")
+            per = opts.records // opts.producers
+            if opts.client == "kcat":
+                inputs = [kcat_input(data / f"kcat-{i}.txt", per, opts.record_bytes) for i in range(opts.producers)]
+                brokers = _broker_pids(proc.pid, n)
+                broker_sampler, connect_sampler = Sampler(proc.pid, None), Sampler(connect.process.proc.pid, None)
+                try:
+                    cpu0 = [sample_tree(pid).cpu_s for pid in brokers]
+                    broker_sampler.begin()
+                    connect_sampler.begin()
+                    figures = kcat_produce(bootstrap, topics[1:], inputs, per, opts.record_bytes, opts.timeout_s)
+                    broker_window, connect_window = broker_sampler.end(), connect_sampler.end()
+                    broker_cpu = [sample_tree(pid).cpu_s - c for pid, c in zip(brokers, cpu0)]
+                finally:
+                    broker_sampler.close()
+                    connect_sampler.close()
+                row = phase_row(n, opts, figures, per * opts.producers, broker_window, broker_cpu, connect_window)
+                row["table_wait_s"] = drained
+                return row
             ctx = multiprocessing.get_context("spawn")
             out, barrier = ctx.Queue(), ctx.Barrier(opts.producers + 1)
-            per = opts.records // opts.producers
             workers = [ctx.Process(target=_producer, args=(bootstrap, topics[1 + i], per, opts.record_bytes,
                                                            opts.timeout_s, barrier, out), daemon=True)
                        for i in range(opts.producers)]
@@ -332,10 +416,13 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"partitions of each producer's topic (default {d.partitions})")
     p.add_argument("--out", type=Path, default=Path("bench-results") / "brokers", help="output directory")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG", help="extra `pipeline serve` argument")
+    p.add_argument("--client", choices=CLIENTS, default=d.client,
+                   help="producers: confluent-kafka processes (default) or kcat processes (librdkafka without "
+                        "Python; no latency figures)")
     args = p.parse_args(argv)
     opts = BrokersBenchOptions(brokers=args.brokers, producers=args.producers, records=args.records,
                                record_bytes=args.record_bytes, partitions=args.partitions,
-                               server_args=list(args.server_arg))
+                               server_args=list(args.server_arg), client=args.client)
     try:
         opts.check()
     except ValueError as exc:

@@ -100,6 +100,7 @@ class BenchOptions:
         brokers: the brokers phase's broker counts N ([]: no brokers phase).
         producers: the brokers phase's producer processes.
         brokers_records: the brokers phase's records per N (1 KiB each).
+        brokers_client: the brokers phase's producers, "confluent" or "kcat".
     """
 
     preset: str
@@ -124,6 +125,7 @@ class BenchOptions:
     brokers: list[int] = field(default_factory=list)
     producers: int = 4
     brokers_records: int = 100_000
+    brokers_client: str = "confluent"
 
     def brokers_plan(self):
         """The brokers phase's ``pipeline.bench.brokers_bench.BrokersBenchOptions`` (None: no phase)."""
@@ -132,7 +134,8 @@ class BenchOptions:
         if not self.brokers:
             return None
         return BrokersBenchOptions(brokers=list(self.brokers), producers=self.producers,
-                                   records=self.brokers_records, server_args=list(self.server_args))
+                                   records=self.brokers_records, server_args=list(self.server_args),
+                                   client=self.brokers_client)
 
     def all_shapes(self) -> list[tuple[int, int, int]]:
         """(C, K, acks) of every run against every server, in run order."""
@@ -224,6 +227,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     brokers.add_argument("--no-brokers", action="store_true",
                          help="--quick/--full: skip the brokers phase")
     brokers.add_argument("--producers", type=int, default=None, help="--brokers: producer processes (default 4)")
+    brokers.add_argument("--brokers-client", choices=("confluent", "kcat"), default="confluent",
+                         help="--brokers: producer processes are confluent-kafka (default; latency figures) or kcat "
+                              "(librdkafka without a Python call per record: the client costs the brokers' cores "
+                              "less; no latency figures)")
     brokers.add_argument("--brokers-records", type=int, default=None,
                          help="--brokers: records per broker count, all producers (default 100000; full 200000; "
                               "smoke 6000)")
@@ -268,6 +275,7 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         ceiling=args.ceiling, server_args=list(args.server_arg),
         brokers=[] if getattr(args, "no_brokers", False) else pick("brokers"),
         producers=getattr(args, "producers", None) or 4, brokers_records=pick("brokers_records"),
+        brokers_client=getattr(args, "brokers_client", "confluent"),
     )
     if any(c < 1 for c in opts.connections) or max(opts.connections) > 1000:
         raise ValueError("--connections must be 1..1000")
@@ -345,7 +353,8 @@ def _run(args: argparse.Namespace) -> int:
         out = args.out if args.out != Path("bench-results") else Path("bench-results") / "brokers"
         argv = ["--brokers", ",".join(str(n) for n in args.brokers), "--out", str(out)]
         for flag, value in (("--producers", args.producers), ("--records", args.brokers_records),
-                            ("--record-bytes", args.record_bytes), ("--partitions", args.partitions)):
+                            ("--record-bytes", args.record_bytes), ("--partitions", args.partitions),
+                            ("--client", args.brokers_client)):
             if value is not None:
                 argv += [flag, str(value)]
         return brokers_main(argv + [f"--server-arg={a}" for a in args.server_arg])

@@ -4,6 +4,7 @@ librdkafka producers at default settings, 1 KiB records, ``--ack-on wal``."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -31,3 +32,17 @@ def test_brokers_bench_smoke(tmp_path):
     assert (tmp_path / "throughput_vs_brokers.png").stat().st_size > 1000
     assert "| brokers | records/s | MB/s |" in proc.stdout and "| brokers |" in (tmp_path / "summary.md").read_text()
     assert "python -m pipeline.bench.brokers_bench --brokers 1,2" in proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (apt-get install kcat; .ci/run does)")
+def test_brokers_bench_with_kcat_producers(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--brokers", "1", "--brokers-client", "kcat",
+                           "--producers", "2", "--brokers-records", "8000", "--partitions", "2", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    [row] = json.loads((tmp_path / "brokers.json").read_text())
+    assert row["ok"] and row["client"] == "kcat" and row["errors"] == [], row
+    assert row["records"] == row["records_sent"] == 8000 and row["undelivered"] == 0
+    assert row["records_per_s"] > 0 and row["mb_per_s"] == pytest.approx(row["records_per_s"] * 1024 / 1e6)
+    assert row["latency_ms"] == {} and row["cpu_s_per_m_records"] > 0
+    assert "--client kcat" in proc.stdout
