@@ -288,7 +288,8 @@ class Server:
 
     def recover(self) -> Recovered:
         """Replay the WAL into the table and rebuild offsets and producer state (blocking)."""
-        self.recovered = recover(self.sink, self.wal, self.store, visit=self.logs.index_wal_entry)
+        self.recovered = recover(self.sink, self.wal, self.store, visit=self.logs.index_wal_entry,
+                                 policy=self.commit_policy())
         checkpoint = self.recovered.checkpoint
         catalog = getattr(self.sink, "catalog", None)
         if catalog is not None:

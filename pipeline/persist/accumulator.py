@@ -85,6 +85,8 @@ class RecordAccumulator(Generic[W]):
         self._group: FlushGroup[W] = FlushGroup()
         self._first_append_ms: float | None = None
         self._closing = False
+        self._marks: list[tuple[int, int, int, float]] = []
+        """Per waiter of the group, after its ``append``: (appends, records, bytes) so far, and its time (ms)."""
 
     @property
     def records(self) -> int:
@@ -124,6 +126,7 @@ class RecordAccumulator(Generic[W]):
             size += a.size_bytes
         group.records += records
         group.size_bytes += size
+        self._marks.append((len(group.appends), group.records, group.size_bytes, now_ms))
 
     def close(self) -> None:
         """Stop taking appends; whatever is buffered becomes ready (reason CLOSING)."""
@@ -152,8 +155,32 @@ class RecordAccumulator(Generic[W]):
         return self._first_append_ms + self.policy.linger_ms
 
     def drain(self, reason: FlushReason) -> FlushGroup[W]:
-        """Take the current group for flushing and start an empty one."""
-        group, self._group = self._group, FlushGroup()
-        group.reason = reason
-        self._first_append_ms = None
-        return group
+        """Take the current group for flushing, at most up to the policy's limits.
+
+        Waiters are taken in order, whole (a waiter's appends never split),
+        until the taken ones reach ``max_records`` or ``max_bytes``, as the
+        group would have been drained had its flusher been free when it
+        filled; the rest stay, as the next group, with the linger clock of
+        its first append. Without that cap a group keeps growing while the
+        previous flush is written (a Spark write can take seconds), and one
+        Spark append of the whole ``buffer.memory`` ran a 1 GiB driver heap
+        out of memory (issue 13).
+        """
+        group, marks, policy = self._group, self._marks, self.policy
+        take = len(marks)
+        for i, (_, records, size, _) in enumerate(marks):
+            if records >= policy.max_records or size >= policy.max_bytes:
+                take = i + 1
+                break
+        if take >= len(marks):
+            self._group, self._marks = FlushGroup(), []
+            group.reason = reason
+            self._first_append_ms = None
+            return group
+        appends, records, size, _ = marks[take - 1]
+        taken = FlushGroup(group.appends[:appends], group.waiters[:take], records, size, reason)
+        self._group = FlushGroup(group.appends[appends:], group.waiters[take:], group.records - records,
+                                 group.size_bytes - size)
+        self._marks = [(a - appends, r - records, b - size, t) for a, r, b, t in marks[take:]]
+        self._first_append_ms = marks[take][3]
+        return taken

@@ -10,7 +10,9 @@ Runs before the server listens (blocking). Steps:
 3. WAL entries after the checkpoint's position may or may not be in the table
    (a crash can fall between the Spark commit and the checkpoint). Ask the
    table which of their offsets it already holds and write only the others,
-   in one Spark write: replay never duplicates a row.
+   in Spark writes of at most the flush policy's records and bytes (a
+   backlog of a whole ``buffer.memory`` in one write can run the driver out
+   of memory): replay never duplicates a row.
 4. Rebuild: every partition continues at the next offset after the highest
    one in the table or the WAL; idempotent producer state is the checkpoint's
    plus the replayed batches, so a producer retrying across the restart is
@@ -23,6 +25,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
+from pipeline.persist.accumulator import FlushPolicy
+from pipeline.persist.batch import PartitionAppend
 from pipeline.persist.persister import GroupSink, offset_ranges
 from pipeline.persist.state import Checkpoint, StateStore
 from pipeline.persist.wal import WalPosition, WriteAheadLog, decode_appends
@@ -53,11 +57,13 @@ class Recovered:
 
 
 def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore,
-            visit: Callable[[WalPosition, int, memoryview], None] | None = None) -> Recovered:
+            visit: Callable[[WalPosition, int, memoryview], None] | None = None,
+            policy: FlushPolicy = FlushPolicy()) -> Recovered:
     """See the module docstring. Blocking.
 
     ``visit`` sees every retained WAL entry (``WriteAheadLog.open``): the read
-    side indexes the log with it.
+    side indexes the log with it. ``policy``: the replay's writes hold at most
+    its ``max_records`` / ``max_bytes`` (whole appends; its linger is unused).
 
     Raises:
         pipeline.persist.wal.WalCorruptionError: the WAL is damaged before its tail.
@@ -81,7 +87,10 @@ def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore,
         result.skipped_records = len(present)
         result.replayed_records = total - len(present)
         if result.replayed_records:
-            sink.write(sink.to_table(appends), present)
+            for chunk in _chunks(appends, policy):
+                if any((a.topic, a.partition, o) not in present
+                       for a in chunk for o in range(a.base_offset, a.base_offset + a.record_count)):
+                    sink.write(sink.to_table(chunk), present)
         log.info("recovery: %d WAL records after the checkpoint, %d written now, %d already in the table",
                  total, result.replayed_records, result.skipped_records)
     from pipeline.log.state import LogState  # pipeline.log imports this package
@@ -100,3 +109,18 @@ def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore,
         # retention (LogManager.wal_cut) decides what goes, not the checkpoint.
         wal.truncate_before(checkpoint.wal_position)
     return result
+
+
+def _chunks(appends: list[PartitionAppend], policy: FlushPolicy) -> list[list[PartitionAppend]]:
+    """``appends`` in order, cut into runs that each reach ``policy``'s records or bytes only with their
+    last append (as the persister's flushes are)."""
+    chunks: list[list[PartitionAppend]] = [[]]
+    records = size = 0
+    for a in appends:
+        if records >= policy.max_records or size >= policy.max_bytes:
+            chunks.append([])
+            records = size = 0
+        chunks[-1].append(a)
+        records += a.record_count
+        size += a.size_bytes
+    return chunks if chunks[0] else []

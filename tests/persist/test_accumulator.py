@@ -59,3 +59,41 @@ def test_a_request_is_never_split_across_groups():
 def test_invalid_policy():
     with pytest.raises(ValueError):
         FlushPolicy(0, 1, 1)
+
+
+def test_a_group_that_grew_past_its_limits_is_drained_in_limit_sized_groups():
+    # The flusher was busy while six requests arrived: each drain takes whole waiters up to the first
+    # that reaches max_bytes (as a free flusher would have), the rest stays with its own linger clock.
+    acc = RecordAccumulator(FlushPolicy(max_records=1000, max_bytes=10, linger_ms=5))
+    for i, (records, size) in enumerate([(1, 4), (2, 4), (1, 4), (3, 12), (1, 1), (1, 1)]):
+        acc.append([append(records, size), append(0, 0)], f"w{i}", now_ms=100 + i)
+    assert acc.ready(100) is FlushReason.FULL_BYTES
+    first = acc.drain(FlushReason.FULL_BYTES)
+    assert first.waiters == ["w0", "w1", "w2"] and first.records == 4 and first.size_bytes == 12
+    assert len(first.appends) == 6 and first.reason is FlushReason.FULL_BYTES
+    assert acc.pending == 3 and acc.records == 5 and acc.size_bytes == 14
+    assert acc.linger_deadline_ms() == 103 + 5
+    second = acc.drain(FlushReason.FULL_BYTES)
+    assert second.waiters == ["w3"] and second.records == 3 and second.size_bytes == 12
+    assert acc.ready(108.9) is None and acc.ready(109) is FlushReason.LINGER  # w4 appended at 104
+    third = acc.drain(FlushReason.LINGER)
+    assert third.waiters == ["w4", "w5"] and [a.record_count for a in third.appends] == [1, 0, 1, 0]
+    assert acc.pending == 0 and acc.records == 0 and acc.size_bytes == 0 and acc.linger_deadline_ms() is None
+
+
+def test_drained_groups_keep_every_append_once_in_order():
+    acc = RecordAccumulator(FlushPolicy(max_records=7, max_bytes=1 << 30, linger_ms=0))
+    sent, per_waiter = [], {}
+    for i in range(50):
+        batch = [PartitionAppend("t", 0, i * 10 + j, b"v", 1 + (i + j) % 4, 0) for j in range(i % 3 + 1)]
+        sent.extend(batch)
+        per_waiter[i] = sum(a.record_count for a in batch)
+        acc.append(batch, i, now_ms=i)
+    groups = []
+    while acc.pending:
+        groups.append(acc.drain(FlushReason.CLOSING))
+    assert [a for g in groups for a in g.appends] == sent
+    assert [w for g in groups for w in g.waiters] == list(range(50))
+    for g in groups[:-1]:  # full, and it would not have been without its last waiter
+        assert g.records >= 7 and g.records - per_waiter[g.waiters[-1]] < 7
+    assert all(g.records == sum(a.record_count for a in g.appends) for g in groups)
