@@ -51,11 +51,16 @@ class Acls:
         self.sasl_port = 0
 
     def start(self) -> None:
-        self.server = ServerProcess(self.data_dir, "--listen", LISTENERS, "--authorizer-class-name", "pipeline",
-                                    "--super-users", "User:admin", "--table-commit-interval-ms", "1000").start()
+        server = ServerProcess(self.data_dir, "--listen", LISTENERS, "--authorizer-class-name", "pipeline",
+                               "--super-users", "User:admin", "--table-commit-interval-ms", "1000")
+        # The log is appended to across restarts: only what this start wrote names its ports (the
+        # last start's lines name ports nobody listens on any more).
+        before = server.log_path.stat().st_size if server.log_path.exists() else 0
+        self.server = server.start()
         deadline = time.monotonic() + 30
-        while True:  # the log is appended to across restarts: the last line wins
-            ports = {name: int(port) for _h, port, name in LISTENER_LINE.findall(self.server.log_text())}
+        while True:
+            text = server.log_path.read_bytes()[before:].decode(errors="replace")
+            ports = {name: int(port) for _h, port, name in LISTENER_LINE.findall(text)}
             if "SASL_PLAINTEXT" in ports or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
