@@ -353,6 +353,12 @@ def _set_phase(endpoint, phase: str, server=None) -> None:
     endpoint.readiness.phase = Phase[phase]
 
 
+DECODE_NICENESS_WITH_WAL_ACKS = 10
+"""Nice value added to the decode worker when produce is acknowledged at the WAL: the table
+side then yields the CPU to the front end (issue 13); with ``--ack-on spark`` decoding is on
+every acknowledgement's path and keeps the server's priority."""
+
+
 def _group_sink(config):
     from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.server import state_dir
@@ -361,7 +367,8 @@ def _group_sink(config):
                           state_dir=state_dir(config), shared_table=config.cluster_brokers is not None,
                           table_config=config.table, metastore_uris=config.metastore_uris,
                           connect_port=config.spark_connect_port or None if not config.spark_remote else None,
-                          thrift_port=config.thrift_port or None if not config.spark_remote else None)
+                          thrift_port=config.thrift_port or None if not config.spark_remote else None,
+                          decode_niceness=DECODE_NICENESS_WITH_WAL_ACKS if config.ack_on == "wal" else 0)
 
 
 def _lock_data_dir(data_dir: Path, state: Path | None = None):

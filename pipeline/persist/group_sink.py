@@ -72,6 +72,13 @@ def table_lock(path: Path | None) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _decode_worker_init(parent_pid: int, niceness: int) -> None:
+    """The decode worker's start: die with the server (``die_with_parent``), then lower its priority."""
+    die_with_parent(parent_pid)
+    if niceness:
+        os.nice(niceness)
+
+
 class SparkGroupSink:
     """The table side of the persister: Arrow conversion + Spark, blocking (worker thread).
 
@@ -88,13 +95,18 @@ class SparkGroupSink:
         shared_table: the tables are shared with other processes (the brokers of a
             cluster): every change to them holds ``DATA_DIR/_pipeline/table.lock``
             (``table_lock``).
+        decode_niceness: added to the decode worker process's nice value (``os.nice``):
+            with acknowledgements at the WAL, decoding for the table can yield the CPU
+            to the front end under load (the table lags a little more, within
+            ``buffer.memory``); 0 leaves it as the server's.
     """
 
     def __init__(self, data_dir: str | os.PathLike, master: str | None = "local[*]", remote: str | None = None,
                  spark: SparkSession | None = None, decode_in_subprocess: bool = True,
                  table_config: TableConfig | None = None, metastore_uris: str | None = None,
                  connect_port: int | None = None, thrift_port: int | None = None,
-                 state_dir: str | os.PathLike | None = None, shared_table: bool = False) -> None:
+                 state_dir: str | os.PathLike | None = None, shared_table: bool = False,
+                 decode_niceness: int = 0) -> None:
         self._sink = SparkSink(data_dir, master=None if remote else master, remote=remote, spark=spark,
                                table_config=table_config, metastore_uris=metastore_uris,
                                connect_port=connect_port, thrift_port=thrift_port)
@@ -105,6 +117,7 @@ class SparkGroupSink:
         if self._table_lock is not None:
             self._table_lock.parent.mkdir(parents=True, exist_ok=True)
         self._decode_in_subprocess = decode_in_subprocess
+        self._decode_niceness = decode_niceness
         self._pool: ProcessPoolExecutor | None = None
         self._formats: dict[str, ValueFormat] = {}
 
@@ -127,7 +140,8 @@ class SparkGroupSink:
             # threads is unsafe. The worker dies with this process, however
             # it dies (kill -9 included), and so does the resource tracker.
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=die_with_parent, initargs=(os.getpid(),))
+                                             initializer=_decode_worker_init,
+                                             initargs=(os.getpid(), self._decode_niceness))
             self._pool.submit(appends_to_table, []).result()  # import pyarrow/kafka there now
 
     def stop(self) -> None:
