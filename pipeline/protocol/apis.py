@@ -701,15 +701,24 @@ def decode_produce(header: RequestHeader, frame: bytes | bytearray | memoryview)
     body with ``struct`` straight into the view: records are ``bytes`` slices
     of the frame, as kio makes them. It takes only what the general path
     accepts with the same result, and hands anything else to it (which then
-    accepts it or raises ``InvalidRequestError``): a frame that is not
-    ``bytes``, any tagged field, a null where Kafka allows none, a negative
+    accepts it or raises ``InvalidRequestError``): a frame that is neither
+    ``bytes`` nor ``bytearray`` (a large frame's receive buffer; its records
+    are copied out as ``bytes``, once), any tagged field, a null where Kafka allows none, a negative
     length, a length past the frame end, a varint over 5 bytes, a name that is
     not UTF-8. Bytes after the body are ignored by both.
 
     :raises UnsupportedVersionError, InvalidRequestError: see ``decode_request``.
     """
-    if type(frame) is bytes and header.api_key == PRODUCE and 3 <= header.api_version <= 11:
-        view = _produce_view_fast(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE)
+    if header.api_key == PRODUCE and 3 <= header.api_version <= 11:
+        kind = type(frame)
+        if kind is bytes:
+            view = _produce_view_fast(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE)
+        elif kind is bytearray:
+            with memoryview(frame) as records_source:
+                view = _produce_view_fast(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE,
+                                          records_source)
+        else:
+            view = None
         if view is not None:
             return view
     return produce_view(decode_request(header, frame))
@@ -736,8 +745,13 @@ def _tagged_fields_empty(buf: bytes, pos: int, end: int) -> bool:
     return pos < end and buf[pos] == 0
 
 
-def _produce_view_fast(buf: bytes, pos: int, flexible: bool) -> ProduceRequestView | None:
-    """The view of a Produce body at ``pos``, or None: let the general path decide."""
+def _produce_view_fast(buf: bytes | bytearray, pos: int, flexible: bool,
+                       records_source: memoryview | None = None) -> ProduceRequestView | None:
+    """The view of a Produce body at ``pos``, or None: let the general path decide.
+
+    ``records_source``: a memoryview of a ``bytearray`` ``buf``, which records are copied out
+    of as ``bytes`` (one copy; slicing the bytearray would give a mutable copy).
+    """
     end = len(buf)
     try:
         n, pos = _length(buf, pos, end, flexible, _INT16)
@@ -772,7 +786,7 @@ def _produce_view_fast(buf: bytes, pos: int, flexible: bool) -> ProduceRequestVi
                 elif n < 0 or pos + n > end:
                     return None
                 else:
-                    records = buf[pos:pos + n]
+                    records = buf[pos:pos + n] if records_source is None else bytes(records_source[pos:pos + n])
                     pos += n
                 if flexible:
                     if not _tagged_fields_empty(buf, pos, end):  # tagged fields of the partition

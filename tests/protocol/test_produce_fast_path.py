@@ -78,7 +78,7 @@ def test_mutations_never_change_the_outcome(version: int) -> None:
                 assert fast is None
 
 
-def test_tagged_fields_and_non_bytes_frames_go_to_the_general_path() -> None:
+def test_tagged_fields_and_memoryview_frames_go_to_the_general_path() -> None:
     frame = request_frame(sample_request(0, 9))
     header = parse_request_header(frame)
     # the request's tagged-field count is the last byte of the body
@@ -86,4 +86,18 @@ def test_tagged_fields_and_non_bytes_frames_go_to_the_general_path() -> None:
     tagged = frame[:-1] + b"\x01\x05\x01z"
     assert _fast(header, tagged) is None
     view = _general(header, frame)
-    assert apis.decode_produce(header, bytearray(frame)) == view  # general path, same view
+    assert apis.decode_produce(header, memoryview(frame)) == view  # general path, same view
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_bytearray_frame_takes_the_fast_path_and_its_records_come_out_as_bytes(version: int) -> None:
+    # Large frames arrive in their own receive buffer (framing.LARGE_FRAME_BYTES): a bytearray.
+    for frame in _frames(version):
+        header = parse_request_header(frame)
+        buffer = bytearray(frame)
+        view = apis.decode_produce(header, buffer)
+        assert view == _general(header, frame)
+        records = [p.records for p in view.partitions if p.records is not None]
+        assert all(type(r) is bytes for r in records)
+        buffer[header.body_offset:] = bytes(len(buffer) - header.body_offset)  # the buffer is reused or freed
+        assert records == [p.records for p in _general(header, frame).partitions if p.records is not None]
