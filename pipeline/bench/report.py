@@ -246,8 +246,9 @@ def brokers_rows(results: dict) -> list[list[str]]:
 
 def _brokers_caption(results: dict) -> str:
     o = results.get("brokers_options") or {}
-    return (f"Brokers: `pipeline serve --brokers N --ack-on wal`, {o.get('producers', '?')} librdkafka producers at "
-            f"default settings (acks=all), {o.get('records', 0):,} records of {o.get('record_bytes', '?')} B per N, "
+    client = "kcat" if o.get("client") == "kcat" else "confluent-kafka"
+    return (f"Brokers: `pipeline serve --brokers N --ack-on wal`, {o.get('producers', '?')} librdkafka ({client}) "
+            f"producers at default settings (acks=all), {o.get('records', 0):,} records of {o.get('record_bytes', '?')} B per N, "
             f"{results['machine']['cpus']} CPUs; CPU s/M rec and RSS: brokers and their decode workers; "
             "Connect: the shared Spark Connect JVM.")
 
