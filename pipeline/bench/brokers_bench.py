@@ -291,6 +291,29 @@ def _stop(proc: subprocess.Popen, log) -> None:
     log.close()
 
 
+def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list[dict]]):
+    """Run ``load`` (it returns the producers' figures) while sampling the broker tree and the Connect JVM.
+
+    Returns (figures, broker tree window, CPU s of each broker in it, Connect window); the windows
+    are ``runner.Sampler.end()``'s (``server_cpu_s``, ``peak_rss_bytes``).
+    """
+    from pipeline.bench.runner import Sampler, sample_tree
+
+    brokers = _broker_pids(server_pid, n)
+    broker_sampler, connect_sampler = Sampler(server_pid, None), Sampler(connect_pid, None)
+    try:
+        cpu0 = [sample_tree(pid).cpu_s for pid in brokers]
+        broker_sampler.begin()
+        connect_sampler.begin()
+        figures = load()
+        broker_window, connect_window = broker_sampler.end(), connect_sampler.end()
+        broker_cpu = [sample_tree(pid).cpu_s - c for pid, c in zip(brokers, cpu0)]
+    finally:
+        broker_sampler.close()
+        connect_sampler.close()
+    return figures, broker_window, broker_cpu, connect_window
+
+
 def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: Callable[[str], None]) -> dict:
     """One N: Connect server, brokers, warm-up, drain, load; returns ``phase_row``.
 
@@ -298,7 +321,6 @@ def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: 
     """
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from pipeline.bench.runner import Sampler, sample_tree
     from pipeline.bench.security_bench import produce, wait_for_table
     from pipeline.persist.spark_cluster import ConnectServer
     from pipeline.table.catalog import catalog_conf
@@ -323,47 +345,29 @@ def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: 
             say(f"brokers N={n}: {opts.producers} producers x {opts.records // opts.producers:,} records of "
                 f"{opts.record_bytes} B (buffer drained in {drained if drained is None else round(drained, 1)} s)")
             per = opts.records // opts.producers
+            connect_pid = connect.process.proc.pid
             if opts.client == "kcat":
                 inputs = [kcat_input(data / f"kcat-{i}.txt", per, opts.record_bytes) for i in range(opts.producers)]
-                brokers = _broker_pids(proc.pid, n)
-                broker_sampler, connect_sampler = Sampler(proc.pid, None), Sampler(connect.process.proc.pid, None)
+                figures, broker_window, broker_cpu, connect_window = _measured(
+                    proc.pid, n, connect_pid,
+                    lambda: kcat_produce(bootstrap, topics[1:], inputs, per, opts.record_bytes, opts.timeout_s))
+            else:
+                ctx = multiprocessing.get_context("spawn")
+                out, barrier = ctx.Queue(), ctx.Barrier(opts.producers + 1)
+                workers = [ctx.Process(target=_producer, args=(bootstrap, topics[1 + i], per, opts.record_bytes,
+                                                               opts.timeout_s, barrier, out), daemon=True)
+                           for i in range(opts.producers)]
                 try:
-                    cpu0 = [sample_tree(pid).cpu_s for pid in brokers]
-                    broker_sampler.begin()
-                    connect_sampler.begin()
-                    figures = kcat_produce(bootstrap, topics[1:], inputs, per, opts.record_bytes, opts.timeout_s)
-                    broker_window, connect_window = broker_sampler.end(), connect_sampler.end()
-                    broker_cpu = [sample_tree(pid).cpu_s - c for pid, c in zip(brokers, cpu0)]
+                    for w in workers:
+                        w.start()
+                    barrier.wait(180)
+                    figures, broker_window, broker_cpu, connect_window = _measured(
+                        proc.pid, n, connect_pid, lambda: [out.get(timeout=opts.timeout_s + 120) for _ in workers])
                 finally:
-                    broker_sampler.close()
-                    connect_sampler.close()
-                row = phase_row(n, opts, figures, per * opts.producers, broker_window, broker_cpu, connect_window)
-                row["table_wait_s"] = drained
-                return row
-            ctx = multiprocessing.get_context("spawn")
-            out, barrier = ctx.Queue(), ctx.Barrier(opts.producers + 1)
-            workers = [ctx.Process(target=_producer, args=(bootstrap, topics[1 + i], per, opts.record_bytes,
-                                                           opts.timeout_s, barrier, out), daemon=True)
-                       for i in range(opts.producers)]
-            brokers = _broker_pids(proc.pid, n)
-            broker_sampler, connect_sampler = Sampler(proc.pid, None), Sampler(connect.process.proc.pid, None)
-            try:
-                for w in workers:
-                    w.start()
-                barrier.wait(180)
-                cpu0 = [sample_tree(pid).cpu_s for pid in brokers]
-                broker_sampler.begin()
-                connect_sampler.begin()
-                figures = [out.get(timeout=opts.timeout_s + 120) for _ in workers]
-                broker_window, connect_window = broker_sampler.end(), connect_sampler.end()
-                broker_cpu = [sample_tree(pid).cpu_s - c for pid, c in zip(brokers, cpu0)]
-            finally:
-                broker_sampler.close()
-                connect_sampler.close()
-                for w in workers:
-                    w.join(30)
-                    if w.is_alive():
-                        w.kill()
+                    for w in workers:
+                        w.join(30)
+                        if w.is_alive():
+                            w.kill()
             row = phase_row(n, opts, figures, per * opts.producers, broker_window, broker_cpu, connect_window)
             row["table_wait_s"] = drained
             return row
