@@ -490,7 +490,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from pipeline.logs import children_stderr_to_log
     from pipeline.persist.spark_sink import run_sql
 
-    config = _resolve(args, SQL_FLAGS)
+    config = _resolve(args, SQL_FLAGS).server
     try:
         with children_stderr_to_log():
             spark = table_session(config.data_dir, config.spark_master, config.spark_remote, config.metastore_uris)
@@ -657,6 +657,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Without --spark-remote, the running server's Spark Connect endpoint "
                                      "if it serves one, else a session of its own on the data directory.")
     sql.add_argument("query", help='e.g. "SELECT topic, count(*) FROM records GROUP BY topic"')
+    sql.add_argument("--config", type=Path, default=None, metavar="FILE",
+                     help="the server's TOML configuration file (its data dir, Spark and metastore keys)")
     add_key_arguments(sql, SQL_KEYS, SQL_FLAGS)
     sql.add_argument("--format", choices=["table", "json"], default="table",
                      help="table (default) or JSON lines (binary as base64)")
