@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import signal
@@ -12,17 +11,10 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.lifecycle import STOP_SIGNALS, StartupInterrupted, StartupSignals, stop_children
+from pipeline.datadir import endpoints_path, lock_data_dir, table_session, write_endpoints
+from pipeline.lifecycle import STOP_SIGNALS, StartupInterrupted, StartupSignals, stop_children, tune_gc_for_serving
 
 log = logging.getLogger("pipeline")
-
-
-def host_port(text: str) -> tuple[str, int]:
-    """Parse ``HOST:PORT`` (argparse type)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
 
 
 def positive_int(text: str) -> int:
@@ -116,32 +108,6 @@ def _check_listeners(config) -> None:
         raise ConfigError(str(exc)) from None
 
 
-SERVING_GC_THRESHOLD = 10_000
-"""Allocations (net of frees) between two young-generation collections while serving;
-CPython's default is 700."""
-
-
-def tune_gc_for_serving() -> None:
-    """Once started: move what start-up allocated out of the collector's reach, collect less often.
-
-    A serving process holds ~10^6 long-lived objects (Spark's gateway,
-    pyarrow, kio's schema classes) that every full collection traverses
-    (~90 ms each on the development VM), and the request path allocates a few
-    dozen objects per request, so with CPython's defaults a produce load at
-    acks=0 spent ~6 % of the event loop's CPU in the cyclic collector (issue 13,
-    gc callbacks). ``gc.freeze()`` after a collection puts the start-up heap
-    in the permanent generation (the technique CPython documents for
-    pre-fork servers); a higher young-generation threshold makes the
-    collections rarer. Requests' objects are freed by reference counting:
-    the collector only finds cycles, so this changes when cyclic garbage is
-    reclaimed, not whether.
-    """
-    gc.collect()
-    gc.freeze()
-    threshold0, threshold1, threshold2 = gc.get_threshold()
-    gc.set_threshold(max(threshold0, SERVING_GC_THRESHOLD), threshold1, threshold2)
-
-
 def _warm_up_protocol() -> None:
     """``pipeline.protocol.apis.warm_up``, logged; a failure only leaves the work to first use."""
     from pipeline.protocol.apis import warm_up
@@ -169,7 +135,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info("configuration: %s", _sources_summary(resolved.sources))
     if config.brokers > 1:
         return _supervise(args, config, prefix_log=resolved.log.format == "plain")
-    lock = _lock_data_dir(config.data_dir, state_dir(config))  # a broker of a cluster: its own state dir
+    lock = lock_data_dir(config.data_dir, state_dir(config))  # a broker of a cluster: its own state dir
     if lock is None:
         return 1
     endpoint = _metrics_endpoint(config)  # before Spark: /readyz answers 503 until serving
@@ -192,7 +158,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.info("Spark ready in %.1f s: %s", took, _spark_whereabouts(sink, config),
                  extra={"stage": "spark", "seconds": round(took, 3)})
         if config.cluster_brokers is None:  # a cluster's supervisor writes it
-            _write_endpoints(config)
+            write_endpoints(config)
         server = Server(config, sink)
         _set_phase(endpoint, "RECOVERING", server)
         started = time.monotonic()
@@ -259,7 +225,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         _set_phase(endpoint, "STOPPING")
         if config.cluster_brokers is None:
-            _endpoints_path(config.data_dir).unlink(missing_ok=True)
+            endpoints_path(config.data_dir).unlink(missing_ok=True)
         log.info("stopping Spark")
         _stop_bounded(sink)
         signals.restore()
@@ -272,7 +238,7 @@ def _supervise(args: argparse.Namespace, config, prefix_log: bool = True) -> int
     """``serve --brokers N``: run N brokers under a supervisor (``pipeline.supervisor``)."""
     from pipeline.supervisor import Supervisor
 
-    lock = _lock_data_dir(config.data_dir)
+    lock = lock_data_dir(config.data_dir)
     if lock is None:
         return 1
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
@@ -371,43 +337,6 @@ def _group_sink(config):
                           decode_niceness=DECODE_NICENESS_WITH_WAL_ACKS if config.ack_on == "wal" else 0)
 
 
-def _lock_data_dir(data_dir: Path, state: Path | None = None):
-    """Take ``DATA_DIR/_pipeline/lock`` (flock) for this process's lifetime; None (logged) if another holds it.
-    ``state``: lock ``state/lock`` instead (a broker of a cluster: its own state directory)."""
-    import fcntl
-
-    state = Path(state) if state is not None else Path(data_dir) / "_pipeline"
-    state.mkdir(parents=True, exist_ok=True)
-    f = open(state / "lock", "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        log.error("%s is in use by another pipeline process (serve or compact); one process per data directory",
-                  Path(data_dir).resolve())
-        f.close()
-        return None
-    return f
-
-
-def _endpoints_path(data_dir: Path) -> Path:
-    return Path(data_dir) / "_pipeline" / "endpoints.json"
-
-
-def _write_endpoints(config) -> None:
-    """Tell ``pipeline sql`` (and users) where the running server serves SQL: ``DATA_DIR/_pipeline/endpoints.json``."""
-    import json
-
-    endpoints = {}
-    if config.spark_connect_port and not config.spark_remote:
-        endpoints["spark_connect"] = f"sc://127.0.0.1:{config.spark_connect_port}"
-        log.info("tables queryable by name over Spark Connect at sc://127.0.0.1:%d (database %s)",
-                 config.spark_connect_port, config.table.database)
-    if config.thrift_port and not config.spark_remote:
-        endpoints["jdbc"] = f"jdbc:hive2://127.0.0.1:{config.thrift_port}/{config.table.database}"
-        log.info("JDBC (Spark Thrift Server) at %s", endpoints["jdbc"])
-    _endpoints_path(config.data_dir).write_text(json.dumps(endpoints))
-
-
 STOP_TIMEOUT_S = 60.0
 """How long stopping Spark and the decode worker may take before the process exits anyway (s)."""
 
@@ -427,60 +356,6 @@ def _stop_bounded(sink, timeout_s: float = STOP_TIMEOUT_S) -> None:
         # After an ordered stop this is Spark's gateway JVM (pyspark keeps it
         # until this process exits): expected, so not a warning.
         log.info("stopped child process: %s", child)
-
-
-def table_session(data_dir: Path, spark_master: str = "local[*]", spark_remote: str | None = None,
-                  metastore_uris: str | None = None, app_name: str = "pipeline-sql", locked: bool = False):
-    """A Spark session that sees the pipeline's tables by name.
-
-    ``spark_remote`` if given; else the running server's Spark Connect endpoint
-    (``DATA_DIR/_pipeline/endpoints.json``) if it serves one; else a classic
-    session on the data directory's metastore (the embedded one is free only
-    while no server runs). ``locked``: the caller holds the data directory's lock.
-
-    Raises:
-        RuntimeError: a server runs on ``data_dir`` without a Spark Connect endpoint.
-    """
-    import json
-
-    from pipeline.persist.spark_sink import build_spark_session
-    from pipeline.table.catalog import catalog_conf
-
-    if spark_remote is None and metastore_uris is None and not locked and _data_dir_in_use(data_dir):
-        # (after a kill -9 the endpoints file outlives the server: only trust it while the server runs)
-        try:
-            spark_remote = json.loads(_endpoints_path(data_dir).read_text()).get("spark_connect")
-        except (OSError, ValueError):
-            spark_remote = None
-        if spark_remote is None:
-            raise RuntimeError(f"a pipeline server runs on {Path(data_dir).resolve()} without --spark-connect-port: "
-                               "its embedded metastore is in use; query it over Spark Connect or JDBC")
-    if spark_remote is not None:
-        return build_spark_session(remote=spark_remote)
-    return build_spark_session(spark_master, app_name=app_name, conf=catalog_conf(data_dir, metastore_uris))
-
-
-def _data_dir_in_use(data_dir: Path) -> bool:
-    lock = _lock_data_dir_quiet(data_dir)
-    if lock is None:
-        return True
-    lock.close()
-    return False
-
-
-def _lock_data_dir_quiet(data_dir: Path):
-    import fcntl
-
-    path = Path(data_dir) / "_pipeline" / "lock"
-    if not path.exists():
-        return open(os.devnull)
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        return None
-    return f
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -535,7 +410,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     from pipeline.table.catalog import TableCatalog
 
     config = _resolve(args).server
-    lock = _lock_data_dir(config.data_dir)
+    lock = lock_data_dir(config.data_dir)
     if lock is None:
         print("pipeline compact: a server runs on this data directory and compacts it in the background "
               "(--table-compaction-interval-ms); stop it to compact now", file=sys.stderr)
@@ -634,6 +509,13 @@ COMPACT_KEYS = ("pipeline.data.dir", "spark.master", "hive.metastore.uris", "tab
                 "table.target.file.bytes", "table.compaction.min.files", "file.delete.delay.ms")
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``pipeline bench``: the benchmark the options ask for (``pipeline.bench.dispatch``)."""
+    from pipeline.bench.dispatch import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipeline", description=__doc__)
     _add_log_arguments(parser, None)
@@ -701,7 +583,9 @@ def build_parser() -> argparse.ArgumentParser:
     top.set_defaults(func=cmd_top)
     from pipeline.bench.options import add_bench_arguments  # argparse only; the benchmark loads lazily
 
-    add_bench_arguments(sub.add_parser("bench", help="benchmark serve modes (see docs/benchmarks.md)"))
+    bench = sub.add_parser("bench", help="benchmark serve modes (see docs/benchmarks.md)")
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

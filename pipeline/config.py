@@ -45,6 +45,7 @@ source), or both ``spark.master`` and ``spark.remote`` set raises
 from __future__ import annotations
 
 import difflib
+import enum
 import json
 import os
 import tomllib
@@ -52,9 +53,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pipeline.cluster import ClusterBroker
+from pipeline.log.manager import DEFAULT_INDEX_MAX_BYTES
 from pipeline.logs import FORMATS, LogConfig, level_number
+from pipeline.network.connection_quotas import DEFAULT_MAX_CONNECTIONS
+from pipeline.network.connection_state import (
+    DEFAULT_IDLE_TIMEOUT_MS,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_RECEIVE_TIMEOUT_MS,
+    DEFAULT_RESPONSE_BUFFER_MAX_BYTES,
+    DEFAULT_SEND_TIMEOUT_MS,
+)
+from pipeline.network.framing import DEFAULT_MAX_RECEIVE_BYTES
+from pipeline.network.listeners import DEFAULT_PROTOCOL_MAP, Endpoint
+from pipeline.network.memory_pool import DEFAULT_QUEUED_MAX_REQUEST_BYTES
+from pipeline.security.sasl import DEFAULT_MECHANISMS
+from pipeline.security.tls import DEFAULT_HANDSHAKE_TIMEOUT_MS
 from pipeline.table.catalog import TableConfig, TopicTableConfig
-from pipeline.table.layout import Granularity
+from pipeline.table.layout import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_COMPACTION_INTERVAL_MS, Granularity
 
 ENV_PREFIX = "PIPELINE_"
 DEFAULT_SOURCE = "default"
@@ -62,6 +78,99 @@ DEFAULT_SOURCE = "default"
 
 class ConfigError(ValueError):
     """A configuration key or value is wrong; the message names the key and where it came from."""
+
+
+# -- what `pipeline serve` is told ----------------------------------------------------------
+
+class Mode(str, enum.Enum):
+    """How requests travel from Processors to handlers."""
+
+    MULTIQUEUE = "multiqueue"
+    """AutoMQ: N queues, one handler each, routed by connection; no muting."""
+    BASELINE = "baseline"
+    """Classic Kafka: one shared queue, a handler pool, mute until response."""
+    SHARED_UNMUTED = "shared-unmuted"
+    """Benchmark ablation: shared queue + handler pool, no mute, responses in
+    completion order. Breaks per-connection ordering on purpose, to show what
+    the multiqueue hashing (or baseline's mute) prevents."""
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """Everything ``pipeline serve`` can be told. Sizes in bytes, times in ms.
+
+    Defaults follow Kafka's broker defaults where one exists (named in brackets).
+    """
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9092
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    # [listeners] in Kafka's NAME://HOST:PORT,... form (KIP-103); None: one PLAINTEXT listener on
+    # listen_host:listen_port, which always give the first listener's address.
+    listeners: tuple[Endpoint, ...] | None = None
+    advertised_listeners: tuple[Endpoint, ...] | None = None  # [advertised.listeners] by name
+    listener_security_protocol_map: tuple[tuple[str, str], ...] = DEFAULT_PROTOCOL_MAP
+    ssl_keystore_location: Path | None = None   # [ssl.keystore.location], PEM chain + key
+    ssl_keystore_type: str = "PEM"              # [ssl.keystore.type] PEM or PKCS12; Kafka's JKS is not read here
+    ssl_keystore_password: str | None = None    # [ssl.keystore.password] of a PKCS12 keystore
+    ssl_key_password: str | None = None         # [ssl.key.password]
+    ssl_truststore_location: Path | None = None  # [ssl.truststore.location], PEM CAs
+    ssl_truststore_type: str = "PEM"            # [ssl.truststore.type] PEM or PKCS12
+    ssl_truststore_password: str | None = None  # [ssl.truststore.password] of a PKCS12 truststore
+    ssl_client_auth: str = "none"               # [ssl.client.auth]
+    ssl_enabled_protocols: tuple[str, ...] = ("TLSv1.2", "TLSv1.3")  # [ssl.enabled.protocols]
+    ssl_handshake_timeout_ms: int = DEFAULT_HANDSHAKE_TIMEOUT_MS
+    mode: Mode = Mode.MULTIQUEUE
+    queues: int = 4
+    io_threads: int = 8                         # [num.io.threads]
+    queued_max_requests: int = 500              # [queued.max.requests]
+    network_threads: int = 3                    # [num.network.threads]
+    socket_request_max_bytes: int = DEFAULT_MAX_RECEIVE_BYTES  # [socket.request.max.bytes]
+    queued_max_request_bytes: int = DEFAULT_QUEUED_MAX_REQUEST_BYTES  # [queued.max.request.bytes]
+    max_in_flight_requests_per_connection: int = DEFAULT_MAX_IN_FLIGHT  # multiqueue; baseline is 1
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # [max.connections]
+    max_connections_per_ip: int | None = None   # [max.connections.per.ip]; None: max_connections
+    connections_max_idle_ms: int = DEFAULT_IDLE_TIMEOUT_MS  # [connections.max.idle.ms]
+    request_receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS
+    response_buffer_max_bytes: int = DEFAULT_RESPONSE_BUFFER_MAX_BYTES
+    response_send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS
+    num_partitions: int = 1                     # [num.partitions]
+    auto_create_topics: bool = True             # [auto.create.topics.enable]
+    batch_max_records: int = 200_000
+    batch_max_bytes: int = 64 * 1024 * 1024
+    linger_ms: float = 50.0
+    buffer_memory: int = 256 * 1024 * 1024
+    data_dir: Path = field(default_factory=lambda: Path("data"))
+    spark_master: str = "local[*]"
+    ack_on: str = "wal"
+    log_segment_bytes: int = 64 * 1024 * 1024    # [log.segment.bytes] Kafka's 1 GiB; WAL segments
+    log_retention_ms: int = 3_600_000           # [log.retention.ms] Kafka's 7 days; the table keeps the rest
+    log_retention_bytes: int = -1               # [log.retention.bytes]
+    wal_index_max_bytes: int = DEFAULT_INDEX_MAX_BYTES  # bounds the WAL index in memory
+    group_initial_rebalance_delay_ms: int = 3000  # [group.initial.rebalance.delay.ms]
+    group_min_session_timeout_ms: int = 6000    # [group.min.session.timeout.ms]
+    group_max_session_timeout_ms: int = 1_800_000  # [group.max.session.timeout.ms]
+    wal_linger_ms: float = 0.0
+    spark_remote: str | None = None
+    table_commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS    # ack-on wal: linger of a table commit
+    table_compaction_interval_ms: int = DEFAULT_COMPACTION_INTERVAL_MS  # 0: no background compaction
+    table: TableConfig = field(default_factory=TableConfig)       # database, file sizes, per-topic settings
+    metastore_uris: str | None = None           # [hive.metastore.uris]; None: embedded Derby
+    spark_connect_port: int = 15002             # Spark Connect's default port; 0: off
+    thrift_port: int = 0                        # [hive.server2.thrift.port]; 0: off
+    metrics_port: int | None = None
+    node_id: int = 0
+    cluster_brokers: tuple[ClusterBroker, ...] | None = None  # [pipeline.cluster.brokers]; None: alone
+    brokers: int = 1                            # `serve --brokers N`: a supervisor of N brokers
+    cluster_id: str = "pipeline"
+    sasl_enabled_mechanisms: str = ",".join(DEFAULT_MECHANISMS)  # [sasl.enabled.mechanisms]
+    listener_overrides: tuple = ()              # [listener.name.<name>.ssl.*/sasl.enabled.mechanisms], KIP-103:
+    # ((listener name lower case, ((ServerConfig field, value), ...)), ...); see listener_config()
+    failed_authentication_delay_ms: int = 100   # [connection.failed.authentication.delay.ms], Kafka's default
+    authorizer_class_name: str = ""             # [authorizer.class.name]; empty: no authorizer
+    super_users: str = ""                       # [super.users]
+    allow_everyone_if_no_acl_found: bool = False  # [allow.everyone.if.no.acl.found]
 
 
 # -- parsers: (value, text) -> value ---------------------------------------------------------
@@ -289,9 +398,7 @@ class Key:
 _MODES = ("multiqueue", "baseline", "shared-unmuted")
 
 
-def _mode(value: str):
-    from pipeline.server import Mode
-
+def _mode(value: str) -> Mode:
     return Mode(value)
 
 
@@ -554,8 +661,6 @@ TOPIC_KEYS: dict[str, tuple[Parser, str]] = {
 def default_value(key: Key) -> Any:
     """The key's default, read from the dataclass that defines it (``ServerConfig``,
     its ``TableConfig``, ``LogConfig``): never repeated here."""
-    from pipeline.server import ServerConfig
-
     values = tuple(_get(ServerConfig(), LogConfig(), f) for f in key.fields)
     return values if len(values) > 1 and any(v is not None for v in values) else values[0]
 
@@ -722,7 +827,7 @@ class Resolved:
             also ``topic.<name>.<key>`` -> ``file:PATH`` for per-topic settings.
     """
 
-    server: Any
+    server: ServerConfig
     log: LogConfig
     values: dict[str, Any]
     sources: dict[str, str]
@@ -784,8 +889,6 @@ def resolve(config_file: str | Path | None = None, environ: Mapping[str, str] | 
     Raises:
         ConfigError: see the module docstring.
     """
-    from pipeline.server import ServerConfig
-
     values = {name: default_value(key) for name, key in KEYS.items()}
     sources = {name: DEFAULT_SOURCE for name in KEYS}
     topics: dict[str, TopicTableConfig] = {}

@@ -26,7 +26,7 @@ can see start-up; the server's metrics appear once it is ``attach``ed.
 
 Nothing here runs per request: the collector reads, at scrape time, plain
 counters, bucket lists and HdrHistograms that the trio side keeps anyway
-(``pipeline.requests.metrics``, ``HandlerStats``, ``PersisterStats``), copying
+(``pipeline.network.request_metrics``, ``HandlerStats``, ``PersisterStats``), copying
 each under the GIL so a scrape sees every histogram whole.
 """
 
@@ -50,7 +50,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.utils import floatToGoString
 
 from pipeline.network.connection_state import MuteReason
-from pipeline.requests.metrics import BUCKET_BOUNDS_MS, STAGES
+from pipeline.network.request_metrics import BUCKET_BOUNDS_MS, STAGES
 
 if TYPE_CHECKING:
     from pipeline.server import Server

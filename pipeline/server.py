@@ -16,159 +16,64 @@ then cancel what is left.
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import trio
 
 from pipeline.admin.apis import AdminApis, broker_configs
-from pipeline.admin.store import FILE as TOPIC_STORE_FILE, TopicStore
-from pipeline.cluster import Cluster, ClusterBroker
+from pipeline.config import Mode, ServerConfig
+from pipeline.requests.topic_store import FILE as TOPIC_STORE_FILE, TopicStore
+from pipeline.cluster import Cluster
 from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
 from pipeline.log.fetch import FetchApis
-from pipeline.log.manager import DEFAULT_INDEX_MAX_BYTES, LogManager
+from pipeline.log.manager import LogManager
 from pipeline.log.state import LogState
 from pipeline.table.reader import TableReader
 from pipeline.coordinator.coordinator import GroupConfig
 from pipeline.coordinator.service import GroupCoordinatorService
 from pipeline.network.acceptor import Acceptor
 from pipeline.network.channel import KafkaChannel, MemoryWaiters
-from pipeline.network.connection_quotas import DEFAULT_MAX_CONNECTIONS, ConnectionQuotas
+from pipeline.network.connection_quotas import ConnectionQuotas
 from pipeline.network.connection_state import (
-    DEFAULT_IDLE_TIMEOUT_MS,
-    DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_RECEIVE_TIMEOUT_MS,
-    DEFAULT_RESPONSE_BUFFER_MAX_BYTES,
-    DEFAULT_SEND_TIMEOUT_MS,
     ConnectionLimits,
     ConnectionState,
 )
-from pipeline.network.framing import DEFAULT_MAX_RECEIVE_BYTES
 from pipeline.network.io_wait import IoWaitMeter
 from pipeline.network.listeners import (
-    DEFAULT_PROTOCOL_MAP,
     TLS_PROTOCOLS,
     Endpoint,
     Listener,
     security_protocol,
 )
-from pipeline.network.memory_pool import DEFAULT_QUEUED_MAX_REQUEST_BYTES, MemoryPool
+from pipeline.network.memory_pool import MemoryPool
 from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
 from pipeline.persist.group_sink import SparkGroupSink
 from pipeline.persist.persister import DEFAULT_WAL_POLICY, BatchingPersister
 from pipeline.persist.recovery import Recovered, recover
-from pipeline.persist.state import StateStore
-from pipeline.persist.wal import WriteAheadLog
+from pipeline.log.checkpoint import StateStore
+from pipeline.log.wal import WriteAheadLog
 from pipeline.protocol.apis import BrokerInfo
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.requests.channel import MultiQueueRequestChannel, RequestChannel, SharedRequestChannel
+from pipeline.network.request_channel import MultiQueueRequestChannel, RequestChannel, SharedRequestChannel
 from pipeline.requests.handler import KafkaApis, RequestHandler
-from pipeline.security.sasl import DEFAULT_MECHANISMS, FailedAuthenticationThrottle
-from pipeline.security.sasl_apis import SaslApis
+from pipeline.security.sasl import FailedAuthenticationThrottle
+from pipeline.requests.sasl_apis import SaslApis
 from pipeline.security.users import UserStore
-from pipeline.security.tls import DEFAULT_HANDSHAKE_TIMEOUT_MS, TlsConfigError, TlsSettings, server_context
+from pipeline.security.tls import TlsConfigError, TlsSettings, server_context
 from pipeline.security.acl import Authorizer, parse_super_users
-from pipeline.security.acl_apis import AclApis
+from pipeline.requests.acl_apis import AclApis
 from pipeline.security.acl_store import ACL_STORE_FILE, AclStore
-from pipeline.table.catalog import TableConfig
-from pipeline.table.layout import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_COMPACTION_INTERVAL_MS
 
 log = logging.getLogger(__name__)
 
 
-class Mode(str, enum.Enum):
-    """How requests travel from Processors to handlers."""
-
-    MULTIQUEUE = "multiqueue"
-    """AutoMQ: N queues, one handler each, routed by connection; no muting."""
-    BASELINE = "baseline"
-    """Classic Kafka: one shared queue, a handler pool, mute until response."""
-    SHARED_UNMUTED = "shared-unmuted"
-    """Benchmark ablation: shared queue + handler pool, no mute, responses in
-    completion order. Breaks per-connection ordering on purpose, to show what
-    the multiqueue hashing (or baseline's mute) prevents."""
-
-
-@dataclass(slots=True)
-class ServerConfig:
-    """Everything ``pipeline serve`` can be told. Sizes in bytes, times in ms.
-
-    Defaults follow Kafka's broker defaults where one exists (named in brackets).
-    """
-
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 9092
-    advertised_host: str | None = None
-    advertised_port: int | None = None
-    # [listeners] in Kafka's NAME://HOST:PORT,... form (KIP-103); None: one PLAINTEXT listener on
-    # listen_host:listen_port, which always give the first listener's address.
-    listeners: tuple[Endpoint, ...] | None = None
-    advertised_listeners: tuple[Endpoint, ...] | None = None  # [advertised.listeners] by name
-    listener_security_protocol_map: tuple[tuple[str, str], ...] = DEFAULT_PROTOCOL_MAP
-    ssl_keystore_location: Path | None = None   # [ssl.keystore.location], PEM chain + key
-    ssl_keystore_type: str = "PEM"              # [ssl.keystore.type] PEM or PKCS12; Kafka's JKS is not read here
-    ssl_keystore_password: str | None = None    # [ssl.keystore.password] of a PKCS12 keystore
-    ssl_key_password: str | None = None         # [ssl.key.password]
-    ssl_truststore_location: Path | None = None  # [ssl.truststore.location], PEM CAs
-    ssl_truststore_type: str = "PEM"            # [ssl.truststore.type] PEM or PKCS12
-    ssl_truststore_password: str | None = None  # [ssl.truststore.password] of a PKCS12 truststore
-    ssl_client_auth: str = "none"               # [ssl.client.auth]
-    ssl_enabled_protocols: tuple[str, ...] = ("TLSv1.2", "TLSv1.3")  # [ssl.enabled.protocols]
-    ssl_handshake_timeout_ms: int = DEFAULT_HANDSHAKE_TIMEOUT_MS
-    mode: Mode = Mode.MULTIQUEUE
-    queues: int = 4
-    io_threads: int = 8                         # [num.io.threads]
-    queued_max_requests: int = 500              # [queued.max.requests]
-    network_threads: int = 3                    # [num.network.threads]
-    socket_request_max_bytes: int = DEFAULT_MAX_RECEIVE_BYTES  # [socket.request.max.bytes]
-    queued_max_request_bytes: int = DEFAULT_QUEUED_MAX_REQUEST_BYTES  # [queued.max.request.bytes]
-    max_in_flight_requests_per_connection: int = DEFAULT_MAX_IN_FLIGHT  # multiqueue; baseline is 1
-    max_connections: int = DEFAULT_MAX_CONNECTIONS  # [max.connections]
-    max_connections_per_ip: int | None = None   # [max.connections.per.ip]; None: max_connections
-    connections_max_idle_ms: int = DEFAULT_IDLE_TIMEOUT_MS  # [connections.max.idle.ms]
-    request_receive_timeout_ms: int = DEFAULT_RECEIVE_TIMEOUT_MS
-    response_buffer_max_bytes: int = DEFAULT_RESPONSE_BUFFER_MAX_BYTES
-    response_send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS
-    num_partitions: int = 1                     # [num.partitions]
-    auto_create_topics: bool = True             # [auto.create.topics.enable]
-    batch_max_records: int = 200_000
-    batch_max_bytes: int = 64 * 1024 * 1024
-    linger_ms: float = 50.0
-    buffer_memory: int = 256 * 1024 * 1024
-    data_dir: Path = field(default_factory=lambda: Path("data"))
-    spark_master: str = "local[*]"
-    ack_on: str = "wal"
-    log_segment_bytes: int = 64 * 1024 * 1024    # [log.segment.bytes] Kafka's 1 GiB; WAL segments
-    log_retention_ms: int = 3_600_000           # [log.retention.ms] Kafka's 7 days; the table keeps the rest
-    log_retention_bytes: int = -1               # [log.retention.bytes]
-    wal_index_max_bytes: int = DEFAULT_INDEX_MAX_BYTES  # bounds the WAL index in memory
-    group_initial_rebalance_delay_ms: int = 3000  # [group.initial.rebalance.delay.ms]
-    group_min_session_timeout_ms: int = 6000    # [group.min.session.timeout.ms]
-    group_max_session_timeout_ms: int = 1_800_000  # [group.max.session.timeout.ms]
-    wal_linger_ms: float = 0.0
-    spark_remote: str | None = None
-    table_commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS    # ack-on wal: linger of a table commit
-    table_compaction_interval_ms: int = DEFAULT_COMPACTION_INTERVAL_MS  # 0: no background compaction
-    table: TableConfig = field(default_factory=TableConfig)       # database, file sizes, per-topic settings
-    metastore_uris: str | None = None           # [hive.metastore.uris]; None: embedded Derby
-    spark_connect_port: int = 15002             # Spark Connect's default port; 0: off
-    thrift_port: int = 0                        # [hive.server2.thrift.port]; 0: off
-    metrics_port: int | None = None
-    node_id: int = 0
-    cluster_brokers: tuple[ClusterBroker, ...] | None = None  # [pipeline.cluster.brokers]; None: alone
-    brokers: int = 1                            # `serve --brokers N`: a supervisor of N brokers
-    cluster_id: str = "pipeline"
-    sasl_enabled_mechanisms: str = ",".join(DEFAULT_MECHANISMS)  # [sasl.enabled.mechanisms]
-    listener_overrides: tuple = ()              # [listener.name.<name>.ssl.*/sasl.enabled.mechanisms], KIP-103:
-    # ((listener name lower case, ((ServerConfig field, value), ...)), ...); see listener_config()
-    failed_authentication_delay_ms: int = 100   # [connection.failed.authentication.delay.ms], Kafka's default
-    authorizer_class_name: str = ""             # [authorizer.class.name]; empty: no authorizer
-    super_users: str = ""                       # [super.users]
-    allow_everyone_if_no_acl_found: bool = False  # [allow.everyone.if.no.acl.found]
+def wall_clock_ms() -> int:
+    """The wall clock in ms since the epoch (the clock Kafka's retention.ms is measured against)."""
+    return int(time.time() * 1000)
 
 
 def state_dir(c: ServerConfig) -> Path:
@@ -391,7 +296,7 @@ class Server:
         request_channel, handler_count = self._build_request_channel()
         self.request_channel = request_channel
         # Topics persist in DATA_DIR/_pipeline/topics.db; a data dir from before the store
-        # brings its checkpoint's topics once (pipeline.admin.store).
+        # brings its checkpoint's topics once (pipeline.requests.topic_store).
         self.catalog = TopicCatalog(c.num_partitions, c.auto_create_topics,
                                     {t: max(n, c.num_partitions) for t, n in checkpoint.topics.items()},
                                     store=TopicStore(Path(c.data_dir) / "_pipeline" / TOPIC_STORE_FILE),
@@ -478,7 +383,7 @@ class Server:
             await nursery.start(persister.run)
             await nursery.start(self.apis.run_timeouts)
             await nursery.start(self.coordinator.run)
-            await nursery.start(self.logs.run)
+            await nursery.start(self.logs.run, wall_clock_ms)
             await nursery.start(self.fetch_apis.run)
             await nursery.start(self.sasl_apis.run)
             if self.catalog.shared:

@@ -73,7 +73,7 @@ def create_shared_stores(config) -> None:
     broker starts: two processes creating one at the same moment can fail with "database
     is locked" (switching a new file to WAL journal mode takes an exclusive lock, and SQLite
     does not wait for it); once created, the mode is the file's and opening it just reads it."""
-    from pipeline.admin.store import FILE as TOPICS, TopicStore
+    from pipeline.requests.topic_store import FILE as TOPICS, TopicStore
     from pipeline.coordinator.offset_store import STORE_FILE as GROUPS, OffsetStore
     from pipeline.security.acl_store import ACL_STORE_FILE, AclStore
     from pipeline.security.users import UserStore
@@ -210,13 +210,14 @@ class Supervisor:
 
     def run(self) -> int:
         """Start everything, supervise until a stop signal, stop everything. Returns the exit code."""
+        from pipeline.datadir import endpoints_path
         from pipeline.lifecycle import StartupInterrupted
         from pipeline.persist.spark_cluster import ConnectServer
         from pipeline.table.catalog import catalog_conf
 
         c = self.config
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        endpoints = Path(c.data_dir) / "_pipeline" / "endpoints.json"
+        endpoints = endpoints_path(c.data_dir)
         try:
             if self.spark_remote is None:
                 log.info("starting the brokers' shared Spark Connect server (master %s)", c.spark_master)

@@ -28,7 +28,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.requests.metrics import STAGES
+from pipeline.network.request_metrics import STAGES
 
 Labels = tuple[tuple[str, str], ...]
 """A sample's labels, sorted by name."""

@@ -148,7 +148,7 @@ def test_catalogs_sharing_a_store_see_each_others_topics(tmp_path):
     """Two brokers' catalogs on one topics.db (two SQLite connections, as two processes have)."""
     import trio
 
-    from pipeline.admin.store import TopicStore
+    from pipeline.requests.topic_store import TopicStore
 
     a = TopicCatalog(3, True, store=TopicStore(tmp_path / "topics.db"))
     b = TopicCatalog(3, True, store=TopicStore(tmp_path / "topics.db"))

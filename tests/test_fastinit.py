@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from pipeline.fastinit import fast_frozen_init
-from pipeline.persist.batch import PartitionAppend
+from pipeline.log.batch import PartitionAppend
 from pipeline.protocol.apis import PartitionResult
 
 

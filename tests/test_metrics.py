@@ -20,7 +20,8 @@ from pipeline.metrics import (
     kafka_error_name,
 )
 from pipeline.persist.persister import latency_histogram
-from pipeline.server import Server, ServerConfig
+from pipeline.config import ServerConfig
+from pipeline.server import Server
 
 
 def as_dict(buckets: list[tuple[str, float]]) -> dict[str, float]:

@@ -32,8 +32,8 @@ from pipeline.admin.topic_configs import (AlterOp, ConfigEntry, ConfigSource, Co
 from pipeline.protocol import apis
 from pipeline.protocol.apis import BrokerInfo, validate_topic_name
 from pipeline.requests.catalog import NoSuchTopicError, TopicCatalog, TopicExistsError
-from pipeline.requests.channel import Request
-from pipeline.requests.metrics import RequestMetrics, add_error
+from pipeline.network.request_channel import Request
+from pipeline.network.request_metrics import RequestMetrics, add_error
 from pipeline.security.acl import CLUSTER_NAME, AclOperation, ResourceType
 
 log = logging.getLogger(__name__)

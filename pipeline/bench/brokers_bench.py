@@ -25,7 +25,7 @@ Reported per N (``phase_row``):
 * CPU seconds (user + system) of the broker process tree (the supervisor, the
   brokers and their decode workers) over the window, per broker and per
   million records acknowledged, and its peak RSS (sampled every 200 ms by
-  ``pipeline.bench.runner.Sampler``); the Spark Connect server's JVM the
+  ``pipeline.bench.processes.Sampler``); the Spark Connect server's JVM the
   same, listed apart (it is shared and not part of the brokers);
 * undelivered records (sent but not acknowledged by the phase's timeout) and
   delivery errors; every acknowledged offset is checked (per partition of a
@@ -60,14 +60,14 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from pipeline.bench.runner import LISTENING, METRICS
+from pipeline.bench.options import BROKERS_CLIENTS as CLIENTS, BrokersBenchOptions
+from pipeline.bench.processes import LISTENING, METRICS
 
 TOPIC = "bench-brokers"
-CLIENTS = ("confluent", "kcat")
 KCAT_DOC = """kcat producers: ``kcat -P -b BOOTSTRAP -t TOPIC -l FILE``, one process per producer, each
 sending every line of its own file (``record_bytes`` printable random bytes each, no key) at
 librdkafka's defaults. The same library as confluent-kafka's, without a Python call and a
@@ -77,46 +77,6 @@ last one's exit (kcat exits once every record is acknowledged or failed); acknow
 the topics' high watermarks; no per-record latency."""
 WARMUP_RECORDS = 5000
 HISTOGRAM_MAX_US = 600_000_000
-
-
-@dataclass(slots=True)
-class BrokersBenchOptions:
-    """The plan of the brokers phase. Sizes in bytes, times in seconds.
-
-    Attributes:
-        brokers: broker counts N, in run order.
-        producers: producer processes per N.
-        records: records per N, all producers together.
-        record_bytes: value bytes per record.
-        partitions: partitions of each producer's topic.
-        timeout_s: bound on each producer's load (records not acknowledged by then count as undelivered).
-        server_args: extra ``pipeline serve`` arguments.
-        client: "confluent" (confluent-kafka producer processes, the producing loop in Python)
-            or "kcat" (kcat processes: librdkafka from C, ``KCAT_DOC``).
-    """
-
-    brokers: list[int] = field(default_factory=lambda: [1, 2])
-    producers: int = 4
-    records: int = 100_000
-    record_bytes: int = 1024
-    partitions: int = 4
-    timeout_s: float = 300.0
-    server_args: list[str] = field(default_factory=list)
-    client: str = "confluent"
-
-    def check(self) -> "BrokersBenchOptions":
-        """Raises ValueError naming the option out of range."""
-        if not self.brokers or any(not 1 <= n <= 32 for n in self.brokers):
-            raise ValueError("--brokers values must be 1..32")
-        if not 1 <= self.producers <= 64 or not self.producers <= self.records <= 10_000_000:
-            raise ValueError("--producers must be 1..64 and --brokers-records producers..10,000,000")
-        if not 1 <= self.record_bytes <= 1_000_000 or not 1 <= self.partitions <= 256:
-            raise ValueError("--record-bytes must be 1..1,000,000 and --partitions 1..256 with --brokers")
-        if self.client not in CLIENTS:
-            raise ValueError(f"--brokers-client must be one of {', '.join(CLIENTS)}")
-        if self.client == "kcat" and shutil.which("kcat") is None:
-            raise ValueError("--brokers-client kcat: kcat is not installed (Debian: apt-get install kcat)")
-        return self
 
 
 # ------------------------------------------------------------------- producers
@@ -297,7 +257,7 @@ def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list
     Returns (figures, broker tree window, CPU s of each broker in it, Connect window); the windows
     are ``runner.Sampler.end()``'s (``server_cpu_s``, ``peak_rss_bytes``).
     """
-    from pipeline.bench.runner import Sampler, sample_tree
+    from pipeline.bench.processes import Sampler, sample_tree
 
     brokers = _broker_pids(server_pid, n)
     broker_sampler, connect_sampler = Sampler(server_pid, None), Sampler(connect_pid, None)
@@ -408,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.bench import report
     from pipeline.bench.options import int_list
-    from pipeline.bench.runner import _machine
+    from pipeline.bench.processes import machine
 
     d = BrokersBenchOptions()
     p = argparse.ArgumentParser(prog="python -m pipeline.bench.brokers_bench", description=__doc__.split("\n\n")[0])
@@ -435,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    results = {"command": command, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": _machine(),
+    results = {"command": command, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
                "options": {"preset": "brokers"}, "configurations": [], "ceiling": {},
                "brokers_options": asdict(opts)}
     with tempfile.TemporaryDirectory(prefix="brokers-bench-") as tmp:

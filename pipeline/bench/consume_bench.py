@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import shutil
 import struct
@@ -55,6 +54,8 @@ from array import array
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from pipeline.bench.processes import ManagedProcess, machine_and_kernel, server_cpu
 
 TOPIC = "bench-consume"
 LATENCY_TOPIC = "bench-consume-latency"
@@ -415,7 +416,7 @@ def latency(bootstrap: str, topic: str, partitions: int, rate: float, duration_s
 # ------------------------------------------------------------- WAL inspection
 
 
-_ENTRY = struct.Struct(">II")  # payload length, CRC32C (pipeline.persist.wal)
+_ENTRY = struct.Struct(">II")  # payload length, CRC32C (pipeline.log.wal)
 
 
 def records_in_wal(wal_dir: Path, topic: str) -> dict[int, int]:
@@ -425,7 +426,7 @@ def records_in_wal(wal_dir: Path, topic: str) -> dict[int, int]:
     from the table. A segment deleted during the scan is skipped; a torn or
     unreadable tail ends that segment's scan.
     """
-    from pipeline.persist.wal import decode_appends
+    from pipeline.log.wal import decode_appends
 
     lowest: dict[int, int] = {}
     for path in sorted(wal_dir.glob("*.wal")):
@@ -462,7 +463,7 @@ def _server_command(data_dir: Path, opts: ConsumeBenchOptions, extra: list[str])
 
 def _fetch_requests(server) -> float | None:
     """Fetch requests the server has handled (its request metrics), or None if /metrics is unreachable."""
-    from pipeline.bench.runner import counter, scrape_metrics
+    from pipeline.bench.processes import counter, scrape_metrics
 
     try:
         return counter(scrape_metrics(server.metrics_port), "kafka_network_requestmetrics_requests_total",
@@ -471,18 +472,12 @@ def _fetch_requests(server) -> float | None:
         return None
 
 
-def _server_cpu(server) -> float:
-    from pipeline.bench.runner import sample_tree
-
-    return sample_tree(server.pid).cpu_s
-
-
 def _timed_consume(server, client: str, topic: str, acked: dict[int, int], opts: ConsumeBenchOptions) -> dict:
-    fetches0, cpu0 = _fetch_requests(server), _server_cpu(server)
+    fetches0, cpu0 = _fetch_requests(server), server_cpu(server)
     figures = consume_all(client, f"127.0.0.1:{server.port}", topic, acked, opts.record_bytes,
                           opts.consume_timeout_s, opts.stall_s)
     fetches1 = _fetch_requests(server)
-    figures["server_cpu_s"] = _server_cpu(server) - cpu0
+    figures["server_cpu_s"] = server_cpu(server) - cpu0
     figures["fetch_requests"] = (fetches1 - fetches0) if fetches0 is not None and fetches1 is not None else None
     return figures
 
@@ -518,14 +513,6 @@ def _wait_for_retention(server, log_path: Path, wal_dir: Path, acked: dict[int, 
 
 
 # ------------------------------------------------------------------------ report
-
-
-def _machine() -> dict:
-    import psutil
-
-    return {"cpus": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": platform.python_version(), "kernel": platform.release(),
-            "load_average": os.getloadavg()}
 
 
 def _rows(result: dict) -> list[tuple[str, ...]]:
@@ -601,7 +588,7 @@ def main(opts: ConsumeBenchOptions, argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from pipeline.bench.runner import ManagedProcess
+
 
     import logging
 
@@ -613,7 +600,7 @@ def main(opts: ConsumeBenchOptions, argv: list[str] | None = None) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     command = "pipeline bench " + " ".join(argv or ["--consume"])
     result: dict[str, Any] = {"command": command, "started_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                              "machine": _machine(),
+                              "machine": machine_and_kernel(),
                               "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()}}
     failed = False
     servers: list[ManagedProcess] = []
@@ -633,9 +620,9 @@ def main(opts: ConsumeBenchOptions, argv: list[str] | None = None) -> int:
         server = start("wal", [])
         bootstrap = f"127.0.0.1:{server.port}"
         console.print(f"producing {opts.records:,} records of {opts.record_bytes} B")
-        cpu0 = _server_cpu(server)
+        cpu0 = server_cpu(server)
         produced = produce(bootstrap, TOPIC, opts.records, opts.record_bytes, opts.produce_timeout_s)
-        produced["server_cpu_s"] = _server_cpu(server) - cpu0
+        produced["server_cpu_s"] = server_cpu(server) - cpu0
         acked = produced.pop("acked")
         produced["acked_per_partition"] = {str(p): n for p, n in sorted(acked.items())}
         result["produce"] = produced

@@ -76,9 +76,15 @@ async def serve(host: str, port: int) -> None:
                 break
 
 
-def main(argv: list[str] | None = None) -> int:
-    from pipeline.cli import host_port
+def host_port(text: str) -> tuple[str, int]:
+    """Parse ``HOST:PORT`` (argparse type)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
 
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.bench.echo", description=__doc__.splitlines()[0])
     parser.add_argument("--listen", type=host_port, default=("127.0.0.1", 0), metavar="HOST:PORT")
     args = parser.parse_args(argv)

@@ -24,8 +24,9 @@ from typing import Sequence
 
 import trio
 
-from pipeline.persist.batch import PartitionAppend
-from pipeline.server import Mode, Server, ServerConfig
+from pipeline.log.batch import PartitionAppend
+from pipeline.config import Mode, ServerConfig
+from pipeline.server import Server
 
 
 class NullSink:
@@ -37,7 +38,7 @@ class NullSink:
     def to_table(self, appends: Sequence[PartitionAppend]) -> int:
         # The decode worker hand-off's cost: what the real sink pickles in this tree.
         try:
-            from pipeline.persist.batch import to_columns
+            from pipeline.log.batch import to_columns
         except ImportError:  # a tree from before issue 13 pickled the appends themselves
             payload: object = list(appends)
         else:
@@ -61,7 +62,7 @@ async def _serve(config: ServerConfig) -> None:
     async with trio.open_nursery() as nursery:
         _host, port = await nursery.start(server.serve)
         try:
-            from pipeline.cli import tune_gc_for_serving
+            from pipeline.lifecycle import tune_gc_for_serving
         except ImportError:  # a tree from before issue 13
             pass
         else:

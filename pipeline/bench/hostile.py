@@ -305,7 +305,7 @@ class MemoryBound:
 
 
 def memory_bound(config=None) -> MemoryBound:
-    """The bound for ``config`` (a ``pipeline.server.ServerConfig``; None: the defaults).
+    """The bound for ``config`` (a ``pipeline.config.ServerConfig``; None: the defaults).
 
     RSS <= R0 + queued.max.request.bytes
            + max.connections x (socket read + response.buffer.max.bytes + ~64 KiB)
@@ -313,7 +313,7 @@ def memory_bound(config=None) -> MemoryBound:
     """
     from pipeline.network.channel import RECEIVE_SIZE
     from pipeline.protocol.records import MAX_UNCOMPRESSED_BATCH_BYTES
-    from pipeline.server import ServerConfig
+    from pipeline.config import ServerConfig
 
     c = config if config is not None else ServerConfig()
     return MemoryBound(

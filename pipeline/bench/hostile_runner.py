@@ -51,8 +51,8 @@ from pipeline.bench import verify
 from pipeline.bench.hostile import MiB, memory_bound
 from pipeline.bench.hostile_clients import HostileSpec
 from pipeline.bench.loadgen import LoadSpec
-from pipeline.bench.runner import (ManagedProcess, _machine, _tree, figures, prepare_out, read_topic_rows, run_load,
-                                   verify_run)
+from pipeline.bench.processes import ManagedProcess, machine, process_tree
+from pipeline.bench.runner import figures, prepare_out, read_topic_rows, run_load, verify_run
 
 RSS_INTERVAL_S = 0.5
 RSS_BAND = 0.10
@@ -104,7 +104,7 @@ def hostile_server_config(opts: HostileOptions, data_dir: Path):
     and batch.max.bytes are lowered to keep the bound near what the server can
     really use; the timeouts are short so that stalling clients are closed often.
     """
-    from pipeline.server import Mode, ServerConfig
+    from pipeline.config import Mode, ServerConfig
 
     d = ServerConfig()
     return ServerConfig(
@@ -166,7 +166,7 @@ class RssSampler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            tree = _tree(self.pid)
+            tree = process_tree(self.pid)
             if not tree:
                 break
             own = total = 0
@@ -399,7 +399,7 @@ def main(opts: HostileOptions) -> int:
         "kind": "hostile",
         "command": "pipeline bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": _machine(),
+        "machine": machine(),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
         "server": {"command": " ".join(["pipeline", *cmd[3:]]),
                    "config": {f.name: (str(getattr(config, f.name)) if isinstance(getattr(config, f.name), Path)
@@ -419,7 +419,7 @@ def main(opts: HostileOptions) -> int:
     console.print("memory bound: " + ", ".join(f"{k} {v / MiB:.0f} MiB" for k, v in bound.to_json().items()))
 
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier-spark")
-    from pipeline.bench.runner import _verifier_spark
+    from pipeline.bench.runner import verifier_spark
 
     server = ManagedProcess("hostile-server", cmd, out / "logs" / "server.log")
     rss: RssSampler | None = None
@@ -429,7 +429,7 @@ def main(opts: HostileOptions) -> int:
     spark_future = None
     try:
         server.launch()
-        spark_future = executor.submit(_verifier_spark)
+        spark_future = executor.submit(verifier_spark)
         server.wait_ready()
         results["server"]["startup_s"] = server.startup_s
         rss = RssSampler(server.pid)

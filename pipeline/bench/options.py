@@ -41,6 +41,7 @@ Explicit options override the preset's value.
 from __future__ import annotations
 
 import argparse
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +77,51 @@ def config_list(text: str) -> list[str]:
     if bad or not names:
         raise argparse.ArgumentTypeError(f"configurations are {', '.join(CONFIG_NAMES)}; got {text!r}")
     return names
+
+
+BROKERS_CLIENTS = ("confluent", "kcat")
+"""``--brokers-client`` choices (``pipeline.bench.brokers_bench``)."""
+
+
+@dataclass(slots=True)
+class BrokersBenchOptions:
+    """The plan of the brokers phase. Sizes in bytes, times in seconds.
+
+    Attributes:
+        brokers: broker counts N, in run order.
+        producers: producer processes per N.
+        records: records per N, all producers together.
+        record_bytes: value bytes per record.
+        partitions: partitions of each producer's topic.
+        timeout_s: bound on each producer's load (records not acknowledged by then count as undelivered).
+        server_args: extra ``pipeline serve`` arguments.
+        client: "confluent" (confluent-kafka producer processes, the producing loop in Python)
+            or "kcat" (kcat processes: librdkafka from C, ``pipeline.bench.brokers_bench.KCAT_DOC``).
+    """
+
+    brokers: list[int] = field(default_factory=lambda: [1, 2])
+    producers: int = 4
+    records: int = 100_000
+    record_bytes: int = 1024
+    partitions: int = 4
+    timeout_s: float = 300.0
+    server_args: list[str] = field(default_factory=list)
+    client: str = "confluent"
+
+    def check(self) -> "BrokersBenchOptions":
+        """Raises ValueError naming the option out of range."""
+        if not self.brokers or any(not 1 <= n <= 32 for n in self.brokers):
+            raise ValueError("--brokers values must be 1..32")
+        if not 1 <= self.producers <= 64 or not self.producers <= self.records <= 10_000_000:
+            raise ValueError("--producers must be 1..64 and --brokers-records producers..10,000,000")
+        if not 1 <= self.record_bytes <= 1_000_000 or not 1 <= self.partitions <= 256:
+            raise ValueError("--record-bytes must be 1..1,000,000 and --partitions 1..256 with --brokers")
+        if self.client not in BROKERS_CLIENTS:
+            raise ValueError(f"--brokers-client must be one of {', '.join(BROKERS_CLIENTS)}")
+        if self.client == "kcat" and shutil.which("kcat") is None:
+            raise ValueError("--brokers-client kcat: kcat is not installed (Debian: apt-get install kcat)")
+        return self
+
 
 
 @dataclass(slots=True)
@@ -128,9 +174,7 @@ class BenchOptions:
     brokers_client: str = "confluent"
 
     def brokers_plan(self):
-        """The brokers phase's ``pipeline.bench.brokers_bench.BrokersBenchOptions`` (None: no phase)."""
-        from pipeline.bench.brokers_bench import BrokersBenchOptions
-
+        """The brokers phase's ``BrokersBenchOptions`` (None: no phase)."""
         if not self.brokers:
             return None
         return BrokersBenchOptions(brokers=list(self.brokers), producers=self.producers,
@@ -248,7 +292,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     hostile.add_argument("--burst-connections", type=int, default=10_000,
                          help="--hostile: connections of the first open-and-drop burst; later bursts are a "
                               "fifth of it (default 10000)")
-    p.set_defaults(func=_run, preset=None)
+    p.set_defaults(preset=None)
 
 
 def resolve(args: argparse.Namespace) -> BenchOptions:
@@ -296,94 +340,3 @@ HOSTILE_DEFAULT_DURATION = 270.0
 """--hostile: seconds of each phase (clean, hostile); with Spark start-up, shutdown and
 verification the whole run takes about 10 minutes."""
 HOSTILE_DEFAULT_RATE = 300.0
-
-
-def resolve_hostile(args: argparse.Namespace):
-    """The ``--hostile`` plan (``pipeline.bench.hostile_runner.HostileOptions``).
-
-    Raises:
-        ValueError: an option out of range (the message names it).
-    """
-    from pipeline.bench.hostile_runner import HostileOptions
-
-    out = args.out if args.out != Path("bench-results") else Path("bench-results") / "hostile"
-    opts = HostileOptions(
-        out=out, duration=HOSTILE_DEFAULT_DURATION if args.duration is None else args.duration,
-        rate=HOSTILE_DEFAULT_RATE if args.rate is None else args.rate,
-        memory_attack_connections=args.memory_attack_connections, burst_connections=args.burst_connections,
-        ack_on=args.ack_on or "wal", linger_ms=args.linger_ms,
-        server_args=list(args.server_arg))
-    if not 5 <= opts.duration <= 600:
-        raise ValueError("--duration must be in [5, 600] s with --hostile")
-    if not 1 <= opts.rate <= 5000:
-        raise ValueError("--rate must be in [1, 5000] requests/s")
-    if not 1 <= opts.memory_attack_connections <= 200 or not 1 <= opts.burst_connections <= 20_000:
-        raise ValueError("--memory-attack-connections must be 1..200 and --burst-connections 1..20,000")
-    return opts
-
-
-def _bench_argv() -> list[str]:
-    """This invocation's bench options, for the reproducing command a report prints: ``sys.argv``
-    after ``pipeline bench`` or ``python -m pipeline.bench``."""
-    import sys
-
-    return sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]
-
-
-def _run(args: argparse.Namespace) -> int:
-    if getattr(args, "consume", False):
-        from pipeline.bench.consume_bench import main as consume_main, resolve_consume
-
-        try:
-            consume_opts = resolve_consume(args)
-        except ValueError as exc:
-            raise SystemExit(f"pipeline bench: {exc}") from None
-        return consume_main(consume_opts, _bench_argv())
-    if getattr(args, "security", False):
-        from pipeline.bench.security_bench import main as security_main, resolve_security
-
-        try:
-            security_opts = resolve_security(args)
-        except ValueError as exc:
-            raise SystemExit(f"pipeline bench: {exc}") from None
-        return security_main(security_opts, _bench_argv())
-    if getattr(args, "brokers", None) and args.preset is None:
-        from pipeline.bench.brokers_bench import main as brokers_main
-
-        out = args.out if args.out != Path("bench-results") else Path("bench-results") / "brokers"
-        argv = ["--brokers", ",".join(str(n) for n in args.brokers), "--out", str(out)]
-        for flag, value in (("--producers", args.producers), ("--records", args.brokers_records),
-                            ("--record-bytes", args.record_bytes), ("--partitions", args.partitions),
-                            ("--client", args.brokers_client)):
-            if value is not None:
-                argv += [flag, str(value)]
-        return brokers_main(argv + [f"--server-arg={a}" for a in args.server_arg])
-    if getattr(args, "table", False):
-        from pipeline.bench.table_bench import TableBenchOptions, main as table_main
-
-        out = args.out if args.out != Path("bench-results") else Path("bench-results") / "table"
-        d = TableBenchOptions()
-        table_opts = TableBenchOptions(out=out, rate=args.rate or d.rate, duration=args.duration or d.duration,
-                                       record_bytes=args.record_bytes or d.record_bytes, hours=args.hours,
-                                       commit_interval_ms=(args.commit_interval_ms if args.commit_interval_ms is not None
-                                                           else d.commit_interval_ms),
-                                       repeats=args.repeats)
-        if not (1 <= table_opts.hours <= 24 * 31 and table_opts.duration <= 3600 and table_opts.rate > 0):
-            raise SystemExit("pipeline bench: --table needs 1 <= --hours <= 744, --duration <= 3600, --rate > 0")
-        return table_main(table_opts, _bench_argv())
-    if getattr(args, "hostile", False):
-        from pipeline.bench.hostile_runner import main as hostile_main
-
-        try:
-            hostile_opts = resolve_hostile(args)
-        except ValueError as exc:
-            raise SystemExit(f"pipeline bench: {exc}") from None
-        return hostile_main(hostile_opts)
-
-    from pipeline.bench.runner import main
-
-    try:
-        opts = resolve(args)
-    except ValueError as exc:
-        raise SystemExit(f"pipeline bench: {exc}") from None
-    return main(opts)

@@ -19,7 +19,7 @@ import timeit
 
 from pipeline.bench.loadgen import LoadSpec, prebuild
 from pipeline.network.framing import FrameDecoder
-from pipeline.persist.batch import PartitionAppend
+from pipeline.log.batch import PartitionAppend
 from pipeline.protocol import apis
 from pipeline.protocol.apis import PartitionResult
 from pipeline.protocol.header import parse_request_header

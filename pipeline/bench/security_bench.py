@@ -357,7 +357,7 @@ def wait_for_table(metrics_ports: list[int | None], timeout_s: float) -> float |
 
     Returns the seconds waited, or None if a /metrics was unreachable or they did not drain in ``timeout_s``.
     """
-    from pipeline.bench.runner import counter, scrape_metrics
+    from pipeline.bench.processes import counter, scrape_metrics
 
     if None in metrics_ports:  # a server printed no metrics port
         return None
@@ -378,8 +378,7 @@ def main(opts: SecurityBenchOptions, argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from pipeline.bench.consume_bench import _machine, _server_cpu
-    from pipeline.bench.runner import ManagedProcess
+    from pipeline.bench.processes import ManagedProcess, machine_and_kernel, server_cpu
     from pipeline.security.users import UserStore
 
     console = Console(width=None if Console().is_terminal else 180)
@@ -389,7 +388,7 @@ def main(opts: SecurityBenchOptions, argv: list[str] | None = None) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     command = "pipeline bench " + " ".join(argv or ["--security"])
     result: dict[str, Any] = {"command": command, "started_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                              "machine": _machine(),
+                              "machine": machine_and_kernel(),
                               "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},
                               "runs": []}
     ca, keystore = _make_certs(out / "certs")
@@ -416,9 +415,9 @@ def main(opts: SecurityBenchOptions, argv: list[str] | None = None) -> int:
                 console.print(f"round {r + 1}/{opts.rounds} {protocol}: {opts.records:,} records as fast as acked, "
                               f"then {opts.rate:g}/s for {opts.latency_s:g} s")
                 drained = wait_for_table([server.metrics_port], opts.timeout_s)
-                cpu0 = _server_cpu(server)
+                cpu0 = server_cpu(server)
                 throughput = produce(config, topic, opts.records, opts.record_bytes, opts.timeout_s)
-                cpu = _server_cpu(server) - cpu0
+                cpu = server_cpu(server) - cpu0
                 wait_for_table([server.metrics_port], opts.timeout_s)
                 steady = produce(config, topic + "-latency", max(1, int(opts.rate * opts.latency_s)),
                                  opts.record_bytes, opts.latency_s + opts.timeout_s, rate=opts.rate)

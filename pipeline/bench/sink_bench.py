@@ -30,11 +30,11 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.persist.accumulator import FlushPolicy
-from pipeline.persist.arrow import appends_to_table
-from pipeline.persist.batch import PartitionAppend
+from pipeline.table.arrow import appends_to_table
+from pipeline.log.batch import PartitionAppend
 from pipeline.persist.persister import BatchingPersister
-from pipeline.persist.state import Checkpoint, StateStore
-from pipeline.persist.wal import WriteAheadLog
+from pipeline.log.checkpoint import Checkpoint, StateStore
+from pipeline.log.wal import WriteAheadLog
 
 TARGET_FRACTION = 0.80
 

@@ -119,7 +119,7 @@ def _measure(spark, catalog, repeats: int) -> dict:
 
 
 def main(opts: TableBenchOptions, argv: list[str] | None = None) -> int:
-    from pipeline.bench.runner import ManagedProcess
+    from pipeline.bench.processes import ManagedProcess
     from pipeline.top import histogram_quantile, scrape
 
     console = Console(width=None if Console().is_terminal else 160)
@@ -149,7 +149,7 @@ def main(opts: TableBenchOptions, argv: list[str] | None = None) -> int:
 
     from dataclasses import replace
 
-    from pipeline.cli import table_session
+    from pipeline.datadir import table_session
     from pipeline.table.catalog import TableCatalog, TableConfig
 
     spark = table_session(data_dir, "local[*]", app_name="pipeline-bench-table")

@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.bench.loadgen import LoadSpec
-from pipeline.bench.runner import ManagedProcess, figures, run_load
+from pipeline.bench.processes import ManagedProcess
+from pipeline.bench.runner import figures, run_load
 
 TARGET_P99_MS = 20.0
 

@@ -68,8 +68,8 @@ from pipeline.protocol.apis import (
     OFFSET_FETCH,
     SYNC_GROUP,
 )
-from pipeline.requests.channel import Request
-from pipeline.requests.metrics import add_error
+from pipeline.network.request_channel import Request
+from pipeline.network.request_metrics import add_error
 from pipeline.security.acl import CLUSTER_NAME, AclOperation, ResourceType
 
 log = logging.getLogger(__name__)

@@ -35,8 +35,8 @@ from kio.schema.errors import ErrorCode
 from pipeline.log.manager import LogManager, OffsetOutOfRange
 from pipeline.protocol import apis
 from pipeline.protocol.apis import FETCH, LIST_OFFSETS
-from pipeline.requests.channel import Request
-from pipeline.requests.metrics import add_error
+from pipeline.network.request_channel import Request
+from pipeline.network.request_metrics import add_error
 from pipeline.security.acl import AclOperation, ResourceType
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
@@ -38,8 +37,8 @@ import trio
 
 from pipeline.log.partition import Location, PartitionLog, max_timestamp, rebase
 from pipeline.log.state import LogState
-from pipeline.persist.batch import PartitionAppend
-from pipeline.persist.wal import WalPosition, WriteAheadLog, decode_appends
+from pipeline.log.batch import PartitionAppend
+from pipeline.log.wal import WalPosition, WriteAheadLog, decode_appends
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +213,9 @@ class LogManager:
                 for event in self._waiters.pop(key, ()):
                     event.set()
 
-    def wal_cut(self, checkpointed: WalPosition) -> WalPosition | None:
+    def wal_cut(self, checkpointed: WalPosition, now_ms: int) -> WalPosition | None:
         self._checkpointed = checkpointed
-        return self._retention_cut(checkpointed, int(time.time() * 1000))
+        return self._retention_cut(checkpointed, now_ms)
 
     def wal_truncated(self, segments: Sequence[int]) -> None:
         if not segments:
@@ -269,18 +268,20 @@ class LogManager:
         """Memory the WAL index takes (``INDEX_ENTRY_BYTES`` per indexed append)."""
         return sum(self._segment_entries.values()) * INDEX_ENTRY_BYTES
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Apply retention every RETENTION_CHECK_INTERVAL_S when idle; runs until cancelled."""
+    async def run(self, wall_clock_ms: Callable[[], int], *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Apply retention every RETENTION_CHECK_INTERVAL_S when idle, at ``wall_clock_ms()`` (the
+        wall clock in ms, which retention.ms is measured against); runs until cancelled."""
         task_status.started()
         while True:
             await trio.sleep(RETENTION_CHECK_INTERVAL_S)
-            await self.apply_retention()
+            await self.apply_retention(wall_clock_ms())
 
-    async def apply_retention(self) -> None:
-        """Truncate the WAL as far as retention and the last checkpoint allow."""
+    async def apply_retention(self, now_ms: int) -> None:
+        """Truncate the WAL as far as retention (at wall-clock time ``now_ms``) and the last checkpoint allow."""
         if self.wal is None or self._checkpointed is None:
             return
-        cut = self._retention_cut(self._checkpointed, int(time.time() * 1000))
+        cut = self._retention_cut(self._checkpointed, now_ms)
         if cut is None:
             return
         wal = self.wal

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.persist.batch import PartitionAppend
-from pipeline.persist.state import Checkpoint
-from pipeline.requests.producer_state import ProducerStateManager, next_sequence
-from pipeline.requests.sequencing import OffsetSequencer
+from pipeline.log.batch import PartitionAppend
+from pipeline.log.checkpoint import Checkpoint
+from pipeline.log.producer_state import ProducerStateManager, next_sequence
+from pipeline.log.sequencing import OffsetSequencer
 
 
 class LogState:

@@ -48,11 +48,11 @@ from pipeline.network.connection_state import (
 )
 from pipeline.network.framing import InvalidReceiveError
 from pipeline.protocol.errors import InvalidRequestError
-from pipeline.requests.channel import Request
+from pipeline.network.request_channel import Request
 
 if TYPE_CHECKING:
     from pipeline.network.memory_pool import MemoryPool
-    from pipeline.requests.channel import RequestChannel
+    from pipeline.network.request_channel import RequestChannel
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from pipeline.network.framing import (
 from pipeline.network.memory_pool import MemoryPool
 from pipeline.protocol.errors import InvalidRequestError
 from pipeline.protocol.header import RequestHeader, parse_request_header
-from pipeline.requests.sequencing import ResponseSequencer
+from pipeline.network.sequencing import ResponseSequencer
 from pipeline.fastinit import fast_frozen_init
 
 DEFAULT_MAX_IN_FLIGHT: Final = 64

@@ -18,7 +18,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Generic, Sequence, TypeVar
 
-from pipeline.persist.batch import PartitionAppend
+from pipeline.log.batch import PartitionAppend
 
 W = TypeVar("W")
 

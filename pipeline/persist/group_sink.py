@@ -29,11 +29,11 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from pipeline.lifecycle import die_with_parent
-from pipeline.persist.arrow import appends_to_table
-from pipeline.persist.batch import PartitionAppend, to_columns
+from pipeline.table.arrow import appends_to_table
+from pipeline.log.batch import PartitionAppend, to_columns
 from pipeline.persist.spark_sink import SparkSink
 from pipeline.table.catalog import MaintenanceResult, TableConfig, end_offsets, present_offsets
-from pipeline.persist.wal import WalSpan
+from pipeline.log.wal import WalSpan
 from pipeline.table.typed import FlushTables, build_flush, build_flush_from_columns, build_flush_from_wal
 from pipeline.table.values import ValueFormat
 

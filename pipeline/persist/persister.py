@@ -45,9 +45,10 @@ import trio
 from hdrh.histogram import HdrHistogram
 
 from pipeline.persist.accumulator import FlushGroup, FlushPolicy, FlushReason, RecordAccumulator
-from pipeline.persist.batch import PartitionAppend
-from pipeline.persist.state import Checkpoint, StateStore
-from pipeline.persist.wal import WalPosition, WalSpan, WriteAheadLog, encode_appends
+from pipeline.log.batch import PartitionAppend
+from pipeline.log.state import LogState
+from pipeline.log.checkpoint import Checkpoint, StateStore
+from pipeline.log.wal import WalPosition, WalSpan, WriteAheadLog, encode_appends
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ class GroupSink(Protocol):
     # Optional: ``to_table_from_wal(appends, wal_directory, spans) -> same as to_table``: the
     # appends come without their record bytes (``records`` empty, ``size_bytes`` kept), and
     # append i's records are the bytes at ``spans[i]`` = (segment, position, length) of the WAL
-    # in ``wal_directory`` (``pipeline.persist.wal.read_spans``). When the sink has it, the
+    # in ``wal_directory`` (``pipeline.log.wal.read_spans``). When the sink has it, the
     # persister drops record bytes once they are in the WAL and uses it for every flush.
 
     # Optional: ``maintain() -> pipeline.table.catalog.MaintenanceResult``, called
@@ -133,9 +134,9 @@ class LogListener(Protocol):
     def durable(self, appends: Sequence[PartitionAppend]) -> None:
         """The appends reached their acknowledgement point: consumers may read them."""
 
-    def wal_cut(self, checkpointed: WalPosition) -> WalPosition | None:
+    def wal_cut(self, checkpointed: WalPosition, now_ms: int) -> WalPosition | None:
         """Where to truncate the WAL now that the table holds everything up to ``checkpointed``
-        (retention keeps more of it); None: keep everything."""
+        (retention, at wall-clock time ``now_ms``, keeps more of it); None: keep everything."""
 
     def wal_truncated(self, segments: Sequence[int]) -> None:
         """Segments that remain after a truncation (the others are gone)."""
@@ -276,7 +277,6 @@ class BatchingPersister:
         self._failed: BaseException | None = None
         self._closing_since: float | None = None
         # What the table holds, as of the last Spark commit.
-        from pipeline.log.state import LogState  # pipeline.log imports this package
         self._committed = LogState.from_checkpoint(checkpoint)
         self._topics = dict(checkpoint.topics)
         self._listener = log_listener
@@ -650,7 +650,7 @@ class BatchingPersister:
             self._checkpointed_position = position
             checkpoint = Checkpoint(position, self._committed.end_offsets(),
                                     self._committed.producers.snapshot(), dict(self._topics))
-            cut = position if self._listener is None else self._listener.wal_cut(position)
+            cut = position if self._listener is None else self._listener.wal_cut(position, int(time.time() * 1000))
             try:
                 remaining = await trio.to_thread.run_sync(self._checkpoint_and_truncate, checkpoint, cut)
             except Exception as exc:  # the next flush checkpoints again; replay is idempotent

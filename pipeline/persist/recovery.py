@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pipeline.persist.accumulator import FlushPolicy
-from pipeline.persist.batch import PartitionAppend
+from pipeline.log.batch import PartitionAppend
 from pipeline.persist.persister import GroupSink, offset_ranges
-from pipeline.persist.state import Checkpoint, StateStore
-from pipeline.persist.wal import WalPosition, WriteAheadLog, decode_appends
+from pipeline.log.state import LogState
+from pipeline.log.checkpoint import Checkpoint, StateStore
+from pipeline.log.wal import WalPosition, WriteAheadLog, decode_appends
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore,
     its ``max_records`` / ``max_bytes`` (whole appends; its linger is unused).
 
     Raises:
-        pipeline.persist.wal.WalCorruptionError: the WAL is damaged before its tail.
+        pipeline.log.wal.WalCorruptionError: the WAL is damaged before its tail.
         Whatever Spark raises if the table cannot be read or written.
     """
     checkpoint = store.load()
@@ -93,7 +94,6 @@ def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore,
                     sink.write(sink.to_table(chunk), present)
         log.info("recovery: %d WAL records after the checkpoint, %d written now, %d already in the table",
                  total, result.replayed_records, result.skipped_records)
-    from pipeline.log.state import LogState  # pipeline.log imports this package
     state = LogState.from_checkpoint(checkpoint)
     for a in appends:
         state.apply(a)

@@ -2,7 +2,7 @@
 
 The records go to the catalog table ``pipeline.records`` (``pipeline.table``:
 files under ``DATA_DIR/tables/records``, partitioned by topic, date and hour,
-with Spark's Kafka source schema, ``pipeline.persist.schema``), registered
+with Spark's Kafka source schema, ``pipeline.table.schema``), registered
 in the Hive metastore pyspark ships. A flush's Arrow table goes to Spark through
 ``createDataFrame(pa.Table)``, which ships Arrow record batches to the JVM
 as they are (no per-row Python conversion; a list of tuples measured
@@ -29,7 +29,7 @@ import warnings
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from pipeline.persist.schema import COLUMNS
+from pipeline.table.schema import COLUMNS
 from pipeline.table.catalog import TableCatalog, TableConfig, catalog_conf
 from pipeline.table.layout import DEFAULT_DATABASE, RECORDS_TABLE
 

@@ -147,14 +147,14 @@ SUPPORTED_VERSIONS.update({
     CREATE_PARTITIONS: (0, 3),
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
     DESCRIBE_CLUSTER: (0, 1),
-    # pipeline/security/sasl_apis.py. SaslHandshake v0 is followed by raw, unframed
+    # pipeline/requests/sasl_apis.py. SaslHandshake v0 is followed by raw, unframed
     # SASL tokens (KIP-43), which the network layer does not read: v1 only, which
     # every KIP-152 client (librdkafka, kafka-python, Java) uses.
     17: (1, 1),                     # SaslHandshake
     36: (0, 2),                     # SaslAuthenticate (v1: session lifetime, KIP-368; v2: flexible)
     50: (0, 0),                     # DescribeUserScramCredentials (KIP-554)
     51: (0, 0),                     # AlterUserScramCredentials (KIP-554)
-    29: (1, 3),                     # DescribeAcls: pipeline/security/acl_apis.py (kio has v1-v3)
+    29: (1, 3),                     # DescribeAcls: pipeline/requests/acl_apis.py (kio has v1-v3)
     30: (1, 3),                     # CreateAcls
     31: (1, 3),                     # DeleteAcls
 })

@@ -30,7 +30,7 @@ from kio.schema.errors import ErrorCode
 
 from pipeline.log.manager import LogManager
 from pipeline.logs import log_context
-from pipeline.persist.batch import PartitionAppend
+from pipeline.log.batch import PartitionAppend
 from pipeline.persist.persister import BatchingPersister, Commit, StorageFailedError
 from pipeline.protocol import apis
 from pipeline.protocol.apis import BrokerInfo, PartitionResult, ProducePartition
@@ -38,18 +38,18 @@ from pipeline.protocol.errors import InvalidRequestError, RecordError
 from pipeline.protocol.header import RequestHeader
 from pipeline.protocol.records import RecordsInfo, has_compressed_batch, validate_records
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.requests.channel import ConnectionHandle, Request, RequestChannel
-from pipeline.requests.metrics import RequestMetrics, add_error
-from pipeline.requests.producer_state import BatchMetadata, Verdict
+from pipeline.network.request_channel import ConnectionHandle, Request, RequestChannel
+from pipeline.network.request_metrics import RequestMetrics, add_error
+from pipeline.log.producer_state import BatchMetadata, Verdict
 from pipeline.security.acl import CLUSTER_NAME, AclOperation, Authorizer, ResourceType
-from pipeline.security.acl_apis import authorize_request
+from pipeline.requests.acl_apis import authorize_request
 
 log = logging.getLogger(__name__)
 
 API_VERSIONS, METADATA, PRODUCE, INIT_PRODUCER_ID = 18, 3, 0, 22
 PRE_AUTHENTICATION_APIS = frozenset({API_VERSIONS, 17, 36})
 """What a SASL_* connection is served before it authenticates: ApiVersions, SaslHandshake,
-SaslAuthenticate (Kafka SaslServerAuthenticator; pipeline/security/sasl_apis.py)."""
+SaslAuthenticate (Kafka SaslServerAuthenticator; pipeline/requests/sasl_apis.py)."""
 ApiHandler = Callable[[Request], Awaitable[None]]
 """Serves one api: see ``KafkaApis.register``."""
 MIN_PRODUCE_TIMEOUT_MS = 1000
@@ -131,7 +131,7 @@ class KafkaApis:
         self._served: dict[int, ApiHandler] = {}
         self.is_authenticated: Callable[[ConnectionHandle], bool] = lambda connection: False
         """Whether a SASL_* connection completed authentication; no one has until SASL is wired
-        (``pipeline.security.sasl_apis.SaslApis.register``)."""
+        (``pipeline.requests.sasl_apis.SaslApis.register``)."""
         self.authorizer = authorizer
 
     def authorize(self, request: Request, operation: AclOperation, resource_type: ResourceType, name: str,
@@ -140,7 +140,7 @@ class KafkaApis:
 
         The one check every api uses (Kafka ``AuthHelper.authorize``). With no
         authorizer (``authorizer.class.name`` empty, the default) everything is
-        allowed, as in Kafka; denials are logged (``pipeline.security.acl_apis``).
+        allowed, as in Kafka; denials are logged (``pipeline.requests.acl_apis``).
         """
         if self.authorizer is None:
             return True

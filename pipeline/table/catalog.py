@@ -31,7 +31,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from pipeline.persist.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
+from pipeline.table.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
 from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables, typed_column_name
 from pipeline.table.values import ValueFormat
 from pipeline.table.layout import (

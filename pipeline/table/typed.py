@@ -24,10 +24,10 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.persist.arrow import appends_to_table
-from pipeline.persist.batch import AppendColumns, PartitionAppend, from_columns
-from pipeline.persist.schema import ARROW_SCHEMA, COLUMNS
-from pipeline.persist.wal import WalSpan, read_spans
+from pipeline.table.arrow import appends_to_table
+from pipeline.log.batch import AppendColumns, PartitionAppend, from_columns
+from pipeline.table.schema import ARROW_SCHEMA, COLUMNS
+from pipeline.log.wal import WalSpan, read_spans
 from pipeline.table.values import ValueFormat, parse_values
 
 DEAD_LETTERS_TABLE = "dead_letters"
@@ -109,7 +109,7 @@ def build_flush(appends: Sequence[PartitionAppend], formats: dict[str, ValueForm
 
 
 def build_flush_from_columns(columns: AppendColumns, formats: dict[str, ValueFormat]) -> FlushTables:
-    """``build_flush`` of the appends ``pipeline.persist.batch.to_columns`` made (the decode worker's
+    """``build_flush`` of the appends ``pipeline.log.batch.to_columns`` made (the decode worker's
     entry point: columns pickle much more cheaply than the appends themselves)."""
     return build_flush(from_columns(columns), formats)
 
@@ -118,7 +118,7 @@ def build_flush_from_wal(columns: AppendColumns, wal_directory: str, spans: Sequ
                          formats: dict[str, ValueFormat]) -> FlushTables:
     """``build_flush_from_columns`` for appends whose records are read from the write-ahead log:
     ``columns``' records column is ignored; append i's records are the bytes of ``spans[i]`` in
-    ``wal_directory`` (``pipeline.persist.wal.read_spans``). The decode worker's entry point when the
+    ``wal_directory`` (``pipeline.log.wal.read_spans``). The decode worker's entry point when the
     persister hands it WAL positions instead of record bytes.
 
     Raises:

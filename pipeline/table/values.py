@@ -58,7 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 # The Arrow type of Spark's TimestampType as pyspark's to_arrow_schema(timezone="UTC")
-# spells it (see pipeline.persist.schema): an instant in microseconds.
+# spells it (see pipeline.table.schema): an instant in microseconds.
 TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
 # Spark's TimestampNTZType (Avro local-timestamp-*).
 LOCAL_TIMESTAMP_TYPE = pa.timestamp("us")

@@ -17,15 +17,15 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader
 
 from pipeline.admin.apis import AdminApis, broker_configs
-from pipeline.admin.store import TopicStore
+from pipeline.requests.topic_store import TopicStore
 from pipeline.admin.topic_configs import ConfigSource, TopicConfigs, broker_topic_defaults
 from pipeline.bench.frames import encode_request
 from pipeline.protocol import apis as papis
 from pipeline.protocol.apis import BrokerInfo, topic_id_for
 from pipeline.protocol.header import parse_request_header, response_header_version
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.requests.channel import Request
-from pipeline.server import ServerConfig
+from pipeline.network.request_channel import Request
+from pipeline.config import ServerConfig
 from pipeline.table.catalog import TableConfig, TopicTableConfig
 
 pytestmark = pytest.mark.trio

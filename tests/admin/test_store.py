@@ -8,7 +8,7 @@ import uuid
 import pytest
 import trio
 
-from pipeline.admin.store import StoredTopic, TopicExistsError, TopicStore
+from pipeline.requests.topic_store import StoredTopic, TopicExistsError, TopicStore
 from pipeline.protocol.apis import topic_id_for
 from pipeline.requests.catalog import NoSuchTopicError, TopicCatalog
 

@@ -9,8 +9,8 @@ import pytest
 
 from pipeline.bench.consume_bench import check_offsets, records_in_wal, resolve_consume
 from pipeline.bench.options import add_bench_arguments
-from pipeline.persist.batch import PartitionAppend
-from pipeline.persist.wal import WalPosition, WriteAheadLog, encode_appends
+from pipeline.log.batch import PartitionAppend
+from pipeline.log.wal import WalPosition, WriteAheadLog, encode_appends
 
 
 def test_check_offsets_exact():

@@ -399,7 +399,7 @@ def test_k8s_manifests_fit_together_and_run_todays_cli(tmp_path):
     from dataclasses import asdict
 
     from pipeline.config import load_config
-    from pipeline.server import ServerConfig
+    from pipeline.config import ServerConfig
     from pipeline.table.catalog import TableConfig
 
     loaded = load_config(etc / config_file.name)

@@ -3,7 +3,7 @@
 ``read_table(data_dir, query)`` runs ``query`` (the current database is the
 pipeline's, so ``records`` names the records table) in a separate process
 with a classic Spark session on the data directory's metastore
-(``pipeline.cli.table_session``: the embedded one once the server has
+(``pipeline.datadir.table_session``: the embedded one once the server has
 stopped, the server's Spark Connect endpoint while it runs) and returns
 the rows as dicts (binary as ``bytes``, structs as dicts, timestamps as
 tz-aware datetimes), through Arrow. A separate process because one JVM
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     import json
 
     data_dir, request, out_dir, *uris = argv
-    from pipeline.cli import table_session
+    from pipeline.datadir import table_session
     from pipeline.table.layout import DEFAULT_DATABASE
 
     queries = json.loads(Path(request).read_text())

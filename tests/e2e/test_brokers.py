@@ -303,7 +303,7 @@ def test_concurrent_appends_through_one_connect_server_need_the_table_lock(conne
     import pyarrow as pa
 
     from pipeline.persist.group_sink import table_lock
-    from pipeline.persist.schema import ARROW_SCHEMA
+    from pipeline.table.schema import ARROW_SCHEMA
     from pipeline.persist.spark_sink import build_spark_session
     from pipeline.table.catalog import TableCatalog, TableConfig
 

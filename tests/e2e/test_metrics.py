@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline.requests.metrics import STAGES
+from pipeline.network.request_metrics import STAGES
 from pipeline.top import Scrape, render, scrape
 from tests.e2e import raw_client as rc
 from tests.e2e.server_process import ServerProcess

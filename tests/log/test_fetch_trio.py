@@ -35,12 +35,13 @@ from pipeline.network.memory_pool import MemoryPool
 from pipeline.persist.accumulator import FlushPolicy
 from pipeline.persist.persister import BatchingPersister
 from pipeline.persist.recovery import recover
-from pipeline.persist.state import Checkpoint, StateStore
-from pipeline.persist.wal import WriteAheadLog
+from pipeline.log.checkpoint import Checkpoint, StateStore
+from pipeline.log.wal import WriteAheadLog
 from pipeline.protocol.apis import BrokerInfo
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.requests.channel import MultiQueueRequestChannel
+from pipeline.network.request_channel import MultiQueueRequestChannel
 from pipeline.requests.handler import KafkaApis, RequestHandler
+from pipeline.server import wall_clock_ms
 from tests.e2e import raw_client as rc
 from tests.requests.test_handler_trio import Broker, MemorySink, eventually, partition_result, produce
 
@@ -133,7 +134,7 @@ async def broker(tmp_path, *, ack_on: str = "wal", segment_bytes: int = 64 << 20
         async with trio.open_nursery() as nursery:
             await nursery.start(persister.run)
             await nursery.start(apis.run_timeouts)
-            await nursery.start(logs.run)
+            await nursery.start(logs.run, wall_clock_ms)
             await nursery.start(fetch.run)
             for i in range(2):
                 await nursery.start(RequestHandler(i, apis, request_channel).run)

@@ -12,7 +12,8 @@ from pipeline.network.listeners import (
     security_protocol,
 )
 from pipeline.protocol.apis import BrokerInfo
-from pipeline.server import ServerConfig, advertised_endpoints, listener_endpoints
+from pipeline.config import ServerConfig
+from pipeline.server import advertised_endpoints, listener_endpoints
 
 
 def test_kafka_listener_lists_parse_in_order():

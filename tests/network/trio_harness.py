@@ -22,7 +22,7 @@ from pipeline.network.connection_quotas import ConnectionQuotas
 from pipeline.network.connection_state import ConnectionLimits, ConnectionState
 from pipeline.network.memory_pool import MemoryPool
 from pipeline.network.processor import Processor
-from pipeline.requests.channel import MultiQueueRequestChannel, Request, RequestChannel
+from pipeline.network.request_channel import MultiQueueRequestChannel, Request, RequestChannel
 from tests.e2e import raw_client as rc
 
 _ports = itertools.count(40000)

@@ -3,7 +3,7 @@
 import pytest
 
 from pipeline.persist.accumulator import FlushPolicy, FlushReason, RecordAccumulator
-from pipeline.persist.batch import PartitionAppend
+from pipeline.log.batch import PartitionAppend
 
 
 def append(records: int, size: int) -> PartitionAppend:

@@ -6,7 +6,7 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
 from pipeline.bench.frames import record_batch
-from pipeline.persist.batch import PartitionAppend, from_columns, to_columns
+from pipeline.log.batch import PartitionAppend, from_columns, to_columns
 from pipeline.table.typed import build_flush, build_flush_from_columns
 
 

@@ -15,9 +15,9 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from pipeline.persist.arrow import appends_to_table
-from pipeline.persist.batch import PartitionAppend
-from pipeline.persist.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
+from pipeline.table.arrow import appends_to_table
+from pipeline.log.batch import PartitionAppend
+from pipeline.table.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
 
 TS0 = 1_700_000_000_000  # ms
 UTC = timezone.utc

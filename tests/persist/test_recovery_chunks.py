@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pipeline.persist.accumulator import FlushPolicy
-from pipeline.persist.batch import PartitionAppend
+from pipeline.log.batch import PartitionAppend
 from pipeline.persist.recovery import recover
-from pipeline.persist.state import StateStore
-from pipeline.persist.wal import WriteAheadLog, encode_appends
+from pipeline.log.checkpoint import StateStore
+from pipeline.log.wal import WriteAheadLog, encode_appends
 from tests.e2e import raw_client as rc
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.persist.schema import SPARK_SCHEMA
+from pipeline.table.schema import SPARK_SCHEMA
 from pipeline.persist.spark_sink import SparkSink, build_spark_session, read_records, run_sql
 from pipeline.table.catalog import TableConfig
 from pipeline.table.layout import DEFAULT_DATABASE

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
-from pipeline.persist.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
+from pipeline.table.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
 from pipeline.persist.spark_sink import SparkSink, read_records, run_sql
 from pipeline.table.catalog import TableConfig
 from tests.conftest import unique_database

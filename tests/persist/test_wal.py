@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.persist.batch import PartitionAppend
-from pipeline.persist.wal import (
+from pipeline.log.batch import PartitionAppend
+from pipeline.log.wal import (
     WalCorruptionError,
     WalEntry,
     WalPosition,

@@ -29,7 +29,7 @@ process that runs them where a native abort cannot take pytest down
   ``UnsupportedVersionError``) from the request path, ``RecordError``
   subclasses from the records validation (those it catches itself). One more
   promise is checked: records that validation accepts must decode in the
-  persister (``pipeline.persist.arrow.appends_to_table``) to exactly the
+  persister (``pipeline.table.arrow.appends_to_table``) to exactly the
   validated record count, since acknowledged records that the persister
   cannot decode would stall every flush behind them.
 """
@@ -51,8 +51,8 @@ from kafka.record.util import calc_crc32c
 from kafka import codec as kafka_codec
 
 from pipeline.bench.hostile import uvarint
-from pipeline.persist.arrow import appends_to_table
-from pipeline.persist.batch import PartitionAppend
+from pipeline.table.arrow import appends_to_table
+from pipeline.log.batch import PartitionAppend
 from pipeline.protocol import BrokerInfo
 from pipeline.protocol import InvalidRequestError
 from pipeline.protocol import RecordError

@@ -33,14 +33,14 @@ from pipeline.network.channel import KafkaChannel, MemoryWaiters
 from pipeline.network.connection_state import ConnectionLimits, ConnectionState
 from pipeline.network.memory_pool import MemoryPool
 from pipeline.persist.accumulator import FlushPolicy
-from pipeline.persist.arrow import appends_to_table
-from pipeline.persist.batch import PartitionAppend
+from pipeline.table.arrow import appends_to_table
+from pipeline.log.batch import PartitionAppend
 from pipeline.persist.persister import BatchingPersister
-from pipeline.persist.state import Checkpoint, StateStore
-from pipeline.persist.wal import WriteAheadLog, read_spans
+from pipeline.log.checkpoint import Checkpoint, StateStore
+from pipeline.log.wal import WriteAheadLog, read_spans
 from pipeline.protocol.apis import BrokerInfo
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.requests.channel import MultiQueueRequestChannel
+from pipeline.network.request_channel import MultiQueueRequestChannel
 from pipeline.requests.handler import KafkaApis, RequestHandler
 from pipeline.log.manager import LogManager
 from tests.e2e import raw_client as rc

@@ -2,7 +2,7 @@
 
 from kio.schema.errors import ErrorCode
 
-from pipeline.requests.producer_state import (
+from pipeline.log.producer_state import (
     BATCHES_KEPT,
     MAX_SEQUENCE,
     ProducerStateManager,

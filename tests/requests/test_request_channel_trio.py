@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from pipeline.network.connection_state import MuteReason
-from pipeline.requests.channel import MultiQueueRequestChannel, SharedRequestChannel, stable_queue_index
+from pipeline.network.request_channel import MultiQueueRequestChannel, SharedRequestChannel, stable_queue_index
 from tests.network.trio_harness import request_frame, serving
 
 def test_queue_of_a_connection_is_crc32_of_its_id_not_pythons_salted_hash():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.requests.metrics import BUCKET_BOUNDS_MS, STAGES, RequestMetrics, add_error
+from pipeline.network.request_metrics import BUCKET_BOUNDS_MS, STAGES, RequestMetrics, add_error
 
 PRODUCE, API_VERSIONS = 0, 18
 QUEUE, LOCAL, REMOTE, RESPONSE_QUEUE, SEND, TOTAL = range(6)

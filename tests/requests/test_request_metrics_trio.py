@@ -19,13 +19,13 @@ from pipeline.network.channel import MemoryWaiters
 from pipeline.network.memory_pool import MemoryPool
 from pipeline.persist.accumulator import FlushPolicy
 from pipeline.persist.persister import BatchingPersister
-from pipeline.persist.state import Checkpoint, StateStore
-from pipeline.persist.wal import WriteAheadLog
+from pipeline.log.checkpoint import Checkpoint, StateStore
+from pipeline.log.wal import WriteAheadLog
 from pipeline.protocol.apis import BrokerInfo
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.requests.channel import MultiQueueRequestChannel
+from pipeline.network.request_channel import MultiQueueRequestChannel
 from pipeline.requests.handler import KafkaApis, RequestHandler
-from pipeline.requests.metrics import BUCKET_BOUNDS_MS, STAGES
+from pipeline.network.request_metrics import BUCKET_BOUNDS_MS, STAGES
 from pipeline.log.manager import LogManager
 from tests.e2e import raw_client as rc
 from tests.requests.test_handler_trio import Broker, MemorySink, eventually, partition_result, produce

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.requests.sequencing import OffsetSequencer, ResponseSequencer, SequencingError
+from pipeline.log.sequencing import OffsetSequencer
+from pipeline.network.sequencing import ResponseSequencer, SequencingError
 
 
 def test_responses_wait_for_earlier_requests():

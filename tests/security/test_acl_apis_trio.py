@@ -18,10 +18,10 @@ from kio.static.primitive import i16, i32
 
 from pipeline.bench.frames import encode_request
 from pipeline.protocol.header import parse_request_header
-from pipeline.requests.channel import Request
+from pipeline.network.request_channel import Request
 from pipeline.security.acl import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, Authorizer,
                                    PatternType, ResourceType)
-from pipeline.security.acl_apis import AclApis
+from pipeline.requests.acl_apis import AclApis
 from pipeline.security.acl_store import AclStore
 from tests.admin.test_apis_trio import Recorder, _build
 from tests.e2e import raw_client as rc

@@ -22,10 +22,10 @@ from pipeline.network.channel import ANONYMOUS
 from pipeline.protocol.apis import BrokerInfo
 from pipeline.protocol.header import parse_request_header, response_header_version
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.requests.channel import Request
+from pipeline.network.request_channel import Request
 from pipeline.requests.handler import KafkaApis
 from pipeline.security.sasl import FailedAuthenticationThrottle
-from pipeline.security.sasl_apis import SaslApis
+from pipeline.requests.sasl_apis import SaslApis
 from pipeline.security.users import UserStore
 
 pytestmark = pytest.mark.trio

@@ -22,7 +22,7 @@ from pipeline.network.connection_state import ConnectionLimits, ConnectionState
 from pipeline.network.listeners import Listener
 from pipeline.network.memory_pool import MemoryPool
 from pipeline.network.processor import Processor
-from pipeline.requests.channel import MultiQueueRequestChannel
+from pipeline.network.request_channel import MultiQueueRequestChannel
 from pipeline.security.tls import (
     ANONYMOUS,
     TlsConfigError,

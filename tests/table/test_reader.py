@@ -17,8 +17,8 @@ import pytest
 from kafka.record import MemoryRecords
 from kafka.record.memory_records import MemoryRecordsBuilder
 
-from pipeline.persist.batch import PartitionAppend
-from pipeline.persist.schema import ARROW_SCHEMA
+from pipeline.log.batch import PartitionAppend
+from pipeline.table.schema import ARROW_SCHEMA
 from pipeline.table.catalog import TableCatalog, TableConfig, TopicTableConfig
 from pipeline.table.reader import READ_COLUMNS, TableReader, TableSlice
 from pipeline.table.typed import build_flush

@@ -24,7 +24,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from pipeline.protocol import apis
-from pipeline.requests.channel import Request
+from pipeline.network.request_channel import Request
 from pipeline.security.acl import (CLUSTER_NAME, AclBinding, AclBindingFilter, AclOperation, Authorizer,
                                    InvalidAclError, ResourceType, binding)
 from pipeline.security.acl_store import AclStore

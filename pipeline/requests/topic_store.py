@@ -11,7 +11,7 @@ Every method blocks (file I/O); the admin apis call them through
 thread.
 
 Data dirs from before the store hold their topics only in the checkpoint
-(``pipeline.persist.state.Checkpoint.topics``): ``import_legacy`` takes them
+(``pipeline.log.checkpoint.Checkpoint.topics``): ``import_legacy`` takes them
 once, the first time the store is opened, and records that it did, so a topic
 deleted later is never brought back from an old checkpoint.
 """

@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from pipeline.persist.batch import PartitionAppend
+from pipeline.log.batch import PartitionAppend
 
 try:
     from crc32c import crc32c as _crc32c

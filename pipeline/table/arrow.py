@@ -29,8 +29,8 @@ import pyarrow.compute as pc
 from aiokafka.record.default_records import DefaultRecordBatch
 from aiokafka.record.memory_records import MemoryRecords
 
-from pipeline.persist.batch import PartitionAppend
-from pipeline.persist.schema import (
+from pipeline.log.batch import PartitionAppend
+from pipeline.table.schema import (
     ARROW_SCHEMA,
     HEADER_ARROW_TYPE,
     HEADERS_ARROW_TYPE,

@@ -50,7 +50,7 @@ from pipeline.security.sasl import (
 from pipeline.security.users import SCRAM_MECHANISMS, CredentialError, UserStore, credential_from_salted_password
 
 if TYPE_CHECKING:
-    from pipeline.requests.channel import ConnectionHandle, Request
+    from pipeline.network.request_channel import ConnectionHandle, Request
     from pipeline.requests.handler import KafkaApis
 
 log = logging.getLogger(__name__)

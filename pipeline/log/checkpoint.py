@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.persist.wal import WalPosition
+from pipeline.log.wal import WalPosition
 
 FORMAT_VERSION = 1
 

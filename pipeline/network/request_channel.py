@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from pipeline.protocol.header import RequestHeader
-from pipeline.requests.metrics import RequestMetrics
+from pipeline.network.request_metrics import RequestMetrics
 
 if TYPE_CHECKING:
     from pipeline.network.memory_pool import MemoryPool
@@ -80,7 +80,7 @@ class Request:
             a handler took it, when the handler was done with it, and when its
             response was complete; -1 until then. With ``received_at`` and the
             writer's times they make Kafka's request stage times
-            (``pipeline.requests.metrics``).
+            (``pipeline.network.request_metrics``).
     """
 
     connection: ConnectionHandle

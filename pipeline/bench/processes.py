@@ -1,0 +1,315 @@
+"""Process helpers the benchmarks share: a managed server process, sampling its process tree and
+``/metrics``, and the machine's description for a report.
+
+Every benchmark starts ``pipeline serve`` (or the echo) as a ``ManagedProcess`` and reads it
+through these; they import this module, not each other's internals.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+LISTENING = re.compile(r"listening on (\S+):(\d+)")
+METRICS = re.compile(r"metrics on http://127\.0\.0\.1:(\d+)/metrics")
+SAMPLE_INTERVAL_S = 0.2
+START_TIMEOUT_S = 240.0
+STOP_TIMEOUT_S = 180.0
+
+
+# ------------------------------------------------------------------ processes
+
+
+class ManagedProcess:
+    """A child process that prints ``listening on HOST:PORT`` when ready.
+
+    stdout is read by a thread (ready line, metrics line); stderr goes to
+    ``log_path``.
+    """
+
+    def __init__(self, name: str, cmd: list[str], log_path: Path) -> None:
+        self.name = name
+        self.cmd = cmd
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._ready = threading.Event()
+        self._terminated = False
+        self._stdout: list[str] = []
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> "ManagedProcess":
+        """``launch`` and ``wait_ready``."""
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> "ManagedProcess":
+        """Start the process without waiting (so a server's Spark can start
+        while the previous server shuts down and is verified)."""
+        self._log = open(self.log_path, "ab")
+        self._launched_at = time.monotonic()
+        self.port = None
+        self._ready.clear()
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self._log,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True)
+        threading.Thread(target=self._read_stdout, daemon=True, name=f"{self.name}-stdout").start()
+        return self
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> "ManagedProcess":
+        """Wait until it listens; ``startup_s`` is then the time since ``launch``.
+
+        Raises:
+            RuntimeError: it exited first, or did not listen within ``timeout_s``
+                (then it is killed); the message ends with its log tail.
+        """
+        assert self.proc is not None, "launch() first"
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.wait(0.2):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before listening:\n"
+                                   f"{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"{self.name} did not listen within {timeout_s:.0f} s:\n{self.log_tail()}")
+        self.startup_s = time.monotonic() - self._launched_at
+        return self
+
+    def _read_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._stdout.append(line)
+            if (m := METRICS.search(line)) is not None:
+                self.metrics_port = int(m.group(1))
+            if self.port is None and (m := LISTENING.search(line)) is not None:
+                self.port = int(m.group(2))  # the first listener's (a server prints one line per listener)
+                self._ready.set()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def terminate(self) -> None:
+        """Send SIGTERM (ordered shutdown) once, without waiting; ``stop`` waits.
+
+        Never twice: a second SIGTERM tells ``pipeline serve`` to stop at once,
+        dropping what it has not flushed.
+        """
+        if self.proc is not None and self.proc.poll() is None and not self._terminated:
+            self._terminated = True
+            self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM and wait (ordered shutdown); kills after ``timeout_s``. Returns the exit code."""
+        if self.proc is None:
+            return -1
+        self.terminate()
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            # The whole tree: a killed server would leave its Spark JVM behind.
+            for child in process_tree(self.proc.pid)[1:]:
+                try:
+                    child.kill()
+                except psutil.Error:
+                    pass
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """``pid`` and all its descendants ([] if it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+# ------------------------------------------------------------------- sampling
+
+
+@dataclass(slots=True)
+class ProcessSample:
+    cpu_s: float
+    rss_bytes: int
+
+
+def sample_tree(pid: int) -> ProcessSample:
+    """CPU seconds (user + system) and RSS of ``pid`` and all its descendants (the Spark JVM)."""
+    cpu, rss = 0.0, 0
+    for p in process_tree(pid):
+        try:
+            with p.oneshot():
+                t = p.cpu_times()
+                cpu += t.user + t.system
+                rss += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return ProcessSample(cpu, rss)
+
+
+def scrape_metrics(port: int, timeout_s: float = 1.0) -> dict[str, dict[tuple, float]]:
+    """``/metrics`` as {sample name: {label items: value}} (prometheus_client's text parser).
+
+    Raises:
+        OSError: the endpoint is unreachable.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    out: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def queue_depths(metrics: dict[str, dict[tuple, float]]) -> list[float]:
+    """Per-queue depth (Kafka RequestQueueSize), ordered by queue number."""
+    samples = metrics.get("kafka_network_requestchannel_requestqueuesize", {})
+    by_queue = {int(dict(labels)["queue"]): v for labels, v in samples.items() if "queue" in dict(labels)}
+    return [by_queue[q] for q in sorted(by_queue)]
+
+
+def counter(metrics: dict[str, dict[tuple, float]], name: str, **labels: str) -> float | None:
+    """Sum of sample ``name`` over the label sets that have ``labels``; None if there is no such sample."""
+    values = [v for key, v in (metrics.get(name) or {}).items() if labels.items() <= dict(key).items()]
+    return sum(values) if values else None
+
+
+class Sampler:
+    """Background sampling of one server (or the echo) while loads run.
+
+    ``begin()``/``end()`` bracket one load window; ``end`` returns the window's
+    CPU seconds, peak RSS, per-queue depth series and counter deltas.
+    """
+
+    COUNTERS = {
+        "requests": ("kafka_network_requestmetrics_requests_total", {}),
+        "produce_requests": ("kafka_network_requestmetrics_requests_total", {"request": "Produce"}),
+        "records_persisted": ("pipeline_flush_records_total", {}),
+        "flushes": ("pipeline_flush_time_ms_count", {}),
+        "flush_time_ms": ("pipeline_flush_time_ms_sum", {}),
+        "wal_writes": ("kafka_log_logflushstats_logflushrateandtimems_count", {}),
+    }
+    """Counter deltas reported per load window: key -> (sample name, labels to match)."""
+
+    def __init__(self, pid: int, metrics_port: int | None) -> None:
+        self.pid = pid
+        self.metrics_port = metrics_port
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._window: dict | None = None
+        self.metrics_errors = 0
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="sampler")
+        self._thread.start()
+
+    def _scrape(self) -> dict | None:
+        if self.metrics_port is None:
+            return None
+        try:
+            return scrape_metrics(self.metrics_port)
+        except OSError:
+            self.metrics_errors += 1
+            return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_INTERVAL_S):
+            s = sample_tree(self.pid)
+            m = self._scrape()
+            with self._lock:
+                w = self._window
+                if w is None:
+                    continue
+                w["peak_rss"] = max(w["peak_rss"], s.rss_bytes)
+                if m is not None:
+                    w["depth"].append((round(time.monotonic() - w["t0"], 3), queue_depths(m)))
+
+    def begin(self) -> None:
+        s = sample_tree(self.pid)
+        m = self._scrape()
+        with self._lock:
+            self._window = {"t0": time.monotonic(), "cpu0": s.cpu_s, "peak_rss": s.rss_bytes,
+                            "depth": [], "m0": m}
+
+    def end(self) -> dict:
+        s = sample_tree(self.pid)
+        m = self._scrape()
+        with self._lock:
+            w, self._window = self._window, None
+        if w is None:
+            return {}
+        deltas = {}
+        for key, (name, labels) in self.COUNTERS.items():
+            a = counter(w["m0"], name, **labels) if w["m0"] else None
+            b = counter(m, name, **labels) if m else None
+            deltas[key] = None if a is None or b is None else b - a
+        depths = [d for _, d in w["depth"]]
+        queues = max((len(d) for d in depths), default=0)
+        return {
+            "server_cpu_s": s.cpu_s - w["cpu0"],
+            "window_s": time.monotonic() - w["t0"],
+            "peak_rss_bytes": max(w["peak_rss"], s.rss_bytes),
+            "queue_depth": {
+                "interval_s": SAMPLE_INTERVAL_S,
+                "series": w["depth"],
+                "max": [max((d[q] for d in depths if q < len(d)), default=0) for q in range(queues)],
+                "mean": [sum(d[q] for d in depths if q < len(d)) / max(1, len(depths)) for q in range(queues)],
+            },
+            "counters": deltas,
+        }
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+# ------------------------------------------------------------------- the machine
+
+
+def machine() -> dict:
+    """The machine, for a report: CPUs, platform, Python, memory, load average at the start."""
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def machine_and_kernel() -> dict:
+    """The machine, for a report: CPUs, memory, Python, kernel, load average (consume and security benches)."""
+    return {"cpus": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(), "kernel": platform.release(),
+            "load_average": os.getloadavg()}
+
+
+def server_cpu(server: ManagedProcess) -> float:
+    """CPU seconds (user + system) of ``server``'s process tree so far."""
+    return sample_tree(server.pid).cpu_s
