@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from pipeline.datadir import endpoints_path, lock_data_dir, table_session, write_endpoints
 from pipeline.lifecycle import STOP_SIGNALS, StartupInterrupted, StartupSignals, stop_children, tune_gc_for_serving
@@ -68,7 +69,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     _add_log_arguments(p, argparse.SUPPRESS)
 
 
-def flag_values(args: argparse.Namespace, flags: dict[str, str] | None = None):
+def flag_values(args: argparse.Namespace, flags: dict[str, str] | None = None) -> dict[str, tuple[Any, str]]:
     """key -> (parsed value, ``flag:--name``) for every key flag given in ``args``.
 
     Raises:
@@ -76,7 +77,7 @@ def flag_values(args: argparse.Namespace, flags: dict[str, str] | None = None):
     """
     from pipeline.config import KEYS, parse_value
 
-    out = {}
+    out: dict[str, tuple[Any, str]] = {}
     for key in KEYS.values():
         raw = getattr(args, key.dest, None)
         if raw is not None:

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.bench.options import HOSTILE_DEFAULT_DURATION, HOSTILE_DEFAULT_RATE, resolve
 
+if TYPE_CHECKING:
+    from pipeline.bench.hostile_runner import HostileOptions
 
-def resolve_hostile(args: argparse.Namespace):
+
+def resolve_hostile(args: argparse.Namespace) -> HostileOptions:
     """The ``--hostile`` plan (``pipeline.bench.hostile_runner.HostileOptions``).
 
     Raises:

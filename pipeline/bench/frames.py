@@ -28,6 +28,7 @@ import datetime
 import io
 import re
 import struct
+from typing import Any
 from dataclasses import dataclass
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -70,7 +71,7 @@ def parse_record_key(key: bytes) -> tuple[int, int, int]:
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
-def produce_request(topic: str, partition: int, batch: bytes, acks: int, version: int):
+def produce_request(topic: str, partition: int, batch: bytes, acks: int, version: int) -> Any:
     """A kio ProduceRequest entity of ``version`` (3-11) with one partition."""
     from kio.index import load_payload_module
     from kio.static.constants import EntityType

@@ -48,6 +48,7 @@ from pathlib import Path
 import psutil
 
 from pipeline.bench import verify
+from pipeline.config import ServerConfig
 from pipeline.bench.hostile import MiB, memory_bound
 from pipeline.bench.hostile_clients import HostileSpec
 from pipeline.bench.loadgen import LoadSpec
@@ -96,7 +97,7 @@ class HostileOptions:
     server_args: list[str] = None  # type: ignore[assignment]
 
 
-def hostile_server_config(opts: HostileOptions, data_dir: Path):
+def hostile_server_config(opts: HostileOptions, data_dir: Path) -> ServerConfig:
     """The ServerConfig the bench starts (explicit limits; the rest are ServerConfig's defaults).
 
     The pool is a little smaller than socket.request.max.bytes so a frame can
@@ -104,7 +105,7 @@ def hostile_server_config(opts: HostileOptions, data_dir: Path):
     and batch.max.bytes are lowered to keep the bound near what the server can
     really use; the timeouts are short so that stalling clients are closed often.
     """
-    from pipeline.config import Mode, ServerConfig
+    from pipeline.config import Mode
 
     d = ServerConfig()
     return ServerConfig(

@@ -173,7 +173,7 @@ class BenchOptions:
     brokers_records: int = 100_000
     brokers_client: str = "confluent"
 
-    def brokers_plan(self):
+    def brokers_plan(self) -> BrokersBenchOptions | None:
         """The brokers phase's ``BrokersBenchOptions`` (None: no phase)."""
         if not self.brokers:
             return None

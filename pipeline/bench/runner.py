@@ -39,8 +39,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 from pipeline.bench import verify
 from pipeline.bench.frames import parse_record_key
@@ -530,7 +534,7 @@ def main(opts: BenchOptions) -> int:
     return 1 if failed_required else 0
 
 
-def verifier_spark():
+def verifier_spark() -> SparkSession:
     from pipeline.persist.spark_sink import build_spark_session
 
     return build_spark_session("local[2]", app_name="pipeline-bench-verify")

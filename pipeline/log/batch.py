@@ -50,7 +50,7 @@ class PartitionAppend:
     base_sequence: int = -1
     uncompressed_bytes: int = 0
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[PartitionAppend], tuple[object, ...]]:
         # Plain positional pickling: the default for slotted dataclasses looks
         # up fields() per object, which showed up in profiles of the decode
         # worker hand-off.

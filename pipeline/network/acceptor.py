@@ -60,7 +60,7 @@ class Acceptor:
     @property
     def addresses(self) -> list[tuple[str, int]]:
         """(host, port) of each listening socket."""
-        return [tuple(l.socket.getsockname()[:2]) for l in self.listeners]
+        return [tuple(listener.socket.getsockname()[:2]) for listener in self.listeners]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Accept until cancelled; closes the listeners on the way out."""

@@ -32,7 +32,7 @@ from pipeline.lifecycle import die_with_parent
 from pipeline.table.arrow import appends_to_table
 from pipeline.log.batch import PartitionAppend, to_columns
 from pipeline.persist.spark_sink import SparkSink
-from pipeline.table.catalog import MaintenanceResult, TableConfig, end_offsets, present_offsets
+from pipeline.table.catalog import MaintenanceResult, TableCatalog, TableConfig, end_offsets, present_offsets
 from pipeline.log.wal import WalSpan
 from pipeline.table.typed import FlushTables, build_flush, build_flush_from_columns, build_flush_from_wal
 from pipeline.table.values import ValueFormat
@@ -189,7 +189,7 @@ class SparkGroupSink:
             self._sink.catalog.write_flush(table.without(exclude or set()))
 
     @property
-    def catalog(self):
+    def catalog(self) -> TableCatalog:
         """The ``TableCatalog`` (after ``start``)."""
         return self._sink.catalog
 

@@ -57,9 +57,13 @@ class Recovered:
     skipped_records: int = 0
 
 
+DEFAULT_POLICY = FlushPolicy()
+"""``recover``'s chunking when the caller gives none: ``FlushPolicy``'s defaults."""
+
+
 def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore,
             visit: Callable[[WalPosition, int, memoryview], None] | None = None,
-            policy: FlushPolicy = FlushPolicy()) -> Recovered:
+            policy: FlushPolicy = DEFAULT_POLICY) -> Recovered:
     """See the module docstring. Blocking.
 
     ``visit`` sees every retained WAL entry (``WriteAheadLog.open``): the read

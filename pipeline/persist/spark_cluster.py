@@ -30,7 +30,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Self
 
 LOOPBACK = "127.0.0.1"
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -282,10 +282,14 @@ class _OneProcessService:
         if self.process is not None:
             self.process.stop()
 
-    def __enter__(self):
+    def start(self) -> Self:
+        """Start the service; the subclass's."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

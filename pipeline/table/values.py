@@ -192,7 +192,7 @@ class ValueFormat:
         else:
             raise ValueError(f"kind must be 'json' or 'avro', not {self.kind!r}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ValueFormat], tuple[object, ...]]:
         return (ValueFormat, (self.kind, self.schema, self.avro_schema, self.wire_format))
 
     @classmethod
@@ -684,7 +684,7 @@ class _Leaf:
 
     accepts: frozenset = frozenset()
 
-    def __init__(self, type_: pa.DataType):
+    def __init__(self, type_: pa.DataType) -> None:
         self.type = type_
 
     def bulk(self, values: list, kinds: set) -> pa.Array:
@@ -712,7 +712,7 @@ class _JsonBool(_Leaf):
 class _JsonInt(_Leaf):
     accepts = frozenset({int})
 
-    def __init__(self, type_):
+    def __init__(self, type_: pa.DataType) -> None:
         super().__init__(type_)
         self.lo, self.hi = _INT_RANGES[type_]
 
@@ -869,7 +869,7 @@ class _JsonDecimal(_Leaf):
 class _AvroPlain(_Leaf):
     """An Avro primitive fastavro already returns as the right Python type."""
 
-    def __init__(self, type_, python_type):
+    def __init__(self, type_: pa.DataType, python_type: type) -> None:
         super().__init__(type_)
         self.accepts = frozenset({python_type})
         self.range = _INT_RANGES.get(type_)
@@ -900,7 +900,7 @@ class _AvroDate(_Leaf):
 class _AvroTimestamp(_Leaf):
     accepts = frozenset({int})
 
-    def __init__(self, type_, us_per_unit: int):
+    def __init__(self, type_: pa.DataType, us_per_unit: int) -> None:
         super().__init__(type_)
         self.us_per_unit = us_per_unit
 

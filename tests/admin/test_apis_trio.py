@@ -12,7 +12,6 @@ import datetime
 import uuid
 
 import pytest
-import trio
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader
 

@@ -86,7 +86,7 @@ def consume_kafka_python(bootstrap: str, topic: str, want: int, timeout_s: float
     deadline = time.monotonic() + timeout_s
     try:
         while len(out) < want and time.monotonic() < deadline:
-            for tp, messages in consumer.poll(timeout_ms=1000).items():
+            for _tp, messages in consumer.poll(timeout_ms=1000).items():
                 out.extend((m.partition, m.offset, m.key, m.value, list(m.headers), m.timestamp) for m in messages)
     finally:
         consumer.close()

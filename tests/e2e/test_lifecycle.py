@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import signal
-import struct
 import threading
 import time
 from collections import defaultdict

@@ -15,7 +15,6 @@ users still log in; after the server stops, the table holds every record once.
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time

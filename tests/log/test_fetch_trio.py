@@ -301,7 +301,7 @@ async def test_retention_moves_reads_to_the_table(autojump_clock, tmp_path):
         for i in range(4):
             await client.send(produce(i, [b"r%d" % i]))
             await client.wait_responses(i + 1)
-            await eventually(lambda: len(b.sink.rows()) == i + 1)
+            await eventually(lambda i=i: len(b.sink.rows()) == i + 1)
         await eventually(lambda: (b.logs.log("t", 0).first_indexed_offset or 0) >= 2)
         table_reads = b.logs.table.reads
         await client.send(fetch(10, ("t", 0, 0)))
@@ -386,7 +386,7 @@ async def test_the_index_memory_bound_lets_old_segments_go_before_their_retentio
         for i in range(6):
             await client.send(produce(i, [b"r%d" % i]))
             await client.wait_responses(i + 1)
-            await eventually(lambda: len(b.sink.rows()) == i + 1)
+            await eventually(lambda i=i: len(b.sink.rows()) == i + 1)
         await eventually(lambda: b.logs.index_bytes <= 3 * 48)  # bound + the active segment's entry
         assert (b.logs.log("t", 0).first_indexed_offset or 0) >= 3
         seen, offset = [], 0

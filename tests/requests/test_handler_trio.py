@@ -299,7 +299,7 @@ async def test_offsets_are_sequential_per_partition_across_connections(autojump_
         by_partition = defaultdict(list)
         for key, (partition, records) in sent.items():
             by_partition[partition].append((base[key], records, key))
-        for partition, appends in by_partition.items():
+        for _partition, appends in by_partition.items():
             appends.sort()
             expected = 0
             for offset, records, _ in appends:  # contiguous from 0: no gap, no overlap

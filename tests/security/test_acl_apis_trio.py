@@ -19,7 +19,7 @@ from kio.static.primitive import i16, i32
 from pipeline.bench.frames import encode_request
 from pipeline.protocol.header import parse_request_header
 from pipeline.network.request_channel import Request
-from pipeline.security.acl import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, Authorizer,
+from pipeline.security.acl import (AclBinding, AclOperation, AclPermissionType, Authorizer,
                                    PatternType, ResourceType)
 from pipeline.requests.acl_apis import AclApis
 from pipeline.security.acl_store import AclStore

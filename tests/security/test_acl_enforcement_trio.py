@@ -17,7 +17,6 @@ from pipeline.admin.apis import _CLUSTER_OPERATIONS
 from pipeline.coordinator import coordinator as gc
 from pipeline.log.manager import LogManager
 from pipeline.protocol.apis import BrokerInfo
-from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.handler import KafkaApis
 from pipeline.security.acl import AclBinding, AclOperation, AclPermissionType, Authorizer, PatternType, ResourceType
 from tests.admin.test_apis_trio import MS, Admin, creatable
