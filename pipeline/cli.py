@@ -10,10 +10,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Collection
 
 from pipeline.datadir import endpoints_path, lock_data_dir, table_session, write_endpoints
 from pipeline.lifecycle import STOP_SIGNALS, StartupInterrupted, StartupSignals, stop_children, tune_gc_for_serving
+
+if TYPE_CHECKING:  # the commands import these lazily: `pipeline --help` and `top` stay light
+    from pipeline.config import Resolved, ServerConfig
+    from pipeline.metrics import MetricsEndpoint
+    from pipeline.persist.group_sink import SparkGroupSink
+    from pipeline.server import Server
 
 log = logging.getLogger("pipeline")
 
@@ -25,7 +31,8 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_key_arguments(p: argparse.ArgumentParser, names=None, flags: dict[str, str] | None = None) -> None:
+def add_key_arguments(p: argparse.ArgumentParser, names: Collection[str] | None = None,
+                      flags: dict[str, str] | None = None) -> None:
     """One flag per configuration key of ``names`` (default: every key but the top-level
     ones), with its metavar and help from ``pipeline.config.KEYS``.
 
@@ -49,7 +56,7 @@ def add_key_arguments(p: argparse.ArgumentParser, names=None, flags: dict[str, s
                            help=f"{key.help} [{key.name}, env {key.env}; default {shown}]".replace("%", "%%"))
 
 
-def _add_log_arguments(p: argparse.ArgumentParser, default) -> None:
+def _add_log_arguments(p: argparse.ArgumentParser, default: str | None) -> None:
     """``--log-level`` and ``--log-format`` (keys ``log.level``, ``log.format``)."""
     from pipeline.config import KEYS, default_value
 
@@ -86,14 +93,14 @@ def flag_values(args: argparse.Namespace, flags: dict[str, str] | None = None) -
     return out
 
 
-def _resolve(args: argparse.Namespace, flags: dict[str, str] | None = None):
+def _resolve(args: argparse.Namespace, flags: dict[str, str] | None = None) -> Resolved:
     """``pipeline.config.resolve`` of ``--config`` (if the command has it), the environment and the flags."""
     from pipeline.config import resolve
 
     return resolve(getattr(args, "config", None), os.environ, flag_values(args, flags))
 
 
-def _check_listeners(config) -> None:
+def _check_listeners(config: ServerConfig) -> None:
     """Build every listener's TLS context once before anything starts (bad ssl.* files exit 2).
 
     Raises:
@@ -194,7 +201,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 return
             async with trio.open_nursery() as nursery:
 
-                async def run_server(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                async def run_server(task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
                     await server.serve(task_status=task_status)
                     nursery.cancel_scope.cancel()  # served and drained: stop watching signals
 
@@ -235,7 +242,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(args: argparse.Namespace, config, prefix_log: bool = True) -> int:
+def _supervise(args: argparse.Namespace, config: ServerConfig, prefix_log: bool = True) -> int:
     """``serve --brokers N``: run N brokers under a supervisor (``pipeline.supervisor``)."""
     from pipeline.supervisor import Supervisor
 
@@ -247,7 +254,7 @@ def _supervise(args: argparse.Namespace, config, prefix_log: bool = True) -> int
     return Supervisor(config, argv[:at], argv[at + 1:], prefix_log=prefix_log).run()
 
 
-def _metrics_endpoint(config):
+def _metrics_endpoint(config: ServerConfig) -> MetricsEndpoint | None:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on 127.0.0.1:``--metrics-port``; None if not asked for.
 
     Prints ``metrics on URL`` (``pipeline bench`` and tests read it) at once,
@@ -291,7 +298,7 @@ def _since_process_start() -> float:
     return max(0.0, time.time() - psutil.Process().create_time())
 
 
-def _spark_whereabouts(sink, config) -> str:
+def _spark_whereabouts(sink: SparkGroupSink, config: ServerConfig) -> str:
     """Where Spark's UI and logs are, in one phrase (for the "Spark ready" line)."""
     from pipeline.persist.spark_sink import LOG4J2_PROPERTIES
 
@@ -303,12 +310,12 @@ def _spark_whereabouts(sink, config) -> str:
     where = f"application {sc.applicationId} on {sc.master}; " + (
         f"UI at {ui}" if ui else "UI off (spark.ui.enabled=false)")
     where += f"; driver log: WARN and up, in this log as loggers spark.* (log4j2: {LOG4J2_PROPERTIES})"
-    if sc.master.startswith("spark://"):
+    if (sc.master or "").startswith("spark://"):
         where += "; executor logs in each worker's work directory, app-ID/N/stderr"
     return where
 
 
-def _set_phase(endpoint, phase: str, server=None) -> None:
+def _set_phase(endpoint: MetricsEndpoint | None, phase: str, server: Server | None = None) -> None:
     """Tell ``/readyz`` where start-up or shutdown is (a ``pipeline.metrics.Phase`` name);
     ``server``: export its metrics from now on."""
     if endpoint is None:
@@ -326,7 +333,7 @@ side then yields the CPU to the front end (issue 13); with ``--ack-on spark`` de
 every acknowledgement's path and keeps the server's priority."""
 
 
-def _group_sink(config):
+def _group_sink(config: ServerConfig) -> SparkGroupSink:
     from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.server import state_dir
 
@@ -342,7 +349,7 @@ STOP_TIMEOUT_S = 60.0
 """How long stopping Spark and the decode worker may take before the process exits anyway (s)."""
 
 
-def _stop_bounded(sink, timeout_s: float = STOP_TIMEOUT_S) -> None:
+def _stop_bounded(sink: SparkGroupSink, timeout_s: float = STOP_TIMEOUT_S) -> None:
     """``sink.stop()``, given at most ``timeout_s`` (a Spark call cut short
     by a signal can leave py4j unable to answer), then every child process
     still running is terminated (``stop_children``)."""
