@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine (Python 3.11+, Java 17):
 #   make serve   - install into .venv if needed, run `pipeline serve` (Spark local[*], data in ./data)
-#   make test    - install with the dev extras into .venv if needed, run the whole test suite
+#   make test    - install with the dev extras into .venv if needed, run the static checks, then the whole test suite
+#   make check   - the static checks alone (ruff, mypy, import-linter; seconds)
 # Pass server options with ARGS, e.g. make serve ARGS="--mode baseline --queues 8".
 
 VENV ?= .venv
@@ -8,7 +9,7 @@ PYTHON ?= python3
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: serve test clean
+.PHONY: serve check test clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v java >/dev/null || { echo "Java 17+ is needed by Spark (e.g. apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -20,8 +21,14 @@ $(VENV)/.installed: pyproject.toml
 serve: $(VENV)/.installed
 	$(VENV)/bin/pipeline serve $(ARGS)
 
-test: $(VENV)/.installed
+# ruff, the type checker and the import layers, in that order (docs/development.md)
+check: $(VENV)/.installed
+	$(VENV)/bin/ruff check pipeline tests
+	$(VENV)/bin/mypy pipeline
+	$(VENV)/bin/lint-imports
+
+test: check
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf data spark-warehouse metastore_db derby.log .pytest_cache .hypothesis
+	rm -rf data spark-warehouse metastore_db derby.log .pytest_cache .hypothesis .mypy_cache .ruff_cache

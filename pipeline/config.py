@@ -665,7 +665,7 @@ def default_value(key: Key) -> Any:
     return values if len(values) > 1 and any(v is not None for v in values) else values[0]
 
 
-def _get(server, log, name: str) -> Any:
+def _get(server: ServerConfig, log: LogConfig, name: str) -> Any:
     if name.startswith("table."):
         return getattr(server.table, name.removeprefix("table."))
     if name.startswith("log."):

@@ -20,6 +20,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import trio
 
@@ -225,7 +226,7 @@ class Server:
         linger = c.table_commit_interval_ms if c.ack_on == "wal" else c.linger_ms
         return FlushPolicy(c.batch_max_records, c.batch_max_bytes, linger)
 
-    async def _refresh_catalog(self, on_deleted) -> None:
+    async def _refresh_catalog(self, on_deleted: Callable[[str], Awaitable[None]]) -> None:
         """In a cluster: take other brokers' topic changes every ``CATALOG_REFRESH_S``; a topic
         another broker deleted has this broker's data of it dropped too (``on_deleted``: what
         remains buffered here is flushed first, then dropped with the topic's rows, so rows

@@ -67,6 +67,9 @@ class TableSource(Protocol):
                              end: int | None = None) -> tuple[int, int] | None:
         """(offset, timestamp ms) of the earliest record below ``end`` with timestamp >= ``timestamp_ms``."""
 
+    def invalidate(self, topic: str | None = None, partition: int | None = None) -> None:
+        """Forget what is cached of ``topic`` (or one partition of it; None: everything)."""
+
     def max_timestamp(self, topic: str, partition: int, end: int | None = None) -> tuple[int, int] | None:
         """(offset, timestamp ms) of the record below ``end`` with the largest timestamp."""
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from pipeline.persist.accumulator import FlushPolicy
 from pipeline.log.batch import PartitionAppend
@@ -35,7 +35,7 @@ from pipeline.log.wal import WalPosition, WriteAheadLog, decode_appends
 log = logging.getLogger(__name__)
 
 
-class TableSink(GroupSink):
+class TableSink(GroupSink, Protocol):
     """A GroupSink that can also tell each partition's end offset (recovery without a checkpoint)."""
 
     def end_offsets(self) -> dict[tuple[str, int], int]:
