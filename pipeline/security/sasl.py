@@ -230,6 +230,7 @@ class SaslServer:
                 self._scram = scramp.ScramMechanism(self.mechanism).make_server(self._lookup)
                 self._scram.set_client_first(message)
                 return Step(self._scram.get_server_first().encode(), False)
+            self._accept_doubled_nonce(self._scram, message)
             self._scram.set_client_final(message)
             server_final = self._scram.get_server_final()
         except scramp.ScramException as exc:
@@ -239,6 +240,26 @@ class SaslServer:
             raise AuthenticationFailedError(self.user, f"Authentication failed: invalid SCRAM message ({exc})") from None
         self._complete(self.user)
         return Step(server_final.encode(), True)
+
+    @staticmethod
+    def _accept_doubled_nonce(server: scramp.ScramServer, client_final: str) -> None:
+        """Take a client-final whose nonce *ends with* the server-first's, as Kafka 3.x does.
+
+        librdkafka before 2.6.1 puts its client nonce in front of the whole
+        server-first nonce (which already starts with it) in its client-final
+        (librdkafka#4895, present since 0.0.99): Debian 12's kcat and
+        confluent-kafka wheels before 2.6.1 do. Kafka 3.8.1-3.9's
+        ``ScramSaslServer`` (the CVE-2024-56128 fix) checks ``endsWith`` rather
+        than equality to keep them working; scramp checks equality. The server's
+        nonce must still be in the message and the proof still covers the
+        message as sent, so a replayed exchange still fails.
+        """
+        for attribute in client_final.split(","):
+            if attribute.startswith("r="):
+                nonce, expected = attribute[2:], str(server.nonce)  # scramp keeps a ``Nonce``
+                if nonce != expected and nonce.endswith(expected):
+                    server.nonce = type(server.nonce)(nonce)
+                return
 
     def _lookup(self, user: str) -> tuple[bytes, bytes, bytes, int]:
         """scramp's ``auth_fn``: the credential of ``user``, a made-up one if unknown."""
