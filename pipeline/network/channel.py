@@ -49,6 +49,7 @@ from pipeline.network.connection_state import (
 from pipeline.network.framing import InvalidReceiveError
 from pipeline.protocol.errors import InvalidRequestError
 from pipeline.network.request_channel import Request
+from pipeline.protocol.header import RAW_SASL_TOKEN
 
 if TYPE_CHECKING:
     from pipeline.network.memory_pool import MemoryPool
@@ -158,6 +159,11 @@ class KafkaChannel:
         if request is not None:
             request.response_at = trio.current_time()
         self._responses.set()
+
+    def set_raw_sasl_tokens(self, raw: bool) -> None:
+        """The next frames are raw SASL tokens (True, after a SaslHandshake v0) or requests again
+        (``ConnectionState.raw_sasl_tokens``)."""
+        self.state.raw_sasl_tokens = raw
 
     def close(self, reason: str) -> None:
         """Close with a logged reason: stop reading, answer what is in flight, close."""
@@ -290,7 +296,7 @@ class KafkaChannel:
                 state.receive_data(data, trio.current_time())
             elif state.mute_reason is MuteReason.MEMORY:
                 await self._memory.wait()
-            else:  # in-flight cap or response backlog: wait for the writer
+            else:  # in-flight cap, response backlog or a SASL answer due: wait for the writer
                 self._sent = trio.Event()
                 await self._sent.wait()
 
@@ -314,7 +320,7 @@ class KafkaChannel:
         requests = self._requests
         for token in tokens:
             request = requests.pop(token, None)
-            if request is not None:
+            if request is not None and request.header is not RAW_SASL_TOKEN:
                 header = request.header
                 record(header.api_key, header.api_version, request.received_at, request.dequeued_at,
                        request.local_done_at, request.response_at, taken, sent)

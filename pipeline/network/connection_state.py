@@ -29,6 +29,16 @@ What it decides, and where each rule comes from:
   ``connections.max.idle.ms``, Selector's idle expiry).
 * **Response order** (Kafka's per-connection ordering promise): a
   ``ResponseSequencer`` releases responses in request order.
+* **Raw SASL tokens** (KIP-43; Kafka ``SaslServerAuthenticator``): after a
+  successful SaslHandshake v0 the client's frames are bare SASL tokens, not
+  requests, until authentication completes. The SASL handler says when with
+  ``raw_sasl_tokens``; such a frame is handed out under
+  ``pipeline.protocol.header.RAW_SASL_TOKEN``. What the next frame is depends
+  on the answer to the last one, so after a SaslHandshake v0 or a raw token
+  reading pauses (``MuteReason.SASL``) until everything read is answered on
+  the wire: the handler has switched the mode by then (it switches before it
+  completes the answer), and a client only sends its next token after that
+  answer anyway. Kafka's authenticator, too, reads one frame at a time.
 
 Times are seconds on any monotonic clock (the caller's), limits are in ms and
 bytes, as Kafka's properties are.
@@ -48,7 +58,7 @@ from pipeline.network.framing import (
 )
 from pipeline.network.memory_pool import MemoryPool
 from pipeline.protocol.errors import InvalidRequestError
-from pipeline.protocol.header import RequestHeader, parse_request_header
+from pipeline.protocol.header import RAW_SASL_TOKEN, SASL_HANDSHAKE_KEY, RequestHeader, parse_request_header
 from pipeline.network.sequencing import ResponseSequencer
 from pipeline.fastinit import fast_frozen_init
 
@@ -73,6 +83,9 @@ class MuteReason(enum.Enum):
     """``max_in_flight`` requests are read and not yet answered."""
     RESPONSE_BACKLOG = "response-backlog"
     """Unsent responses exceed ``response_buffer_max_bytes``."""
+    SASL = "sasl"
+    """A SaslHandshake v0 or a raw SASL token is not answered yet: its answer decides what the
+    next frame is (a raw token or a request)."""
 
 
 class _Sentinel(enum.Enum):
@@ -160,7 +173,8 @@ class ConnectionState:
 
     __slots__ = ("_pool", "limits", "_decoder", "_sequencer", "_allocated", "_frame_started",
                  "_last_activity", "_unsent_bytes", "_sending_bytes", "_sending_count",
-                 "_sending_since", "mute_reason", "closed", "sending_tokens")
+                 "_sending_since", "mute_reason", "closed", "sending_tokens", "raw_sasl_tokens",
+                 "_sasl_unanswered")
 
     def __init__(self, pool: MemoryPool, limits: ConnectionLimits, now: float, *, ordered: bool = True) -> None:
         self._pool = pool
@@ -181,6 +195,11 @@ class ConnectionState:
         """Tokens of the requests answered by the last ``data_to_send``, in
         writing order (those that get no response included): whose response
         times to record once the data is written."""
+        self.raw_sasl_tokens = False
+        """The next frames are raw SASL tokens, not requests (KIP-43): set by the SASL handler
+        when a SaslHandshake v0 succeeds, cleared when authentication completes, each time
+        before it completes that answer."""
+        self._sasl_unanswered = False  # a SaslHandshake v0 or raw token read, its answer not yet written
 
     # -- reading -------------------------------------------------------------
 
@@ -226,6 +245,10 @@ class ConnectionState:
                 or over the whole MemoryPool's capacity; the connection must close.
             InvalidRequestError: the request header cannot be parsed; close.
         """
+        if self._sasl_unanswered:
+            if self.in_flight:
+                return self._pause(MuteReason.SASL)
+            self._sasl_unanswered = False
         if self.in_flight >= self.limits.max_in_flight:
             return self._pause(MuteReason.IN_FLIGHT)
         if self._unsent_bytes > self.limits.response_buffer_max_bytes:
@@ -249,11 +272,17 @@ class ConnectionState:
         pool_bytes, self._allocated = self._allocated, None
         self._frame_started = now if self._decoder.buffered_bytes else None
         self._last_activity = now
-        try:
-            header = parse_request_header(frame)
-        except InvalidRequestError:
-            self._pool.release(pool_bytes)
-            raise
+        if self.raw_sasl_tokens:
+            header = RAW_SASL_TOKEN
+            self._sasl_unanswered = True
+        else:
+            try:
+                header = parse_request_header(frame)
+            except InvalidRequestError:
+                self._pool.release(pool_bytes)
+                raise
+            if header.api_key == SASL_HANDSHAKE_KEY and header.api_version == 0:
+                self._sasl_unanswered = True
         return ReceivedFrame(header, frame, self._sequencer.register(header.correlation_id), pool_bytes)
 
     def _pause(self, reason: MuteReason) -> _Sentinel:

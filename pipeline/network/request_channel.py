@@ -63,6 +63,10 @@ class ConnectionHandle(Protocol):
     def close(self, reason: str) -> None:
         """Stop reading, answer what is in flight, then close the connection."""
 
+    def set_raw_sasl_tokens(self, raw: bool) -> None:
+        """The next frames are raw SASL tokens (True: after a SaslHandshake v0, KIP-43) or
+        requests again (False: authentication completed); call before completing that answer."""
+
 
 @dataclass(slots=True, eq=False)
 class Request:

@@ -147,10 +147,11 @@ SUPPORTED_VERSIONS.update({
     CREATE_PARTITIONS: (0, 3),
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
     DESCRIBE_CLUSTER: (0, 1),
-    # pipeline/requests/sasl_apis.py. SaslHandshake v0 is followed by raw, unframed
-    # SASL tokens (KIP-43), which the network layer does not read: v1 only, which
-    # every KIP-152 client (librdkafka, kafka-python, Java) uses.
-    17: (1, 1),                     # SaslHandshake
+    # pipeline/requests/sasl_apis.py. After SaslHandshake v0 the SASL tokens come as
+    # raw size-prefixed frames (KIP-43; pipeline/network/connection_state.py reads
+    # them), after v1 in SaslAuthenticate (KIP-152). Kafka 3.x lists 0-1, and
+    # librdkafka before 2.10 counts SaslHandshake as supported only when v0 is listed.
+    17: (0, 1),                     # SaslHandshake
     36: (0, 2),                     # SaslAuthenticate (v1: session lifetime, KIP-368; v2: flexible)
     50: (0, 0),                     # DescribeUserScramCredentials (KIP-554)
     51: (0, 0),                     # AlterUserScramCredentials (KIP-554)

@@ -41,7 +41,11 @@ from ..fastinit import fast_frozen_init
 
 __all__ = (
     "API_VERSIONS_KEY",
+    "RAW_SASL_TOKEN",
+    "RAW_SASL_TOKEN_VERSION",
     "RequestHeader",
+    "SASL_AUTHENTICATE_KEY",
+    "SASL_HANDSHAKE_KEY",
     "encode_response",
     "is_flexible",
     "parse_request_header",
@@ -51,6 +55,8 @@ __all__ = (
 )
 
 API_VERSIONS_KEY = 18
+SASL_HANDSHAKE_KEY = 17
+SASL_AUTHENTICATE_KEY = 36
 _CONTROLLED_SHUTDOWN_KEY = 7
 # Api keys kio does not model, with their first flexible version (Kafka's
 # ControlledShutdownRequest.json: "flexibleVersions": "3+"). Only needed so
@@ -80,6 +86,22 @@ class RequestHeader:
     header_version: int
     body_offset: int
 
+
+RAW_SASL_TOKEN_VERSION = -1
+"""The api version of ``RAW_SASL_TOKEN``: no request on the wire has it."""
+
+RAW_SASL_TOKEN = RequestHeader(SASL_AUTHENTICATE_KEY, RAW_SASL_TOKEN_VERSION, -1, None, -1, 0)
+"""The header a raw SASL token travels under (its frame is the token, no header in it).
+
+After a SaslHandshake v0 the client sends its SASL tokens as bare size-prefixed
+frames and expects bare size-prefixed tokens back, not SaslAuthenticate requests
+and responses (KIP-43; Kafka ``SaslServerAuthenticator`` with
+``enableKafkaSaslAuthenticateHeaders`` false). The network layer decides that a
+frame is such a token (``pipeline.network.connection_state``) and hands it on
+under this header, so it reaches the SaslAuthenticate handler
+(``pipeline.requests.sasl_apis``) the way requests do; its response payload is
+the server's token, with no response header. Not counted in the request
+metrics: Kafka counts no authentication frame as a request."""
 
 _FIXED_CLIENT = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
 _UNKNOWN = object()

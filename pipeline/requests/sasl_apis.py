@@ -19,7 +19,14 @@ As Kafka (``SaslServerAuthenticator``, ``KafkaApis.handleSaslHandshakeRequest``)
   connection closes; other connections are not held meanwhile (the delay runs
   in this object's own task, not in the request handler);
 * a SASL request out of turn (a token before the handshake, a second
-  handshake) closes the connection without an answer.
+  handshake) closes the connection without an answer;
+* after a SaslHandshake v0 the tokens come as raw frames (KIP-43; the
+  connection is told so before the handshake's answer, and hands them on
+  under ``RAW_SASL_TOKEN``): each gets the server's token as a raw frame, a
+  failed one no answer at all (there is no error field) but the same delay,
+  log line and counters, then the connection closes; once authentication
+  completes, requests follow again. A SaslAuthenticate request in their place
+  is a token like any other, which no mechanism accepts (Kafka does the same).
 
 A failure is logged with the address, mechanism and user tried; never a
 password, proof or key.
@@ -38,6 +45,7 @@ from kio.schema.errors import ErrorCode
 
 from pipeline.protocol import apis
 from pipeline.protocol.errors import InvalidRequestError
+from pipeline.protocol.header import RAW_SASL_TOKEN
 from pipeline.security.acl import CLUSTER_NAME, AclOperation, ResourceType
 from pipeline.security.sasl import (
     AuthenticationFailedError,
@@ -133,7 +141,7 @@ class SaslApis:
             answer(ErrorCode.illegal_sasl_state.value)
             return
         try:
-            enabled = server.handshake(body.mechanism)
+            enabled = server.handshake(body.mechanism, header.api_version)
         except IllegalSaslStateError as exc:
             raise InvalidRequestError(f"ILLEGAL_SASL_STATE: {exc}") from None
         except UnsupportedMechanismError as exc:
@@ -142,12 +150,17 @@ class SaslApis:
             answer(ErrorCode.unsupported_sasl_mechanism.value, exc.enabled)
             connection.close(str(exc))
             return
+        if server.raw_tokens:
+            connection.set_raw_sasl_tokens(True)  # before the answer: the client's next frame is a token
         answer(ErrorCode.none.value, enabled)
 
     # -- SaslAuthenticate ----------------------------------------------------------
 
     async def _authenticate(self, request: Request) -> None:
         header, connection = request.header, request.connection
+        if header is RAW_SASL_TOKEN:
+            self._raw_token(request)
+            return
         body = apis.decode_request(header, request.frame)
         module = apis.response_module(SASL_AUTHENTICATE, header.api_version)
 
@@ -168,26 +181,59 @@ class SaslApis:
         except IllegalSaslStateError as exc:
             raise InvalidRequestError(f"ILLEGAL_SASL_STATE: {exc}") from None
         except AuthenticationFailedError as exc:
-            self.failures += 1
-            self.failed_by_listener[connection.listener] += 1
-            log.warning("failed authentication from %s (connection %s, mechanism %s, principal tried User:%s): %s",
-                        connection.peer_host, connection.connection_id, server.mechanism, exc.user, exc)
-            delay = self.throttle.failure(connection.peer_host, trio.current_time())
-            failure = payload(ErrorCode.sasl_authentication_failed.value, str(exc))
-            reason = f"authentication failed ({server.mechanism}, principal tried User:{exc.user})"
-            if delay > 0 and self._nursery is not None:
-                self._nursery.start_soon(self._fail_later, connection, request.token, failure, reason, delay)
-            else:
-                self._fail(connection, request.token, failure, reason)
+            self._failed(connection, request.token, server, exc,
+                         payload(ErrorCode.sasl_authentication_failed.value, str(exc)))
             return
         if step.complete:
-            assert server.principal is not None
-            connection.principal = server.principal
-            self.throttle.success(connection.peer_host)
-            self.successful_by_listener[connection.listener] += 1
-            log.info("connection %s from %s authenticated as %s (%s)", connection.connection_id,
-                     connection.peer_host, server.principal, server.mechanism)
+            self._authenticated(connection, server)
         connection.complete(request.token, payload(ErrorCode.none.value, None, step.token))
+
+    def _raw_token(self, request: Request) -> None:
+        """A raw SASL token after a SaslHandshake v0: the server's token back as a raw frame.
+
+        Kafka ``SaslServerAuthenticator.handleSaslToken`` without SaslAuthenticate
+        headers: a failure gets no answer (there is no error field), only the close
+        after the failed-authentication delay.
+        """
+        connection = request.connection
+        server = self._servers.get(connection)
+        if server is None:
+            raise InvalidRequestError("ILLEGAL_SASL_STATE: raw SASL token without a SaslHandshake v0")
+        try:
+            step = server.authenticate(bytes(request.frame), raw=True)
+        except IllegalSaslStateError as exc:
+            raise InvalidRequestError(f"ILLEGAL_SASL_STATE: {exc}") from None
+        except AuthenticationFailedError as exc:
+            self._failed(connection, request.token, server, exc, None)
+            return
+        if step.complete:
+            connection.set_raw_sasl_tokens(False)  # before the answer: requests follow it
+            self._authenticated(connection, server)
+        connection.complete(request.token, step.token)
+
+    def _authenticated(self, connection: ConnectionHandle, server: SaslServer) -> None:
+        assert server.principal is not None
+        connection.principal = server.principal
+        self.throttle.success(connection.peer_host)
+        self.successful_by_listener[connection.listener] += 1
+        log.info("connection %s from %s authenticated as %s (%s%s)", connection.connection_id,
+                 connection.peer_host, server.principal, server.mechanism,
+                 ", raw tokens after SaslHandshake v0" if server.raw_tokens else "")
+
+    def _failed(self, connection: ConnectionHandle, token: int, server: SaslServer,
+                exc: AuthenticationFailedError, failure: bytes | None) -> None:
+        """Count and log a failed authentication; answer ``failure`` (None: no answer) and close,
+        after the address's delay."""
+        self.failures += 1
+        self.failed_by_listener[connection.listener] += 1
+        log.warning("failed authentication from %s (connection %s, mechanism %s, principal tried User:%s): %s",
+                    connection.peer_host, connection.connection_id, server.mechanism, exc.user, exc)
+        delay = self.throttle.failure(connection.peer_host, trio.current_time())
+        reason = f"authentication failed ({server.mechanism}, principal tried User:{exc.user})"
+        if delay > 0 and self._nursery is not None:
+            self._nursery.start_soon(self._fail_later, connection, token, failure, reason, delay)
+        else:
+            self._fail(connection, token, failure, reason)
 
     def _server(self, connection: ConnectionHandle) -> SaslServer | None:
         """The connection's SaslServer (made on first use); None on a PLAINTEXT / SSL connection."""
@@ -200,11 +246,11 @@ class SaslApis:
         return server
 
     @staticmethod
-    def _fail(connection: ConnectionHandle, token: int, failure: bytes, reason: str) -> None:
+    def _fail(connection: ConnectionHandle, token: int, failure: bytes | None, reason: str) -> None:
         connection.complete(token, failure)
         connection.close(reason)
 
-    async def _fail_later(self, connection: ConnectionHandle, token: int, failure: bytes, reason: str,
+    async def _fail_later(self, connection: ConnectionHandle, token: int, failure: bytes | None, reason: str,
                           delay: float) -> None:
         await trio.sleep(delay)
         self._fail(connection, token, failure, reason)

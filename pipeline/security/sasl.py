@@ -2,8 +2,10 @@
 
 Kafka authenticates a SASL_PLAINTEXT / SASL_SSL connection before serving
 it (``SaslServerAuthenticator``): the client may send ApiVersions, then
-SaslHandshake naming a mechanism (KIP-43), then SaslAuthenticate requests
-carrying the mechanism's tokens (KIP-152) until the mechanism is done. Only
+SaslHandshake naming a mechanism (KIP-43), then the mechanism's tokens until
+it is done: in SaslAuthenticate requests after a SaslHandshake v1 (KIP-152),
+as raw size-prefixed frames after a v0 (KIP-43, what librdkafka before 2.10
+uses when the broker lists SaslHandshake v0). Only
 then is the connection's principal known (``User:<name>``) and any other api
 served. ``SaslServer`` is that exchange for one connection: tokens in, tokens
 or a documented exception out, no socket, no clock, no store of its own (the
@@ -136,10 +138,14 @@ class SaslServer:
         self.principal: str | None = None
         self.user = ""
         """The user name tried (for logs), "" until a token named one."""
+        self.raw_tokens = False
+        """The tokens come as raw frames (after a SaslHandshake v0), not in SaslAuthenticate requests."""
         self._scram: scramp.ScramServer | None = None
 
-    def handshake(self, mechanism: str) -> tuple[str, ...]:
-        """Choose ``mechanism`` (SaslHandshake, KIP-43); returns the enabled mechanisms for the answer.
+    def handshake(self, mechanism: str, version: int = 1) -> tuple[str, ...]:
+        """Choose ``mechanism`` (SaslHandshake ``version``, KIP-43); returns the enabled mechanisms
+        for the answer. After a v0 the tokens come raw (``raw_tokens``), after a v1 in
+        SaslAuthenticate requests (Kafka ``SaslServerAuthenticator.handleHandshakeRequest``).
 
         Raises:
             IllegalSaslStateError: not in the HANDSHAKE state.
@@ -150,11 +156,13 @@ class SaslServer:
             self.state = SaslState.FAILED
             raise UnsupportedMechanismError(mechanism, self.enabled)
         self.mechanism = mechanism
+        self.raw_tokens = version == 0
         self.state = SaslState.AUTHENTICATE
         return self.enabled
 
-    def authenticate(self, token: bytes) -> Step:
-        """Take one client token (SaslAuthenticate, KIP-152) and return the server's.
+    def authenticate(self, token: bytes, *, raw: bool = False) -> Step:
+        """Take one client token and return the server's: from a SaslAuthenticate request
+        (KIP-152), or a raw frame (``raw``, after a SaslHandshake v0).
 
         PLAIN: one token ``authzid NUL authcid NUL passwd`` (RFC 4616); an
         authzid other than empty or the user is refused, as Kafka's
@@ -162,11 +170,18 @@ class SaslServer:
         (RFC 5802 section 5); the server-final carries the server signature.
 
         Raises:
-            IllegalSaslStateError: no handshake yet, or already complete/failed.
+            IllegalSaslStateError: no handshake yet, already complete/failed, or
+                the token came the other way than the handshake's version says
+                (a SaslAuthenticate request after a v0, a raw token after a v1).
             AuthenticationFailedError: wrong password, unknown user, a token
                 that is not what the mechanism expects.
         """
         self._expect(SaslState.AUTHENTICATE)
+        if raw != self.raw_tokens:
+            self.state = SaslState.FAILED
+            raise IllegalSaslStateError(
+                "SaslAuthenticate request after a SaslHandshake v0 (its tokens come raw)" if self.raw_tokens
+                else "raw SASL token after a SaslHandshake v1 (its tokens come in SaslAuthenticate)")
         try:
             if self.mechanism == PLAIN:
                 return self._plain(token)
@@ -215,6 +230,7 @@ class SaslServer:
                 self._scram = scramp.ScramMechanism(self.mechanism).make_server(self._lookup)
                 self._scram.set_client_first(message)
                 return Step(self._scram.get_server_first().encode(), False)
+            self._accept_doubled_nonce(self._scram, message)
             self._scram.set_client_final(message)
             server_final = self._scram.get_server_final()
         except scramp.ScramException as exc:
@@ -224,6 +240,26 @@ class SaslServer:
             raise AuthenticationFailedError(self.user, f"Authentication failed: invalid SCRAM message ({exc})") from None
         self._complete(self.user)
         return Step(server_final.encode(), True)
+
+    @staticmethod
+    def _accept_doubled_nonce(server: scramp.ScramServer, client_final: str) -> None:
+        """Take a client-final whose nonce *ends with* the server-first's, as Kafka 3.x does.
+
+        librdkafka before 2.6.1 puts its client nonce in front of the whole
+        server-first nonce (which already starts with it) in its client-final
+        (librdkafka#4895, present since 0.0.99): Debian 12's kcat and
+        confluent-kafka wheels before 2.6.1 do. Kafka 3.8.1-3.9's
+        ``ScramSaslServer`` (the CVE-2024-56128 fix) checks ``endsWith`` rather
+        than equality to keep them working; scramp checks equality. The server's
+        nonce must still be in the message and the proof still covers the
+        message as sent, so a replayed exchange still fails.
+        """
+        for attribute in client_final.split(","):
+            if attribute.startswith("r="):
+                nonce, expected = attribute[2:], str(server.nonce)  # scramp keeps a ``Nonce``
+                if nonce != expected and nonce.endswith(expected):
+                    server.nonce = type(server.nonce)(nonce)
+                return
 
     def _lookup(self, user: str) -> tuple[bytes, bytes, bytes, int]:
         """scramp's ``auth_fn``: the credential of ``user``, a made-up one if unknown."""

@@ -213,3 +213,48 @@ def test_close_returns_the_allocation_of_a_partial_frame_once():
 def test_limits_must_be_positive():
     with pytest.raises(ValueError, match="max_in_flight"):
         ConnectionLimits(max_in_flight=0)
+
+
+def _handshake(correlation_id: int, version: int) -> bytes:
+    from kio.index import load_request_schema
+
+    return rc.frame(load_request_schema(17, version)(mechanism="PLAIN"), correlation_id)
+
+
+def _answer(state: ConnectionState, frame: ReceivedFrame, payload: bytes, now: float = 0.0) -> bytes:
+    state.complete(frame.token, payload)
+    data = state.data_to_send(now)
+    assert data is not None
+    state.send_done(now)
+    return data
+
+
+def test_after_a_sasl_handshake_v0_the_next_frames_are_raw_tokens_read_one_at_a_time():
+    """KIP-43: what follows a SaslHandshake v0 depends on its answer, so reading pauses until
+    it is written; the handler switches the mode before answering (Kafka SaslServerAuthenticator)."""
+    from pipeline.protocol.header import RAW_SASL_TOKEN
+
+    state, pool = make()
+    # A client that pipelines its token behind the handshake, then a request behind the token.
+    state.receive_data(_handshake(1, 0) + encode_frame(b"\0alice\0pw") + request(2), 0.0)
+    frames, event = drain(state)
+    assert [(f.header.api_key, f.header.api_version) for f in frames] == [(17, 0)]
+    assert event is PAUSED and state.mute_reason is MuteReason.SASL
+    state.raw_sasl_tokens = True  # the SASL handler: the handshake succeeded
+    assert drain(state)[1] is PAUSED  # still unanswered on the wire
+    _answer(state, frames[0], b"handshake answer")
+    frames, event = drain(state)
+    assert [f.header for f in frames] == [RAW_SASL_TOKEN] and bytes(frames[0].frame) == b"\0alice\0pw"
+    assert event is PAUSED and state.mute_reason is MuteReason.SASL
+    state.raw_sasl_tokens = False  # authentication complete: requests follow
+    assert _answer(state, frames[0], b"") == b"\0\0\0\0"  # an empty token is still a frame
+    frames, event = drain(state)
+    assert [f.header.correlation_id for f in frames] == [2] and event is NEED_DATA
+    pool.release(frames[0].pool_bytes)
+
+
+def test_a_sasl_handshake_v1_does_not_pause_reading():
+    state, _pool = make()
+    state.receive_data(_handshake(1, 1) + request(2), 0.0)
+    frames, event = drain(state)
+    assert [f.header.correlation_id for f in frames] == [1, 2] and event is NEED_DATA

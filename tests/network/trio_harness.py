@@ -20,6 +20,7 @@ import trio.testing
 from pipeline.network.channel import KafkaChannel, MemoryWaiters
 from pipeline.network.connection_quotas import ConnectionQuotas
 from pipeline.network.connection_state import ConnectionLimits, ConnectionState
+from pipeline.network.listeners import PLAINTEXT_LISTENER, Listener
 from pipeline.network.memory_pool import MemoryPool
 from pipeline.network.processor import Processor
 from pipeline.network.request_channel import MultiQueueRequestChannel, Request, RequestChannel
@@ -218,16 +219,18 @@ class Harness:
         self.channels: dict[tuple[str, int], KafkaChannel] = {}
         """By the client's (address, port)."""
 
-    async def connect(self, *, lockstep_responses: bool = False, read: bool = True) -> tuple[Client, KafkaChannel]:
+    async def connect(self, *, lockstep_responses: bool = False, read: bool = True,
+                      listener: Listener = PLAINTEXT_LISTENER) -> tuple[Client, KafkaChannel]:
         """A new connection handed to the Processor; returns once its KafkaChannel is serving.
 
         Args:
             lockstep_responses: see ``stream_pair``.
             read: start the client's reader task (False: a client that never reads).
+            listener: the listener it arrived on (no TLS: ``ssl_context`` must be None).
         """
         client, server_stream = stream_pair(lockstep_responses=lockstep_responses)
         assert self.quotas.try_acquire(client.remote[0]) is None
-        await self.processor.accept(server_stream, client.remote[0])  # type: ignore[arg-type]
+        await self.processor.accept(server_stream, client.remote[0], listener)  # type: ignore[arg-type]
         while client.remote not in self.channels:
             await trio.testing.wait_all_tasks_blocked()
         if read:

@@ -124,6 +124,63 @@ def test_handshake_rules(store):
         s.handshake("SCRAM-SHA-256")
 
 
+def _client_final(mechanism: str, password: str, client_first_bare: str, server_first: str, nonce: str) -> str:
+    """A client-final with ``nonce`` in it and a proof over it (RFC 5802 section 3), built by hand
+    the way librdkafka before 2.6.1 builds it when ``nonce`` is its client nonce + the server's."""
+    import base64
+    import hashlib
+    import hmac
+
+    name = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
+    fields = dict(part.split("=", 1) for part in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(name, password.encode(), base64.b64decode(fields["s"]), int(fields["i"]))
+    client_key = hmac.new(salted, b"Client Key", name).digest()
+    stored_key = hashlib.new(name, client_key).digest()
+    without_proof = f"c=biws,r={nonce}"
+    auth_message = f"{client_first_bare},{server_first},{without_proof}".encode()
+    signature = hmac.new(stored_key, auth_message, name).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}"
+
+
+@pytest.mark.parametrize("mechanism", SCRAMS)
+def test_scram_accepts_librdkafkas_doubled_client_nonce_as_kafka_3_does(store, mechanism):
+    """librdkafka < 2.6.1 (librdkafka#4895; Debian 12's kcat) sends r=<client nonce><server-first nonce>;
+    Kafka 3.8.1-3.9 ScramSaslServer accepts a nonce that ends with the server's (CVE-2024-56128 fix)."""
+    client_nonce = "fyko+d2lbbFgONRv9qkxdawL"
+    for nonce_of, password, accepted in ((lambda n: client_nonce + n, "pw-alice", True),
+                                         (lambda n: n, "pw-alice", True),
+                                         (lambda n: client_nonce + n[:-1], "pw-alice", False),  # not the server's
+                                         (lambda n: "x" + n, "wrong", False)):
+        s = server(store, mechanism)
+        first_bare = f"n=alice,r={client_nonce}"
+        server_first = s.authenticate(f"n,,{first_bare}".encode()).token.decode()
+        nonce = server_first.split(",")[0][2:]
+        final = _client_final(mechanism, password, first_bare, server_first, nonce_of(nonce))
+        if accepted:
+            assert s.authenticate(final.encode()).complete and s.principal == "User:alice"
+        else:
+            with pytest.raises(AuthenticationFailedError):
+                s.authenticate(final.encode())
+            assert s.state is SaslState.FAILED
+
+
+def test_a_v0_handshake_takes_raw_tokens_only_and_a_v1_handshake_requests_only(store):
+    s = SaslServer(("PLAIN",), store)
+    s.handshake("PLAIN", 0)
+    assert s.raw_tokens
+    with pytest.raises(IllegalSaslStateError):
+        s.authenticate(b"\0alice\0pw-alice")  # a SaslAuthenticate request's token after a v0
+    assert s.state is SaslState.FAILED
+    s = SaslServer(("PLAIN",), store)
+    s.handshake("PLAIN", 0)
+    assert s.authenticate(b"\0alice\0pw-alice", raw=True).complete
+    s = SaslServer(("PLAIN",), store)
+    s.handshake("PLAIN", 1)
+    with pytest.raises(IllegalSaslStateError):
+        s.authenticate(b"\0alice\0pw-alice", raw=True)
+
+
 def test_throttle_grows_is_bounded_per_host_and_forgets():
     t = FailedAuthenticationThrottle(100, max_delay_ms=1000, forget_after_s=60)
     assert [t.failure("10.0.0.1", now) for now in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]

@@ -121,7 +121,7 @@ async def test_scram_then_other_apis_are_served(tmp_path, mechanism, version):
     broker = Broker(tmp_path)
     c = Connection()
     versions = await broker.call(c, API_VERSIONS, 3, client_software_name="t", client_software_version="1")
-    assert {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}[HANDSHAKE] == (1, 1)
+    assert {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}[HANDSHAKE] == (0, 1)
     final = await broker.scram(c, mechanism, "alice", "pw-alice", version)
     assert final.error_code == NONE and c.principal == "User:alice" and not c.closed
     assert [t.name for t in (await metadata(broker, c)).topics] == ["t"]
