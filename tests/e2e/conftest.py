@@ -6,8 +6,8 @@ joins one of these, and uses topics and group ids no other test uses (its
 module's name as a prefix) and the helpers in ``tests/e2e/shared_server.py``.
 
 * ``multiqueue_server``: the default request path, with settings that suit
-  all its users: a table commit every second and background compaction every
-  6 s (so table checks do not wait long), no initial rebalance delay, a
+  all its users: a table commit every second (so table checks do not wait
+  long; no background compaction, see shared_server.py), no initial rebalance delay, a
   configured ``log.retention.ms`` (so admin tools see a STATIC_BROKER_CONFIG
   default), a metrics endpoint on a free port.
 * ``baseline_server``: the same with ``--mode baseline`` (classic Kafka: one
