@@ -17,6 +17,7 @@ import time
 import pytest
 
 from tests.e2e import raw_client as rc
+from tests.e2e.shared_server import LOG_RETENTION_MS
 from tests.e2e.server_process import ServerProcess
 from tests.e2e.table_reader import read_table
 
@@ -161,47 +162,49 @@ def test_kafka_python_admin_manages_topics_that_survive_restarts_and_deletion_em
     assert [(r["offset"], r["value"]) for r in rows] == [(0, b"new-0"), (1, b"new-1"), (2, b"new-2")]
 
 
-def test_confluent_admin_client(tmp_path):
+def test_confluent_admin_client(multiqueue_server):
+    """On the shared server (its ``--log-retention-ms`` is the broker default seen below), own topic names."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, NewPartitions,
                                        NewTopic, ResourceType)
 
-    server = ServerProcess(tmp_path / "data", *ARGS).start()
-    try:
-        admin = confluent_admin(server)
-        futures = admin.create_topics([
-            NewTopic("orders", 3, config={"retention.ms": "600000"}),
-            NewTopic("events", 1),
-            NewTopic("compacted", 1, config={"cleanup.policy": "compact"}),
-            NewTopic("replicated", 1, replication_factor=3),
-        ], request_timeout=60)
-        futures["orders"].result(60)
-        futures["events"].result(60)
-        for name, code in (("compacted", "INVALID_CONFIG"), ("replicated", "INVALID_REPLICATION_FACTOR")):
-            with pytest.raises(KafkaException) as failed:
-                futures[name].result(60)
-            assert failed.value.args[0].name() == code
-        metadata = admin.list_topics(timeout=30)
-        assert {t: len(m.partitions) for t, m in metadata.topics.items()} == {"orders": 3, "events": 1}
-        configs = describe_topic_configs(admin, "orders")
-        assert configs["retention.ms"] == ("600000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
-        assert configs["retention.bytes"] == ("-1", ConfigSource.DEFAULT_CONFIG.value)
+    server = multiqueue_server
+    orders, events, compacted, replicated = "admin-orders", "admin-events", "admin-compacted", "admin-replicated"
+    admin = confluent_admin(server)
+    futures = admin.create_topics([
+        NewTopic(orders, 3, config={"retention.ms": "600000"}),
+        NewTopic(events, 1),
+        NewTopic(compacted, 1, config={"cleanup.policy": "compact"}),
+        NewTopic(replicated, 1, replication_factor=3),
+    ], request_timeout=60)
+    futures[orders].result(60)
+    futures[events].result(60)
+    for name, code in ((compacted, "INVALID_CONFIG"), (replicated, "INVALID_REPLICATION_FACTOR")):
+        with pytest.raises(KafkaException) as failed:
+            futures[name].result(60)
+        assert failed.value.args[0].name() == code
+    metadata = admin.list_topics(timeout=30)
+    # other tests' topics are on the shared server too: of this test's four names, these two exist
+    assert {t: len(m.partitions) for t, m in metadata.topics.items()
+            if t.startswith("admin-")} == {orders: 3, events: 1}
+    configs = describe_topic_configs(admin, orders)
+    assert configs["retention.ms"] == ("600000", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    assert configs["retention.bytes"] == ("-1", ConfigSource.DEFAULT_CONFIG.value)
 
-        resource = ConfigResource(ResourceType.TOPIC, "orders", incremental_configs=[
-            ConfigEntry("retention.bytes", "1048576", incremental_operation=AlterConfigOpType.SET),
-            ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE)])
-        admin.incremental_alter_configs([resource])[resource].result(60)
-        configs = describe_topic_configs(admin, "orders")
-        assert configs["retention.bytes"] == ("1048576", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
-        assert configs["retention.ms"] == ("120000", ConfigSource.STATIC_BROKER_CONFIG.value)  # --log-retention-ms
+    resource = ConfigResource(ResourceType.TOPIC, orders, incremental_configs=[
+        ConfigEntry("retention.bytes", "1048576", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE)])
+    admin.incremental_alter_configs([resource])[resource].result(60)
+    configs = describe_topic_configs(admin, orders)
+    assert configs["retention.bytes"] == ("1048576", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    assert configs["retention.ms"] == (str(LOG_RETENTION_MS),  # the server's --log-retention-ms
+                                       ConfigSource.STATIC_BROKER_CONFIG.value)
 
-        admin.create_partitions([NewPartitions("orders", 5)])["orders"].result(60)
-        cluster = admin.describe_cluster().result(60)
-        assert cluster.cluster_id == "pipeline" and cluster.controller.id == 0
-        admin.delete_topics(["events"], request_timeout=120)["events"].result(180)
-        # librdkafka's own _UNKNOWN_TOPIC, or the broker's UNKNOWN_TOPIC_OR_PARTITION: never stored
-        assert [err for err, _ in produce(server, "events", [b"lost"])] in (["_UNKNOWN_TOPIC"],
-                                                                             ["UNKNOWN_TOPIC_OR_PART"])
-    finally:
-        code = server.stop() if server.running else server.proc.returncode
-    assert code == 0
+    admin.create_partitions([NewPartitions(orders, 5)])[orders].result(60)
+    cluster = admin.describe_cluster().result(60)
+    assert cluster.cluster_id == "pipeline" and cluster.controller.id == 0
+    admin.delete_topics([events], request_timeout=120)[events].result(180)
+    # librdkafka's own _UNKNOWN_TOPIC, or the broker's UNKNOWN_TOPIC_OR_PARTITION: never stored
+    assert [err for err, _ in produce(server, events, [b"lost"])] in (["_UNKNOWN_TOPIC"],
+                                                                      ["UNKNOWN_TOPIC_OR_PART"])
+    assert server.running

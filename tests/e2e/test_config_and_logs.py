@@ -151,6 +151,8 @@ def unserved_request(correlation_id: int) -> bytes:
 def test_json_logs_parse_line_by_line_and_request_lines_carry_their_ids(tmp_path):
     from kafka import KafkaProducer
 
+    # A server of its own: --log-format is a server-level setting, and every line of the log,
+    # start-up to shutdown, must parse.
     server = ServerProcess(tmp_path / "data", "--log-format", "json", "--metrics-port", "0").start()
     try:
         producer = KafkaProducer(bootstrap_servers=server.bootstrap)
@@ -193,6 +195,7 @@ def test_json_logs_parse_line_by_line_and_request_lines_carry_their_ids(tmp_path
 def test_default_start_up_prints_only_our_own_lines_before_listening(tmp_path):
     """`make serve` (defaults; here a temp data directory and free ports): no Python warning,
     no JVM or Spark line, one line per stage."""
+    # A server of its own: the test watches a fresh start with the defaults.
     server = ServerProcess(tmp_path / "data").launch()
     try:
         selector = selectors.DefaultSelector()

@@ -1,4 +1,7 @@
-"""One connection's view: pipelined requests answered in order; bad frames close only that connection."""
+"""One connection's view: pipelined requests answered in order; bad frames close only that connection.
+
+On the shared server of each request-path mode (tests/e2e/conftest.py), with topics of their own.
+"""
 
 from __future__ import annotations
 
@@ -10,33 +13,33 @@ import time
 import pytest
 
 from tests.e2e import raw_client as rc
-from tests.e2e.server_process import ServerProcess
+from tests.e2e.shared_server import LogCursor
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=["multiqueue", "baseline"])
-def server(request, tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp(f"conn-{request.param}") / "data"
-    proc = ServerProcess(data_dir, "--mode", request.param, "--linger-ms", "20").start()
-    yield proc
-    code = proc.stop() if proc.running else proc.proc.returncode
-    assert code == 0, proc.log_text()
+PIPELINED, STEADY = "connections-pipelined", "connections-steady"
+
+
+@pytest.fixture(params=["multiqueue", "baseline"])
+def server(request):
+    """The shared server of that mode (its SIGTERM exit code is checked at the end of the session)."""
+    return request.getfixturevalue(f"{request.param}_server")
 
 
 def test_pipelined_requests_are_answered_in_request_order(server):
     client = rc.RawClient(server.host, server.port)
     try:
-        client.send(rc.frame(rc.metadata("pipelined"), 1))
+        client.send(rc.frame(rc.metadata(PIPELINED), 1))
         assert client.read_response()[0] == 1
         # 5 in flight: produce responses wait for a Spark flush, the others are
         # answered at once, so only the sequencer keeps them in this order.
         requests = [
-            rc.produce("pipelined", [b"a0", b"a1"]),
+            rc.produce(PIPELINED, [b"a0", b"a1"]),
             rc.api_versions(),
-            rc.produce("pipelined", [b"b0"]),
-            rc.metadata("pipelined"),
-            rc.produce("pipelined", [b"c0", b"c1", b"c2"]),
+            rc.produce(PIPELINED, [b"b0"]),
+            rc.metadata(PIPELINED),
+            rc.produce(PIPELINED, [b"c0", b"c1", b"c2"]),
         ]
         client.send(b"".join(rc.frame(r, 100 + i) for i, r in enumerate(requests)))
         responses = [client.read_response() for _ in requests]
@@ -70,7 +73,7 @@ class SteadyProducer(threading.Thread):
         futures = []
         deadline = time.monotonic() + 120
         while not self.stop_event.is_set() and time.monotonic() < deadline:
-            futures.append(producer.send("steady", value=f"steady-{self.sent}".encode()))
+            futures.append(producer.send(STEADY, value=f"steady-{self.sent}".encode()))
             self.sent += 1
             time.sleep(0.005)
         producer.flush(60)
@@ -99,6 +102,7 @@ def bad_inputs() -> list[tuple[str, bytes, bool]]:
 
 
 def test_bad_frames_close_only_their_connection(server):
+    log = LogCursor(server)
     steady = SteadyProducer(server.bootstrap)
     steady.start()
     try:
@@ -126,6 +130,6 @@ def test_bad_frames_close_only_their_connection(server):
     assert steady.errors == []
     assert steady.acked == steady.sent > 0
     assert server.running
-    log = server.log_text()
+    logged = log.text()
     for reason in ("negative frame size", "socket.request.max.bytes", "truncated frame", "invalid request"):
-        assert reason in log, f"no logged reason containing {reason!r}"
+        assert reason in logged, f"no logged reason containing {reason!r}"

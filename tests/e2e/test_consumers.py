@@ -108,6 +108,9 @@ def check_complete(records: list, acked: dict[int, tuple[int, int]]) -> None:
 
 
 def test_a_consumer_from_offset_0_reads_what_retention_removed_from_the_wal(tmp_path):
+    # A server of its own: log.segment.bytes is a broker setting (the WAL's segments hold every
+    # topic, a topic cannot have its own size), and retention deletes the WAL from its oldest
+    # segment on, so on a shared server other tests' topics would hold the deletion back.
     server = ServerProcess(tmp_path / "data", "--log-segment-bytes", "2048", "--log-retention-ms", "0",
                            "--table-commit-interval-ms", "500", "--num-partitions", "2").start()
     try:

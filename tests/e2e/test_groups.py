@@ -6,7 +6,8 @@ takeover when one closes (LeaveGroup) and when one is killed (session
 timeout); with Fetch they read every record exactly once. Committed offsets
 (confluent_kafka and kafka-python) survive a SIGTERM restart and a ``kill -9``
 of the server. The admin clients of both libraries list, describe, read the
-offsets of and delete groups.
+offsets of and delete groups. All but the restart test run on the shared
+server (tests/e2e/conftest.py), each with topics and groups of its own.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -84,21 +85,19 @@ class ConsumerProcess:
             self.proc.wait(10)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[ServerProcess]:
-    data_dir = tmp_path_factory.mktemp("groups") / "data"
-    server = ServerProcess(data_dir, *SERVER_ARGS).start()
-    try:
-        yield server
-    finally:
-        if server.running:
-            assert server.stop() == 0
+@pytest.fixture
+def server(multiqueue_server) -> ServerProcess:
+    """The shared server (no initial rebalance delay: the tests wait for the assignments they expect)."""
+    return multiqueue_server
 
 
 def create_topic(bootstrap: str, topic: str) -> None:
-    """Auto-create ``topic`` (6 partitions, the server's --num-partitions) by producing one record."""
+    """Create ``topic`` with 6 partitions (AdminClient) and write one record ("create") to partition 0."""
     from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
 
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 6)], request_timeout=60)[topic].result(60)
     producer = Producer({"bootstrap.servers": bootstrap})
     producer.produce(topic, value=b"create", partition=0)
     assert producer.flush(30) == 0
@@ -112,17 +111,17 @@ def disjoint_cover(consumers: list[ConsumerProcess], partitions: int = 6) -> boo
 def test_three_consumers_share_six_partitions_and_take_over_on_close_and_on_session_timeout(server):
     from confluent_kafka.admin import AdminClient
 
-    create_topic(server.bootstrap, "shared")
-    consumers = [ConsumerProcess(server.bootstrap, "sharers", "shared") for _ in range(3)]
+    create_topic(server.bootstrap, "groups-shared")
+    consumers = [ConsumerProcess(server.bootstrap, "groups-sharers", "groups-shared") for _ in range(3)]
     try:
         wait_for(lambda: disjoint_cover(consumers) and all(len(c.assignment) == 2 for c in consumers), 60,
                  "3 consumers with 2 partitions each")
         admin = AdminClient({"bootstrap.servers": server.bootstrap})
-        described = admin.describe_consumer_groups(["sharers"])["sharers"].result(30)
+        described = admin.describe_consumer_groups(["groups-sharers"])["groups-sharers"].result(30)
         assert str(described.state).endswith("STABLE") and len(described.members) == 3
         assert sorted(p.partition for m in described.members for p in m.assignment.topic_partitions) == list(range(6))
         listed = admin.list_consumer_groups().result(30)
-        assert "sharers" in [g.group_id for g in listed.valid]
+        assert "groups-sharers" in [g.group_id for g in listed.valid]
 
         # A clean close sends LeaveGroup: the others take over at once, well before the session timeout.
         leaving = consumers.pop()
@@ -139,7 +138,7 @@ def test_three_consumers_share_six_partitions_and_take_over_on_close_and_on_sess
         wait_for(lambda: consumers[0].assignment == set(range(6)), 60, "the last consumer owning all 6 partitions")
         took = time.monotonic() - killed_at
         assert SESSION_MS / 1000 - 1 <= took <= SESSION_MS / 1000 + 15, took
-        described = admin.describe_consumer_groups(["sharers"])["sharers"].result(30)
+        described = admin.describe_consumer_groups(["groups-sharers"])["groups-sharers"].result(30)
         assert len(described.members) == 1
     finally:
         for c in consumers:
@@ -149,15 +148,15 @@ def test_three_consumers_share_six_partitions_and_take_over_on_close_and_on_sess
 def test_three_consumers_read_every_record_exactly_once(server):
     from confluent_kafka import Producer
 
-    create_topic(server.bootstrap, "consumed")
-    consumers = [ConsumerProcess(server.bootstrap, "readers", "consumed") for _ in range(3)]
+    create_topic(server.bootstrap, "groups-consumed")
+    consumers = [ConsumerProcess(server.bootstrap, "groups-readers", "groups-consumed") for _ in range(3)]
     try:
         wait_for(lambda: disjoint_cover(consumers) and all(len(c.assignment) == 2 for c in consumers), 60,
                  "3 consumers with 2 partitions each")
         producer = Producer({"bootstrap.servers": server.bootstrap})
         n = 600
         for i in range(n):
-            producer.produce("consumed", value=f"v{i}".encode(), partition=i % 6)
+            producer.produce("groups-consumed", value=f"v{i}".encode(), partition=i % 6)
         assert producer.flush(60) == 0
         expected = {f"v{i}" for i in range(n)} | {"create"}
         wait_for(lambda: sum(len(c.records) for c in consumers) >= len(expected), 90, "every record consumed")
@@ -176,8 +175,8 @@ def test_a_group_reads_everything_once_in_order_while_producers_write_and_a_memb
     one member leaves mid-stream and the others take over its partitions from its commits."""
     from confluent_kafka import Producer
 
-    create_topic(server.bootstrap, "stream")
-    consumers = [ConsumerProcess(server.bootstrap, "streamers", "stream") for _ in range(3)]
+    create_topic(server.bootstrap, "groups-stream")
+    consumers = [ConsumerProcess(server.bootstrap, "groups-streamers", "groups-stream") for _ in range(3)]
     acked: dict[int, set[int]] = {p: set() for p in range(6)}
     acked[0].add(0)  # the record create_topic wrote
     stop = threading.Event()
@@ -187,7 +186,7 @@ def test_a_group_reads_everything_once_in_order_while_producers_write_and_a_memb
         producer = Producer({"bootstrap.servers": server.bootstrap})
         i = 0
         while not stop.is_set() and i < 20_000:
-            producer.produce("stream", value=f"s{i}".encode(), partition=i % 6,
+            producer.produce("groups-stream", value=f"s{i}".encode(), partition=i % 6,
                              on_delivery=lambda err, msg: errors.append(err) if err else
                              acked[msg.partition()].add(msg.offset()))
             producer.poll(0)
@@ -235,14 +234,14 @@ def test_a_group_reads_everything_once_in_order_while_producers_write_and_a_memb
 def test_kafka_python_consumers_and_admin_client(server):
     from kafka import KafkaAdminClient, KafkaConsumer
 
-    create_topic(server.bootstrap, "kp")
+    create_topic(server.bootstrap, "groups-kp")
     stop = threading.Event()
     assignments: dict[int, set[int]] = {}
     errors: list[BaseException] = []
 
     def run(index: int) -> None:
         # kafka-python consumers are not thread-safe: each lives and dies in its own thread.
-        consumer = KafkaConsumer("kp", bootstrap_servers=server.bootstrap, group_id="kp-group",
+        consumer = KafkaConsumer("groups-kp", bootstrap_servers=server.bootstrap, group_id="groups-kp-group",
                                  session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500,
                                  enable_auto_commit=False, auto_offset_reset="earliest")
         try:
@@ -263,8 +262,8 @@ def test_kafka_python_consumers_and_admin_client(server):
                  and assignments[0] | assignments[1] == set(range(6)), 60,
                  "2 kafka-python consumers with 3 partitions each")
         groups = {g["group_id"]: g for g in admin.list_groups()}
-        assert groups["kp-group"]["protocol_type"] == "consumer"
-        description = admin.describe_groups(["kp-group"])["kp-group"]
+        assert groups["groups-kp-group"]["protocol_type"] == "consumer"
+        description = admin.describe_groups(["groups-kp-group"])["groups-kp-group"]
         assert description["group_state"] == "Stable" and len(description["members"]) == 2
         assert sorted(p for m in description["members"] for p in assigned(m["member_assignment"])) == list(range(6))
     finally:

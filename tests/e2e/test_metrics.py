@@ -14,7 +14,13 @@ whole module, in file order:
 4. every listed family is exported; idle counters move at most as fast as time;
 5. ``pipeline top`` renders the live server (its render function on a live
    scrape, and ``pipeline top --once`` as a subprocess);
-6. shutdown: /readyz says 503 from SIGTERM on.
+6. a failing Spark write acknowledges nothing, and the server recovers when
+   Spark does (here because it needs the same ``--ack-on spark``, so no server
+   of its own);
+7. shutdown: /readyz says 503 from SIGTERM on.
+
+A server of its own, not the shared one: ``--ack-on spark`` is a server-level
+setting, and the first test must watch the server start.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +48,8 @@ from pipeline.network.request_metrics import STAGES
 from pipeline.top import Scrape, render, scrape
 from tests.e2e import raw_client as rc
 from tests.e2e.server_process import ServerProcess
+from tests.e2e.shared_server import LogCursor, wait_committed
+from tests.e2e.table_reader import read_table
 
 pytestmark = pytest.mark.slow
 
@@ -369,6 +378,69 @@ def test_top_renders_the_live_server(started):
     for expected in ("Produce", RAW_TOPIC, CONFLUENT_TOPIC, "queue 0"):
         assert expected in done.stdout, (expected, done.stdout)
     assert re.search(r"window: \d+\.\d s", done.stdout), done.stdout  # two scrapes: rates over their interval
+
+
+REQUEST_TIMED_OUT = 7
+FAIL_TOPIC = "spark-failure"
+
+
+def partition_response(body: bytes):
+    return rc.decode_produce_response(body).responses[0].partition_responses[0]
+
+
+def test_no_success_ack_while_spark_fails_then_recovery(started):
+    """A failing Spark write acknowledges nothing, and the server recovers when Spark does.
+
+    With ``--ack-on spark`` a produce is answered only after the Spark write that
+    holds its records commits. The table path is made unwritable by putting a
+    plain file where the table directory must be (root ignores permission bits,
+    so chmod would not do): every write fails. During that time no produce may be
+    answered with success; a produce whose timeout passes gets REQUEST_TIMED_OUT.
+    Once the table path is restored, the retried write lands every record, once.
+    """
+    server = started.server
+    data_dir = server.data_dir
+    log = LogCursor(server)
+    client = rc.RawClient(server.host, server.port, timeout_s=60)
+    client.send(rc.frame(rc.metadata(FAIL_TOPIC), 1))
+    client.read_response()
+    client.send(rc.frame(rc.produce(FAIL_TOPIC, [b"before"]), 2))
+    cid, body = client.read_response()
+    assert cid == 2 and partition_response(body).error_code == 0
+
+    records = data_dir / "tables" / "records"
+    moved = data_dir / "tables" / "records-away"
+    os.rename(records, moved)
+    records.write_bytes(b"not a directory")  # every Spark write now fails
+    try:
+        client.send(rc.frame(rc.produce(FAIL_TOPIC, [b"during-1", b"during-2"]), 3))
+        client.send(rc.frame(rc.produce(FAIL_TOPIC, [b"during-3"], timeout_ms=2_000), 4))
+        client.sock.settimeout(6)
+        with pytest.raises(socket.timeout):
+            client.read_response()  # nothing may be acknowledged while Spark fails
+    finally:
+        records.unlink()
+        os.rename(moved, records)
+    client.sock.settimeout(90)
+    answers = dict(client.read_response() for _ in range(2))
+    # responses keep request order: 3 (waited for the retry) comes before 4
+    first = partition_response(answers[3])
+    assert first.error_code == 0, "acknowledged after the retried write committed"
+    # request 4 asked for a 2 s timeout: it was answered REQUEST_TIMED_OUT, never success
+    assert partition_response(answers[4]).error_code == REQUEST_TIMED_OUT
+    client.close()
+    assert "Spark flush of" in log.text()
+
+    # the timed-out request's record is durable in the WAL and lands too (it was
+    # never acknowledged, so a client retry could add it again; this one did not retry)
+    wait_committed(server, {(FAIL_TOPIC, 0): 4})
+    rows = read_table(data_dir, f"SELECT value, offset FROM records WHERE topic = '{FAIL_TOPIC}'")
+    values = sorted(bytes(r["value"]) for r in rows)
+    assert values == [b"before", b"during-1", b"during-2", b"during-3"]
+    offsets = sorted(r["offset"] for r in rows)
+    assert offsets == [0, 1, 2, 3]
+    assert first.base_offset == 1
+    assert server.running
 
 
 def test_readyz_says_503_from_sigterm_on(started):

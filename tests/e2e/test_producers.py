@@ -2,10 +2,13 @@
 
 confluent-kafka (librdkafka) and kafka-python producers, each with its
 default configuration, send 10,000 records with keys, per-producer sequence
-numbers, headers and explicit timestamps to two topics, concurrently. The
-server is stopped with SIGTERM; then the table is read with Spark and every
-record must be there exactly once, at the offset its producer was told, with
-gapless per-partition offsets and per-partition send order.
+numbers, headers and explicit timestamps to two topics (3 partitions each),
+concurrently, on the shared server of each request-path mode
+(tests/e2e/conftest.py). Once the table holds everything the topics' logs
+hold, the table is read with Spark (through the running server's Spark
+Connect endpoint) and every record must be there exactly once, at the offset
+its producer was told, with gapless per-partition offsets and per-partition
+send order.
 """
 
 from __future__ import annotations
@@ -15,19 +18,25 @@ from collections import defaultdict
 
 import pytest
 
+from tests.e2e.shared_server import create_topics, wait_caught_up
 from tests.e2e.table_reader import read_table
-from tests.e2e.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 
 N = 10_000
 TOPICS = ("orders", "payments")
+PARTITIONS = 3
 TS0 = 1_700_000_000_000
 
 
-def expected(producer: str, i: int) -> dict:
+def topics(mode: str) -> tuple[str, str]:
+    """This test's topic names on the shared server of ``mode``."""
+    return tuple(f"producers-{mode}-{name}" for name in TOPICS)
+
+
+def expected(producer: str, i: int, mode: str) -> dict:
     return {
-        "topic": TOPICS[i % 2],
+        "topic": topics(mode)[i % 2],
         "key": f"{producer}-key-{i % 37}".encode(),
         "value": f"{producer}:{i}:".encode() + b"v" * (i % 50),
         "headers": [("producer", producer.encode()), ("seq", str(i).encode())],
@@ -35,7 +44,7 @@ def expected(producer: str, i: int) -> dict:
     }
 
 
-def run_confluent(bootstrap: str, acked: dict, errors: list) -> None:
+def run_confluent(bootstrap: str, mode: str, acked: dict, errors: list) -> None:
     import confluent_kafka
 
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
@@ -47,7 +56,7 @@ def run_confluent(bootstrap: str, acked: dict, errors: list) -> None:
             acked[("confluent", i)] = (msg.topic(), msg.partition(), msg.offset())
 
     for i in range(N):
-        rec = expected("confluent", i)
+        rec = expected("confluent", i, mode)
         while True:
             try:
                 producer.produce(rec["topic"], key=rec["key"], value=rec["value"],
@@ -62,13 +71,13 @@ def run_confluent(bootstrap: str, acked: dict, errors: list) -> None:
         errors.append(("confluent", -1, f"{remaining} records not delivered after flush"))
 
 
-def run_kafka_python(bootstrap: str, acked: dict, errors: list) -> None:
+def run_kafka_python(bootstrap: str, mode: str, acked: dict, errors: list) -> None:
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap)
     futures = []
     for i in range(N):
-        rec = expected("kafka-python", i)
+        rec = expected("kafka-python", i, mode)
         futures.append(producer.send(rec["topic"], key=rec["key"], value=rec["value"],
                                      headers=rec["headers"], timestamp_ms=rec["timestamp_ms"]))
     producer.flush(120)
@@ -82,29 +91,28 @@ def run_kafka_python(bootstrap: str, acked: dict, errors: list) -> None:
 
 
 @pytest.mark.parametrize("mode", ["multiqueue", "baseline"])
-def test_real_producers_land_in_the_table_exactly_once_in_order(mode, tmp_path):
-    data_dir = tmp_path / "data"
-    server = ServerProcess(data_dir, "--mode", mode, "--num-partitions", "3").start()
+def test_real_producers_land_in_the_table_exactly_once_in_order(mode, request):
+    server = request.getfixturevalue(f"{mode}_server")
+    create_topics(server, {topic: PARTITIONS for topic in topics(mode)})
     acked: dict = {}
     errors: list = []
-    try:
-        threads = [
-            threading.Thread(target=run_confluent, args=(server.bootstrap, acked, errors)),
-            threading.Thread(target=run_kafka_python, args=(server.bootstrap, acked, errors)),
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
-        assert not any(t.is_alive() for t in threads), "producers did not finish"
-    finally:
-        code = server.stop() if server.running else server.proc.returncode
-    assert code == 0, server.log_text()
+    threads = [
+        threading.Thread(target=run_confluent, args=(server.bootstrap, mode, acked, errors)),
+        threading.Thread(target=run_kafka_python, args=(server.bootstrap, mode, acked, errors)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not any(t.is_alive() for t in threads), "producers did not finish"
     assert errors == [], errors[:5]
     assert len(acked) == 2 * N
 
-    rows = read_table(data_dir, "SELECT topic, `partition`, `offset`, key, value, headers, "
-                                "unix_millis(`timestamp`) AS ts_ms, timestampType FROM records")
+    for topic in topics(mode):  # whatever the logs hold, acknowledged or not, is in the table
+        wait_caught_up(server, topic, PARTITIONS)
+    rows = read_table(server.data_dir, "SELECT topic, `partition`, `offset`, key, value, headers, "
+                                       "unix_millis(`timestamp`) AS ts_ms, timestampType FROM records "
+                                       "WHERE topic IN ('%s', '%s')" % topics(mode))
     assert len(rows) == 2 * N, server.log_text()
 
     seen: dict[tuple[str, int], tuple] = {}
@@ -117,7 +125,7 @@ def test_real_producers_land_in_the_table_exactly_once_in_order(mode, tmp_path):
         by_partition[(row["topic"], row["partition"])].append((row["offset"], ident))
 
     for ident, row in seen.items():
-        rec = expected(*ident)
+        rec = expected(*ident, mode)
         assert row["topic"] == rec["topic"]
         assert bytes(row["key"]) == rec["key"]
         assert bytes(row["value"]) == rec["value"]
@@ -127,7 +135,7 @@ def test_real_producers_land_in_the_table_exactly_once_in_order(mode, tmp_path):
         # the offset the producer was acknowledged with is where the record is
         assert acked[ident] == (row["topic"], row["partition"], row["offset"])
 
-    assert {t for t, _ in by_partition} == set(TOPICS)
+    assert {t for t, _ in by_partition} == set(topics(mode))
     for (topic, partition), items in by_partition.items():
         items.sort()
         assert [o for o, _ in items] == list(range(len(items))), f"gap in {topic}-{partition}"

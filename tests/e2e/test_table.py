@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.server_process import ServerProcess, free_port
+from tests.e2e.shared_server import LogCursor
 from tests.e2e.table_reader import read_table, read_tables
 
 pytestmark = pytest.mark.slow
@@ -54,9 +55,13 @@ def produce_trickle(bootstrap: str, topic: str, acked: list[int], stop: threadin
 def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(tmp_path):
     from pipeline.persist.spark_sink import build_spark_session
 
-    data_dir = tmp_path / "data"
-    server = ServerProcess(data_dir, "--table-commit-interval-ms", "2000", "--table-compaction-interval-ms", "6000",
-                           "--table-compaction-min-files", "3", "--file-delete-delay-ms", "10000").start()
+    # A server of its own: background compaction is a server-level setting, too costly to leave
+    # running on a server shared for the whole session (tests/e2e/shared_server.py says why).
+    server = ServerProcess(tmp_path / "data", "--table-commit-interval-ms", "2000", "--table-compaction-interval-ms",
+                           "6000", "--table-compaction-min-files", "3", "--file-delete-delay-ms", "10000").start()
+    topic = "trickle"
+    compacted = f"compacted `topic`='{topic}'"
+    log = LogCursor(server)
     acked: list[int] = []
     observed: list[tuple[int, int]] = []   # (rows counted, acknowledged when the count returned)
     stop = threading.Event()
@@ -66,14 +71,14 @@ def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(t
     def reader() -> None:
         while not stop.is_set():
             try:
-                n = reader_session.sql("SELECT count(*) FROM pipeline.records WHERE topic = 'trickle'").collect()[0][0]
+                n = reader_session.sql(f"SELECT count(*) FROM pipeline.records WHERE topic = '{topic}'").collect()[0][0]
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
                 return
             observed.append((n, len(acked)))
 
     try:
-        producer = threading.Thread(target=produce_trickle, args=(server.bootstrap, "trickle", acked, stop))
+        producer = threading.Thread(target=produce_trickle, args=(server.bootstrap, topic, acked, stop))
         read = threading.Thread(target=reader)
         producer.start()
         read.start()
@@ -87,7 +92,7 @@ def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(t
             time.sleep(0.2)
         # and the background compaction gets a last turn
         log_deadline = time.monotonic() + 30
-        while server.log_text().count("compacted `topic`='trickle'") < 2 and time.monotonic() < log_deadline:
+        while log.text().count(compacted) < 2 and time.monotonic() < log_deadline:
             time.sleep(0.5)
         stop.set()
         read.join(60)
@@ -97,18 +102,20 @@ def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(t
         assert all(n <= a for n, a in observed), "more rows than acknowledged records"
         assert counts[-1] == total
         assert len(counts) > 20  # the reader ran through many commits and compactions
-        assert "compacted `topic`='trickle'" in server.log_text(), server.log_text()[-3000:]
+        assert compacted in log.text(), log.text()[-3000:]
         # a handful of files per partition and hour, not one per commit
         files_per_partition = {
-            partition: len(list_files(Path(partition))) for partition in partition_dirs(reader_session, "trickle")}
+            partition: len(list_files(Path(partition))) for partition in partition_dirs(reader_session, topic)}
         assert files_per_partition and all(n <= 4 for n in files_per_partition.values()), files_per_partition
+        # every acknowledged record once, read through the running server (no JVM of a reader's own)
+        rows = reader_session.sql(f"SELECT `offset` FROM pipeline.records WHERE topic = '{topic}'").collect()
+        offsets = sorted(r[0] for r in rows)
+        assert offsets == sorted(acked) == list(range(RATE * SECONDS))
     finally:
         stop.set()
         reader_session.stop()
         code = server.stop() if server.running else None
     assert code == 0, server.log_text()
-    offsets = sorted(r["offset"] for r in read_table(data_dir, "SELECT `offset` FROM records WHERE topic = 'trickle'"))
-    assert offsets == sorted(acked) == list(range(RATE * SECONDS))
 
 
 def partition_dirs(session, topic: str) -> list[str]:
@@ -275,6 +282,8 @@ def test_an_external_metastore_is_shared_with_a_classic_session_while_the_server
     from pipeline.persist.spark_cluster import MetastoreServer
 
     data_dir = tmp_path / "data"
+    # A server of its own: hive.metastore.uris is a server-level setting (the shared servers use
+    # the embedded metastore in their data directory).
     with MetastoreServer(tmp_path / "metastore") as metastore:
         server = ServerProcess(data_dir, "--metastore-uris", metastore.uris, "--table-commit-interval-ms", "500",
                                "--spark-connect-port", "0").start()
