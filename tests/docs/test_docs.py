@@ -272,8 +272,12 @@ def server(docs_env, server_config) -> Server:
 
 def parse_table(output: str) -> list[list[str]]:
     """The rows of a rich table printed by `pipeline sql` (header first), cells stripped."""
-    return [[cell.strip() for cell in line.strip().strip("│").split("│")]
-            for line in output.splitlines() if line.count("│") >= 2]
+    rows = []
+    for line in output.splitlines():
+        line = line.strip().replace("┃", "│")  # the header row's rule is heavy
+        if line.count("│") >= 2:
+            rows.append([cell.strip() for cell in line.strip("│").split("│")])
+    return rows
 
 
 def sql_rows(docs_env: DocsEnv, command: str) -> list[list[str]]:
@@ -319,6 +323,15 @@ def test_every_block_is_run_or_marked():
             problems.append(f"{b}: neither run by tests/docs nor marked <!-- not run: REASON -->")
     assert not problems, "\n".join(problems)
     assert len(found) > len(RUN)
+
+
+def test_readme_configuration_table_names_every_key():
+    """README's "Configuration" table: one row per key of pipeline.config.KEYS, with the flag
+    `pipeline serve --help` shows, and no row for a key that does not exist."""
+    from pipeline.config import KEYS
+
+    rows = dict(re.findall(r"^\| `([a-z0-9.]+)` \| `(--[a-z0-9-]+)", (ROOT / "README.md").read_text(), re.M))
+    assert rows == {name: key.flag for name, key in KEYS.items()}
 
 
 def test_config_show(docs_env, server_config):
@@ -427,7 +440,7 @@ def test_security_clients(server, docs_env, tls):
     and kafka-python."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, AdminClient, \
-        ResourcePatternType, ResourceType
+        ResourcePatternType, ResourceType, ScramMechanism
     from kafka import KafkaProducer
 
     namespace: dict = {"os": os}
@@ -443,7 +456,9 @@ def test_security_clients(server, docs_env, tls):
         with contextlib.redirect_stdout(out):
             exec(compile(docs_env.here(block("docs/security.md", "admin.alter_user_scram_credentials").text),
                          "security.md AdminClient", "exec"), namespace)
-        assert "carol" in out.getvalue() and "SCRAM_SHA_512" in out.getvalue(), out.getvalue()
+        assert "UserScramCredentialsDescription" in out.getvalue(), out.getvalue()
+        [info] = namespace["admin"].describe_user_scram_credentials(["carol"])["carol"].result().scram_credential_infos
+        assert (info.mechanism, info.iterations) == (ScramMechanism.SCRAM_SHA_512, 8192)
         exec(compile(docs_env.here(block("docs/security.md", "admin.create_acls").text),
                      "security.md ACL", "exec"), namespace)
         admin: AdminClient = namespace["admin"]
