@@ -47,7 +47,7 @@ PIPELINE = Path(sys.executable).parent / "pipeline"
 
 RUN: dict[tuple[str, str], str] = {
     # (doc, a text that names the block) -> the test that runs it
-    ("README.md", "make serve   # creates .venv"): "server fixture (make serve ARGS=...)",
+    ("README.md", "make serve   # creates .venv"): "server fixture: make serve ARGS=... (make test: the suite itself)",
     ("README.md", "from confluent_kafka import Producer"): "test_readme_producer_and_consumer",
     ("README.md", "from confluent_kafka import Consumer"): "test_readme_producer_and_consumer",
     ("README.md", 'make serve ARGS="--mode multiqueue --queues 8"'): "test_serve_command_lines",
@@ -192,7 +192,10 @@ class Server:
         """Ctrl-C to `pipeline serve` (make's child), as a terminal would deliver it; make's exit status."""
         if self.make.poll() is None:
             def is_serve(proc: psutil.Process) -> bool:
-                return any(part.endswith("bin/pipeline") for part in proc.cmdline()[:2])
+                try:
+                    return any(part.endswith("bin/pipeline") for part in proc.cmdline()[:2])
+                except psutil.Error:  # gone, or a zombie not reaped yet
+                    return False
 
             servers = [p for p in psutil.Process(self.make.pid).children(recursive=True)
                        if is_serve(p) and not is_serve(p.parent())]  # not its children (e.g. a decode worker)
@@ -212,6 +215,7 @@ class Server:
         for proc in self.session_processes():  # e.g. a JVM that left the process group
             with contextlib.suppress(psutil.Error):
                 proc.kill()
+        psutil.wait_procs(self.session_processes(), timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -261,9 +265,9 @@ def server(docs_env, server_config) -> Server:
             f"make serve did not start listening:\n{server.diagnostics()}"
         yield server
     finally:
-        if make.poll() is None:
-            server.kill()
-        left = server.session_processes()
+        if make.poll() is None:  # test_stop_with_ctrl_c did not run (deselected, or failed before it)
+            server.stop()  # Ctrl-C as well; SIGKILL to the session if it does not end in time
+        _, left = psutil.wait_procs(server.session_processes(), timeout=30)
         for proc in left:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
