@@ -239,7 +239,8 @@ def tls(docs_env) -> Path:
 @pytest.fixture(scope="module")
 def server_config(docs_env, tls) -> Path:
     """The server's --config: security.md's configuration block, then table.md's typed topics."""
-    text = block("docs/security.md", "# /etc/pipeline.toml").text + "\n" + block("docs/table.md", '[topic."payments"]').text
+    text = "\n".join((block("docs/security.md", "# /etc/pipeline.toml").text,
+                      block("docs/table.md", '[topic."payments"]').text))
     docs_env.config_file.write_text(docs_env.here(text))
     return docs_env.config_file
 
@@ -443,8 +444,15 @@ def test_security_clients(server, docs_env, tls):
     admin (SCRAM credentials, ACLs), then alice with the ACL the doc grants, from confluent-kafka
     and kafka-python."""
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, AdminClient, \
-        ResourcePatternType, ResourceType, ScramMechanism
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+        ScramMechanism,
+    )
     from kafka import KafkaProducer
 
     namespace: dict = {"os": os}
