@@ -266,8 +266,12 @@ def server(docs_env, server_config) -> Server:
             f"make serve did not start listening:\n{server.diagnostics()}"
         yield server
     finally:
-        if make.poll() is None:  # test_stop_with_ctrl_c did not run (deselected, or failed before it)
-            server.stop()  # Ctrl-C as well; SIGKILL to the session if it does not end in time
+        try:
+            if make.poll() is None:  # test_stop_with_ctrl_c did not run (deselected, or failed before it)
+                server.stop()  # Ctrl-C as well; SIGKILL to the session if it does not end in time
+        finally:
+            if make.poll() is None:  # stop() itself failed: no orphans either way
+                server.kill()
         _, left = psutil.wait_procs(server.session_processes(), timeout=30)
         for proc in left:
             with contextlib.suppress(psutil.Error):
