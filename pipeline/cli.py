@@ -373,15 +373,31 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from pipeline.logs import children_stderr_to_log
     from pipeline.persist.spark_sink import run_sql
 
+    from pyspark.errors import PySparkException
+
     config = _resolve(args, SQL_FLAGS).server
+    database = config.table.database
+    if config.spark_remote is None and config.metastore_uris is None \
+            and not (Path(config.data_dir) / "_pipeline").is_dir():
+        # No server ever ran here: say so at once, rather than start Spark and create an empty metastore.
+        print(f"pipeline sql: no pipeline data in {Path(config.data_dir).resolve()} (no server has written "
+              "there; give the server's --data-dir or --config)", file=sys.stderr)
+        return 1
     try:
         with children_stderr_to_log():
             spark = table_session(config.data_dir, config.spark_master, config.spark_remote, config.metastore_uris)
-    except RuntimeError as exc:
+    except (RuntimeError, PySparkException) as exc:
         print(f"pipeline sql: {exc}", file=sys.stderr)
         return 1
     try:
-        columns, rows = run_sql(spark, args.query, config.table.database)
+        columns, rows = run_sql(spark, args.query, database)
+    except PySparkException as exc:  # a bad query, a missing table or database: Spark's own message
+        if exc.getCondition() == "SCHEMA_NOT_FOUND" and f"`{database}`" in str(exc):
+            print(f"pipeline sql: no database `{database}` yet (nothing has been written to the tables)",
+                  file=sys.stderr)
+        else:
+            print(f"pipeline sql: {str(exc).strip()}", file=sys.stderr)
+        return 1
     finally:
         spark.stop()
     if args.format == "json":
