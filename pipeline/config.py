@@ -666,10 +666,16 @@ def default_value(key: Key) -> Any:
 
 
 def _get(server: ServerConfig, log: LogConfig, name: str) -> Any:
-    if name.startswith("table."):
-        return getattr(server.table, name.removeprefix("table."))
     if name.startswith("log."):
         return getattr(log, name.removeprefix("log."))
+    return server_value(server, name)
+
+
+def server_value(server: ServerConfig, name: str) -> Any:
+    """The value in ``server`` of key field ``name`` (a ``Key.fields`` entry that is not a
+    ``log.*`` one: those live in ``LogConfig``)."""
+    if name.startswith("table."):
+        return getattr(server.table, name.removeprefix("table."))
     return getattr(server, name)
 
 

@@ -26,6 +26,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -659,7 +660,7 @@ def read_uncompacted_files(spark: SparkSession, data_dir: str | os.PathLike[str]
     return spark.read.schema(TABLE_SPARK_SCHEMA).option("basePath", str(root)).parquet(str(root)).select(*COLUMNS)
 
 
-def _functions(spark: SparkSession):
+def _functions(spark: SparkSession) -> ModuleType:
     """``pyspark.sql.functions`` for a classic session, its Connect twin for a Connect one.
 
     pyspark picks by the ``SPARK_CONNECT_MODE_ENABLED`` environment variable, which only
@@ -667,9 +668,9 @@ def _functions(spark: SparkSession):
     directly (and a process may hold sessions of both kinds), so ask the session.
     """
     if type(spark).__module__.startswith("pyspark.sql.connect"):
-        from pyspark.sql.connect import functions
-    else:
-        from pyspark.sql import functions
+        from pyspark.sql.connect import functions as connect_functions
+        return connect_functions
+    from pyspark.sql import functions
     return functions
 
 
