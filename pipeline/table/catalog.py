@@ -34,7 +34,7 @@ from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from pipeline.table.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
 from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables, typed_column_name
-from pipeline.table.values import ValueFormat
+from pipeline.table.values import ValueFormat, WireFormat
 from pipeline.table.layout import (
     DEFAULT_COMPACTION_MIN_FILES,
     DEFAULT_DATABASE,
@@ -130,7 +130,7 @@ class TopicTableConfig:
     retention_days: int | None = None
     value_format: str | None = None
     value_schema: str | None = None
-    value_wire_format: str = "auto"
+    value_wire_format: WireFormat = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,11 +343,11 @@ class TableCatalog:
                         raise ValueError("value.schema (a Spark DDL string) is required for json")
                     struct = self.spark.createDataFrame([], c.value_schema).schema
                     formats[topic] = ValueFormat("json", to_arrow_schema(struct, timezone="UTC"),
-                                                 wire_format=c.value_wire_format)  # type: ignore[arg-type]
+                                                 wire_format=c.value_wire_format)
                 elif c.value_format == "avro":
                     if not c.value_schema:
                         raise ValueError("value.schema (the Avro writer schema) is required for avro")
-                    formats[topic] = ValueFormat.for_avro(c.value_schema, c.value_wire_format)  # type: ignore[arg-type]
+                    formats[topic] = ValueFormat.for_avro(c.value_schema, c.value_wire_format)
                 else:
                     raise ValueError(f"value.format must be json or avro, not {c.value_format!r}")
             except Exception as exc:
