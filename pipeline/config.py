@@ -51,7 +51,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from pipeline.cluster import ClusterBroker
 from pipeline.log.manager import DEFAULT_INDEX_MAX_BYTES
@@ -71,6 +71,9 @@ from pipeline.security.sasl import DEFAULT_MECHANISMS
 from pipeline.security.tls import DEFAULT_HANDSHAKE_TIMEOUT_MS
 from pipeline.table.catalog import TableConfig, TopicTableConfig
 from pipeline.table.layout import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_COMPACTION_INTERVAL_MS, Granularity
+
+if TYPE_CHECKING:
+    from pipeline.persist.persister import AckOn
 
 ENV_PREFIX = "PIPELINE_"
 DEFAULT_SOURCE = "default"
@@ -143,7 +146,7 @@ class ServerConfig:
     buffer_memory: int = 256 * 1024 * 1024
     data_dir: Path = field(default_factory=lambda: Path("data"))
     spark_master: str = "local[*]"
-    ack_on: str = "wal"
+    ack_on: AckOn = "wal"
     log_segment_bytes: int = 64 * 1024 * 1024    # [log.segment.bytes] Kafka's 1 GiB; WAL segments
     log_retention_ms: int = 3_600_000           # [log.retention.ms] Kafka's 7 days; the table keeps the rest
     log_retention_bytes: int = -1               # [log.retention.bytes]
@@ -666,10 +669,16 @@ def default_value(key: Key) -> Any:
 
 
 def _get(server: ServerConfig, log: LogConfig, name: str) -> Any:
-    if name.startswith("table."):
-        return getattr(server.table, name.removeprefix("table."))
     if name.startswith("log."):
         return getattr(log, name.removeprefix("log."))
+    return server_value(server, name)
+
+
+def server_value(server: ServerConfig, name: str) -> Any:
+    """The value in ``server`` of key field ``name`` (a ``Key.fields`` entry that is not a
+    ``log.*`` one: those live in ``LogConfig``)."""
+    if name.startswith("table."):
+        return getattr(server.table, name.removeprefix("table."))
     return getattr(server, name)
 
 

@@ -23,6 +23,7 @@ Only for ``@dataclass(frozen=True, slots=True)`` classes without
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import TypeVar
 
 T = TypeVar("T", bound=type)
@@ -58,7 +59,9 @@ def fast_frozen_init(cls: T) -> T:
     source = f"def __init__(self, {', '.join(args)}):\n" + ("\n".join(body) or "    pass") + "\n"
     exec(source, namespace)  # noqa: S102 - generated from the dataclass's own field names
     init = namespace["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"  # type: ignore[attr-defined]
-    init.__doc__ = cls.__init__.__doc__  # type: ignore[misc]
+    assert isinstance(init, types.FunctionType)  # the def exec'd above
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__dict__["__init__"].__doc__  # the dataclass's own (slots=True: in this class)
+    # mypy refuses any assignment to __init__; replacing it is this decorator's purpose (as dataclass's own)
     cls.__init__ = init  # type: ignore[misc]
     return cls

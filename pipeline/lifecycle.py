@@ -29,6 +29,10 @@ import os
 import signal
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import psutil
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +113,7 @@ def stop_children(timeout_s: float = STOP_CHILDREN_TIMEOUT_S) -> list[str]:
     return stopped
 
 
-def _is_resource_tracker(process) -> bool:
+def _is_resource_tracker(process: psutil.Process) -> bool:
     """Whether ``process`` (psutil) is a multiprocessing resource tracker
     (``python -c 'from multiprocessing.resource_tracker import main;main(FD)'``)."""
     import psutil
@@ -132,6 +136,10 @@ class StartupInterrupted(BaseException):
         self.signum = signum
 
 
+_SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+"""What ``signal.signal`` takes and returns."""
+
+
 class StartupSignals:
     """Signal handling of the main thread before trio's exists.
 
@@ -144,7 +152,7 @@ class StartupSignals:
 
     def __init__(self) -> None:
         self.pending: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, _SignalHandler] = {}
 
     def install(self) -> None:
         for signum in STOP_SIGNALS:

@@ -151,7 +151,8 @@ def level_number(name: str) -> int:
 _PACKAGE_DIR = str(Path(__file__).resolve().parent) + os.sep
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
     """``warnings.showwarning``: a warning is one log line of logger ``py.warnings``; at
     WARNING when raised from this package, at DEBUG when from a third-party one (a
     user can do nothing about pyspark's deprecation notices)."""

@@ -89,7 +89,8 @@ def kafka_error_name(code: int) -> str:
 
 def _cumulative(per_bucket: Sequence[int], bounds: Sequence[float]) -> list[tuple[str, float]]:
     """Prometheus ``(le, cumulative count)`` pairs from per-bucket counts (last one: +Inf)."""
-    out, running = [], 0
+    out: list[tuple[str, float]] = []
+    running = 0
     for bound, count in zip((*bounds, float("inf")), per_bucket):
         running += count
         out.append((floatToGoString(bound), running))
@@ -264,7 +265,7 @@ class ServerCollector:
         listeners = [name for name, _protocol, _host, _port in getattr(s, "listener_addresses", ())] or [LISTENER]
         good: Counter[str] = Counter()
         bad: Counter[str] = Counter()
-        muted = Counter()
+        muted: Counter[str] = Counter()  # MuteReason value -> connections
         for p in list(s.processors):
             channels = list(p.channels)
             open_by_listener = Counter(ch.listener for ch in channels)

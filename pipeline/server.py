@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 import trio
 
@@ -52,9 +52,8 @@ from pipeline.network.listeners import (
 from pipeline.network.memory_pool import MemoryPool
 from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
-from pipeline.persist.group_sink import SparkGroupSink
 from pipeline.persist.persister import DEFAULT_WAL_POLICY, BatchingPersister
-from pipeline.persist.recovery import Recovered, recover
+from pipeline.persist.recovery import Recovered, TableSink, recover
 from pipeline.log.checkpoint import StateStore
 from pipeline.log.wal import WriteAheadLog
 from pipeline.protocol.apis import BrokerInfo
@@ -157,6 +156,16 @@ def advertised_endpoints(c: ServerConfig, bound: list[tuple[Endpoint, str, int]]
     return tuple(out)
 
 
+class ServerSink(TableSink, Protocol):
+    """The table side a ``Server`` runs on (``SparkGroupSink``): a ``TableSink`` that can also drop a
+    deleted topic's rows. With ``table.compaction.interval.ms`` set it must also be a
+    ``MaintainedSink``; one with a ``catalog`` attribute (a ``TableCatalog``) serves fetches of offsets
+    the WAL no longer holds."""
+
+    def drop_topic(self, topic: str) -> int:
+        """Remove every row of ``topic`` from the tables (blocking); returns the partitions dropped."""
+
+
 class Server:
     """One broker front end: ``recover`` (blocking), then ``serve`` until ``shutdown``.
 
@@ -165,7 +174,7 @@ class Server:
         sink: the table side (already started).
     """
 
-    def __init__(self, config: ServerConfig, sink: SparkGroupSink) -> None:
+    def __init__(self, config: ServerConfig, sink: ServerSink) -> None:
         self.config = config
         self.sink = sink
         own = state_dir(config)
@@ -286,7 +295,7 @@ class Server:
             self.sink, self.wal, self.store, checkpoint,
             self.commit_policy(),
             wal_policy=replace(DEFAULT_WAL_POLICY, linger_ms=c.wal_linger_ms),
-            ack_on=c.ack_on,  # type: ignore[arg-type]
+            ack_on=c.ack_on,
             max_buffer_bytes=c.buffer_memory,
             # In a cluster one broker (the controller, lowest id) compacts and applies retention.
             maintenance_interval_s=c.table_compaction_interval_ms / 1000.0 if c.table_compaction_interval_ms and (
@@ -371,7 +380,7 @@ class Server:
             log.warning("socket.request.max.bytes %d > queued.max.request.bytes %d: requests larger "
                         "than the pool are refused", c.socket_request_max_bytes, pool.capacity)
 
-        def channel_factory(connection_id: str, stream: trio.SocketStream) -> KafkaChannel:
+        def channel_factory(connection_id: str, stream: trio.abc.Stream) -> KafkaChannel:
             state = ConnectionState(pool, limits, trio.current_time(), ordered=ordered)
             return KafkaChannel(connection_id, stream, request_channel, state, memory)
 

@@ -43,8 +43,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import IO, TYPE_CHECKING, TextIO
 
 from pipeline.cluster import ClusterBroker, format_brokers
+
+if TYPE_CHECKING:
+    from pipeline.config import ServerConfig
+    from pipeline.persist.spark_cluster import ConnectServer
 
 log = logging.getLogger("pipeline.supervisor")
 
@@ -68,7 +74,7 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-def create_shared_stores(config) -> None:
+def create_shared_stores(config: ServerConfig) -> None:
     """Create the SQLite stores the brokers share (topics, groups, users, ACLs) before any
     broker starts: two processes creating one at the same moment can fail with "database
     is locked" (switching a new file to WAL journal mode takes an exclusive lock, and SQLite
@@ -124,7 +130,7 @@ class Broker:
 
     node_id: int
     cmd: list[str]
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     restarts: int = 0
     backoff_s: float = RESTART_BACKOFF_S[0]
@@ -152,7 +158,7 @@ class Broker:
         log.info("broker %d started: pid %d", self.node_id, self.proc.pid)
 
 
-def _pump(stream, out, prefix: str) -> None:
+def _pump(stream: IO[bytes], out: TextIO, prefix: str) -> None:
     """Copy a broker's output lines to ``out``, each prefixed with ``prefix``."""
     for raw in iter(stream.readline, b""):
         out.write(prefix + raw.decode(errors="replace"))
@@ -170,18 +176,19 @@ class Supervisor:
         prefix_log: prefix each broker's log lines with ``[broker I]`` (plain logs).
     """
 
-    def __init__(self, config, top_args: list[str], serve_args: list[str], prefix_log: bool = True) -> None:
+    def __init__(self, config: ServerConfig, top_args: list[str], serve_args: list[str],
+                 prefix_log: bool = True) -> None:
         self.config = config
         self.prefix_log = prefix_log
         self.top_args = top_args
         self.serve_args = strip_flags(serve_args)
         self.brokers: list[Broker] = []
-        self.connect = None
+        self.connect: ConnectServer | None = None
         self.spark_remote: str | None = config.spark_remote
         self._stop = threading.Event()
         self._starting = True
 
-    def _on_signal(self, signum: int, _frame) -> None:
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         from pipeline.lifecycle import StartupInterrupted
 
         self._stop.set()
@@ -221,13 +228,14 @@ class Supervisor:
         try:
             if self.spark_remote is None:
                 log.info("starting the brokers' shared Spark Connect server (master %s)", c.spark_master)
-                self.connect = ConnectServer(Path(c.data_dir) / "_pipeline" / "spark-connect", master=c.spark_master,
-                                             port=c.spark_connect_port or None,
-                                             conf=catalog_conf(c.data_dir, c.metastore_uris),
-                                             timeout_s=300.0, die_with_parent=True)
-                self.connect.start()
-                self.spark_remote = self.connect.url
-                log.info("Spark Connect server at %s (log %s)", self.spark_remote, self.connect.process.log_path)
+                self.connect = connect = ConnectServer(
+                    Path(c.data_dir) / "_pipeline" / "spark-connect", master=c.spark_master,
+                    port=c.spark_connect_port or None, conf=catalog_conf(c.data_dir, c.metastore_uris),
+                    timeout_s=300.0, die_with_parent=True)
+                connect.start()
+                assert connect.process is not None  # start() returned: it runs
+                self.spark_remote = connect.url
+                log.info("Spark Connect server at %s (log %s)", self.spark_remote, connect.process.log_path)
                 endpoints.write_text(json.dumps({"spark_connect": self.spark_remote}))
             create_shared_stores(c)
             members = self.cluster()
@@ -282,22 +290,22 @@ class Supervisor:
         return 0
 
     def _stop_all(self) -> None:
-        running = [b for b in self.brokers if b.proc is not None and b.proc.poll() is None]
+        running = [(b, b.proc) for b in self.brokers if b.proc is not None and b.proc.poll() is None]
         if running:
             log.info("stopping %d broker(s)", len(running))
-        for b in running:
+        for _, proc in running:
             try:
-                b.proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + BROKER_STOP_TIMEOUT_S
-        for b in running:
+        for b, proc in running:
             try:
-                b.proc.wait(max(0.1, deadline - time.monotonic()))
+                proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("broker %d did not stop within %.0f s: killing it", b.node_id, BROKER_STOP_TIMEOUT_S)
-                b.proc.kill()
-                b.proc.wait()
+                proc.kill()
+                proc.wait()
         for b in self.brokers:
             for pump in b.pumps:
                 pump.join(5)

@@ -23,7 +23,7 @@ import collections
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from kio.schema.errors import ErrorCode
 
@@ -35,6 +35,9 @@ from pipeline.requests.catalog import NoSuchTopicError, TopicCatalog, TopicExist
 from pipeline.network.request_channel import Request
 from pipeline.network.request_metrics import RequestMetrics, add_error
 from pipeline.security.acl import CLUSTER_NAME, AclOperation, ResourceType
+
+if TYPE_CHECKING:
+    from pipeline.config import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -84,18 +87,18 @@ class BrokerConfig:
     documentation: str
 
 
-def broker_configs(server: Any) -> list[BrokerConfig]:
+def broker_configs(server: ServerConfig) -> list[BrokerConfig]:
     """The broker's configs from ``ServerConfig`` ``server``, one per ``pipeline.config.KEYS``
     entry (but ``log.level``/``log.format``, which live in the logging setup): STATIC_BROKER_CONFIG
     when the value differs from the default (set by the file, the environment or a flag),
     DEFAULT_CONFIG otherwise (Kafka ``KafkaConfig`` sources, KIP-226)."""
-    from pipeline.config import KEYS, _get, default_value
+    from pipeline.config import KEYS, default_value, server_value
 
     out = []
     for name, key in KEYS.items():
-        if key.fields[0].startswith("log.") and not hasattr(server, key.fields[0]):
+        if key.fields[0].startswith("log."):  # log.level, log.format: the logging set-up's, not ServerConfig's
             continue
-        values = tuple(_get(server, None, f) for f in key.fields)
+        values = tuple(server_value(server, f) for f in key.fields)
         value = values if len(values) > 1 and any(v is not None for v in values) else values[0]
         source = ConfigSource.DEFAULT_CONFIG if value == default_value(key) else ConfigSource.STATIC_BROKER_CONFIG
         shown = key.show(value)
@@ -325,7 +328,7 @@ class AdminApis:
         for (name, topic_id), resolved in zip(wanted, names):
             error, message = ErrorCode.none, None
             try:
-                if (name is None) == (topic_id is None):
+                if (name is None) == (topic_id is None) or resolved is None:  # resolved is None: both are
                     raise _Refused(ErrorCode.invalid_request, "You must specify exactly one of topic name or topic id.")
                 if counts[resolved] > 1:
                     raise _Refused(ErrorCode.invalid_request, "Duplicate topic name." if topic_id is None
@@ -352,7 +355,8 @@ class AdminApis:
             codes.append(error)
             results.append(apis.make(
                 module.DeletableTopicResult, name=None if resolved is None or resolved.startswith("\0") else resolved,
-                topic_id=topic_id or (apis.topic_id_for(resolved) if error == ErrorCode.none else _ZERO_UUID),
+                topic_id=topic_id or (apis.topic_id_for(resolved) if error == ErrorCode.none and resolved is not None
+                                      else _ZERO_UUID),
                 error_code=error, error_message=message))
         self._complete(request, apis.make(module.DeleteTopicsResponse, throttle_time=apis.ZERO_MS,
                                           responses=tuple(results)), codes)

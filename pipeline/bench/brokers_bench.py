@@ -62,10 +62,14 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from pipeline.bench.options import BROKERS_CLIENTS as CLIENTS, BrokersBenchOptions
 from pipeline.bench.processes import LISTENING, METRICS
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+    from multiprocessing.synchronize import Barrier
 
 TOPIC = "bench-brokers"
 KCAT_DOC = """kcat producers: ``kcat -P -b BOOTSTRAP -t TOPIC -l FILE``, one process per producer, each
@@ -82,7 +86,8 @@ HISTOGRAM_MAX_US = 600_000_000
 # ------------------------------------------------------------------- producers
 
 
-def _producer(bootstrap: str, topic: str, records: int, record_bytes: int, timeout_s: float, barrier, out) -> None:
+def _producer(bootstrap: str, topic: str, records: int, record_bytes: int, timeout_s: float, barrier: Barrier,
+              out: Queue[dict]) -> None:
     """One producer process: ``security_bench.produce`` at librdkafka's defaults, started by ``barrier``;
     puts its figures (or ``{"error": text}``) on ``out``."""
     from pipeline.bench.security_bench import produce
@@ -196,7 +201,8 @@ def phase_row(n: int, opts: BrokersBenchOptions, figures: list[dict], sent: int,
 # --------------------------------------------------------------------- servers
 
 
-def _start(cmd: list[str], n: int, log_path: Path, timeout_s: float = 600.0):
+def _start(cmd: list[str], n: int, log_path: Path, timeout_s: float = 600.0
+           ) -> tuple[subprocess.Popen[bytes], list[str], list[int], IO[bytes]]:
     """Start ``cmd``; wait for ``n`` ``listening on`` and ``n`` ``metrics on`` lines.
 
     Returns (process, addresses "host:port", metrics ports, open log file).
@@ -205,11 +211,13 @@ def _start(cmd: list[str], n: int, log_path: Path, timeout_s: float = 600.0):
     log = open(log_path, "ab")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             process_group=0)
+    stdout = proc.stdout
+    assert stdout is not None  # stdout=PIPE
     addresses: list[str] = []
     metrics: list[int] = []
 
     def read() -> None:
-        for raw in iter(proc.stdout.readline, b""):
+        for raw in iter(stdout.readline, b""):
             line = raw.decode(errors="replace")
             try:
                 log.write(b"stdout: " + raw)
@@ -241,7 +249,7 @@ def _broker_pids(pid: int, n: int) -> list[int]:
     return [c.pid for c in psutil.Process(pid).children() if "--node-id" in c.cmdline()]
 
 
-def _stop(proc: subprocess.Popen, log) -> None:
+def _stop(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(300)
@@ -251,7 +259,8 @@ def _stop(proc: subprocess.Popen, log) -> None:
     log.close()
 
 
-def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list[dict]]):
+def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list[dict]]
+              ) -> tuple[list[dict], dict, list[float], dict]:
     """Run ``load`` (it returns the producers' figures) while sampling the broker tree and the Connect JVM.
 
     Returns (figures, broker tree window, CPU s of each broker in it, Connect window); the windows
@@ -305,7 +314,9 @@ def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: 
             say(f"brokers N={n}: {opts.producers} producers x {opts.records // opts.producers:,} records of "
                 f"{opts.record_bytes} B (buffer drained in {drained if drained is None else round(drained, 1)} s)")
             per = opts.records // opts.producers
-            connect_pid = connect.process.proc.pid
+            spark_process = connect.process
+            assert spark_process is not None and spark_process.proc is not None  # started by the with
+            connect_pid = spark_process.proc.pid
             if opts.client == "kcat":
                 inputs = [kcat_input(data / f"kcat-{i}.txt", per, opts.record_bytes) for i in range(opts.producers)]
                 figures, broker_window, broker_cpu, connect_window = _measured(
@@ -395,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    results = {"command": command, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
+    results: dict[str, Any] = {"command": command, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
                "options": {"preset": "brokers"}, "configurations": [], "ceiling": {},
                "brokers_options": asdict(opts)}
     with tempfile.TemporaryDirectory(prefix="brokers-bench-") as tmp:

@@ -53,7 +53,12 @@ import time
 from array import array
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message
+    from hdrh.histogram import HdrHistogram
+    from rich.console import Console
 
 from pipeline.bench.processes import ManagedProcess, machine_and_kernel, server_cpu
 
@@ -102,7 +107,7 @@ class ConsumeBenchOptions:
     server_args: list[str] = field(default_factory=list)
 
 
-SMOKE = dict(records=3000, rate=200.0, latency_duration_s=3.0, produce_timeout_s=60.0,
+SMOKE: dict[str, Any] = dict(records=3000, rate=200.0, latency_duration_s=3.0, produce_timeout_s=60.0,
              consume_timeout_s=60.0, stall_s=10.0)
 """``--consume --smoke``: a few seconds of each phase (the CI size, tests/bench/test_consume_smoke.py)."""
 
@@ -209,12 +214,13 @@ def _confluent_consumer(bootstrap: str, topic: str, partitions: list[int]) -> tu
 
     def poll(timeout_s: float = 0.5, most: int = 10_000) -> list[tuple[int, int, int, bytes | None]]:
         # consume() returns when it has ``most`` messages or at the timeout, so ask for no more than are due.
-        out = []
+        out: list[tuple[int, int, int, bytes | None]] = []
         for m in consumer.consume(num_messages=max(1, min(10_000, most)), timeout=timeout_s):
-            if m.error() is not None:
-                raise RuntimeError(f"consumer error: {m.error()}")
+            partition, offset = m.partition(), m.offset()
+            if m.error() is not None or partition is None or offset is None:
+                raise RuntimeError(f"consumer error: {m.error() or 'a message without partition or offset'}")
             value = m.value()
-            out.append((m.partition(), m.offset(), len(value) if value else 0, m.key()))
+            out.append((partition, offset, len(value) if value else 0, m.key()))
         return out
 
     return poll, consumer.close
@@ -232,7 +238,7 @@ def _kafka_python_consumer(bootstrap: str, topic: str, partitions: list[int]) ->
         consumer.seek(tp, 0)
 
     def poll(timeout_s: float = 0.5, most: int = 10_000) -> list[tuple[int, int, int, bytes | None]]:
-        out = []
+        out: list[tuple[int, int, int, bytes | None]] = []
         for tp, messages in consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max(1, min(10_000, most))).items():
             out.extend((tp.partition, m.offset, len(m.value) if m.value else 0, m.key) for m in messages)
         return out
@@ -339,10 +345,11 @@ def latency(bootstrap: str, topic: str, partitions: int, rate: float, duration_s
                 now = time.perf_counter_ns()
                 if m is None:
                     continue
-                if m.error() is not None:
-                    errors.append(str(m.error()))
+                key = m.key()
+                if m.error() is not None or key is None:
+                    errors.append(str(m.error() or "a record without a key"))
                     continue
-                i = int(m.key())
+                i = int(key)
                 if 0 <= i < total and not got_ns[i]:
                     got_ns[i] = now
                     consumed[0] += 1
@@ -351,9 +358,10 @@ def latency(bootstrap: str, topic: str, partitions: int, rate: float, duration_s
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
 
-    def on_delivery(err, msg) -> None:
-        if err is None:
-            ack_ns[int(msg.key())] = time.perf_counter_ns()
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        key = msg.key()
+        if err is None and key is not None:  # every record has its number as key
+            ack_ns[int(key)] = time.perf_counter_ns()
         elif len(errors) < 20:
             errors.append(str(err))
 
@@ -400,7 +408,7 @@ def latency(bootstrap: str, topic: str, partitions: int, rate: float, duration_s
             early += delta < 0
             ack_to_got.record_value(max(1, delta // 1000))
 
-    def figures(h) -> dict:
+    def figures(h: HdrHistogram) -> dict:
         if h.get_total_count() == 0:
             return {}
         return {"p50": h.get_value_at_percentile(50) / 1000, "p90": h.get_value_at_percentile(90) / 1000,
@@ -461,10 +469,12 @@ def _server_command(data_dir: Path, opts: ConsumeBenchOptions, extra: list[str])
             *extra, *opts.server_args]
 
 
-def _fetch_requests(server) -> float | None:
+def _fetch_requests(server: ManagedProcess) -> float | None:
     """Fetch requests the server has handled (its request metrics), or None if /metrics is unreachable."""
     from pipeline.bench.processes import counter, scrape_metrics
 
+    if server.metrics_port is None:
+        return None
     try:
         return counter(scrape_metrics(server.metrics_port), "kafka_network_requestmetrics_requests_total",
                        request="Fetch") or 0.0  # no sample before the first fetch
@@ -472,7 +482,7 @@ def _fetch_requests(server) -> float | None:
         return None
 
 
-def _timed_consume(server, client: str, topic: str, acked: dict[int, int], opts: ConsumeBenchOptions) -> dict:
+def _timed_consume(server: ManagedProcess, client: str, topic: str, acked: dict[int, int], opts: ConsumeBenchOptions) -> dict:
     fetches0, cpu0 = _fetch_requests(server), server_cpu(server)
     figures = consume_all(client, f"127.0.0.1:{server.port}", topic, acked, opts.record_bytes,
                           opts.consume_timeout_s, opts.stall_s)
@@ -482,8 +492,8 @@ def _timed_consume(server, client: str, topic: str, acked: dict[int, int], opts:
     return figures
 
 
-def _wait_for_retention(server, log_path: Path, wal_dir: Path, acked: dict[int, int], timeout_s: float,
-                        console) -> dict:
+def _wait_for_retention(server: ManagedProcess, log_path: Path, wal_dir: Path, acked: dict[int, int],
+                        timeout_s: float, console: Console) -> dict:
     """Trickle records to a side topic (each table commit lets retention run) until no segment holds
     ``TOPIC`` or ``timeout_s`` passes. Returns what was deleted and what is left."""
     from confluent_kafka import Producer
@@ -518,7 +528,7 @@ def _wait_for_retention(server, log_path: Path, wal_dir: Path, acked: dict[int, 
 def _rows(result: dict) -> list[tuple[str, ...]]:
     """(phase, client, records, MB, seconds, records/s, MB/s, first record s, streaming records/s, check)
     rows of the throughput table."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     p = result["produce"]
     rows.append(("produce (acks=all)", "confluent", f"{p['records']:,}", f"{p['bytes'] / 1e6:.1f}",
                  f"{p['seconds']:.2f}", f"{p['records_per_s']:,.0f}", f"{p['mb_per_s']:.2f}", "", "",

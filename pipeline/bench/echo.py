@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Sequence
 
 import trio
 
@@ -29,7 +30,7 @@ REPLY_BODY_BYTES = 44
 RECEIVE_BYTES = 256 * 1024
 
 
-def replies_for(frames: list[bytes]) -> bytes:
+def replies_for(frames: Sequence[bytes | bytearray]) -> bytes:
     """One buffer answering ``frames`` (request frame bodies) in order.
 
     Each reply is a size prefix, the request's correlation id (bytes 4-8 of

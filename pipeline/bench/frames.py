@@ -35,6 +35,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 from kio.serial import entity_writer
 from kio.static.primitive import i16, i32
+from kio.static.protocol import RequestPayload
 
 KEY_FORMAT = "c{conn:04d}r{req:08d}i{index:04d}"
 KEY_BYTES = 19
@@ -86,7 +87,7 @@ def produce_request(topic: str, partition: int, batch: bytes, acks: int, version
     )
 
 
-def encode_request(entity, correlation_id: int, client_id: str = "pipeline-bench") -> bytes:
+def encode_request(entity: RequestPayload, correlation_id: int, client_id: str = "pipeline-bench") -> bytes:
     """Size prefix + request header (the version the entity's schema names) + body."""
     header_cls = entity.__header_schema__
     header = header_cls(request_api_key=entity.__api_key__, request_api_version=entity.__version__,

@@ -20,13 +20,16 @@ from __future__ import annotations
 import argparse
 import pickle
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import trio
 
 from pipeline.log.batch import PartitionAppend
 from pipeline.config import Mode, ServerConfig
 from pipeline.server import Server
+
+if TYPE_CHECKING:
+    from pipeline.table.catalog import MaintenanceResult
 
 
 class NullSink:
@@ -55,9 +58,17 @@ class NullSink:
     def end_offsets(self) -> dict[tuple[str, int], int]:
         return {}
 
+    def drop_topic(self, topic: str) -> int:
+        return 0
+
+    def maintain(self) -> MaintenanceResult:
+        from pipeline.table.catalog import MaintenanceResult
+
+        return MaintenanceResult()  # no table, nothing to compact
+
 
 async def _serve(config: ServerConfig) -> None:
-    server = Server(config, sink=NullSink())  # type: ignore[arg-type]
+    server = Server(config, sink=NullSink())
     server.recover()
     async with trio.open_nursery() as nursery:
         _host, port = await nursery.start(server.serve)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Callable
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
@@ -28,6 +29,11 @@ from kafka.record.util import calc_crc32c
 from kio.schema.errors import ErrorCode
 
 from pipeline.bench.frames import encode_request, produce_request, record_key
+
+if TYPE_CHECKING:
+    from kio.serial.readers import Reader
+
+    from pipeline.config import ServerConfig
 
 MiB = 1024 * 1024
 KiB = 1024
@@ -100,9 +106,10 @@ def produce_frame(records: bytes, correlation_id: int, topic: str, acks: int = -
 def metadata_frame(names: list[str] | None, correlation_id: int, auto_create: bool) -> bytes:
     """Metadata v9 naming ``names`` (None: all topics)."""
     from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
+    from kio.schema.types import TopicName
 
     entity = MetadataRequest(
-        topics=None if names is None else tuple(MetadataRequestTopic(name=n) for n in names),
+        topics=None if names is None else tuple(MetadataRequestTopic(name=TopicName(n)) for n in names),
         allow_auto_topic_creation=auto_create, include_cluster_authorized_operations=False,
         include_topic_authorized_operations=False)
     return encode_request(entity, correlation_id, "hostile")
@@ -138,7 +145,9 @@ def decode_produce(body: bytes, version: int = 9) -> tuple[int, int]:
     from kio.index import load_response_schema
     from kio.serial import entity_reader
 
-    entity, _ = entity_reader(load_response_schema(0, version))(body, 1 if version >= 9 else 0)
+    # the schema is looked up by api key and version: its fields are not known statically
+    read: Reader[Any] = entity_reader(load_response_schema(0, version))
+    entity, _ = read(body, 1 if version >= 9 else 0)
     part = entity.responses[0].partition_responses[0]
     return int(part.error_code), int(part.base_offset)
 
@@ -157,7 +166,8 @@ def decode_api_versions_error(body: bytes) -> int:
     from kio.index import load_response_schema
     from kio.serial import entity_reader
 
-    entity, _ = entity_reader(load_response_schema(18, 0))(body, 0)
+    read: Reader[Any] = entity_reader(load_response_schema(18, 0))  # looked up by key: fields not known statically
+    entity, _ = read(body, 0)
     return int(entity.error_code)
 
 
@@ -245,7 +255,7 @@ def huge_timestamp(conn: int, req: int) -> bytes:
     return batch([b"reject:timestamp"], keys(conn, req, 1), timestamp_ms=2**62)
 
 
-RECORD_BATCH_CASES: list[tuple[str, object, int]] = [
+RECORD_BATCH_CASES: list[tuple[str, Callable[[int, int], bytes], int]] = [
     # (case, builder, Produce partition error code); Kafka's reasons in tests/e2e/test_hostile.py
     ("batch: bad CRC", bad_crc, CORRUPT_MESSAGE),
     ("batch: magic 1", magic_1, INVALID_RECORD),
@@ -304,7 +314,7 @@ class MemoryBound:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "total": self.total}
 
 
-def memory_bound(config=None) -> MemoryBound:
+def memory_bound(config: ServerConfig | None = None) -> MemoryBound:
     """The bound for ``config`` (a ``pipeline.config.ServerConfig``; None: the defaults).
 
     RSS <= R0 + queued.max.request.bytes

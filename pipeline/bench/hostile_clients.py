@@ -44,6 +44,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, Iterable
 
 from pipeline.bench import hostile as h
 
@@ -131,9 +132,10 @@ class _Opening:
             return float("-inf") if cls.count else time.monotonic() - cls.last
 
 
-def connect(spec: HostileSpec, timeout_s: float = ANSWER_TIMEOUT_S, **opts) -> socket.socket:
+def connect(spec: HostileSpec, timeout_s: float = ANSWER_TIMEOUT_S,
+            sockopts: Iterable[tuple[int, int, int]] = ()) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    for level, name, value in opts.get("sockopts", ()):
+    for level, name, value in sockopts:
         s.setsockopt(level, name, value)
     s.settimeout(CONNECT_TIMEOUT_S)
     with _Opening.lock:
@@ -244,7 +246,8 @@ class Driver:
         with self._lock:
             return self.case_numbers.setdefault(case, 1000 + len(self.case_numbers))
 
-    def run_case(self, case: str, expected: str, body, reason: str | None = None) -> Execution:
+    def run_case(self, case: str, expected: str, body: Callable[[Execution, int, int], None],
+                 reason: str | None = None) -> Execution:
         """Run ``body(ex, conn, req)``; it sets ``ex.answer`` (or raises Answer)."""
         self.may_connect.wait(120)
         with self._lock:
@@ -371,7 +374,7 @@ class Driver:
 
         return self.run_case("topic: Produce to invalid names", f"error {h.UNKNOWN_TOPIC_OR_PARTITION}", body)
 
-    def bad_batch(self, name: str, make, code: int, version: int = 9) -> Execution:
+    def bad_batch(self, name: str, make: Callable[[int, int], bytes], code: int, version: int = 9) -> Execution:
         def body(ex: Execution, conn: int, req: int) -> None:
             records = make(conn, req)
             with connect(self.spec) as s:
@@ -580,7 +583,7 @@ class Driver:
 
     def burst(self, total: int) -> Execution:
         sp = self.spec
-        record = {"connections": total, "connected": 0, "refused": 0, "connect_failures": 0}
+        record: dict[str, float] = {"connections": total, "connected": 0, "refused": 0, "connect_failures": 0}
 
         def body(ex: Execution, conn: int, req: int) -> None:
             linger_rst = struct.pack("ii", 1, 0)
@@ -689,7 +692,7 @@ class Driver:
             "executions": [{**asdict(e), "ok": e.ok} for e in executions],
         }
 
-    def _guard(self, lane) -> None:
+    def _guard(self, lane: Callable[[], object]) -> None:
         try:
             lane()
         except Exception as exc:  # noqa: BLE001 - reported in the result
@@ -729,14 +732,14 @@ def _count_closed(socks: list[socket.socket], want: int, timeout_s: float) -> in
     sel = selectors.DefaultSelector()
     for s in socks:
         s.setblocking(False)
-        sel.register(s, selectors.EVENT_READ)
+        sel.register(s, selectors.EVENT_READ, s)
     closed = 0
     deadline = time.monotonic() + timeout_s
     try:
         while closed < want and time.monotonic() < deadline:
             for key, _ in sel.select(timeout=0.1):
                 try:
-                    data = key.fileobj.recv(1)
+                    data = key.data.recv(1)  # the socket, registered as the key's data
                 except ConnectionResetError:
                     data = b""
                 except BlockingIOError:

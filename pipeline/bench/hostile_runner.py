@@ -42,10 +42,16 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import psutil
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from pipeline.persist.persister import AckOn
 
 from pipeline.bench import verify
 from pipeline.config import ServerConfig
@@ -92,9 +98,9 @@ class HostileOptions:
     rate: float = 300.0
     memory_attack_connections: int = 40
     burst_connections: int = 10_000
-    ack_on: str = "wal"
+    ack_on: AckOn = "wal"
     linger_ms: float = 50.0
-    server_args: list[str] = None  # type: ignore[assignment]
+    server_args: list[str] = field(default_factory=list)
 
 
 def hostile_server_config(opts: HostileOptions, data_dir: Path) -> ServerConfig:
@@ -134,7 +140,7 @@ _FLAGS = ("mode", "queues", "socket_request_max_bytes", "queued_max_request_byte
           "table_compaction_interval_ms", "spark_connect_port")
 
 
-def serve_command(config) -> list[str]:
+def serve_command(config: ServerConfig) -> list[str]:
     """``python -m pipeline.cli serve`` with every limit of ``config`` spelled out."""
     args = [sys.executable, "-m", "pipeline.cli", "serve", "--listen", f"{config.listen_host}:{config.listen_port}"]
     for name in _FLAGS:
@@ -193,7 +199,7 @@ class PhaseHook:
     hostile phase starts the hostile clients the moment the good producers are
     connected (so the burst cannot refuse them)."""
 
-    def __init__(self, name: str, rss: RssSampler, start=None) -> None:
+    def __init__(self, name: str, rss: RssSampler, start: Callable[[], None] | None = None) -> None:
         self.name, self.rss, self.start = name, rss, start
 
     def begin(self) -> None:
@@ -344,8 +350,12 @@ def latency_points(load: dict | None, rate: float) -> list[tuple[float, float]]:
 
 
 def percentile(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
+    """The ``p``th percentile (nearest rank) of ``values``; None if there are none."""
+    return _percentile(values, p) if values else None
+
+
+def _percentile(values: list[float], p: float) -> float:
+    """``percentile`` of a non-empty ``values``."""
     ys = sorted(values)
     return ys[min(len(ys) - 1, int(round(p / 100 * (len(ys) - 1))))]
 
@@ -506,7 +516,7 @@ def main(opts: HostileOptions) -> int:
         results["error"] = results["error"] or f"table not read: {type(exc).__name__}: {exc}"[:800]
     executor.shutdown(wait=False)
 
-    phases = {}
+    phases: dict[str, dict[str, Any]] = {}
     lost = 0
     for name, topic in (("clean", CLEAN_TOPIC), ("hostile", HOSTILE_PHASE_TOPIC)):
         o = outcomes.get(name)
@@ -590,9 +600,9 @@ def main(opts: HostileOptions) -> int:
     for k in ("clean", "hostile"):
         if (phases.get(k) or {}).get("error"):
             failures.append(f"{k} phase: " + phases[k]["error"].splitlines()[0])
-        v = (phases.get(k) or {}).get("verification")
-        if v and v["violations"]:
-            failures.append(f"{k} phase: {v['violations']} verification violation(s)")
+        phase_verification = (phases.get(k) or {}).get("verification")
+        if phase_verification and phase_verification["violations"]:
+            failures.append(f"{k} phase: {phase_verification['violations']} verification violation(s)")
     if hostile_table is not None and hostile_table.violations:
         failures.append(f"hostile topic: {hostile_table.violations} table violation(s)")
     if checks["server_exit_code"] not in (0,):
@@ -620,11 +630,11 @@ def main(opts: HostileOptions) -> int:
 # ------------------------------------------------------------------ report
 
 
-def _mib(v) -> str:
+def _mib(v: float | None) -> str:
     return "-" if v is None else f"{v / MiB:.0f}"
 
 
-def _ms(v) -> str:
+def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
@@ -682,7 +692,7 @@ def verdict_lines(results: dict) -> list[str]:
     ]
 
 
-def print_report(results: dict, console) -> None:
+def print_report(results: dict, console: Console) -> None:
     from rich.table import Table
 
     t = Table(title=f"good producers ({results['good_producers']['rate_requests_per_s']:g} req/s, "
@@ -776,8 +786,8 @@ def write_latency_plot(results: dict, out: Path, loads: dict[str, dict | None]) 
         for t, lat in pts:
             buckets[int(t)].append(lat)
         xs = sorted(buckets)
-        ax.plot(xs, [percentile(buckets[x], 99) for x in xs], color=colour, linewidth=1, label=f"{name}: p99 per s")
-        ax.plot(xs, [percentile(buckets[x], 50) for x in xs], color=colour, linewidth=0.6, linestyle=":",
+        ax.plot(xs, [_percentile(buckets[x], 99) for x in xs], color=colour, linewidth=1, label=f"{name}: p99 per s")
+        ax.plot(xs, [_percentile(buckets[x], 50) for x in xs], color=colour, linewidth=0.6, linestyle=":",
                 label=f"{name}: p50 per s")
     analysis = (results.get("checks") or {}).get("latency_analysis") or {}
     for i, (a, b) in enumerate(analysis.get("burst_spans_s", [])):

@@ -47,10 +47,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from hdrh.histogram import HdrHistogram
 
 from pipeline.bench import frames as fr
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message
+    from kio.serial.readers import Reader
 
 LATENCY_MAX_US = 3_600_000_000
 """Highest latency the histogram tracks: 1 hour, in microseconds."""
@@ -177,8 +182,9 @@ def _round_trip(sock: socket.socket, frame: bytes) -> bytes:
 def metadata_frame(topic: str, correlation_id: int) -> bytes:
     """A Metadata v9 request naming ``topic`` (auto-creates it)."""
     from kio.schema.metadata.v9.request import MetadataRequest, MetadataRequestTopic
+    from kio.schema.types import TopicName
 
-    entity = MetadataRequest(topics=(MetadataRequestTopic(name=topic),), allow_auto_topic_creation=True,
+    entity = MetadataRequest(topics=(MetadataRequestTopic(name=TopicName(topic)),), allow_auto_topic_creation=True,
                              include_cluster_authorized_operations=False,
                              include_topic_authorized_operations=False)
     return fr.encode_request(entity, correlation_id)
@@ -193,6 +199,7 @@ def setup_connection(sock: socket.socket, spec: LoadSpec) -> None:
     """
     from kio.schema.api_versions.v3.request import ApiVersionsRequest
     from kio.schema.metadata.v9.response import MetadataResponse
+    from kio.schema.types import TopicName
     from kio.serial import entity_reader
 
     _round_trip(sock, fr.encode_request(
@@ -201,7 +208,7 @@ def setup_connection(sock: socket.socket, spec: LoadSpec) -> None:
     body = _round_trip(sock, metadata_frame(spec.topic, fr.SETUP_CORRELATION_BASE + 1))
     metadata, _ = entity_reader(MetadataResponse)(body, 1)  # skip the empty tagged fields
     topics = {t.name: t for t in metadata.topics}
-    t = topics.get(spec.topic)
+    t = topics.get(TopicName(spec.topic))
     if t is None or t.error_code.value != 0 or len(t.partitions) < spec.partitions:
         raise ConnectionError(f"topic {spec.topic!r} not usable with {spec.partitions} partitions: {t}")
 
@@ -227,7 +234,7 @@ class _Conn:
         self.next_fence = _FENCE_CID
 
 
-def _produce_response_reader(version: int):
+def _produce_response_reader(version: int) -> tuple[Reader[Any], int]:
     """(reader, body offset) for Produce responses of ``version``: the entity
     reader and where the body starts after the correlation id (flexible
     versions, 9+, have response header v1 with one tagged-fields byte)."""
@@ -241,7 +248,8 @@ def _no_handshake() -> None:
     pass
 
 
-def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout, ready=_no_handshake) -> dict:
+def run_raw(spec: LoadSpec, frames: list[list[bytes]], out: TextIO = sys.stdout,
+            ready: Callable[[], None] = _no_handshake) -> dict:
     """Drive the server; returns the result dict (see module docstring).
 
     ``ready`` is called once every connection is set up, before the clock starts.
@@ -437,7 +445,7 @@ def run_raw(spec: LoadSpec, frames: list[list[bytes]], out=sys.stdout, ready=_no
 # ---------------------------------------------------------- the confluent driver
 
 
-def run_confluent(spec: LoadSpec, out=sys.stdout, ready=_no_handshake) -> dict:
+def run_confluent(spec: LoadSpec, out: TextIO = sys.stdout, ready: Callable[[], None] = _no_handshake) -> dict:
     """Drive the server with one confluent-kafka Producer per connection.
 
     Each record is one unit (``req`` = record number on its producer, key
@@ -472,13 +480,14 @@ def run_confluent(spec: LoadSpec, out=sys.stdout, ready=_no_handshake) -> dict:
     now = time.perf_counter_ns
     state = {"last": 0}
 
-    def make_callback(conn: int, req: int, started: int):
-        def on_delivery(err, msg) -> None:
+    def make_callback(conn: int, req: int, started: int) -> Callable[[KafkaError | None, Message], None]:
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
             t = now()
             latency_us = max(1, (t - started) // 1000)
             hist.record_value(min(latency_us, LATENCY_MAX_US))
             error = 0 if err is None else (err.code() if isinstance(err.code(), int) else -1)
-            offset = msg.offset() if err is None and msg.offset() is not None else -1
+            delivered = msg.offset() if err is None else None
+            offset = delivered if delivered is not None else -1
             responses[conn].append([req, latency_us, offset, error])
             state["last"] = t
         return on_delivery
@@ -532,7 +541,7 @@ def run_confluent(spec: LoadSpec, out=sys.stdout, ready=_no_handshake) -> dict:
     }
 
 
-def run(spec: LoadSpec, out=sys.stdout, ready=_no_handshake) -> dict:
+def run(spec: LoadSpec, out: TextIO = sys.stdout, ready: Callable[[], None] = _no_handshake) -> dict:
     """Pre-build (raw client), drive, and return the result dict with ``spec`` included."""
     started = time.perf_counter()
     if spec.client == "confluent":

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -304,12 +305,12 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
     preset = args.preset or "quick"
     base = PRESETS[preset]
 
-    def pick(name: str):
+    def pick(name: str) -> Any:  # a preset's value: list[int], list[str], int or float by name
         value = getattr(args, name, None)
         return base[name] if value is None else value
 
     swept = any(getattr(args, n) is not None for n in ("connections", "in_flight", "acks"))
-    shapes = [tuple(s) for s in QUICK_SHAPES] if preset == "quick" and not swept else None
+    shapes = list(QUICK_SHAPES) if preset == "quick" and not swept else None
     opts = BenchOptions(
         preset=preset, out=args.out, configs=pick("configs"), queues=pick("queues"),
         connections=pick("connections"), in_flight=pick("in_flight"), acks=pick("acks"), shapes=shapes,
@@ -331,8 +332,9 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         raise ValueError("--records-per-request and --partitions must be >= 1, --record-bytes >= 0")
     if not 1 <= opts.requests <= 10_000_000 or not 0 < opts.duration <= 600:
         raise ValueError("--requests must be 1..10,000,000 and --duration in (0, 600] s")
-    if opts.brokers:
-        opts.brokers_plan().check()
+    plan = opts.brokers_plan()
+    if plan is not None:
+        plan.check()
     return opts
 
 

@@ -43,7 +43,7 @@ class ManagedProcess:
         self.cmd = cmd
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
-        self.port: int | None = None
+        self._port: int | None = None
         self.metrics_port: int | None = None
         self._ready = threading.Event()
         self._terminated = False
@@ -58,7 +58,7 @@ class ManagedProcess:
         while the previous server shuts down and is verified)."""
         self._log = open(self.log_path, "ab")
         self._launched_at = time.monotonic()
-        self.port = None
+        self._port = None
         self._ready.clear()
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self._log,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True)
@@ -90,9 +90,20 @@ class ManagedProcess:
             self._stdout.append(line)
             if (m := METRICS.search(line)) is not None:
                 self.metrics_port = int(m.group(1))
-            if self.port is None and (m := LISTENING.search(line)) is not None:
-                self.port = int(m.group(2))  # the first listener's (a server prints one line per listener)
+            if self._port is None and (m := LISTENING.search(line)) is not None:
+                self._port = int(m.group(2))  # the first listener's (a server prints one line per listener)
                 self._ready.set()
+
+    @property
+    def port(self) -> int:
+        """The port of its first listener (``listening on HOST:PORT``).
+
+        Raises:
+            RuntimeError: it has not printed that line yet (``wait_ready`` first).
+        """
+        if self._port is None:
+            raise RuntimeError(f"{self.name} is not listening yet")
+        return self._port
 
     @property
     def pid(self) -> int:

@@ -9,7 +9,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from rich.console import Console
 
 TARGET_C1_RATIO = 4.0
 TARGET_C64_RATIO = 2.0
@@ -72,17 +76,19 @@ def evaluate_targets(results: dict) -> list[dict]:
 
     def ratio_target(c: int, k: int, want: float, check_p99: bool) -> dict:
         base = find_run(results, "baseline", c, k, -1)
+        base_rps, base_p99 = _rps(base), _p99(base)
         flags, parts = [], []
         for name in mq:
             run = find_run(results, name, c, k, -1)
-            if _rps(base) and _rps(run):
-                ratio = _rps(run) / _rps(base)
+            run_rps, run_p99 = _rps(run), _p99(run)
+            if base_rps and run_rps:
+                ratio = run_rps / base_rps
                 ok = ratio >= want
-                part = f"{name}: {ratio:.2f}x ({_rps(run):.0f} vs {_rps(base):.0f} req/s)"
-                if check_p99 and _p99(run) is not None and _p99(base) is not None:
-                    p99_ok = _p99(run) <= _p99(base)
+                part = f"{name}: {ratio:.2f}x ({run_rps:.0f} vs {base_rps:.0f} req/s)"
+                if check_p99 and run_p99 is not None and base_p99 is not None:
+                    p99_ok = run_p99 <= base_p99
                     ok = ok and p99_ok
-                    part += f", p99 {_p99(run):.0f} vs {_p99(base):.0f} ms ({'ok' if p99_ok else 'worse'})"
+                    part += f", p99 {run_p99:.0f} vs {base_p99:.0f} ms ({'ok' if p99_ok else 'worse'})"
                 flags.append(ok)
                 parts.append(part)
         text = f"multiqueue >= {want:g}x baseline throughput at C={c}, K={k}, acks=-1"
@@ -97,11 +103,12 @@ def evaluate_targets(results: dict) -> list[dict]:
     flags, parts = [], []
     for name in mq:
         run = find_run(results, name, 64, 5, 0)
-        if ceiling and _rps(run):
-            frac = _rps(run) / ceiling
+        run_rps = _rps(run)
+        if ceiling and run is not None and run_rps:
+            frac = run_rps / ceiling
             flags.append(frac >= TARGET_CEILING_FRACTION)
             size = (run.get("figures") or {}).get("request_bytes")
-            parts.append(f"{name}: {frac:.0%} of {ceiling:.0f} req/s ({_rps(run):.0f} req/s, {size} B requests)")
+            parts.append(f"{name}: {frac:.0%} of {ceiling:.0f} req/s ({run_rps:.0f} req/s, {size} B requests)")
     out.append({"target": f"acks=0: multiqueue >= {TARGET_CEILING_FRACTION:.0%} of the framing ceiling's "
                           "requests/s at C=64, K=5",
                 "status": _status(flags), "detail": "; ".join(parts) or "shape or ceiling not run"})
@@ -152,11 +159,11 @@ def brokers_targets(results: dict) -> list[dict]:
         e2e |= {"status": "not measured", "detail": "no brokers phase ran clean"}
     else:
         best = max(rows.values(), key=lambda r: r["mb_per_s"])
-        sizes = {r.get("record_bytes") for r in rows.values()}
+        sizes: set[int | None] = {r.get("record_bytes") for r in rows.values()}  # None: not recorded
         detail = (f"best N={best['brokers']}: {best['mb_per_s']:.1f} MB/s ({best['records_per_s']:,.0f} records/s); "
                   + ", ".join(f"N={n}: {r['mb_per_s']:.1f} MB/s" for n, r in sorted(rows.items())))
         if sizes != {1024}:
-            e2e |= {"status": "not measured", "detail": f"records of {sorted(sizes)} B, not 1 KiB; {detail}"}
+            e2e |= {"status": "not measured", "detail": f"records of {sorted(sizes, key=lambda b: -1 if b is None else b)} B, not 1 KiB; {detail}"}
         else:
             e2e |= {"status": "met" if best["mb_per_s"] >= TARGET_E2E_MB_S else "not met", "detail": detail}
     scale = {"target": f"--brokers 2 >= {TARGET_BROKERS_RATIO:g}x one broker's throughput "
@@ -181,7 +188,7 @@ COLUMNS = ("config", "C", "K", "acks", "req/s", "rec/s", "MB/s", "p50 ms", "p99 
            "% ceil", "srv CPU s", "CPU s/M rec", "cli CPU s", "RSS MB", "max q", "viol.", "status")
 
 
-def _fmt(v, spec: str = ".0f") -> str:
+def _fmt(v: float | None, spec: str = ".0f") -> str:
     return "-" if v is None else format(v, spec)
 
 
@@ -253,7 +260,7 @@ def _brokers_caption(results: dict) -> str:
             "Connect: the shared Spark Connect JVM.")
 
 
-def print_report(results: dict, console) -> None:
+def print_report(results: dict, console: Console) -> None:
     """The rich tables: runs, ceiling, targets."""
     from rich.table import Table
 
@@ -448,7 +455,7 @@ def write_plots(results: dict, out: Path) -> list[Path]:
     return written
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.savefig(path, dpi=110)

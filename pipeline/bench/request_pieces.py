@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import timeit
+from collections.abc import Callable
 
 from pipeline.bench.loadgen import LoadSpec, prebuild
 from pipeline.network.framing import FrameDecoder
@@ -37,6 +38,8 @@ def measure() -> dict[str, float]:
     decode = getattr(apis, "decode_produce", None) or (
         lambda h, f: apis.produce_view(apis.decode_request(h, f)))
     part = decode(header, frame).partitions[0]
+    records = part.records
+    assert records is not None  # prebuild's requests carry records
 
     def cut() -> None:
         decoder = FrameDecoder()
@@ -44,7 +47,7 @@ def measure() -> dict[str, float]:
         while decoder.next_frame() is not None:
             pass
 
-    def best(fn, number: int = 20000, per: int = 1) -> float:
+    def best(fn: Callable[[], object], number: int = 20000, per: int = 1) -> float:
         return min(timeit.repeat(fn, number=number, repeat=7)) / number / per * 1e6
 
     return {
@@ -52,7 +55,7 @@ def measure() -> dict[str, float]:
         "parse_request_header": best(lambda: parse_request_header(frame)),
         "produce decode + view": best(lambda: decode(header, frame)),
         "validate_records": best(lambda: validate_records(part.records, 9)),
-        "PartitionAppend()": best(lambda: PartitionAppend(part.topic, part.partition, 5, part.records, 10, 1,
+        "PartitionAppend()": best(lambda: PartitionAppend(part.topic, part.partition, 5, records, 10, 1,
                                                           -1, -1, -1, 1000)),
         "PartitionResult()": best(lambda: PartitionResult(part.topic, part.partition, 0, base_offset=5,
                                                           log_start_offset=0)),

@@ -39,7 +39,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import psutil
 
@@ -115,7 +115,17 @@ class RunOutcome:
     error: str | None = None
 
 
-def run_load(spec: LoadSpec, workdir: Path, name: str, sampler: Sampler | None) -> RunOutcome:
+class LoadWindow(Protocol):
+    """What ``run_load`` tells of the load window it runs (``processes.Sampler``, a phase marker)."""
+
+    def begin(self) -> None:
+        """The load starts now (its connections are up)."""
+
+    def end(self) -> dict:
+        """The load ended; returns the window's server figures (``RunOutcome.server``)."""
+
+
+def run_load(spec: LoadSpec, workdir: Path, name: str, sampler: LoadWindow | None) -> RunOutcome:
     """Run one load generator subprocess to completion (bounded by its spec + LOAD_GRACE_S)."""
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path = workdir / f"{name}.spec.json", workdir / f"{name}.result.json"
@@ -246,7 +256,7 @@ def verify_run(outcome: RunOutcome, rows: list | None) -> verify.RunVerification
     return verify.RunVerification(order, offsets, table)
 
 
-def read_topic_rows(spark, data_dir: Path, topics: list[str]) -> dict[str, list[tuple]]:
+def read_topic_rows(spark: SparkSession, data_dir: Path, topics: list[str]) -> dict[str, list[tuple]]:
     """Stored rows of each of ``topics`` as (partition, offset, record name), read
     from the table's files in one Spark job (the benchmark's servers never
     compact, ``serve_args``); the name is None for a foreign key."""
@@ -293,7 +303,7 @@ def _server_command(config: ServerConfiguration, opts: BenchOptions, data_dir: P
 
 
 def _measure_ceiling(opts: BenchOptions, out: Path, shapes: list[tuple[int, int]], results: dict,
-                     on_step) -> dict[str, float]:
+                     on_step: Callable[[str], None]) -> dict[str, float]:
     """Run every (C, K) against the echo server; returns {shape_key: requests/s}."""
     ceiling: dict[str, float] = {}
     echo = ManagedProcess("echo", [sys.executable, "-m", "pipeline.bench.echo", "--listen", "127.0.0.1:0"],
@@ -320,7 +330,7 @@ def _measure_ceiling(opts: BenchOptions, out: Path, shapes: list[tuple[int, int]
     return ceiling
 
 
-def _judge(config: ServerConfiguration, entry: dict, o: RunOutcome, rows, table_error: str | None,
+def _judge(config: ServerConfiguration, entry: dict, o: RunOutcome, rows: list | None, table_error: str | None,
            ceiling: dict[str, float]) -> dict:
     """The run's entry for results.json: figures, verification, status and why."""
     f = figures(o, ceiling.get(shape_key(o.shape["connections"], o.shape["in_flight"])))
@@ -401,7 +411,7 @@ def main(opts: BenchOptions) -> int:
             if advance:
                 progress.advance(task, advance)
 
-        entries = []
+        entries: list[dict[str, Any]] = []
         for config, server in zip(configs, servers):
             entries.append({"name": config.name, "mode": config.mode, "queues": config.queues,
                             "io_threads": config.io_threads, "serve_args": config.serve_args(opts),
@@ -425,8 +435,11 @@ def main(opts: BenchOptions) -> int:
                 step(advance=1)
 
             if opts.ceiling:
-                ceiling = _measure_ceiling(opts, out, ceiling_shapes, results,
-                                           lambda d: (step(d), step(advance=1)))
+                def ceiling_step(description: str) -> None:
+                    step(description)
+                    step(advance=1)
+
+                ceiling = _measure_ceiling(opts, out, ceiling_shapes, results, ceiling_step)
 
             stopping: tuple[ManagedProcess, dict] | None = None
 

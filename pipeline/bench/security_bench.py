@@ -49,7 +49,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message
+
+    from pipeline.bench.processes import ManagedProcess
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 DEFAULT_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_SSL")
@@ -90,7 +95,7 @@ class SecurityBenchOptions:
     server_args: list[str] = field(default_factory=list)
 
 
-SMOKE = dict(records=3000, rounds=1, rate=300.0, latency_s=2.0, timeout_s=60.0)
+SMOKE: dict[str, Any] = dict(records=3000, rounds=1, rate=300.0, latency_s=2.0, timeout_s=60.0)
 """``--security --smoke``: seconds per phase (the CI size, tests/bench/test_security_smoke.py)."""
 
 
@@ -152,18 +157,18 @@ class _Acks:
         self.first_ack: float | None = None
         self.last_ack = 0.0
 
-    def __call__(self, err, msg) -> None:
-        if err is not None:
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        p, offset = msg.partition(), msg.offset()
+        if err is not None or p is None or offset is None:  # librdkafka sets both on a delivered message
             if len(self.errors) < 20:
-                self.errors.append(str(err))
+                self.errors.append(str(err) if err is not None else f"delivered without a partition or offset: {msg}")
             return
         now = time.perf_counter()
         if self.first_ack is None:
             self.first_ack = now
         self.last_ack = now
-        p = msg.partition()
         self.per_partition[p] = self.per_partition.get(p, 0) + 1
-        self.max_offset[p] = max(self.max_offset.get(p, -1), msg.offset())
+        self.max_offset[p] = max(self.max_offset.get(p, -1), offset)
         self.key_bytes += len(msg.key() or b"")
         latency = msg.latency()
         if latency is not None:
@@ -255,7 +260,7 @@ def summarize(runs: list[dict], protocols: list[str]) -> list[dict]:
     ``runs``: dicts with ``protocol``, ``throughput`` and ``latency`` (``produce`` figures) and
     ``server_cpu_s`` (of the throughput phase). Pure.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for protocol in protocols:
         mine = [r for r in runs if r["protocol"] == protocol]
         t = [r["throughput"] for r in mine]
@@ -277,7 +282,8 @@ def summarize(runs: list[dict], protocols: list[str]) -> list[dict]:
     base = rows[0] if rows else None
     for row in rows:
         for key in ("records_per_s", "p99_ms"):
-            b, v = (base or {}).get(key), row[key]
+            b: float | None = (base or {}).get(key)
+            v: float | None = row[key]
             row[f"{key}_vs_{protocols[0].lower()}"] = v / b if b and v is not None else None
     return rows
 
@@ -292,7 +298,7 @@ COLUMNS = ("protocol", "records/s", "MB/s", "x PLAINTEXT", "loaded p50 ms", "loa
 
 def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
     """The summary as strings, in ``COLUMNS`` order."""
-    out = []
+    out: list[tuple[str, ...]] = []
     for r in rows:
         ratio = next((v for k, v in r.items() if k.startswith("records_per_s_vs_")), None)
         p99_ratio = next((v for k, v in r.items() if k.startswith("p99_ms_vs_")), None)
@@ -336,7 +342,8 @@ def _make_certs(cert_dir: Path) -> tuple[Path, Path]:
     return ca_path, keystore
 
 
-def _listener_ports(server, log_path: Path, protocols: list[str], timeout_s: float = 30.0) -> dict[str, int]:
+def _listener_ports(server: ManagedProcess, log_path: Path, protocols: list[str],
+                    timeout_s: float = 30.0) -> dict[str, int]:
     """Port of every listener: the first from the server's ready line, the others from its log."""
     deadline = time.monotonic() + timeout_s
     ports = {protocols[0]: server.port}
@@ -350,7 +357,7 @@ def _listener_ports(server, log_path: Path, protocols: list[str], timeout_s: flo
         time.sleep(0.1)
 
 
-def wait_for_table(metrics_ports: list[int | None], timeout_s: float) -> float | None:
+def wait_for_table(metrics_ports: Sequence[int | None], timeout_s: float) -> float | None:
     """Wait until the persister of every server (one ``/metrics`` port each) holds nothing
     (``pipeline_buffered_bytes`` 0: everything acknowledged is in the table), so the next
     phase starts with an empty ``buffer.memory``.
@@ -359,12 +366,13 @@ def wait_for_table(metrics_ports: list[int | None], timeout_s: float) -> float |
     """
     from pipeline.bench.processes import counter, scrape_metrics
 
-    if None in metrics_ports:  # a server printed no metrics port
+    ports = [port for port in metrics_ports if port is not None]
+    if len(ports) < len(metrics_ports):  # a server printed no metrics port
         return None
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         try:
-            buffered = sum(counter(scrape_metrics(port), "pipeline_buffered_bytes") or 0 for port in metrics_ports)
+            buffered = sum(counter(scrape_metrics(port), "pipeline_buffered_bytes") or 0.0 for port in ports)
         except OSError:
             return None
         if not buffered:

@@ -23,6 +23,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -35,6 +36,12 @@ from pipeline.log.batch import PartitionAppend
 from pipeline.persist.persister import BatchingPersister
 from pipeline.log.checkpoint import Checkpoint, StateStore
 from pipeline.log.wal import WriteAheadLog
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from pipeline.persist.persister import GroupSink
 
 TARGET_FRACTION = 0.80
 
@@ -66,7 +73,7 @@ def flush_appends(batches: list[bytes], batch_records: int, flush_index: int, pa
     return appends
 
 
-def run_raw(spark, table, path: str, flushes: int) -> float:
+def run_raw(spark: SparkSession, table: pa.Table, path: str, flushes: int) -> float:
     """Seconds for ``flushes`` raw Spark writes of ``table``."""
     started = time.perf_counter()
     for _ in range(flushes):
@@ -74,7 +81,7 @@ def run_raw(spark, table, path: str, flushes: int) -> float:
     return time.perf_counter() - started
 
 
-def run_sink(sink, data_dir: Path, flushes: list[list[PartitionAppend]], records_per_flush: int) -> float:
+def run_sink(sink: GroupSink, data_dir: Path, flushes: list[list[PartitionAppend]], records_per_flush: int) -> float:
     """Seconds from the first append to the last record committed, through the real persister."""
     wal = WriteAheadLog(data_dir / "_pipeline" / "wal")
     wal.open()

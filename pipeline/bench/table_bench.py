@@ -31,9 +31,16 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message
+    from pyspark.sql import SparkSession
+
+    from pipeline.table.catalog import TableCatalog
 
 TOPIC = "bench-table"
 
@@ -58,7 +65,7 @@ def _produce(bootstrap: str, opts: TableBenchOptions) -> int:
     producer = Producer({"bootstrap.servers": bootstrap})
     delivered = 0
 
-    def on_delivery(err, msg) -> None:
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
         nonlocal delivered
         if err is None:
             delivered += 1
@@ -79,7 +86,7 @@ def _produce(bootstrap: str, opts: TableBenchOptions) -> int:
     return delivered
 
 
-def _measure(spark, catalog, repeats: int) -> dict:
+def _measure(spark: SparkSession, catalog: TableCatalog, repeats: int) -> dict:
     from pipeline.table.catalog import list_data_files
 
     files = {}

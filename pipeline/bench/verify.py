@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 MAX_EXAMPLES = 5
 """Examples of each kind of violation kept for the report (counts are always complete)."""
@@ -100,7 +100,7 @@ class ResponseOrderReport:
 
 
 def response_order(
-    arrivals: dict[int, Sequence[int]], sent: dict[int, int] | None = None
+    arrivals: Mapping[int, Sequence[int]], sent: Mapping[int, int] | None = None
 ) -> ResponseOrderReport:
     """Check (a).
 
@@ -183,15 +183,15 @@ def offset_order(responses: Iterable[Response]) -> OffsetOrderReport:
                 )
     for partition, rs in sorted(by_partition.items()):
         rs.sort(key=lambda r: (r.base_offset, r.conn, r.req))
-        end, owner = -1, None
+        end, owner_conn, owner_req = -1, -1, -1  # the end offset so far, and who reached it
         for r in rs:
             if r.base_offset < end:
                 report.duplicated.add(
                     f"partition {partition}: offset {r.base_offset} given to conn {r.conn} request "
-                    f"{r.req} and to conn {owner[0]} request {owner[1]}"
+                    f"{r.req} and to conn {owner_conn} request {owner_req}"
                 )
             if r.base_offset + r.records > end:
-                end, owner = r.base_offset + r.records, (r.conn, r.req)
+                end, owner_conn, owner_req = r.base_offset + r.records, r.conn, r.req
     return report
 
 

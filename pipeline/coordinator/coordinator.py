@@ -591,7 +591,7 @@ class GroupCoordinator:
             return NONE, [UNKNOWN_MEMBER_ID] * len(members), replies
         if group.state is GroupState.DEAD:
             return COORDINATOR_NOT_AVAILABLE, [], replies
-        errors = []
+        errors: list[int] = []
         for member_id, instance_id in members:
             if member_id and group.static_member_fenced(member_id, instance_id):
                 errors.append(FENCED_INSTANCE_ID)
@@ -648,8 +648,9 @@ class GroupCoordinator:
                     self._prepare_rebalance(group, now_ms, replies)
                     self._try_complete_join(group, now_ms, replies)
             for member in list(group.members.values()):
-                deadline = member.heartbeat_deadline_ms
-                if deadline is None or deadline > now_ms or group.members.get(member.member_id) is not member:
+                heartbeat_deadline = member.heartbeat_deadline_ms
+                if heartbeat_deadline is None or heartbeat_deadline > now_ms \
+                        or group.members.get(member.member_id) is not member:
                     continue
                 if not member.is_new and (member.join_waiter is not None or member.sync_waiter is not None):
                     # Awaiting a rebalance counts as a heartbeat (Kafka hasSatisfiedHeartbeat);

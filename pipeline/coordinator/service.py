@@ -302,7 +302,7 @@ class GroupCoordinatorService:
         key_type = int(getattr(body, "key_type", GROUP_KEY_TYPE))
         keys = list(body.coordinator_keys) if version >= 4 else [body.key]
         broker = self.apis.broker.for_listener(request.connection.listener)
-        found = []
+        found: list[tuple[str, int, str | None, int, str, int]] = []  # key, error, message, node, host, port
         for key in keys:
             if key_type == GROUP_KEY_TYPE and not self._allowed(request, DESCRIBE, GROUP, key):
                 found.append((key, GROUP_AUTHORIZATION_FAILED, None, -1, "", -1))
@@ -400,10 +400,12 @@ class GroupCoordinatorService:
         header = request.header
         version = header.api_version
         body = apis.decode_request(header, request.frame)
+        leaving: list[tuple[str, str | None]]
         if version >= 3:
             leaving = [(m.member_id, m.group_instance_id) for m in body.members]
         else:
             leaving = [(body.member_id, None)]
+        member_errors: list[int]
         if not self._allowed(request, READ, GROUP, body.group_id):
             error, member_errors, leaving = GROUP_AUTHORIZATION_FAILED, [], []
         elif not self._coordinates(body.group_id):
@@ -520,7 +522,8 @@ class GroupCoordinatorService:
             asked = [(g.group_id, g.topics) for g in body.groups]
         else:
             asked = [(body.group_id, body.topics)]
-        groups = []
+        # (group id, error, [(topic, partition, offset, leader epoch, metadata, error), ...]), ...
+        groups: list[tuple[str, int, list[tuple[str, int, int, int, str | None, int]]]] = []
         describable: dict[str, bool] = {}
 
         def may_describe(topic: str, log_denied: bool) -> bool:
@@ -539,7 +542,8 @@ class GroupCoordinatorService:
                 groups.append((group_id, gc.NOT_COORDINATOR, []))
                 continue
             partitions = None if topics is None else [(t.name, int(p)) for t in topics for p in t.partition_indexes]
-            rows = [(t, p, o, e, m, gc.NONE) for t, p, o, e, m in self.state.fetch_offsets(group_id, partitions)]
+            rows: list[tuple[str, int, int, int, str | None, int]] = [
+                (t, p, o, e, m, gc.NONE) for t, p, o, e, m in self.state.fetch_offsets(group_id, partitions)]
             if topics is None:
                 rows = [r for r in rows if may_describe(r[0], False)]
             else:
@@ -654,6 +658,8 @@ class GroupCoordinatorService:
         body = apis.decode_request(header, request.frame)
         mod = apis.response_module(OFFSET_DELETE, header.api_version)
         group_id = body.group_id
+        subscribed: set[str]
+        readable: dict[str, bool]
         if not self._allowed(request, DELETE, GROUP, group_id):
             group_error, subscribed, readable = GROUP_AUTHORIZATION_FAILED, set(), {}
         elif not self._coordinates(group_id):

@@ -422,21 +422,22 @@ class LogManager:
         if timestamp_ms == LATEST_TIMESTAMP:
             return plog.high_watermark, -1
         first = plog.first_indexed_offset
-        table_has_older = self.table is not None and (first is None or first > plog.log_start_offset) \
-            and plog.high_watermark > 0
+        # the table, when it holds records older than the log's first indexed one
+        older = self.table if (first is None or first > plog.log_start_offset) and plog.high_watermark > 0 \
+            else None
         if timestamp_ms == MAX_TIMESTAMP:
             best: tuple[int, int] | None = None
-            if table_has_older:
-                best = await trio.to_thread.run_sync(self.table.max_timestamp, topic, partition,  # type: ignore[union-attr]
-                                                     first)
+            if older is not None:
+                best = await trio.to_thread.run_sync(older.max_timestamp, topic, partition, first)
             loc = plog.max_timestamp()
             if loc is not None and (best is None or loc.max_timestamp > best[1]):
-                found = await self._find_in_batch(loc, lambda ts: ts == loc.max_timestamp)
+                max_ts = loc.max_timestamp
+                found = await self._find_in_batch(loc, lambda ts: ts == max_ts)
                 if found is not None:
                     best = found
             return best if best is not None else (-1, -1)
-        if table_has_older:
-            found = await trio.to_thread.run_sync(self.table.offset_for_timestamp, topic, partition,  # type: ignore[union-attr]
+        if older is not None:
+            found = await trio.to_thread.run_sync(older.offset_for_timestamp, topic, partition,
                                                   timestamp_ms, first if first is not None else plog.high_watermark)
             if found is not None:
                 return found

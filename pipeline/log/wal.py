@@ -27,10 +27,7 @@ from typing import Callable, Sequence
 
 from pipeline.log.batch import PartitionAppend
 
-try:
-    from crc32c import crc32c as _crc32c
-except ImportError:  # pragma: no cover - kafka-python's pure-Python fallback, ~100x slower
-    from kafka.record._crc32c import crc as _crc32c
+from crc32c import crc32c as _crc32c  # a dependency (pipeline.protocol.records needs it too)
 
 log = logging.getLogger(__name__)
 
@@ -183,11 +180,11 @@ class WriteAheadLog:
                             f"{path}: bad entry at byte {end} ({problem}) in a segment that is"
                             f" not the last one; refusing to start"
                         )
-                    after = _clean_run_after(data, end + 1)
-                    if after is not None:
+                    clean = _clean_run_after(data, end + 1)
+                    if clean is not None:
                         raise WalCorruptionError(
                             f"{path}: bad entry at byte {end} ({problem}) followed by valid"
-                            f" entries from byte {after} to the end; refusing to start"
+                            f" entries from byte {clean} to the end; refusing to start"
                         )
                     log.warning(
                         "write-ahead log %s: truncating torn tail of %d bytes at byte %d (%s);"

@@ -218,7 +218,7 @@ class ConnectionState:
         """Response bytes completed but not yet written (including a send under way)."""
         return self._unsent_bytes
 
-    def receive_data(self, data: bytes, now: float) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> None:
         """Bytes read from the socket (any split, any number of frames)."""
         if not data:
             return

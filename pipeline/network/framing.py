@@ -185,8 +185,8 @@ class FrameDecoder:
         if self._body is not None:
             if self._filled < len(self._body):
                 return None
-            frame, self._body, self._filled = self._body, None, 0
-            return frame
+            body, self._body, self._filled = self._body, None, 0
+            return body
         buf, pos = self._buf, self._pos
         end = pos + SIZE_PREFIX.size + size
         if len(buf) < end:

@@ -73,7 +73,7 @@ class Processor:
     def __init__(
         self,
         processor_id: int,
-        channel_factory: Callable[[str, trio.SocketStream], KafkaChannel],
+        channel_factory: Callable[[str, trio.abc.Stream], KafkaChannel],
         quotas: ConnectionQuotas,
         new_connection_queue_size: int = 20,
     ) -> None:
@@ -135,7 +135,7 @@ class Processor:
                     nursery.start_soon(self._secure_and_serve, connection_id(stream), stream, ip, listener)
 
     def _new_channel(self, conn_id: str, stream: trio.abc.Stream, listener: Listener, principal: str) -> KafkaChannel:
-        channel = self._channel_factory(conn_id, stream)  # type: ignore[arg-type]
+        channel = self._channel_factory(conn_id, stream)
         channel.listener = listener.name
         channel.security_protocol = listener.security_protocol
         channel.principal = principal

@@ -145,6 +145,11 @@ class RequestChannel:
         return list(self._queued)
 
     def queue_index(self, connection_id: str) -> int:
+        """The queue the requests of connection ``connection_id`` go to (the subclass's routing)."""
+        raise NotImplementedError
+
+    def receiver(self, handler_index: int) -> tuple[int, trio.MemoryReceiveChannel[list[Request]]]:
+        """(queue index, receive side) RequestHandler ``handler_index`` takes its requests from (the subclass's)."""
         raise NotImplementedError
 
     async def send_requests(self, requests: list[Request]) -> None:

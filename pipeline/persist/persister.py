@@ -39,7 +39,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 
 import trio
 from hdrh.histogram import HdrHistogram
@@ -49,6 +49,9 @@ from pipeline.log.batch import PartitionAppend
 from pipeline.log.state import LogState
 from pipeline.log.checkpoint import Checkpoint, StateStore
 from pipeline.log.wal import WalPosition, WalSpan, WriteAheadLog, encode_appends
+
+if TYPE_CHECKING:
+    from pipeline.table.catalog import MaintenanceResult
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +113,28 @@ class GroupSink(Protocol):
     def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
         """(topic, partition, offset) already in the table within [start, end) per partition."""
 
-    # Optional: ``to_table_from_wal(appends, wal_directory, spans) -> same as to_table``: the
-    # appends come without their record bytes (``records`` empty, ``size_bytes`` kept), and
-    # append i's records are the bytes at ``spans[i]`` = (segment, position, length) of the WAL
-    # in ``wal_directory`` (``pipeline.log.wal.read_spans``). When the sink has it, the
-    # persister drops record bytes once they are in the WAL and uses it for every flush.
+    # Optional: a sink may also be a WalReadingSink and a MaintainedSink (below).
 
-    # Optional: ``maintain() -> pipeline.table.catalog.MaintenanceResult``, called
-    # every ``maintenance_interval_s`` between two writes when that is set.
+
+@runtime_checkable
+class WalReadingSink(Protocol):
+    """A GroupSink that decodes records read back from the WAL. When the sink has it, the
+    persister drops record bytes once they are in the WAL and uses it for every flush."""
+
+    def to_table_from_wal(self, appends: Sequence[PartitionAppend], wal_directory: str,
+                          spans: Sequence[WalSpan]) -> Any:
+        """Same as ``to_table``, but the appends come without their record bytes (``records``
+        empty, ``size_bytes`` kept): append i's records are the bytes at ``spans[i]`` =
+        (segment, position, length) of the WAL in ``wal_directory`` (``pipeline.log.wal.read_spans``)."""
+
+
+@runtime_checkable
+class MaintainedSink(Protocol):
+    """A GroupSink with table maintenance, which the persister runs every
+    ``maintenance_interval_s`` between two writes when that is set."""
+
+    def maintain(self) -> MaintenanceResult:
+        """Compaction and retention (``pipeline.table.catalog.TableCatalog.maintain``)."""
 
 
 class LogListener(Protocol):
@@ -188,7 +205,8 @@ class _SparkWaiter:
     position: WalPosition
     acked_at: float                # trio.current_time() (s) of the WAL commit
     seq: int = 0                   # the last append number of the WAL group
-    spans: list[WalSpan] | None = None  # where the group's appends' records are in the WAL
+    spans: list[WalSpan] = field(default_factory=list)  # where the group's appends' records are in
+                                                        # the WAL, when the sink reads them from there
 
 
 def _without_records(a: PartitionAppend) -> PartitionAppend:
@@ -228,9 +246,14 @@ class BatchingPersister:
             retrying before giving up (the WAL keeps the records).
         maintenance_interval_s: call ``sink.maintain()`` (table compaction
             and retention) this often, between two Spark writes; None: never.
+            Set, it needs a sink that is a ``MaintainedSink``.
         log_listener: the read side, told where appends are in the WAL and
             when they are durable, and asked how much of the WAL to keep;
             None: nothing reads the WAL, it is cut at every checkpoint.
+
+    Raises:
+        ValueError: ``ack_on`` is neither "wal" nor "spark", or ``maintenance_interval_s``
+            is set for a sink without ``maintain``.
     """
 
     def __init__(
@@ -252,10 +275,14 @@ class BatchingPersister:
     ) -> None:
         if ack_on not in ("wal", "spark"):
             raise ValueError(f"ack_on must be 'wal' or 'spark', got {ack_on!r}")
+        if maintenance_interval_s is not None and not isinstance(sink, MaintainedSink):
+            raise ValueError("maintenance_interval_s is set, but the sink has no maintain()")
         self._sink = sink
         self._wal = wal
-        # A sink that can read records back from the WAL gets positions, not bytes (GroupSink).
-        self._reads_wal = callable(getattr(sink, "to_table_from_wal", None))
+        # A sink that can read records back from the WAL gets positions, not bytes (WalReadingSink).
+        self._wal_reader = sink if isinstance(sink, WalReadingSink) else None
+        self._reads_wal = self._wal_reader is not None
+        self._maintainer = sink if isinstance(sink, MaintainedSink) else None
         self._store = store
         self.ack_on: AckOn = ack_on
         self._wal_acc: RecordAccumulator[Commit] = RecordAccumulator(wal_policy)
@@ -472,7 +499,7 @@ class BatchingPersister:
             spark_commit = Commit()
             waiters = list(group.waiters)
 
-            def release(c: Commit, waiters=waiters) -> None:
+            def release(c: Commit, waiters: list[Commit] = waiters) -> None:
                 for commit in waiters:
                     commit.resolve(c.error)
 
@@ -531,9 +558,9 @@ class BatchingPersister:
                 group = acc.drain(reason)
                 self._in_spark_prepare = group.size_bytes
                 try:
-                    if self._reads_wal:
+                    if self._wal_reader is not None:
                         spans = [span for w in group.waiters for span in w.spans]
-                        table = await trio.to_thread.run_sync(self._sink.to_table_from_wal, group.appends,
+                        table = await trio.to_thread.run_sync(self._wal_reader.to_table_from_wal, group.appends,
                                                               self._wal.directory, spans)
                     else:
                         table = await trio.to_thread.run_sync(self._sink.to_table, group.appends)
@@ -573,9 +600,9 @@ class BatchingPersister:
 
     async def _maintain(self) -> None:
         """One ``sink.maintain()`` (compaction, retention) in the writer's slot; failures are logged."""
-        assert self._maintenance_interval_s is not None
+        assert self._maintenance_interval_s is not None and self._maintainer is not None  # checked in __init__
         try:
-            result = await trio.to_thread.run_sync(self._sink.maintain)  # type: ignore[attr-defined]
+            result = await trio.to_thread.run_sync(self._maintainer.maintain)
         except Exception as exc:  # the next run retries; the table's journal keeps what must be deleted
             log.warning("table maintenance failed: %s", str(exc).splitlines()[0] if str(exc) else exc)
         else:

@@ -30,7 +30,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Callable, Self
 
 LOOPBACK = "127.0.0.1"
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -183,7 +183,7 @@ class SparkProcess:
             pass
 
 
-def _wait_for(proc: SparkProcess, ready, what: str, timeout_s: float, poll_s: float = 0.25) -> None:
+def _wait_for(proc: SparkProcess, ready: Callable[[], bool], what: str, timeout_s: float, poll_s: float = 0.25) -> None:
     """Poll ``ready()`` until true; raise (stopping nothing) if ``proc`` exits or time runs out."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -230,29 +230,31 @@ class StandaloneCluster:
         try:
             # Port 0 for the RPC port and the web UI: the Master binds free ones
             # and logs the URL it got, so there is no race for a pre-picked port.
-            self.master = SparkProcess(
+            self.master = master = SparkProcess(
                 "Spark Master",
                 [spark_class, MASTER_CLASS, "--host", LOOPBACK, "--port", "0", "--webui-port", "0"],
                 self.work_dir / "master.log", env,
             )
-            self.master.start()
+            master.start()
 
             def master_started() -> bool:
-                m = _MASTER_STARTED.search(self.master.log_text())
+                m = _MASTER_STARTED.search(master.log_text())
                 if m:
                     self.master_url = m.group(1)
                 return m is not None
 
-            _wait_for(self.master, master_started, "start", self.timeout_s)
-            self.worker = SparkProcess(
+            _wait_for(master, master_started, "start", self.timeout_s)
+            master_url = self.master_url
+            assert master_url is not None  # set by master_started before it returned True
+            self.worker = worker = SparkProcess(
                 "Spark Worker",
-                [spark_class, WORKER_CLASS, self.master_url, "--host", LOOPBACK, "--port", "0",
+                [spark_class, WORKER_CLASS, master_url, "--host", LOOPBACK, "--port", "0",
                  "--webui-port", "0", "--cores", str(self.cores), "--memory", self.memory,
                  "--work-dir", str(self.work_dir / "worker")],
                 self.work_dir / "worker.log", env,
             )
-            self.worker.start()
-            _wait_for(self.worker, lambda: bool(_WORKER_REGISTERED.search(self.worker.log_text())),
+            worker.start()
+            _wait_for(worker, lambda: bool(_WORKER_REGISTERED.search(worker.log_text())),
                       "register with the Master", self.timeout_s)
         except BaseException:
             self.stop()
@@ -268,7 +270,7 @@ class StandaloneCluster:
     def __enter__(self) -> "StandaloneCluster":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -366,20 +368,20 @@ class ConnectServer(_OneProcessService):
         # spark-submit's launcher sizes a "spark-internal" server's heap (the
         # Thrift and Connect servers) by SPARK_DAEMON_MEMORY, not --driver-memory.
         env = _spark_env({"SPARK_DAEMON_MEMORY": self.driver_memory})
-        self.process = SparkProcess("Spark Connect server", cmd,
-                                    self.work_dir / "connect-server.log", env, die_with_parent=self.die_with_parent)
-        self.process.start()
+        self.process = process = SparkProcess("Spark Connect server", cmd, self.work_dir / "connect-server.log",
+                                              env, die_with_parent=self.die_with_parent)
+        process.start()
 
         def listening() -> bool:
             if self.bound_port is None:
-                m = _CONNECT_STARTED.search(self.process.log_text())
+                m = _CONNECT_STARTED.search(process.log_text())
                 if m is None:
                     return False
                 self.bound_port = int(m.group(1))
             return port_open(LOOPBACK, self.bound_port)
 
         try:
-            _wait_for(self.process, listening, f"listen on {LOOPBACK}", self.timeout_s)
+            _wait_for(process, listening, f"listen on {LOOPBACK}", self.timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -434,10 +436,11 @@ class MetastoreServer(_OneProcessService):
         java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
         if not java:
             raise FileNotFoundError("java (Java 17) is needed by the Hive metastore")
-        if self.port is None:
+        port = self.port
+        if port is None:
             with socket.socket() as s:
                 s.bind((LOOPBACK, 0))
-                self.port = s.getsockname()[1]
+                self.port = port = s.getsockname()[1]
         self.work_dir.mkdir(parents=True, exist_ok=True)
         cmd = [java, "-Xmx512m", "-cp", str(spark_home() / "jars" / "*"),
                # Hive's own log set-up wants the LMAX disruptor for async logging, which pyspark does not ship.
@@ -446,12 +449,11 @@ class MetastoreServer(_OneProcessService):
                f"-Dderby.stream.error.file={self.work_dir / 'derby.log'}",
                "-Ddatanucleus.schema.autoCreateAll=true", "-Dhive.metastore.schema.verification=false",
                f"-Dhive.metastore.warehouse.dir={self.work_dir / 'warehouse'}",
-               METASTORE_CLASS, "-p", str(self.port)]
-        self.process = SparkProcess("Hive metastore", cmd, self.work_dir / "metastore.log", _spark_env())
-        self.process.start()
+               METASTORE_CLASS, "-p", str(port)]
+        self.process = process = SparkProcess("Hive metastore", cmd, self.work_dir / "metastore.log", _spark_env())
+        process.start()
         try:
-            _wait_for(self.process, lambda: port_open(LOOPBACK, self.port), f"listen on {LOOPBACK}:{self.port}",
-                      self.timeout_s)
+            _wait_for(process, lambda: port_open(LOOPBACK, port), f"listen on {LOOPBACK}:{port}", self.timeout_s)
         except BaseException:
             self.stop()
             raise

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Any, TypedDict, cast
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -135,7 +136,16 @@ def build_spark_session(
 # e.g. the server is down): 5 retries, 50 ms x4 each time, ~17 s in all.
 # pyspark's default (15 retries, up to 60 s apart) keeps one write blocked for
 # 10+ minutes; the persister has its own retries and must hear of it sooner.
-CONNECT_RETRY_POLICY: dict[str, int | float] = {
+class RetryPolicy(TypedDict):
+    """Arguments of pyspark's Connect ``DefaultPolicy`` (ms, except the multiplier)."""
+
+    max_retries: int
+    initial_backoff: int
+    backoff_multiplier: float
+    max_backoff: int
+
+
+CONNECT_RETRY_POLICY: RetryPolicy = {
     "max_retries": 5,
     "initial_backoff": 50,
     "backoff_multiplier": 4.0,
@@ -161,7 +171,21 @@ def _build_connect_session(remote: str, conf: dict[str, str] | None) -> SparkSes
     }
     for key, value in {**session_conf, **(conf or {})}.items():
         spark.conf.set(key, value)
-    return spark
+    # A Connect session is not a subclass of the classic one, but stands for it (pyspark's own
+    # SparkSession.builder.remote(...).getOrCreate() is typed as returning the classic class).
+    return cast(SparkSession, spark)
+
+
+def _jvm(spark: SparkSession) -> Any:
+    """The py4j view of the JVM of ``spark``'s driver (a classic session).
+
+    Raises:
+        RuntimeError: its SparkContext is stopped (pyspark sets ``_jvm`` to None then).
+    """
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("the SparkContext is stopped")
+    return jvm
 
 
 def _quiet_task_size_warning(spark: SparkSession) -> None:
@@ -171,7 +195,7 @@ def _quiet_task_size_warning(spark: SparkSession) -> None:
     the driver's memory), so the warning would fire on every flush of more than
     ~1 MiB and says nothing actionable here.
     """
-    jvm = spark.sparkContext._jvm
+    jvm = _jvm(spark)
     jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
         "org.apache.spark.scheduler.TaskSetManager", jvm.org.apache.logging.log4j.Level.ERROR
     )
@@ -251,7 +275,14 @@ class SparkSink:
         self._spark = spark
         self._owns_session = False
         self._table_config = table_config or TableConfig()
-        self.catalog: TableCatalog | None = None
+        self._catalog: TableCatalog | None = None
+
+    @property
+    def catalog(self) -> TableCatalog:
+        """The ``TableCatalog``; raises ``RuntimeError`` before ``start()``."""
+        if self._catalog is None:
+            raise RuntimeError("SparkSink is not started")
+        return self._catalog
 
     @property
     def spark(self) -> SparkSession:
@@ -271,10 +302,10 @@ class SparkSink:
         if self._spark is None:
             self._spark = build_spark_session(self._master, conf=self._conf, remote=self._remote)
             self._owns_session = True
-        self.catalog = TableCatalog(self._spark, self.data_dir, self._table_config)
-        self.catalog.ensure()
+        self._catalog = TableCatalog(self._spark, self.data_dir, self._table_config)
+        self._catalog.ensure()
         if self._thrift_port is not None and self._thrift_server is None:
-            jvm = self._spark.sparkContext._jvm
+            jvm = _jvm(self._spark)
             self._thrift_server = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
                 self._spark._jsparkSession.sqlContext())
 
@@ -297,8 +328,6 @@ class SparkSink:
             ``AnalysisException``; through Connect ``SparkConnectGrpcException``
             and its subclasses); the caller decides whether to retry.
         """
-        if self.catalog is None:
-            raise RuntimeError("SparkSink is not started")
         self.catalog.write(table)
 
     def stop(self) -> None:

@@ -24,7 +24,7 @@ import uuid
 
 from dataclasses import dataclass, replace
 from typing import Any
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kio.index import load_payload_module
 from kio.index import load_request_schema
@@ -32,10 +32,14 @@ from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 from kio.serial import entity_writer
 from kio.serial.readers import tz_aware_from_i64
 from kio.static.constants import EntityType
 from kio.static.primitive import i32Timedelta
+from kio.static.primitive import i64
 
 from .errors import InvalidRequestError
 from .errors import UnsupportedVersionError
@@ -223,7 +227,7 @@ def api_name(api_key: int) -> str:
     return api_key_map.get(api_key, "unknown")
 
 
-def _make(cls: type, **values: Any) -> Any:
+def _make(cls: type[DataclassInstance], **values: Any) -> Any:
     """Instantiate kio entity ``cls`` with those ``values`` it has fields for.
 
     kio generates one class per version; fields a version lacks are
@@ -681,7 +685,7 @@ _INT32 = struct.Struct(">i")
 _ACKS_TIMEOUT = struct.Struct(">hi")
 
 
-def _uvarint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+def _uvarint(buf: bytes | bytearray, pos: int, end: int) -> tuple[int, int]:
     """(value, next position) of the unsigned varint at ``pos`` (at most 5 bytes, as kio reads them);
     (-1, pos) if it is truncated or longer."""
     value = shift = 0
@@ -711,10 +715,9 @@ def decode_produce(header: RequestHeader, frame: bytes | bytearray | memoryview)
     :raises UnsupportedVersionError, InvalidRequestError: see ``decode_request``.
     """
     if header.api_key == PRODUCE and 3 <= header.api_version <= 11:
-        kind = type(frame)
-        if kind is bytes:
+        if type(frame) is bytes:
             view = _produce_view_fast(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE)
-        elif kind is bytearray:
+        elif type(frame) is bytearray:
             with memoryview(frame) as records_source:
                 view = _produce_view_fast(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE,
                                           records_source)
@@ -725,7 +728,7 @@ def decode_produce(header: RequestHeader, frame: bytes | bytearray | memoryview)
     return produce_view(decode_request(header, frame))
 
 
-def _length(buf: bytes, pos: int, end: int, flexible: bool, fixed: struct.Struct) -> tuple[int, int]:
+def _length(buf: bytes | bytearray, pos: int, end: int, flexible: bool, fixed: struct.Struct) -> tuple[int, int]:
     """(length, next position) of a string, bytes or array length at ``pos``: a compact
     (unsigned varint, length + 1, 0 = null) field in flexible versions, else ``fixed``
     (INT16 or INT32, -1 = null). -1: null; below -1: malformed (the caller declines).
@@ -741,7 +744,7 @@ def _length(buf: bytes, pos: int, end: int, flexible: bool, fixed: struct.Struct
     return fixed.unpack_from(buf, pos)[0], pos + fixed.size
 
 
-def _tagged_fields_empty(buf: bytes, pos: int, end: int) -> bool:
+def _tagged_fields_empty(buf: bytes | bytearray, pos: int, end: int) -> bool:
     """Whether a flexible version's tagged-field section at ``pos`` is the empty one (one 0 byte)."""
     return pos < end and buf[pos] == 0
 
@@ -754,6 +757,8 @@ def _produce_view_fast(buf: bytes | bytearray, pos: int, flexible: bool,
     of as ``bytes`` (one copy; slicing the bytearray would give a mutable copy).
     """
     end = len(buf)
+    # bytes(bytes slice) is that slice, no copy; a slice of the memoryview is copied once
+    source = buf if records_source is None else records_source
     try:
         n, pos = _length(buf, pos, end, flexible, _INT16)
         if n == -1:
@@ -787,7 +792,7 @@ def _produce_view_fast(buf: bytes | bytearray, pos: int, flexible: bool,
                 elif n < 0 or pos + n > end:
                     return None
                 else:
-                    records = buf[pos:pos + n] if records_source is None else bytes(records_source[pos:pos + n])
+                    records = bytes(source[pos:pos + n])
                     pos += n
                 if flexible:
                     if not _tagged_fields_empty(buf, pos, end):  # tagged fields of the partition
@@ -871,7 +876,7 @@ def produce_response(header: RequestHeader, results: list[PartitionResult]) -> b
             "log_append_time": (
                 None
                 if result.log_append_time_ms < 0
-                else tz_aware_from_i64(result.log_append_time_ms)
+                else tz_aware_from_i64(i64(result.log_append_time_ms))
             ),
         }
         if with_start_offset:

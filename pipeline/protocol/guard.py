@@ -35,6 +35,7 @@ from typing import Any
 from typing import TypeAlias
 
 from kio.serial._introspect import EntityField
+from kio.static.protocol import Entity, Payload
 from kio.serial._introspect import EntityTupleField
 from kio.serial._introspect import PrimitiveField
 from kio.serial._introspect import PrimitiveTupleField
@@ -107,7 +108,7 @@ _MAX_UVARINT_BYTES = 5  # kio's internal_read_unsigned_varint limit
 
 
 @functools.cache
-def compile_plan(entity_type: type) -> Plan:
+def compile_plan(entity_type: type[Entity] | type[Payload]) -> Plan:
     """The check plan for kio entity class ``entity_type`` (a request class).
 
     Mirrors kio's native ``compile_entity_schema``/``build_field_schema``:
@@ -121,7 +122,7 @@ def compile_plan(entity_type: type) -> Plan:
     return _entity_steps(entity_type, entity_type.__name__)
 
 
-def _entity_steps(entity_type: type, path: str) -> Plan:
+def _entity_steps(entity_type: type[Entity] | type[Payload], path: str) -> Plan:
     flexible: bool = entity_type.__flexible__
     steps: list[Step] = []
     tags: dict[int, Plan] = {}

@@ -232,6 +232,7 @@ def parse_request_header(frame: bytes | bytearray | memoryview) -> RequestHeader
         )
     api_key, api_version, correlation_id = _FIXED.unpack_from(frame, 0)
     first_flexible = _FIRST_FLEXIBLE.get(api_key, _UNKNOWN)
+    client_id: str | None  # nullable in header v1 and v2
     if first_flexible is not _UNKNOWN and api_key != _CONTROLLED_SHUTDOWN_KEY and length >= _FIXED_CLIENT.size:
         # Fast path, every request but the first of each api key: the
         # header version from a dict, and a v2 header's usual empty

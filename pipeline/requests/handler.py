@@ -428,7 +428,7 @@ class PendingProduce:
 
     __slots__ = ("connection", "token", "header", "results", "waiting", "answered", "_durable", "_errors")
 
-    def __init__(self, connection, token: int, header: RequestHeader, results: list[PartitionResult],
+    def __init__(self, connection: ConnectionHandle, token: int, header: RequestHeader, results: list[PartitionResult],
                  errors: dict[int, int] | None = None) -> None:
         self.connection = connection
         self.token = token
@@ -531,7 +531,7 @@ class RequestHandler:
                     break
                 finally:
                     total, since = self._idle
-                    self._idle = (total + max(0.0, perf_counter() - since), None)  # type: ignore[operator]
+                    self._idle = (total + max(0.0, perf_counter() - since), None)
                 now = trio.current_time()
                 self._request_channel.taken(self._queue_index, len(requests))
                 for request in requests:

@@ -304,8 +304,9 @@ class SaslApis:
         header = request.header
         body = apis.decode_request(header, request.frame)
         module = apis.response_module(ALTER_USER_SCRAM_CREDENTIALS, header.api_version)
+        results: dict[str, tuple[ErrorCode, str | None]]  # user -> (error, message)
         if not self._cluster_allowed(request, AclOperation.ALTER):
-            denied = (ErrorCode.cluster_authorization_failed, "Cluster authorization failed.")
+            denied: tuple[ErrorCode, str | None] = (ErrorCode.cluster_authorization_failed, "Cluster authorization failed.")
             results = {u: denied for u in sorted({c.name for c in (*body.deletions, *body.upsertions)})}
         else:
             results = await trio.to_thread.run_sync(self._alter_store, body)

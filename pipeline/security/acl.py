@@ -32,6 +32,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 __all__ = (
     "CLUSTER_NAME",
@@ -185,7 +186,10 @@ class AclBinding:
                 f"{self.pattern_type.name}:{self.resource_name}")
 
 
-def _enum(cls: type[enum.IntEnum], value: int) -> enum.IntEnum:
+_E = TypeVar("_E", bound=enum.IntEnum)
+
+
+def _enum(cls: type[_E], value: int) -> _E:
     try:
         return cls(value)
     except ValueError:
@@ -195,9 +199,9 @@ def _enum(cls: type[enum.IntEnum], value: int) -> enum.IntEnum:
 def binding(resource_type: int, resource_name: str, pattern_type: int, principal: str, host: str,
             operation: int, permission: int) -> AclBinding:
     """An ``AclBinding`` from wire codes; unknown codes become UNKNOWN (then refused by ``validate``)."""
-    return AclBinding(_enum(ResourceType, resource_type), resource_name,  # type: ignore[arg-type]
-                      _enum(PatternType, pattern_type), principal, host,  # type: ignore[arg-type]
-                      _enum(AclOperation, operation), _enum(AclPermissionType, permission))  # type: ignore[arg-type]
+    return AclBinding(_enum(ResourceType, resource_type), resource_name,
+                      _enum(PatternType, pattern_type), principal, host,
+                      _enum(AclOperation, operation), _enum(AclPermissionType, permission))
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,9 +224,9 @@ class AclBindingFilter:
     @classmethod
     def from_wire(cls, resource_type: int, resource_name: str | None, pattern_type: int,
                   principal: str | None, host: str | None, operation: int, permission: int) -> "AclBindingFilter":
-        return cls(_enum(ResourceType, resource_type), resource_name,  # type: ignore[arg-type]
-                   _enum(PatternType, pattern_type), principal, host,  # type: ignore[arg-type]
-                   _enum(AclOperation, operation), _enum(AclPermissionType, permission))  # type: ignore[arg-type]
+        return cls(_enum(ResourceType, resource_type), resource_name,
+                   _enum(PatternType, pattern_type), principal, host,
+                   _enum(AclOperation, operation), _enum(AclPermissionType, permission))
 
     def validate(self) -> None:
         """Kafka ``AclBindingFilter.findIndefiniteField``: no UNKNOWN anywhere.

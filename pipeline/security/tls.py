@@ -17,8 +17,12 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.serialization.pkcs12 import PKCS12KeyAndCertificates
 
 ANONYMOUS = "User:ANONYMOUS"
 """Kafka's KafkaPrincipal.ANONYMOUS: an SSL client that sent no certificate."""
@@ -135,7 +139,7 @@ def server_context(settings: TlsSettings) -> ssl.SSLContext:
     return context
 
 
-def _pkcs12(data: bytes, password: str | None, key: str):
+def _pkcs12(data: bytes, password: str | None, key: str) -> PKCS12KeyAndCertificates:
     """cryptography's PKCS12KeyAndCertificates of ``data``.
 
     Raises:

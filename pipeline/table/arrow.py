@@ -20,7 +20,8 @@ Kafka rules followed (Kafka ``DefaultRecordBatch`` / ``LogValidator``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 from itertools import accumulate, chain, repeat
 
 import numpy as np
@@ -148,8 +149,8 @@ def appends_to_table(appends: Sequence[PartitionAppend]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
-def _batches(records: bytes):
-    """The RecordBatches of one partition's records, in wire order."""
+def _batches(records: bytes) -> Iterator[Any]:
+    """The RecordBatches (aiokafka's, untyped) of one partition's records, in wire order."""
     memory = MemoryRecords(records)
     while (batch := memory.next_batch()) is not None:
         yield batch

@@ -26,6 +26,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -33,7 +34,7 @@ from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from pipeline.table.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
 from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables, typed_column_name
-from pipeline.table.values import ValueFormat
+from pipeline.table.values import ValueFormat, WireFormat
 from pipeline.table.layout import (
     DEFAULT_COMPACTION_MIN_FILES,
     DEFAULT_DATABASE,
@@ -129,7 +130,7 @@ class TopicTableConfig:
     retention_days: int | None = None
     value_format: str | None = None
     value_schema: str | None = None
-    value_wire_format: str = "auto"
+    value_wire_format: WireFormat = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,11 +343,11 @@ class TableCatalog:
                         raise ValueError("value.schema (a Spark DDL string) is required for json")
                     struct = self.spark.createDataFrame([], c.value_schema).schema
                     formats[topic] = ValueFormat("json", to_arrow_schema(struct, timezone="UTC"),
-                                                 wire_format=c.value_wire_format)  # type: ignore[arg-type]
+                                                 wire_format=c.value_wire_format)
                 elif c.value_format == "avro":
                     if not c.value_schema:
                         raise ValueError("value.schema (the Avro writer schema) is required for avro")
-                    formats[topic] = ValueFormat.for_avro(c.value_schema, c.value_wire_format)  # type: ignore[arg-type]
+                    formats[topic] = ValueFormat.for_avro(c.value_schema, c.value_wire_format)
                 else:
                     raise ValueError(f"value.format must be json or avro, not {c.value_format!r}")
             except Exception as exc:
@@ -659,7 +660,7 @@ def read_uncompacted_files(spark: SparkSession, data_dir: str | os.PathLike[str]
     return spark.read.schema(TABLE_SPARK_SCHEMA).option("basePath", str(root)).parquet(str(root)).select(*COLUMNS)
 
 
-def _functions(spark: SparkSession):
+def _functions(spark: SparkSession) -> ModuleType:
     """``pyspark.sql.functions`` for a classic session, its Connect twin for a Connect one.
 
     pyspark picks by the ``SPARK_CONNECT_MODE_ENABLED`` environment variable, which only
@@ -667,9 +668,9 @@ def _functions(spark: SparkSession):
     directly (and a process may hold sessions of both kinds), so ask the session.
     """
     if type(spark).__module__.startswith("pyspark.sql.connect"):
-        from pyspark.sql.connect import functions
-    else:
-        from pyspark.sql import functions
+        from pyspark.sql.connect import functions as connect_functions
+        return connect_functions
+    from pyspark.sql import functions
     return functions
 
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import reduce
@@ -333,8 +334,10 @@ class TableReader:
                 out.append((owned, by_topic))
         return out
 
-    def _frame(self, topic: str, partition: int, where: Column | None = None, prune=None) -> DataFrame:
-        """The partition's rows of every source table (``READ_COLUMNS``), filtered by ``where``."""
+    def _frame(self, topic: str, partition: int, where: Column | None = None,
+               prune: Callable[[OwnedTable], Column] | None = None) -> DataFrame:
+        """The partition's rows of every source table (``READ_COLUMNS``), filtered by ``where`` (and by
+        ``prune(table)``, a condition on the table's partition columns)."""
         frames = []
         for owned, by_topic in self._sources(topic):
             conditions = [self._F.col("partition") == self._F.lit(partition)]

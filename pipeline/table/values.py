@@ -47,15 +47,18 @@ import math
 import re
 import sys
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from itertools import accumulate, chain, repeat
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from fastavro.types import Schema as FastavroSchema
 
 # The Arrow type of Spark's TimestampType as pyspark's to_arrow_schema(timezone="UTC")
 # spells it (see pipeline.table.schema): an instant in microseconds.
@@ -335,8 +338,8 @@ def parse_values(values: pa.Array | pa.ChunkedArray, fmt: ValueFormat) -> tuple[
     else:
         rows = _decode_avro(raw, fmt, errors)
     fields: tuple[tuple[str, Any], ...] = fmt._plan.fields
-    columns: list[pa.Array] = [None] * len(fields)  # type: ignore[list-item]
-    pending = range(len(fields))
+    columns: list[pa.Array] = [None] * len(fields)
+    pending: Sequence[int] = range(len(fields))
     failed = False
     # One pass converts every column; a value that does not fit is recorded
     # and converted as null, so the arrays are right except for the other
@@ -345,7 +348,7 @@ def parse_values(values: pa.Array | pa.ChunkedArray, fmt: ValueFormat) -> tuple[
     # without the failed records.
     while pending:
         fails = _Fails()
-        rebuild = []
+        rebuild: list[int] = []
         for k in pending:
             name, sub = fields[k]
             fails.placeholder = False
@@ -394,7 +397,8 @@ def _decode_json(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
     # The C scanner alone handles a value without surrounding whitespace (the
     # common case) ~10% faster than decode(); decode() handles the rest and
     # words every error exactly as json.loads does.
-    scan, decode = decoder.scan_once, decoder.decode
+    # typeshed omits JSONDecoder.scan_once, which JSONDecoder.__init__ always sets (json/decoder.py)
+    scan, decode = decoder.scan_once, decoder.decode  # type: ignore[attr-defined]
     wire = fmt.wire_format
     rows: list[dict] = []
     append = rows.append
@@ -453,7 +457,8 @@ def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
         try:
             payload = _payload(value, wire)
             fo = io.BytesIO(payload)
-            record = schemaless_reader(fo, schema, None)
+            # the writer schema's root is a record (_avro_root_plan), so the message is a dict
+            record = cast(dict, schemaless_reader(fo, schema, None))
             if fo.tell() != len(payload):
                 errors[i] = (
                     f"Avro decode failed: {len(payload) - fo.tell()} trailing bytes after the record "
@@ -1092,7 +1097,7 @@ def _load_avro(avro_schema: dict | str | None) -> dict:
     return copy.deepcopy(avro_schema)
 
 
-def _fastavro_parse(avro: dict) -> dict:
+def _fastavro_parse(avro: dict) -> FastavroSchema:
     """The writer schema fastavro reads with: logical types removed, so dates,
     timestamps and decimals arrive as their raw ints and bytes (converted with
     Arrow here, without Python datetime's year 1-9999 limits)."""
@@ -1154,6 +1159,7 @@ def _avro_plan(s: Any, namespace: str, named: dict[str, Any], defining: set[str]
             raise ValueError(f"{where}: a {t} needs a name")
         ns = s.get("namespace", namespace) if "." not in name else name.rpartition(".")[0]
         full = _fullname(name, ns or "")
+        plan: _Leaf | _StructPlan
         if t == "enum":
             plan = _AvroPlain(pa.string(), str)
         elif t == "fixed":
@@ -1164,8 +1170,8 @@ def _avro_plan(s: Any, namespace: str, named: dict[str, Any], defining: set[str]
             fields = s.get("fields")
             if not isinstance(fields, list) or not fields:
                 raise ValueError(f"{where}: record {full!r} has no fields (Parquet cannot store an empty struct)")
-            names = [f.get("name") if isinstance(f, dict) else None for f in fields]
-            if not all(isinstance(x, str) and x for x in names):
+            names = [f["name"] for f in fields if isinstance(f, dict) and isinstance(f.get("name"), str) and f["name"]]
+            if len(names) != len(fields):
                 raise ValueError(f"{where}: record {full!r} has a field without a name")
             _check_names(names, path)
             defining.add(full)
@@ -1201,10 +1207,7 @@ def _avro_logical(s: dict, underlying: str, where: str) -> _Leaf:
         return _AvroTimestamp(LOCAL_TIMESTAMP_TYPE, 1000 if logical.endswith("millis") else 1)
     if underlying in ("bytes", "fixed") and logical == "decimal":
         precision, scale = s.get("precision"), s.get("scale", 0)
-        valid = (
-            type(precision) is int and type(scale) is int and precision >= 1 and 0 <= scale <= precision
-        )
-        if valid:
+        if type(precision) is int and type(scale) is int and precision >= 1 and 0 <= scale <= precision:
             if precision > MAX_DECIMAL_PRECISION:
                 raise ValueError(f"{where}: decimal precision {precision} > {MAX_DECIMAL_PRECISION} (Spark's maximum)")
             return _AvroDecimal(pa.decimal128(precision, scale))

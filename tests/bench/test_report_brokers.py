@@ -64,3 +64,13 @@ def test_targets_on_fewer_than_four_cores_and_unmeasured():
     none = _results([], 8)
     none.pop("brokers")
     assert {t["status"] for t in report.brokers_targets(none)} == {"not measured"}
+
+
+def test_targets_with_a_row_that_recorded_no_record_size():
+    # A row without "record_bytes" (its size unknown) next to one with it: the end-to-end target is
+    # "not measured" and names both; sorting {None, 100} used to raise TypeError.
+    unknown = _row(2, 300_000)
+    del unknown["record_bytes"]
+    e2e = _target(_results([_row(1, 300_000, record_bytes=100), unknown], 8), "end to end")
+    assert e2e["status"] == "not measured"
+    assert e2e["detail"].startswith("records of [None, 100] B, not 1 KiB")
