@@ -17,7 +17,7 @@ def test_hostile_bench_smoke(tmp_path):
     # its first round, every case once, past the phase if need be).
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--hostile", "--duration", "10",
                            "--memory-attack-connections", "3", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)  # a loaded CI machine: ~200 s to start Spark
     results = json.loads((out / "results.json").read_text())
     checks = results["checks"]
     assert proc.returncode == 0, (checks["failures"], proc.stdout[-3000:], proc.stderr[-3000:])
