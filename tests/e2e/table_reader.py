@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -46,6 +48,29 @@ def read_tables(data_dir: Path, queries: list[str], timeout_s: float = 300.0,
     if remote is not None:
         return _read_through_connect(data_dir, remote, queries, timeout_s)
     return _read_in_a_subprocess(data_dir, queries, timeout_s, metastore_uris)
+
+
+def read_table_until(data_dir: Path, query: str, until: Callable[[list[dict]], bool], timeout_s: float = 180.0,
+                     interval_s: float = 0.5) -> list[dict]:
+    """Rows of ``query``, read again every ``interval_s`` until ``until(rows)`` holds; those rows.
+
+    For a test on a running (shared) server: an acknowledgement (``--ack-on wal``)
+    comes before the table commit, so a read right after the produce may not see
+    the records yet. While the server runs each read is a Connect query in this
+    process (a few seconds at most), so polling costs no JVM start. Let ``until``
+    wait for the count (``len(rows) >= n``) and assert the exact rows after, so a
+    duplicate still fails the test.
+
+    Raises AssertionError (with the last rows) when ``until`` does not hold within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = read_table(data_dir, query, timeout_s=max(1.0, deadline - time.monotonic()))
+        if until(rows):
+            return rows
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{query!r} over {data_dir}: condition not met within {timeout_s:g} s; "
+                                 f"last rows ({len(rows)}): {rows[:5]}")
+        time.sleep(interval_s)
 
 
 def running_server_connect_url(data_dir: Path) -> str | None:
