@@ -9,6 +9,25 @@ import pytest
 
 _databases = itertools.count()
 
+JVM_FIXTURES = frozenset({"spark", "standalone_cluster", "connect_server", "connect_spark"})
+"""The session fixtures below that start a JVM: a test using one is ``slow`` whether marked or not."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Fast tests first: every test not marked ``slow`` runs before every ``slow`` one.
+
+    The order within each group is the collection order (a stable sort, after
+    pytest's own reordering), so a failure in the unit tests shows in the first
+    minutes of a run instead of after the Spark and server tests. A test that
+    uses a JVM fixture (``JVM_FIXTURES``) is marked ``slow`` here if its module
+    forgot to, so ``-m "not slow"`` never starts a JVM through them.
+    """
+    for item in items:
+        if JVM_FIXTURES.intersection(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is not None)
+
 
 def unique_database() -> str:
     """A catalog database name no other test of this run uses (tests share one metastore)."""
