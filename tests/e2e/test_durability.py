@@ -119,6 +119,7 @@ class Story:
 def story(tmp_path_factory):
     story = Story(tmp_path_factory.mktemp("durability"))
     story.config.write_text(config_text(story.thrift))
+    # A server of its own (not a shared one): the story kills it and restarts it on its data directory.
     story.start("server-a.log")  # server A: everything before the crash
     try:
         yield story
@@ -435,14 +436,16 @@ def test_groups_of_both_clients_commit_offsets(story):
     result = consumer.commit(offsets=[TopicPartition("durable", p, 100 + p) for p in range(6)], asynchronous=False)
     assert all(tp.error is None for tp in result)
     consumer.close()
-    kp = KafkaConsumer(bootstrap_servers=server.bootstrap, group_id="kp-durable", enable_auto_commit=False)
-    kp.commit({KTopicPartition("durable", 2): OffsetAndMetadata(7, "", -1)})
-    kp.close()
+    for group in ("kp-durable", "kp-survivor"):  # the first is deleted just before the crash
+        kp = KafkaConsumer(bootstrap_servers=server.bootstrap, group_id=group, enable_auto_commit=False)
+        kp.commit({KTopicPartition("durable", 2): OffsetAndMetadata(7, "", -1)})
+        kp.close()
     assert committed_confluent(server.bootstrap, "confluent-group", "durable") == {p: 100 + p for p in range(6)}
     admin = kp_admin(server)
     try:
-        kp_offsets = admin.list_group_offsets({"kp-durable": None})["kp-durable"]
-        assert {tp.partition: om.offset for tp, om in kp_offsets.items()} == {2: 7}
+        for group in ("kp-durable", "kp-survivor"):
+            kp_offsets = admin.list_group_offsets({group: None})[group]
+            assert {tp.partition: om.offset for tp, om in kp_offsets.items()} == {2: 7}
     finally:
         admin.close()
 
@@ -500,6 +503,8 @@ def test_kill_9_under_load_right_after_commits_and_typed_writes_and_the_children
     server = story.server
     typed = KafkaProducer(bootstrap_servers=server.bootstrap, acks="all", linger_ms=100)
     story.clients.append(typed)
+    for topic in ("payments", "sensors"):  # created (Metadata) now, so the sends below take one round trip
+        assert typed.partitions_for(topic) == {0}
     committer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": "confluent-group"})
     story.clients.append(committer)
     admin = kp_admin(server)
@@ -581,6 +586,12 @@ def test_committed_offsets_and_a_group_deletion_survived(story):
     kp = KafkaConsumer(bootstrap_servers=server.bootstrap, group_id="kp-durable", enable_auto_commit=False)
     assert kp.committed(KTopicPartition("durable", 2)) is None  # its deletion survived too
     kp.close()
+    kadmin = kp_admin(server)
+    try:
+        kp_offsets = kadmin.list_group_offsets({"kp-survivor": None})["kp-survivor"]
+        assert {tp.partition: om.offset for tp, om in kp_offsets.items()} == {2: 7}
+    finally:
+        kadmin.close()
 
     # The admin views see a group known only by its offsets.
     admin = confluent_admin(server)
@@ -782,6 +793,7 @@ def test_committed_offsets_survived_the_clean_stop(story):
     offsets = {group: {tp: value[0] for tp, value in stored.items()} for group, (_type, stored) in groups.items()}
     assert offsets["after-restart"] == {("durable", p): 200 + p for p in range(6)}
     assert offsets["kp-after-restart"] == {("durable", 2): 9}
+    assert offsets["kp-survivor"] == {("durable", 2): 7}  # committed before the crash, after it
     # the resumed consumer's group: what it committed before the crash (it read 400 records, committing
     # every 50, and commits nothing after the restart)
     before = story.state["jobs_before"]
