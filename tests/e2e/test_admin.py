@@ -1,25 +1,20 @@
-"""End to end: topic administration with confluent-kafka's AdminClient and kafka-python's KafkaAdminClient.
+"""End to end: topic administration with confluent-kafka's AdminClient.
 
-One real server (``pipeline serve``) and two real admin clients create
-topics with partitions and configs, describe them (list_topics,
-describe_topics, describe_configs), alter configs (IncrementalAlterConfigs),
-add partitions, describe the cluster and delete topics. Then: produce to a
-deleted topic fails; a re-created topic starts at offset 0; everything
-survives a kill -9 and a restart (the topic store is SQLite); after a clean
-stop the table holds only the re-created topic's rows.
+One real server (``pipeline serve``) and a real admin client create topics
+with partitions and configs (refusing compaction and replication), describe
+them (list_topics, describe_configs), alter configs
+(IncrementalAlterConfigs), add partitions, describe the cluster and delete a
+topic; produce to the deleted topic fails. kafka-python's KafkaAdminClient,
+deletion emptying a topic's rows, and topics and configs surviving a
+``kill -9`` are steps of tests/e2e/test_durability.py.
 """
 
 from __future__ import annotations
 
-import json
-import time
-
 import pytest
 
-from tests.e2e import raw_client as rc
 from tests.e2e.shared_server import LOG_RETENTION_MS
 from tests.e2e.server_process import ServerProcess
-from tests.e2e.table_reader import read_table
 
 pytestmark = pytest.mark.slow
 
@@ -30,36 +25,6 @@ def confluent_admin(server: ServerProcess):
     from confluent_kafka.admin import AdminClient
 
     return AdminClient({"bootstrap.servers": server.bootstrap})
-
-
-def kp_admin(server: ServerProcess):
-    from kafka.admin import KafkaAdminClient
-
-    return KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=120_000)
-
-
-def kp_produce(server: ServerProcess, topic: str, values: list[bytes]) -> list[int]:
-    """Produce with kafka-python; the offsets."""
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=server.bootstrap)
-    try:
-        futures = [producer.send(topic, value=v, partition=0) for v in values]
-        producer.flush(60)
-        return [f.get(timeout=60).offset for f in futures]
-    finally:
-        producer.close()
-
-
-def raw_produce_error(server: ServerProcess, topic: str) -> int:
-    """The error code of a raw Produce (no Metadata first, so nothing is auto-created)."""
-    raw = rc.RawClient(server.host, server.port)
-    try:
-        raw.send(rc.frame(rc.produce(topic, [b"raw"]), 1))
-        _cid, body = raw.read_response()
-    finally:
-        raw.close()
-    return int(rc.decode_produce_response(body).responses[0].partition_responses[0].error_code)
 
 
 def produce(server: ServerProcess, topic: str, values: list[bytes]) -> list[tuple[str | None, int]]:
@@ -79,87 +44,12 @@ def produce(server: ServerProcess, topic: str, values: list[bytes]) -> list[tupl
     return out
 
 
-def committed_end(server: ServerProcess, topic: str, expected: int, partition: int = 0,
-                  timeout_s: float = 60.0) -> int:
-    """Wait until the checkpoint (saved after each table commit) says the partition ends at ``expected``."""
-    path = server.data_dir / "_pipeline" / "checkpoint.json"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            ends = {(t, p): o for t, p, o in json.loads(path.read_text())["end_offsets"]}
-        except (OSError, ValueError):
-            ends = {}
-        if ends.get((topic, partition)) == expected:
-            return expected
-        time.sleep(0.2)
-    raise AssertionError(f"{topic}-{partition} never committed to the table up to {expected}")
-
-
 def describe_topic_configs(admin, topic: str) -> dict:
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     resource = ConfigResource(ResourceType.TOPIC, topic)
     configs = admin.describe_configs([resource])[resource].result(60)
     return {name: (entry.value, entry.source) for name, entry in configs.items()}
-
-
-def test_kafka_python_admin_manages_topics_that_survive_restarts_and_deletion_empties_them(tmp_path):
-    from kafka.admin import ConfigResource, ConfigResourceType, NewPartitions, NewTopic
-    from kafka.errors import InvalidConfigurationError, InvalidPartitionsError, TopicAlreadyExistsError
-
-    data_dir = tmp_path / "data"
-    server = ServerProcess(data_dir, *ARGS).start()
-    try:
-        admin = kp_admin(server)
-        try:
-            admin.create_topics([NewTopic("orders", 3, 1, topic_configs={"retention.ms": "600000"}),
-                                 NewTopic("events", 1, 1)])
-            with pytest.raises(TopicAlreadyExistsError):
-                admin.create_topics([NewTopic("orders", 1, 1)])
-            with pytest.raises(InvalidConfigurationError):
-                admin.create_topics([NewTopic("compacted", 1, 1, topic_configs={"cleanup.policy": "compact"})])
-            assert {t["name"]: len(t["partitions"]) for t in admin.describe_topics(["orders", "events"])} == \
-                {"orders": 3, "events": 1}
-            admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, "orders",
-                                                configs={"retention.bytes": "1048576"})])
-            described = repr(admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "orders")],
-                                                    config_filter="all"))
-            assert "600000" in described and "1048576" in described and "cleanup.policy" in described
-            admin.create_partitions({"orders": NewPartitions(5)})
-            with pytest.raises(InvalidPartitionsError):
-                admin.create_partitions({"orders": NewPartitions(2)})
-            assert admin.describe_cluster()["cluster_id"] == "pipeline"
-
-            # deletion: the rows go, produce fails, a re-created topic starts at 0
-            assert kp_produce(server, "events", [b"old-0", b"old-1", b"old-2"]) == [0, 1, 2]
-            committed_end(server, "events", 3)  # in the table before the delete
-            admin.delete_topics(["events"], timeout_ms=180_000)
-            assert "events" not in admin.list_topics()
-            assert raw_produce_error(server, "events") == 3  # UNKNOWN_TOPIC_OR_PARTITION
-            admin.create_topics([NewTopic("events", 1, 1)])
-            assert kp_produce(server, "events", [b"new-0", b"new-1"]) == [0, 1]
-            committed_end(server, "events", 2)  # the checkpoint a restart starts from
-        finally:
-            admin.close()
-    finally:
-        killed = server.kill()
-    assert killed == []
-
-    # kill -9, restart: topics, partitions and configs are where they were
-    server = ServerProcess(data_dir, *ARGS).start()
-    try:
-        admin = kp_admin(server)
-        try:
-            assert {t["name"]: len(t["partitions"]) for t in admin.describe_topics()} == {"orders": 5, "events": 1}
-            assert "1048576" in repr(admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "orders")]))
-        finally:
-            admin.close()
-        assert kp_produce(server, "events", [b"new-2"]) == [2]
-    finally:
-        code = server.stop() if server.running else server.proc.returncode
-    assert code == 0
-    rows = read_table(data_dir, "SELECT offset, value FROM records WHERE topic = 'events' ORDER BY offset")
-    assert [(r["offset"], r["value"]) for r in rows] == [(0, b"new-0"), (1, b"new-1"), (2, b"new-2")]
 
 
 def test_confluent_admin_client(multiqueue_server):

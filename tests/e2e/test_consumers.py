@@ -9,10 +9,9 @@ bootstrap address and, for a from-the-start read, ``auto.offset.reset``).
   (the server logs it); a consumer from offset 0 still reads every record,
   with its key, value, headers and timestamp, served from the Spark table,
   and then the recent ones from the WAL.
-* Crash: a consumer group member commits as it goes; the server is killed
-  with SIGKILL mid-read and restarted; a new consumer of the group resumes
-  from the committed offsets and, together with what was read before the
-  crash, every record is read, none skipped.
+
+A group consumer resuming from its committed offsets after a ``kill -9`` of
+the server is a step of tests/e2e/test_durability.py.
 """
 
 from __future__ import annotations
@@ -125,46 +124,3 @@ def test_a_consumer_from_offset_0_reads_what_retention_removed_from_the_wal(tmp_
     finally:
         server.stop()
 
-
-def test_a_group_consumer_resumes_from_committed_offsets_after_kill_9(tmp_path):
-    import confluent_kafka
-
-    data = tmp_path / "data"
-    server = ServerProcess(data, "--num-partitions", "3", "--group-initial-rebalance-delay-ms", "0").start()
-    port = server.port
-    acked = produce(server.bootstrap, "jobs", 0, 900, partitions=3)
-    config = {"bootstrap.servers": server.bootstrap, "group.id": "workers", "auto.offset.reset": "earliest",
-              "enable.auto.commit": False}
-    consumer = confluent_kafka.Consumer(config)
-    consumer.subscribe(["jobs"])
-    before: list = []
-    deadline = time.monotonic() + 120
-    while len(before) < 400 and time.monotonic() < deadline:
-        msg = consumer.poll(1.0)
-        if msg is None or msg.error():
-            continue
-        before.append((msg.partition(), msg.offset()))
-        if len(before) % 50 == 0:
-            consumer.commit(asynchronous=False)  # everything read so far
-    committed = len(before)
-    assert committed >= 400
-    server.kill()  # SIGKILL: no ordered shutdown
-    consumer.close()
-    server = ServerProcess(data, "--num-partitions", "3", "--group-initial-rebalance-delay-ms", "0",
-                           port=port).start()
-    try:
-        consumer = confluent_kafka.Consumer(config)
-        consumer.subscribe(["jobs"])
-        after: list = []
-        deadline = time.monotonic() + 120
-        while len(set(before) | set(after)) < len(acked) and time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None or msg.error():
-                continue
-            after.append((msg.partition(), msg.offset()))
-        consumer.close()
-        # Resumed from the commits: nothing skipped, and nothing before the last commit read again.
-        assert set(before) | set(after) == set(acked.values())
-        assert not set(before[:committed]) & set(after)
-    finally:
-        server.stop()

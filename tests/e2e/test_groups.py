@@ -3,11 +3,12 @@
 confluent_kafka consumers (each in its own process, tests/e2e/group_consumer.py)
 share a 6-partition topic: disjoint assignments covering every partition,
 takeover when one closes (LeaveGroup) and when one is killed (session
-timeout); with Fetch they read every record exactly once. Committed offsets
-(confluent_kafka and kafka-python) survive a SIGTERM restart and a ``kill -9``
-of the server. The admin clients of both libraries list, describe, read the
-offsets of and delete groups. All but the restart test run on the shared
-server (tests/e2e/conftest.py), each with topics and groups of its own.
+timeout); with Fetch they read every record exactly once. The admin clients
+of both libraries list and describe groups. Committed offsets (confluent_kafka
+and kafka-python) surviving a ``kill -9`` and a clean stop, and the admin
+clients reading the offsets of and deleting groups, are steps of
+tests/e2e/test_durability.py. The tests here run on the shared server
+(tests/e2e/conftest.py), each with topics and groups of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.server_process import ServerProcess, free_port
+from tests.e2e.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -280,73 +281,3 @@ def assigned(assignment) -> list[int]:
     return [p for tp in get(assignment, "assigned_partitions")
             for p in (tp["partitions"] if isinstance(tp, dict) else tp.partitions)]
 
-
-def committed_confluent(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        return {tp.partition: tp.offset for tp in
-                consumer.committed([TopicPartition(topic, p) for p in range(6)], timeout=30)}
-    finally:
-        consumer.close()
-
-
-def test_committed_offsets_survive_a_restart_and_kill_9(tmp_path):
-    from confluent_kafka import Consumer, TopicPartition
-    from confluent_kafka.admin import AdminClient
-    from kafka import KafkaAdminClient, KafkaConsumer
-    from kafka.structs import OffsetAndMetadata
-    from kafka.structs import TopicPartition as KTopicPartition
-
-    data_dir = tmp_path / "data"
-    port = free_port()
-    server = ServerProcess(data_dir, *SERVER_ARGS, port=port).start()
-    try:
-        create_topic(server.bootstrap, "durable")
-        consumer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": "confluent-group"})
-        result = consumer.commit(offsets=[TopicPartition("durable", p, 100 + p) for p in range(6)],
-                                 asynchronous=False)
-        assert all(tp.error is None for tp in result)
-        consumer.close()
-        kp = KafkaConsumer(bootstrap_servers=server.bootstrap, group_id="kp-durable", enable_auto_commit=False)
-        kp.commit({KTopicPartition("durable", 2): OffsetAndMetadata(7, "", -1)})
-        kp.close()
-        assert server.stop() == 0
-
-        server = ServerProcess(data_dir, *SERVER_ARGS, port=port).start()
-        assert committed_confluent(server.bootstrap, "confluent-group", "durable") == {
-            p: 100 + p for p in range(6)}
-        kadmin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
-        kp_offsets = kadmin.list_group_offsets({"kp-durable": None})["kp-durable"]
-        assert {tp.partition: om.offset for tp, om in kp_offsets.items()} == {2: 7}
-        assert kadmin.delete_groups(["kp-durable"]) == {"kp-durable": "OK"}
-        kadmin.close()
-        consumer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": "confluent-group"})
-        consumer.commit(offsets=[TopicPartition("durable", 0, 500)], asynchronous=False)
-        consumer.close()
-        server.kill()  # kill -9 right after the commit and the deletion were answered
-
-        server = ServerProcess(data_dir, *SERVER_ARGS, port=port).start()
-        assert committed_confluent(server.bootstrap, "confluent-group", "durable") == {
-            0: 500, **{p: 100 + p for p in range(1, 6)}}
-        kp = KafkaConsumer(bootstrap_servers=server.bootstrap, group_id="kp-durable", enable_auto_commit=False)
-        assert kp.committed(KTopicPartition("durable", 2)) is None  # its deletion survived too
-        kp.close()
-
-        # The admin views see a group known only by its offsets.
-        admin = AdminClient({"bootstrap.servers": server.bootstrap})
-        listed = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
-        assert "confluent-group" in listed and "kp-durable" not in listed
-        from confluent_kafka import ConsumerGroupTopicPartitions
-        offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("confluent-group")])
-        got = offsets["confluent-group"].result(30)
-        assert {tp.partition: tp.offset for tp in got.topic_partitions} == {0: 500, **{p: 100 + p for p in range(1, 6)}}
-        admin.delete_consumer_groups(["confluent-group"])["confluent-group"].result(30)
-        assert committed_confluent(server.bootstrap, "confluent-group", "durable") == {p: -1001 for p in range(6)}
-        assert "confluent-group" not in {g.group_id for g in admin.list_consumer_groups().result(30).valid}
-    finally:
-        if server.running:
-            server.stop()
-        else:
-            server.kill()

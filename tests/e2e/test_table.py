@@ -5,24 +5,26 @@
   through commits and background compactions: the count never goes down,
   never exceeds what was acknowledged, and ends equal to it; afterwards each
   time partition holds a handful of files.
-* The table queried by name over JDBC (beeline through the Spark Thrift
-  Server the server runs), then after ``kill -9`` and a restart from a
-  classic Spark session in another process: no row lost, none twice.
+* An external Hive metastore shared with a classic Spark session in
+  another process while the server runs.
+
+The table queried by name over JDBC and, after ``kill -9`` and a restart,
+from another session, and typed topics with their dead letters across a
+``kill -9`` (and a changed schema refused at the next start), are steps of
+tests/e2e/test_durability.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.server_process import ServerProcess, free_port
+from tests.e2e.server_process import ServerProcess
 from tests.e2e.shared_server import LogCursor
-from tests.e2e.table_reader import read_table, read_tables
+from tests.e2e.table_reader import read_table
 
 pytestmark = pytest.mark.slow
 
@@ -133,147 +135,6 @@ def partition_dirs(session, topic: str) -> list[str]:
 
 def list_files(directory: Path) -> list[Path]:
     return [p for p in directory.iterdir() if p.is_file() and not p.name.startswith(("_", "."))]
-
-
-def beeline(port: int, query: str) -> str:
-    import pyspark
-
-    beeline = Path(pyspark.__file__).parent / "bin" / "beeline"
-    proc = subprocess.run([str(beeline), "-u", f"jdbc:hive2://127.0.0.1:{port}/pipeline", "--silent=true",
-                           "--outputformat=csv2", "-e", query],
-                          capture_output=True, text=True, timeout=120, env={**os.environ})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    # csv2 rows; beeline echoes its prompt before the header line
-    lines = [line.rsplit("> ", 1)[-1] for line in proc.stdout.splitlines() if line.strip()]
-    return "\n".join(lines)
-
-
-def test_queried_by_name_over_jdbc_and_from_another_session_across_kill_9(tmp_path):
-    from kafka import KafkaProducer
-
-    data_dir = tmp_path / "data"
-    thrift = free_port()
-    port = free_port()
-    args = ("--thrift-port", str(thrift), "--table-commit-interval-ms", "500")
-    server = ServerProcess(data_dir, *args, port=port).start()
-    try:
-        producer = KafkaProducer(bootstrap_servers=server.bootstrap, acks="all")
-        for i in range(300):
-            producer.send("jdbc", key=b"k%d" % (i % 7), value=b"row-%d" % i)
-        producer.flush()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            out = beeline(thrift, "SELECT count(*) AS n, count(DISTINCT `offset`) AS d FROM records WHERE topic = 'jdbc'")
-            if out.splitlines()[-1] == "300,300":
-                break
-            time.sleep(0.5)
-        assert out.splitlines()[-2:] == ["n,d", "300,300"], out
-        assert "records" in beeline(thrift, "SHOW TABLES")
-
-        server.kill()  # kill -9: the next start recovers from the WAL
-        server = ServerProcess(data_dir, *args, port=port, log_path=tmp_path / "restarted.log").start()
-        for i in range(300, 400):
-            producer.send("jdbc", value=b"row-%d" % i)
-        producer.flush()
-        producer.close()
-    finally:
-        code = server.stop() if server.running else None
-    assert code == 0, server.log_text()
-    # a classic Spark session in another process, on the same metastore, by name
-    rows = read_table(data_dir, "SELECT `offset`, value FROM pipeline.records WHERE topic = 'jdbc' ORDER BY `offset`")
-    assert [r["offset"] for r in rows] == list(range(400))
-    assert [r["value"] for r in rows] == [b"row-%d" % i for i in range(400)]
-
-
-PAYMENTS_DDL = "id BIGINT, amount DECIMAL(12,2), at TIMESTAMP, tags ARRAY<STRING>"
-SENSOR_SCHEMA = {"type": "record", "name": "Reading", "fields": [
-    {"name": "sensor", "type": "string"}, {"name": "celsius", "type": "double"},
-    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
-
-
-def avro_value(reading: dict, schema_id: int = 7) -> bytes:
-    """Confluent wire format: magic 0, schema id, Avro binary."""
-    import io
-    import struct
-
-    import fastavro
-
-    out = io.BytesIO()
-    out.write(b"\0" + struct.pack(">I", schema_id))
-    fastavro.schemaless_writer(out, fastavro.parse_schema(SENSOR_SCHEMA), reading)
-    return out.getvalue()
-
-
-def test_typed_topics_get_columns_and_bad_values_go_to_the_dead_letters_across_kill_9(tmp_path):
-    import json
-    from datetime import datetime, timezone
-    from decimal import Decimal
-
-    from kafka import KafkaProducer
-
-    config = tmp_path / "pipeline.toml"
-    config.write_text(
-        '[topic."payments"]\nvalue.format = "json"\n'
-        f'value.schema = "{PAYMENTS_DDL}"\n'
-        '[topic."sensors"]\nvalue.format = "avro"\nvalue.wire.format = "confluent"\n'
-        f"value.schema = '{json.dumps(SENSOR_SCHEMA)}'\n")
-    data_dir = tmp_path / "data"
-    port = free_port()
-    server = ServerProcess(data_dir, "--config", str(config), port=port).start()
-
-    def payment(i: int) -> bytes:
-        return json.dumps({"id": i, "amount": f"{i}.25", "at": "2026-11-23T10:00:00Z", "tags": ["a", str(i)],
-                           "ignored": True}).encode()
-
-    bad = {3: b"{not json", 5: b'{"id": "five"}', 8: b"[1, 2]"}  # malformed, wrong type, not an object
-    at = datetime(2026, 11, 23, 10, tzinfo=timezone.utc)
-    try:
-        producer = KafkaProducer(bootstrap_servers=server.bootstrap, acks="all", linger_ms=100)
-        for i in range(10):  # one batch: good and bad values together
-            producer.send("payments", value=bad.get(i, payment(i)))
-            producer.send("sensors", value=avro_value({"sensor": f"s{i}", "celsius": i / 2, "at": at})
-                          if i != 4 else b"\0\0\0\0\7garbage")
-        producer.flush()
-        server.kill()  # acknowledged (WAL), not yet committed to the table: replayed at the next start
-        server = ServerProcess(data_dir, "--config", str(config), port=port,
-                               log_path=tmp_path / "restarted.log").start()
-        producer.send("payments", value=payment(10))
-        producer.flush()
-        producer.close()
-    finally:
-        code = server.stop() if server.running else None
-    assert code == 0, server.log_text()
-
-    payments, dead, sensors, records = read_tables(data_dir, [
-        "SELECT `offset`, id, amount, at, tags, value FROM payments ORDER BY `offset`",
-        "SELECT topic, `partition`, `offset`, value, error FROM dead_letters ORDER BY topic, `offset`",
-        "SELECT `offset`, sensor, celsius, at FROM sensors ORDER BY `offset`",
-        "SELECT count(*) AS n FROM records"])
-    good = [i for i in range(11) if i not in bad]
-    assert [r["offset"] for r in payments] == good
-    assert [r["id"] for r in payments] == good
-    assert [r["amount"] for r in payments] == [Decimal(f"{i}.25") for i in good]
-    assert {r["at"] for r in payments} == {at}
-    assert [r["tags"] for r in payments] == [["a", str(i)] for i in good]
-    assert [r["value"] for r in payments] == [payment(i) for i in good]  # the raw bytes stay beside
-
-    assert [(r["topic"], r["offset"]) for r in dead] == [("payments", 3), ("payments", 5), ("payments", 8),
-                                                         ("sensors", 4)]
-    assert [r["value"] for r in dead[:3]] == [bad[3], bad[5], bad[8]]
-    assert "JSON" in dead[0]["error"] and "id" in dead[1]["error"]
-    assert all(r["error"] for r in dead)
-
-    assert [(r["offset"], r["sensor"], r["celsius"], r["at"]) for r in sensors] == [
-        (i, f"s{i}", i / 2, at) for i in range(10) if i != 4]
-    # nothing of a typed topic in the records table
-    assert records == [{"n": 0}]
-
-    # a changed schema for a topic whose table exists is refused at start, naming the topic (exit 2)
-    config.write_text(config.read_text().replace(PAYMENTS_DDL, "id STRING"))
-    refused = ServerProcess(data_dir, "--config", str(config), log_path=tmp_path / "refused.log")
-    with pytest.raises(RuntimeError, match="exited with 2"):
-        refused.start()
-    assert "topic 'payments': table pipeline.payments has columns" in refused.log_text()
 
 
 def test_an_external_metastore_is_shared_with_a_classic_session_while_the_server_runs(tmp_path):
