@@ -338,7 +338,7 @@ def test_every_family_is_exported_and_idle_moves_with_time(started):
     assert first.label_values("kafka_network_requestchannel_requestqueuesize", "queue") == ["0", "1", "2", "3"]
     assert first.label_values("kafka_server_socket_server_metrics_connection_count", "networkProcessor") == \
         ["0", "1", "2"]
-    assert first.label_values("pipeline_muted_channels", "reason") == ["in-flight", "memory", "response-backlog"]
+    assert first.label_values("pipeline_muted_channels", "reason") == ["in-flight", "memory", "response-backlog", "sasl"]
     assert first.value("pipeline_ready") == 1
     assert first.value("pipeline_wal_size_bytes") >= 0
     # the Grafana dashboard queries only what the server exports

@@ -92,7 +92,14 @@ def run_kafka_python(bootstrap: str, mode: str, acked: dict, errors: list) -> No
 
 @pytest.mark.parametrize("mode", ["multiqueue", "baseline"])
 def test_real_producers_land_in_the_table_exactly_once_in_order(mode, request):
-    server = request.getfixturevalue(f"{mode}_server")
+    produce_and_check(request.getfixturevalue(f"{mode}_server"), mode)
+
+
+def produce_and_check(server, mode: str, read=read_table) -> None:
+    """Both producers send N records each to this ``mode``'s topics on ``server``; then every
+    record is in the table (read with ``read(data_dir, query)``) exactly once, at its
+    acknowledged offset, gapless and in per-partition send order. ``mode`` names the topics
+    (tests/e2e/test_spark_cluster.py runs this on servers of its own)."""
     create_topics(server, {topic: PARTITIONS for topic in topics(mode)})
     acked: dict = {}
     errors: list = []
@@ -110,7 +117,7 @@ def test_real_producers_land_in_the_table_exactly_once_in_order(mode, request):
 
     for topic in topics(mode):  # whatever the logs hold, acknowledged or not, is in the table
         wait_caught_up(server, topic, PARTITIONS)
-    rows = read_table(server.data_dir, "SELECT topic, `partition`, `offset`, key, value, headers, "
+    rows = read(server.data_dir, "SELECT topic, `partition`, `offset`, key, value, headers, "
                                        "unix_millis(`timestamp`) AS ts_ms, timestampType FROM records "
                                        "WHERE topic IN ('%s', '%s')" % topics(mode))
     assert len(rows) == 2 * N, server.log_text()

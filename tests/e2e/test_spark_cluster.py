@@ -1,14 +1,14 @@
 """The producers end-to-end test, with Spark beyond the embedded ``local[*]``.
 
-``tests/e2e/test_producers.py``'s test (confluent-kafka and kafka-python,
+``tests/e2e/test_producers.py``'s check (confluent-kafka and kafka-python,
 10,000 records each, exactly once, at the acknowledged offsets, gapless and in
-order), run unchanged against ``pipeline serve --spark-master spark://...``
-(a standalone Master + Worker) and ``pipeline serve --spark-remote sc://...``
-(a Spark Connect server): its ``ServerProcess`` is swapped for one that adds
-the flag, and ``--ack-on spark``, so that every acknowledgement waits for a
-write through the cluster (~16 flushes) rather than the WAL (the default,
-where Spark sees only a few flushes). Multiqueue mode only; the modes do
-not touch Spark differently.
+order), run against ``pipeline serve --spark-master spark://...`` (a
+standalone Master + Worker) and ``pipeline serve --spark-remote sc://...`` (a
+Spark Connect server), each with ``--ack-on spark``, so that every
+acknowledgement waits for a write through the cluster (~16 flushes) rather
+than the WAL (the default, where Spark sees only a few flushes). Each is a
+server of its own: the Spark master or remote is a server-level setting.
+Multiqueue mode only; the modes do not touch Spark differently.
 """
 
 from __future__ import annotations
@@ -20,48 +20,35 @@ from tests.e2e.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 
-MODE = "multiqueue"
 ACK_ON_SPARK = ("--ack-on", "spark")
 
 
-def server_process_with(*extra_args: str, started: list[ServerProcess]) -> type[ServerProcess]:
-    """``ServerProcess`` that appends ``extra_args`` to every server it runs, recording each in ``started``."""
+def run_and_stop(server: ServerProcess, label: str, **read) -> None:
+    """``test_producers.produce_and_check`` on ``server`` (started here), then a clean stop (exit 0)."""
+    server.start()
+    try:
+        test_producers.produce_and_check(server, label, **read)
+    finally:
+        code = server.stop() if server.running else server.proc.returncode
+    assert code == 0, server.log_text()
 
-    class WithSpark(ServerProcess):
-        def __init__(self, data_dir, *args: str, log_path=None) -> None:
-            super().__init__(data_dir, *args, *extra_args, log_path=log_path)
-            started.append(self)
 
-    return WithSpark
-
-
-def test_real_producers_through_a_standalone_cluster(standalone_cluster, monkeypatch, tmp_path):
+def test_real_producers_through_a_standalone_cluster(standalone_cluster, tmp_path):
     apps = standalone_cluster.work_dir / "worker"
     apps_before = set(apps.glob("app-*"))
-    started: list[ServerProcess] = []
-    monkeypatch.setattr(test_producers, "ServerProcess", server_process_with(
-        "--spark-master", standalone_cluster.master_url, *ACK_ON_SPARK, started=started))
-
-    test_producers.test_real_producers_land_in_the_table_exactly_once_in_order(MODE, tmp_path)
-
-    assert len(started) == 1
+    run_and_stop(ServerProcess(tmp_path / "data", "--spark-master", standalone_cluster.master_url, *ACK_ON_SPARK),
+                 "standalone")
     # the server's Spark application got an executor on the Worker
     assert len(set(apps.glob("app-*")) - apps_before) == 1
 
 
-def test_real_producers_through_spark_connect(connect_server, connect_spark, monkeypatch, tmp_path):
-    started: list[ServerProcess] = []
-    monkeypatch.setattr(test_producers, "ServerProcess", server_process_with(
-        "--spark-remote", connect_server.url, *ACK_ON_SPARK, started=started))
+def test_real_producers_through_spark_connect(connect_server, connect_spark, tmp_path):
+    server = ServerProcess(tmp_path / "data", "--spark-remote", connect_server.url, *ACK_ON_SPARK)
 
     # read back through Connect as well: the table is in the Connect server's catalog
-
     def read_through_connect(data_dir, query):
         connect_spark.catalog.setCurrentDatabase("pipeline")
         return connect_spark.sql(query).toArrow().to_pylist()
 
-    monkeypatch.setattr(test_producers, "read_table", read_through_connect)
-    test_producers.test_real_producers_land_in_the_table_exactly_once_in_order(MODE, tmp_path)
-
-    assert len(started) == 1
-    assert connect_server.url in started[0].log_text()  # "starting Spark (sc://...)"
+    run_and_stop(server, "connect", read=read_through_connect)
+    assert connect_server.url in server.log_text()  # "starting Spark (sc://...)"
