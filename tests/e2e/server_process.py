@@ -178,3 +178,14 @@ def reap(processes: list[psutil.Process], grace_s: float = 15.0) -> list[psutil.
             pass
     psutil.wait_procs(alive, timeout=5)
     return alive
+
+
+def describe(processes: list[psutil.Process]) -> list[str]:
+    """``"PID command line"`` (160 characters at most) of each process, ``"PID (gone)"`` if it has exited."""
+    out = []
+    for p in processes:
+        try:
+            out.append(f"{p.pid} {' '.join(p.cmdline())[:160]}")
+        except psutil.Error:
+            out.append(f"{p.pid} (gone)")
+    return out

@@ -46,7 +46,7 @@ import psutil
 import pytest
 
 from tests.e2e import raw_client as rc
-from tests.e2e.server_process import ServerProcess, free_port, reap
+from tests.e2e.server_process import ServerProcess, describe, free_port, reap
 from tests.e2e.table_reader import read_table, read_tables
 
 pytestmark = pytest.mark.slow
@@ -266,16 +266,6 @@ def avro_value(reading: dict, schema_id: int = 7) -> bytes:
     out.write(b"\0" + struct.pack(">I", schema_id))
     fastavro.schemaless_writer(out, fastavro.parse_schema(SENSOR_SCHEMA), reading)
     return out.getvalue()
-
-
-def describe(processes: list[psutil.Process]) -> list[str]:
-    out = []
-    for p in processes:
-        try:
-            out.append(f"{p.pid} {' '.join(p.cmdline())[:160]}")
-        except psutil.Error:
-            out.append(f"{p.pid} (gone)")
-    return out
 
 
 class IdempotentProducer(threading.Thread):

@@ -57,7 +57,7 @@ from pipeline.bench.hostile import (
 from tests.e2e.table_reader import read_table
 from tests.e2e import raw_client as rc
 from tests.e2e.server_process import ServerProcess
-from tests.e2e.shared_server import stop_cleanly, wait_caught_up
+from tests.e2e.shared_server import LogCursor, stop_cleanly, wait_caught_up
 
 pytestmark = pytest.mark.slow
 
@@ -109,31 +109,6 @@ def decode_metadata(body: bytes) -> MetadataResponse:
 
 
 # ------------------------------------------------------------------ the server and its log
-
-
-class LogCursor:
-    """Reads what the server logged after a point (the whole file, not log_text()'s tail)."""
-
-    def __init__(self, server: ServerProcess) -> None:
-        self.server = server
-        self.start = server.log_path.stat().st_size
-
-    def text(self) -> str:
-        with open(self.server.log_path, "rb") as f:
-            f.seek(self.start)
-            return f.read().decode(errors="replace")
-
-    def wait_for(self, pattern: str, timeout_s: float = 10.0) -> str:
-        """The first new log line matching ``pattern`` (a regex); fails after ``timeout_s``."""
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for line in self.text().splitlines():
-                if regex.search(line):
-                    return line
-            if time.monotonic() > deadline:
-                pytest.fail(f"no server log line matching {pattern!r}; new log:\n{self.text()[-5000:]}")
-            time.sleep(0.05)
 
 
 def connection_pattern(client: rc.RawClient | socket.socket) -> str:

@@ -21,22 +21,12 @@ import time
 import psutil
 import pytest
 
-from tests.e2e.server_process import ServerProcess
+from tests.e2e.server_process import ServerProcess, describe
 
 pytestmark = pytest.mark.slow
 
 CHILDREN_GRACE_S = 15.0
 """How long the children of a killed server may take to notice (s)."""
-
-
-def describe(processes: list[psutil.Process]) -> list[str]:
-    out = []
-    for p in processes:
-        try:
-            out.append(f"{p.pid} {' '.join(p.cmdline())[:160]}")
-        except psutil.Error:
-            out.append(f"{p.pid} (gone)")
-    return out
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
