@@ -28,20 +28,51 @@ def pytest_configure(config) -> None:
     os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {TEST_JVM_OPTIONS}".strip()
 
 
+LONGEST_MODULES = (
+    "tests/deploy/test_deploy.py",
+    "tests/e2e/test_security.py",
+    "tests/bench/test_brokers_smoke.py",
+    "tests/e2e/test_brokers.py",
+    "tests/e2e/test_durability.py",
+    "tests/bench/test_bench_smoke.py",
+    "tests/e2e/test_metastore.py",
+    "tests/e2e/test_table.py",
+    "tests/bench/test_consume_smoke.py",
+    "tests/bench/test_hostile_smoke.py",
+    "tests/e2e/test_config_and_logs.py",
+    "tests/bench/test_security_smoke.py",
+    "tests/e2e/test_spark_cluster.py",
+    "tests/persist/test_spark_cluster.py",
+)
+"""The slow modules that take longest (60-200 s each on the 2-core machine, from the
+``--durations`` table of a full run), longest first. Only a scheduling hint: ``make test``
+runs the suite on 2 pytest-xdist workers, one module at a time each (``--dist loadfile``), in
+the order below, so starting the long modules first keeps one worker from running a long
+module alone at the end. A stale entry makes the run slower, never wrong."""
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items) -> None:
     """Fast tests first: every test not marked ``slow`` runs before every ``slow`` one.
 
-    The order within each group is the collection order (a stable sort, after
-    pytest's own reordering), so a failure in the unit tests shows in the first
-    minutes of a run instead of after the Spark and server tests. A test that
-    uses a JVM fixture (``JVM_FIXTURES``) is marked ``slow`` here if its module
-    forgot to, so ``-m "not slow"`` never starts a JVM through them.
+    Within the slow tests, ``LONGEST_MODULES`` go first, in that order; otherwise the
+    order is the collection order (a stable sort, after pytest's own reordering), so a
+    failure in the unit tests shows in the first minutes of a run instead of after the
+    Spark and server tests. Under pytest-xdist with ``--dist loadfile
+    --no-loadscope-reorder`` (``make test``) a module goes to a worker at its first test
+    in this order. A test that uses a JVM fixture (``JVM_FIXTURES``) is marked ``slow``
+    here if its module forgot to, so ``-m "not slow"`` never starts a JVM through them.
     """
     for item in items:
         if JVM_FIXTURES.intersection(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
-    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is not None)
+    rank = {module: i for i, module in enumerate(LONGEST_MODULES)}
+
+    def key(item) -> tuple[bool, int]:
+        slow = item.get_closest_marker("slow") is not None
+        return slow, rank.get(item.nodeid.split("::", 1)[0], len(rank)) if slow else 0
+
+    items[:] = sorted(items, key=key)
 
 
 def unique_database() -> str:

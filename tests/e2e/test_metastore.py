@@ -1,0 +1,46 @@
+"""An external Hive metastore (``hive.metastore.uris``) shared with a classic Spark session in
+another process while the server runs, against a real server, real clients and real Spark."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.server_process import ServerProcess
+from tests.e2e.table_reader import read_table
+
+pytestmark = pytest.mark.slow
+
+
+def test_an_external_metastore_is_shared_with_a_classic_session_while_the_server_runs(tmp_path):
+    from kafka import KafkaProducer
+
+    from pipeline.persist.spark_cluster import MetastoreServer
+
+    data_dir = tmp_path / "data"
+    # A server of its own: hive.metastore.uris is a server-level setting (the shared servers use
+    # the embedded metastore in their data directory).
+    with MetastoreServer(tmp_path / "metastore") as metastore:
+        server = ServerProcess(data_dir, "--metastore-uris", metastore.uris, "--table-commit-interval-ms", "500",
+                               "--spark-connect-port", "0").start()
+        try:
+            producer = KafkaProducer(bootstrap_servers=server.bootstrap, acks="all")
+            for i in range(50):
+                producer.send("shared", value=b"v%d" % i)
+            producer.flush()
+            producer.close()
+            # a classic Spark application of its own (another process, another JVM), by name, server running
+            deadline = time.monotonic() + 90
+            while True:
+                rows = read_table(data_dir, "SELECT count(*) AS n FROM pipeline.records WHERE topic = 'shared'",
+                                  metastore_uris=metastore.uris)
+                if rows == [{"n": 50}] or time.monotonic() > deadline:
+                    break
+            assert rows == [{"n": 50}]
+            assert server.running
+            # nothing went to an embedded metastore in the data directory
+            assert not (data_dir / "_pipeline" / "metastore_db").exists()
+        finally:
+            code = server.stop() if server.running else None
+        assert code == 0, server.log_text()
