@@ -133,7 +133,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
     from pipeline.logs import children_stderr_to_log, setup_logging
-    from pipeline.server import Server, state_dir
+    from pipeline.server import Server, can_recover_without_table, state_dir
     from pipeline.table.catalog import TableConfigError
 
     resolved = _resolve(args)  # a ConfigError exits 2 in main(), before anything starts
@@ -143,39 +143,44 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info("configuration: %s", _sources_summary(resolved.sources))
     if config.brokers > 1:
         return _supervise(args, config, prefix_log=resolved.log.format == "plain")
+    config = _check_ports(config)  # every port free before anything starts; a free Spark Connect port if unset
     lock = lock_data_dir(config.data_dir, state_dir(config))  # a broker of a cluster: its own state dir
     if lock is None:
         return 1
+    if config.cluster_brokers is None:  # a kill -9 left it: it names the last run's ports until Spark is up
+        endpoints_path(config.data_dir).unlink(missing_ok=True)
     endpoint = _metrics_endpoint(config)  # before Spark: /readyz answers 503 until serving
+    # With acknowledgements at the WAL the server listens before Spark is up: recovery of the
+    # WAL and the checkpoint needs no JVM, and the table side catches up once Spark is ready.
+    # With --ack-on spark (or a table but no checkpoint to start from), Spark comes first.
+    early = config.ack_on == "wal" and can_recover_without_table(config)
+    sink = _group_sink(config)
+    exit_code = 0
     # Until trio's signal receiver is open, a stop signal interrupts start-up
     # where it is (Spark can take a minute to start) and everything started
     # so far is stopped (pipeline/lifecycle.py).
-    sink = _group_sink(config)
     signals = StartupSignals()
     signals.install()
     try:
-        log.info("starting Spark (%s); data in %s", config.spark_remote or config.spark_master,
-                 config.data_dir.resolve())
-        started = time.monotonic()
         warm = threading.Thread(target=_warm_up_protocol, name="protocol-warm-up", daemon=True)
         warm.start()  # imports beside Spark's start, not on the first requests
-        with children_stderr_to_log():  # the JVM's and the decode worker's stderr into this log
-            sink.start()
-        warm.join()
-        took = time.monotonic() - started
-        log.info("Spark ready in %.1f s: %s", took, _spark_whereabouts(sink, config),
-                 extra={"stage": "spark", "seconds": round(took, 3)})
-        if config.cluster_brokers is None:  # a cluster's supervisor writes it
-            write_endpoints(config)
-        server = Server(config, sink)
+        if early:
+            with children_stderr_to_log():
+                sink.start_decoder()  # from this (the main) thread: it dies with the process
+            server = Server(config, sink, table_ready=False)
+        else:
+            _start_spark(sink, config)
+            warm.join()
+            server = Server(config, sink)
         _set_phase(endpoint, "RECOVERING", server)
         started = time.monotonic()
-        recovered = server.recover()
+        recovered = server.recover_log() if early else server.recover()
         took = time.monotonic() - started
         log.info("recovery done in %.2f s (recovered: %d partitions, %d producer batches, %d records "
-                 "replayed from the WAL)", took, len(recovered.checkpoint.end_offsets),
-                 len(recovered.checkpoint.producers), recovered.replayed_records,
-                 extra={"stage": "recovery", "seconds": round(took, 3)})
+                 "%s)", took, len(recovered.checkpoint.end_offsets), len(recovered.checkpoint.producers),
+                 recovered.backlog_records if early else recovered.replayed_records,
+                 "in the WAL after the checkpoint, for the table once Spark is up" if early
+                 else "replayed from the WAL", extra={"stage": "recovery", "seconds": round(took, 3)})
         _set_phase(endpoint, "STARTING_LISTENER")
         signals.defer()
     except StartupInterrupted as exc:
@@ -193,6 +198,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _set_phase(endpoint, "STOPPING")
         _stop_bounded(sink)
         raise
+
+    async def start_table_side() -> None:
+        """Start Spark beside the running server; a failure stops the server (status 2 for a
+        table configuration error, 1 otherwise)."""
+        nonlocal exit_code
+        try:
+            await trio.to_thread.run_sync(_start_spark, sink, config, abandon_on_cancel=True)
+        except TableConfigError as exc:
+            log.error("configuration error: %s", exc)
+            exit_code = 2
+            server.shutdown()
+            return
+        except Exception as exc:  # Spark raises many types: all mean the table side cannot run
+            log.error("Spark did not start, stopping (the WAL keeps every acknowledged record): %s",
+                      str(exc).splitlines()[0] if str(exc) else repr(exc))
+            exit_code = 1
+            server.shutdown()
+            return
+        server.table_started()
+        _set_table_ready(endpoint)
+        persister = server.persister
+        backlog = persister.backlog_records if persister is not None else 0
+        log.info("table side ready: Spark writes the table%s", f" ({backlog} WAL records to write first)"
+                 if backlog else "", extra={"stage": "table", "seconds": round(_since_process_start(), 3)})
+        print(f"pipeline {config.mode.value}: table side ready", flush=True)
 
     async def main() -> None:
         with trio.open_signal_receiver(*STOP_SIGNALS) as received:
@@ -215,11 +245,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         log.info("%s received: shutting down", name)
                         server.shutdown()
 
-                host, port = await nursery.start(run_server)
+                try:
+                    host, port = await nursery.start(run_server)
+                except OSError as exc:  # a listener's address was taken after _check_ports
+                    raise ListenerError(str(exc)) from exc
                 tune_gc_for_serving()
                 _set_phase(endpoint, "SERVING")
+                if early:
+                    _set_table_ready(endpoint, False)
                 ready = _since_process_start()
-                log.info("listening on %s:%d (ready in %.1f s)", host, port, ready,
+                log.info("listening on %s:%d (ready in %.1f s%s)", host, port, ready,
+                         "; produce acknowledged at the WAL, Spark starting" if early else "",
                          extra={"stage": "listener", "seconds": round(ready, 3)})
                 print(f"pipeline {config.mode.value}: listening on {host}:{port}", flush=True)
                 for name, protocol, other_host, other_port in server.listener_addresses[1:]:
@@ -227,9 +263,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     print(f"pipeline {config.mode.value}: listening on {other_host}:{other_port} ({name})",
                           flush=True)
                 nursery.start_soon(watch_signals)
+                if early:
+                    nursery.start_soon(start_table_side)
+                else:
+                    print(f"pipeline {config.mode.value}: table side ready", flush=True)
 
     try:
         trio.run(main)
+    except ListenerError as exc:
+        log.error("configuration error: a listener cannot bind: %s", exc)
+        exit_code = 2
     finally:
         _set_phase(endpoint, "STOPPING")
         if config.cluster_brokers is None:
@@ -239,7 +282,98 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signals.restore()
         if endpoint is not None:
             endpoint.close()
-    return 0
+    return exit_code
+
+
+class ListenerError(Exception):
+    """A listener's address could not be bound (``OSError`` of ``trio.open_tcp_listeners``)."""
+
+
+def _start_spark(sink: SparkGroupSink, config: ServerConfig) -> None:
+    """Start the sink (Spark, the tables, the decode worker; blocking), log where it is, and
+    publish the endpoints ``pipeline sql`` uses (``DATA_DIR/_pipeline/endpoints.json``).
+
+    Raises:
+        pipeline.table.catalog.TableConfigError: the tables do not match the configuration.
+        Whatever Spark raises when it cannot start.
+    """
+    from pipeline.logs import children_stderr_to_log
+
+    log.info("starting Spark (%s); data in %s", config.spark_remote or config.spark_master,
+             config.data_dir.resolve())
+    started = time.monotonic()
+    with children_stderr_to_log():  # the JVM's and the decode worker's stderr into this log
+        sink.start()
+    took = time.monotonic() - started
+    log.info("Spark ready in %.1f s: %s", took, _spark_whereabouts(sink, config),
+             extra={"stage": "spark", "seconds": round(took, 3)})
+    if config.cluster_brokers is None:  # a cluster's supervisor writes it
+        write_endpoints(config)
+
+
+def _check_ports(config: ServerConfig) -> ServerConfig:
+    """Every port the server opens is free, checked before any JVM starts: the listeners, the
+    metrics endpoint, Spark Connect and the Thrift server (ports 0 pick a free one and are not
+    checked). ``spark.connect.grpc.binding.port`` unset takes a free port now (published in
+    ``DATA_DIR/_pipeline/endpoints.json`` once Spark is up).
+
+    Returns:
+        ``config``, with the Spark Connect port chosen.
+
+    Raises:
+        pipeline.config.ConfigError: a port is in use, naming its key (exit 2).
+    """
+    import dataclasses
+
+    from pipeline.config import ConfigError
+    from pipeline.server import listener_endpoints
+
+    probes: list[tuple[str, str, int]] = [
+        (f"listeners ({e.name})", e.host, e.port) for e in listener_endpoints(config) if e.port]
+    if config.metrics_port:
+        probes.append(("pipeline.metrics.port", "127.0.0.1", config.metrics_port))
+    if not config.spark_remote:
+        if config.spark_connect_port:
+            probes.append(("spark.connect.grpc.binding.port", "127.0.0.1", config.spark_connect_port))
+        if config.thrift_port:
+            probes.append(("hive.server2.thrift.port", "127.0.0.1", config.thrift_port))
+    for key, host, port in probes:
+        problem = _port_taken(host, port)
+        if problem:
+            raise ConfigError(f"{key}: {host or '0.0.0.0'}:{port} cannot be bound ({problem}); another server "
+                              "may be running: choose another port")
+    if config.spark_connect_port is None and not config.spark_remote:
+        config = dataclasses.replace(config, spark_connect_port=_free_port("127.0.0.1"))
+    return config
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound for listening now (None: it can). SO_REUSEADDR as
+    servers set it, so a port left in TIME_WAIT by a stopped server counts as free."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return str(exc)
+    for family, kind, proto, _name, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+                probe.listen(1)
+            except OSError as exc:
+                return exc.strerror or str(exc)
+    return None
+
+
+def _free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the kernel's choice for port 0)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def _supervise(args: argparse.Namespace, config: ServerConfig, prefix_log: bool = True) -> int:
@@ -313,6 +447,12 @@ def _spark_whereabouts(sink: SparkGroupSink, config: ServerConfig) -> str:
     if (sc.master or "").startswith("spark://"):
         where += "; executor logs in each worker's work directory, app-ID/N/stderr"
     return where
+
+
+def _set_table_ready(endpoint: MetricsEndpoint | None, ready: bool = True) -> None:
+    """Tell ``/readyz`` whether the table side (Spark) is up."""
+    if endpoint is not None:
+        endpoint.readiness.table_ready = ready
 
 
 def _set_phase(endpoint: MetricsEndpoint | None, phase: str, server: Server | None = None) -> None:

@@ -160,7 +160,7 @@ class ServerConfig:
     table_compaction_interval_ms: int = DEFAULT_COMPACTION_INTERVAL_MS  # 0: no background compaction
     table: TableConfig = field(default_factory=TableConfig)       # database, file sizes, per-topic settings
     metastore_uris: str | None = None           # [hive.metastore.uris]; None: embedded Derby
-    spark_connect_port: int = 15002             # Spark Connect's default port; 0: off
+    spark_connect_port: int | None = None       # [spark.connect.grpc.binding.port]; None: a free port; 0: off
     thrift_port: int = 0                        # [hive.server2.thrift.port]; 0: off
     metrics_port: int | None = None
     node_id: int = 0
@@ -567,6 +567,7 @@ _KEY_LIST: list[Key] = [
     Key("spark.connect.grpc.binding.port", ("spark_connect_port",), integer(0, 65535),
         "serve Spark Connect on 127.0.0.1:PORT from the server's driver, so other sessions and "
         "`pipeline sql` query the tables while it runs; 0: off", "--spark-connect-port", "PORT",
+        unset="a free port, published in DATA_DIR/_pipeline/endpoints.json (where `pipeline sql` looks)",
         group="Spark and the table"),
     Key("hive.server2.thrift.port", ("thrift_port",), integer(0, 65535),
         "serve JDBC/ODBC (Spark Thrift Server, jdbc:hive2://127.0.0.1:PORT/) on 127.0.0.1; 0: off",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -82,13 +83,15 @@ def write_endpoints(config: ServerConfig) -> None:
 
 def table_session(data_dir: Path, spark_master: str = "local[*]", spark_remote: str | None = None,
                   metastore_uris: str | None = None, app_name: str = "pipeline-sql",
-                  locked: bool = False) -> SparkSession:
+                  locked: bool = False, wait_s: float = 120.0) -> SparkSession:
     """A Spark session that sees the pipeline's tables by name.
 
     ``spark_remote`` if given; else the running server's Spark Connect endpoint
     (``DATA_DIR/_pipeline/endpoints.json``) if it serves one; else a classic
     session on the data directory's metastore (the embedded one is free only
     while no server runs). ``locked``: the caller holds the data directory's lock.
+    A server still starting Spark (it listens before) publishes its endpoint
+    once Spark is up: waited for up to ``wait_s`` (s).
 
     Raises:
         RuntimeError: a server runs on ``data_dir`` without a Spark Connect endpoint.
@@ -97,14 +100,38 @@ def table_session(data_dir: Path, spark_master: str = "local[*]", spark_remote: 
     from pipeline.table.catalog import catalog_conf
 
     if spark_remote is None and metastore_uris is None and not locked and data_dir_in_use(data_dir):
-        # (after a kill -9 the endpoints file outlives the server: only trust it while the server runs)
-        try:
-            spark_remote = json.loads(endpoints_path(data_dir).read_text()).get("spark_connect")
-        except (OSError, ValueError):
-            spark_remote = None
-        if spark_remote is None:
-            raise RuntimeError(f"a pipeline server runs on {Path(data_dir).resolve()} without --spark-connect-port: "
-                               "its embedded metastore is in use; query it over Spark Connect or JDBC")
+        spark_remote = _running_connect_endpoint(Path(data_dir), wait_s)
     if spark_remote is not None:
         return build_spark_session(remote=spark_remote)
     return build_spark_session(spark_master, app_name=app_name, conf=catalog_conf(data_dir, metastore_uris))
+
+
+def _running_connect_endpoint(data_dir: Path, wait_s: float) -> str:
+    """The Spark Connect URL of the server running on ``data_dir`` (its ``endpoints.json``);
+    while that server is still starting Spark (no file yet), waits up to ``wait_s``.
+
+    Raises:
+        RuntimeError: the server serves no Spark Connect (port 0), or did not publish one in time.
+    """
+    deadline = time.monotonic() + wait_s
+    waiting = False
+    while True:
+        # (after a kill -9 the endpoints file outlives the server: only trust it while the server runs)
+        try:
+            endpoints = json.loads(endpoints_path(data_dir).read_text())
+        except (OSError, ValueError):
+            endpoints = None
+        if endpoints is not None:
+            if endpoints.get("spark_connect"):
+                return str(endpoints["spark_connect"])
+            raise RuntimeError(f"a pipeline server runs on {data_dir.resolve()} with --spark-connect-port 0: "
+                               "its embedded metastore is in use; query it over JDBC, or stop it")
+        if not data_dir_in_use(data_dir):
+            raise RuntimeError(f"the pipeline server on {data_dir.resolve()} stopped before its Spark was up")
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"the pipeline server on {data_dir.resolve()} has not published its Spark Connect "
+                               f"endpoint within {wait_s:.0f} s (its Spark is still starting?)")
+        if not waiting:
+            waiting = True
+            log.info("the server on %s is starting Spark: waiting for its Spark Connect endpoint", data_dir)
+        time.sleep(0.2)

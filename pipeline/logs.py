@@ -263,18 +263,21 @@ def children_stderr_to_log() -> Iterator[None]:
                 if isinstance(h, logging.StreamHandler) and h.stream is old_stderr]
     forwarder = threading.Thread(target=_StderrForwarder(read_fd).run, name="children-stderr", daemon=True)
     forwarder.start()
-    os.dup2(write_fd, 2)
-    os.close(write_fd)
+    # This process's own writers move to the saved descriptor before fd 2 becomes the pipe, and
+    # back after it is restored: lines logged meanwhile by other threads (the event loop, while
+    # Spark starts beside it) never go through the pipe.
     sys.stderr = saved
     for h in handlers:
         h.setStream(saved)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
     try:
         yield
     finally:
+        saved.flush()
+        os.dup2(saved_fd, 2)
         for h in handlers:
             h.setStream(old_stderr)
         sys.stderr = old_stderr
-        saved.flush()
-        os.dup2(saved_fd, 2)
         saved.close()
         os.close(saved_fd)

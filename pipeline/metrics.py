@@ -18,8 +18,10 @@ threads:
   mute reasons) is named ``pipeline_*``. The whole table, with units and
   meanings, is in docs/operations.md ("Metrics").
 * ``/healthz``: 200 while the process answers.
-* ``/readyz``: 200 once Spark has started, recovery is done and the listener
-  accepts; 503 with the phase before that and while shutting down.
+* ``/readyz``: 200 once recovery is done and the listener accepts (with
+  ``--ack-on wal`` that is before Spark is up: the body then says the table
+  side is starting; with ``--ack-on spark`` Spark starts first); 503 with the
+  phase before that and while shutting down.
 
 The endpoint starts before Spark (``MetricsEndpoint.start``) so that a probe
 can see start-up; the server's metrics appear once it is ``attach``ed.
@@ -148,6 +150,8 @@ class Readiness:
     def __init__(self) -> None:
         self.phase = Phase.STARTING_SPARK
         self.server: Server | None = None
+        self.table_ready = True
+        """The table side (Spark) is up; False while it starts beside a serving listener (``--ack-on wal``)."""
 
     def status(self) -> tuple[bool, str]:
         """(ready, what it is doing)."""
@@ -156,6 +160,9 @@ class Readiness:
             server = self.server
             if server is not None and server.shutting_down:
                 return False, "shutting down"
+            if not self.table_ready:
+                return True, ("ready: produce is acknowledged at the WAL; the table side is starting Spark "
+                              "(table writes and reads of offsets only the table holds wait for it)")
             return True, "ready"
         return False, phase.value
 
@@ -192,8 +199,10 @@ class ServerCollector:
 
     def collect(self) -> Iterator[Metric]:
         ready, _ = self._readiness.status()
-        yield GaugeMetricFamily("pipeline_ready", "1 when /readyz answers 200 (Spark started, recovery "
-                                "done, listener accepting, not shutting down), else 0", value=int(ready))
+        yield GaugeMetricFamily("pipeline_ready", "1 when /readyz answers 200 (recovery done, listener "
+                                "accepting, not shutting down), else 0", value=int(ready))
+        yield GaugeMetricFamily("pipeline_table_ready", "1 once the table side (Spark) is up and writing, "
+                                "else 0", value=int(self._readiness.table_ready and ready))
         server = self._readiness.server
         if server is None:
             return

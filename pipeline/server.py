@@ -32,6 +32,7 @@ from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
 from pipeline.log.fetch import FetchApis
 from pipeline.log.manager import LogManager
 from pipeline.log.state import LogState
+from pipeline.table.layout import TABLES_DIR
 from pipeline.table.reader import TableReader
 from pipeline.coordinator.coordinator import GroupConfig
 from pipeline.coordinator.service import GroupCoordinatorService
@@ -53,7 +54,7 @@ from pipeline.network.memory_pool import MemoryPool
 from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
 from pipeline.persist.persister import DEFAULT_WAL_POLICY, BatchingPersister
-from pipeline.persist.recovery import Recovered, TableSink, recover
+from pipeline.persist.recovery import Recovered, TableSink, recover, recover_log
 from pipeline.log.checkpoint import StateStore
 from pipeline.log.wal import WriteAheadLog
 from pipeline.protocol.apis import BrokerInfo
@@ -156,6 +157,18 @@ def advertised_endpoints(c: ServerConfig, bound: list[tuple[Endpoint, str, int]]
     return tuple(out)
 
 
+def can_recover_without_table(c: ServerConfig) -> bool:
+    """Whether ``Server.recover_log`` can start without Spark: the broker has a checkpoint, or its
+    data directory holds no table yet (``DATA_DIR/tables`` absent or empty, ``TABLES_DIR``) in the embedded
+    metastore. Otherwise a missing checkpoint means asking the table where each partition ends."""
+    if StateStore(state_dir(c)).load() is not None:
+        return True
+    if c.metastore_uris or c.spark_remote:
+        return False
+    tables = Path(c.data_dir) / TABLES_DIR
+    return not tables.exists() or not any(tables.iterdir())
+
+
 class ServerSink(TableSink, Protocol):
     """The table side a ``Server`` runs on (``SparkGroupSink``): a ``TableSink`` that can also drop a
     deleted topic's rows. With ``table.compaction.interval.ms`` set it must also be a
@@ -169,14 +182,22 @@ class ServerSink(TableSink, Protocol):
 class Server:
     """One broker front end: ``recover`` (blocking), then ``serve`` until ``shutdown``.
 
+    Or, listening before Spark is up (``--ack-on wal``): ``recover_log`` (blocking, no JVM), then
+    ``serve`` with ``table_ready=False``, and ``table_started`` once the sink is started: produce
+    is acknowledged at the WAL meanwhile, and the persister writes the WAL backlog, then what
+    came since, once Spark is up.
+
     Args:
         config: see ServerConfig.
-        sink: the table side (already started).
+        sink: the table side.
+        table_ready: the sink is started; False: ``table_started`` says when.
     """
 
-    def __init__(self, config: ServerConfig, sink: ServerSink) -> None:
+    def __init__(self, config: ServerConfig, sink: ServerSink, *, table_ready: bool = True) -> None:
         self.config = config
         self.sink = sink
+        self.table_ready = table_ready
+        """The sink is started (the table side writes and serves reads)."""
         own = state_dir(config)
         self.cluster = cluster_of(config)
         self.wal = WriteAheadLog(own / "wal", segment_bytes=config.log_segment_bytes)
@@ -202,17 +223,47 @@ class Server:
         """The event loop's time waiting for I/O while serving (NetworkProcessorAvgIdlePercent)."""
 
     def recover(self) -> Recovered:
-        """Replay the WAL into the table and rebuild offsets and producer state (blocking)."""
+        """Replay the WAL into the table and rebuild offsets and producer state (blocking; the sink started)."""
         self.recovered = recover(self.sink, self.wal, self.store, visit=self.logs.index_wal_entry,
                                  policy=self.commit_policy())
-        checkpoint = self.recovered.checkpoint
+        self._attach_table()
+        self._start_logs(self.recovered)
+        return self.recovered
+
+    def recover_log(self) -> Recovered:
+        """Rebuild offsets and producer state from the checkpoint and the WAL without the table
+        (blocking, no JVM; ``pipeline.persist.recovery.recover_log``): the WAL entries after the
+        checkpoint become the persister's backlog, written once the sink is started.
+
+        Raises:
+            RuntimeError: there is no checkpoint and the sink is not started (the table's end
+                offsets are needed: ``can_recover_without_table`` says when they are not).
+            pipeline.log.wal.WalCorruptionError: the WAL is damaged before its tail.
+        """
+        end_offsets = self.sink.end_offsets if self.table_ready else None
+        if end_offsets is None and not can_recover_without_table(self.config):
+            raise RuntimeError("no checkpoint and a table that may hold rows: recovery needs Spark started")
+        self.recovered = recover_log(self.wal, self.store, visit=self.logs.index_wal_entry, end_offsets=end_offsets)
+        self._start_logs(self.recovered)
+        return self.recovered
+
+    def _start_logs(self, recovered: Recovered) -> None:
+        self.logs.state = LogState.from_checkpoint(recovered.checkpoint)
+        self.logs.start(recovered.checkpoint.end_offsets)
+
+    def _attach_table(self) -> None:
         catalog = getattr(self.sink, "catalog", None)
         if catalog is not None:
             # Offsets whose WAL segments retention deleted are read from the tables.
             self.logs.table = TableReader(catalog.spark, catalog)
-        self.logs.state = LogState.from_checkpoint(checkpoint)
-        self.logs.start(checkpoint.end_offsets)
-        return self.recovered
+
+    def table_started(self) -> None:
+        """The sink is started (call it in the trio thread): reads of offsets only the table holds
+        are served, and the persister writes the WAL backlog, then what waits."""
+        self._attach_table()
+        self.table_ready = True
+        if self.persister is not None:
+            self.persister.mark_table_ready()
 
     @property
     def shutting_down(self) -> bool:
@@ -289,11 +340,13 @@ class Server:
             endpoints=endpoints,
             cluster=self.cluster,
         )
-        recovered = self.recovered or self.recover()
+        recovered = self.recovered or (self.recover() if self.table_ready else self.recover_log())
         checkpoint = recovered.checkpoint
         persister = BatchingPersister(
-            self.sink, self.wal, self.store, checkpoint,
+            self.sink, self.wal, self.store, recovered.stored,
             self.commit_policy(),
+            backlog=recovered.backlog,
+            table_ready=self.table_ready,
             wal_policy=replace(DEFAULT_WAL_POLICY, linger_ms=c.wal_linger_ms),
             ack_on=c.ack_on,
             max_buffer_bytes=c.buffer_memory,

@@ -101,7 +101,7 @@ def test_endpoint_answers_health_and_readiness_through_the_phases(tmp_path):
     try:
         assert get(f"{base}/healthz") == (200, "ok\n")
         assert get(f"{base}/readyz") == (503, "starting Spark\n")
-        assert scrape(f"{base}/metrics") == {"pipeline_ready": 0.0}  # no server yet: nothing else
+        assert scrape(f"{base}/metrics") == {"pipeline_ready": 0.0, "pipeline_table_ready": 0.0}  # no server yet
 
         server = Server(ServerConfig(data_dir=tmp_path, queued_max_request_bytes=1 << 20), sink=None)  # type: ignore[arg-type]
         endpoint.attach(server)
@@ -115,8 +115,15 @@ def test_endpoint_answers_health_and_readiness_through_the_phases(tmp_path):
         endpoint.readiness.phase = Phase.STARTING_LISTENER
         assert get(f"{base}/readyz")[0] == 503
         endpoint.readiness.phase = Phase.SERVING
+        endpoint.readiness.table_ready = False  # --ack-on wal: listening while Spark starts
+        status, body = get(f"{base}/readyz")
+        assert status == 200 and body.startswith("ready: produce is acknowledged at the WAL; the table side is "
+                                                 "starting Spark"), body
+        assert scrape(f"{base}/metrics")["pipeline_table_ready"] == 0.0
+        endpoint.readiness.table_ready = True
         assert get(f"{base}/readyz") == (200, "ready\n")
         assert scrape(f"{base}/metrics")["pipeline_ready"] == 1.0
+        assert scrape(f"{base}/metrics")["pipeline_table_ready"] == 1.0
         assert get(f"{base}/healthz") == (200, "ok\n")
 
         server.shutdown()

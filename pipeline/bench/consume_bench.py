@@ -505,17 +505,17 @@ def _wait_for_retention(server: ManagedProcess, log_path: Path, wal_dir: Path, a
     producer = Producer({"bootstrap.servers": f"127.0.0.1:{server.port}"})
     deadline = time.monotonic() + timeout_s
     left = records_in_wal(wal_dir, TOPIC)
-    deleted_segments = 0
     try:
         while left and time.monotonic() < deadline:
             producer.produce(NUDGE_TOPIC, value=b"x" * 1024)
             producer.flush(10)
             time.sleep(0.5)
-            text = log_path.read_text(errors="replace")
-            deleted_segments = sum(int(m.group(1)) for m in RETENTION_LINE.finditer(text))
             left = records_in_wal(wal_dir, TOPIC)
     finally:
         producer.flush(10)
+    # Read after the loop too: retention may have run before the first look (at the start's first commit).
+    text = log_path.read_text(errors="replace")
+    deleted_segments = sum(int(m.group(1)) for m in RETENTION_LINE.finditer(text))
     in_wal = sum(max(0, acked.get(p, 0) - low) for p, low in left.items())
     total = sum(acked.values())
     console.print(f"log retention deleted {deleted_segments} WAL segment(s); {in_wal} of {total} records "

@@ -31,11 +31,17 @@ STOP_TIMEOUT_S = 180.0
 # ------------------------------------------------------------------ processes
 
 
+TABLE_READY = "table side ready"
+"""What ``pipeline serve`` prints once Spark is up (after "listening on" with ``--ack-on wal``)."""
+
+
 class ManagedProcess:
     """A child process that prints ``listening on HOST:PORT`` when ready.
 
     stdout is read by a thread (ready line, metrics line); stderr goes to
-    ``log_path``.
+    ``log_path``. A ``pipeline serve`` (a command with ``serve`` in it) is
+    ready once its table side is up too (``TABLE_READY``): it listens before
+    Spark has started, and a bench's load must not compete with that start.
     """
 
     def __init__(self, name: str, cmd: list[str], log_path: Path) -> None:
@@ -46,6 +52,9 @@ class ManagedProcess:
         self._port: int | None = None
         self.metrics_port: int | None = None
         self._ready = threading.Event()
+        self.serves_table = "serve" in cmd
+        self.listening_s: float | None = None
+        """Seconds from ``launch`` to "listening on"."""
         self._terminated = False
         self._stdout: list[str] = []
 
@@ -60,13 +69,15 @@ class ManagedProcess:
         self._launched_at = time.monotonic()
         self._port = None
         self._ready.clear()
+        self.listening_s = None
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self._log,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True)
         threading.Thread(target=self._read_stdout, daemon=True, name=f"{self.name}-stdout").start()
         return self
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> "ManagedProcess":
-        """Wait until it listens; ``startup_s`` is then the time since ``launch``.
+        """Wait until it listens (a server: and its table side is up); ``startup_s`` is then the
+        time since ``launch``, ``listening_s`` the time to "listening on".
 
         Raises:
             RuntimeError: it exited first, or did not listen within ``timeout_s``
@@ -92,6 +103,10 @@ class ManagedProcess:
                 self.metrics_port = int(m.group(1))
             if self._port is None and (m := LISTENING.search(line)) is not None:
                 self._port = int(m.group(2))  # the first listener's (a server prints one line per listener)
+                self.listening_s = time.monotonic() - self._launched_at
+                if not self.serves_table:
+                    self._ready.set()
+            if self.serves_table and TABLE_READY in line:
                 self._ready.set()
 
     @property

@@ -31,6 +31,7 @@ class FlushReason(enum.Enum):
     LINGER = "linger-ms"
     MEMORY = "buffer-memory"
     CLOSING = "closing"
+    RECOVERY = "recovery"  # the WAL backlog written once Spark is up (not an accumulator decision)
 
 
 @dataclass(frozen=True, slots=True)

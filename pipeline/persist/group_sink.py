@@ -135,6 +135,19 @@ class SparkGroupSink:
         warmup = pa.table({"warmup": pa.array([1], pa.int32())})
         path = os.path.join(self._state_dir, "warmup")
         self._sink.spark.createDataFrame(warmup).write.mode("overwrite").parquet(path)
+        if self._pool is None:
+            self.start_decoder()
+        if self._pool is not None:
+            self._pool.submit(appends_to_table, []).result()  # import pyarrow/kafka there now
+
+    def start_decoder(self) -> None:
+        """Start the decode worker process (if ``decode_in_subprocess``), without waiting for it.
+
+        Call it from the main thread: the worker is told to die with the thread that
+        started it (``PR_SET_PDEATHSIG``, ``pipeline.lifecycle.die_with_parent``), and
+        ``ProcessPoolExecutor`` starts its process in the thread of the first ``submit``,
+        made here. ``start`` calls it when it was not called before.
+        """
         if self._decode_in_subprocess and self._pool is None:
             # spawn, not fork: forking a process that runs a JVM gateway and
             # threads is unsafe. The worker dies with this process, however
@@ -142,7 +155,7 @@ class SparkGroupSink:
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_decode_worker_init,
                                              initargs=(os.getpid(), self._decode_niceness))
-            self._pool.submit(appends_to_table, []).result()  # import pyarrow/kafka there now
+            self._pool.submit(appends_to_table, [])  # the worker process starts now, in this thread
 
     def stop(self) -> None:
         if self._pool is not None:

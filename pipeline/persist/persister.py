@@ -24,6 +24,14 @@ that long are answered by the handler's timeout (REQUEST_TIMED_OUT), never
 with success. A WAL write failure is treated as Kafka treats a failed log
 directory: every later produce gets KAFKA_STORAGE_ERROR.
 
+The Spark stage can start before its sink (``table_ready=False``, then
+``mark_table_ready`` once Spark is up): the WAL stage acknowledges meanwhile
+(``ack_on="wal"``) and the Spark stage waits; the first thing it writes then
+is the recovery ``backlog`` (WAL entries after the checkpoint, which may be in
+the table already: the table is asked which offsets it holds, and those rows
+are not written again), then what was appended since. Closed before Spark is
+up, it writes nothing: the records stay in the WAL for the next start.
+
 Memory is bounded: ``append`` must be preceded by ``await wait_for_capacity()``,
 which blocks while more than ``max_buffer_bytes`` are buffered in both stages
 (Kafka producer ``buffer.memory``). With a sink that reads records back from
@@ -250,6 +258,10 @@ class BatchingPersister:
         log_listener: the read side, told where appends are in the WAL and
             when they are durable, and asked how much of the WAL to keep;
             None: nothing reads the WAL, it is cut at every checkpoint.
+        backlog: recovery's WAL entries after ``checkpoint`` (``pipeline.persist.recovery.Backlog``),
+            written to the table before anything appended here; ``checkpoint`` is then the
+            stored one (what the table is known to hold), not the state after the backlog.
+        table_ready: the sink is started; False: the Spark stage waits for ``mark_table_ready``.
 
     Raises:
         ValueError: ``ack_on`` is neither "wal" nor "spark", or ``maintenance_interval_s``
@@ -272,6 +284,8 @@ class BatchingPersister:
         shutdown_grace_s: float = 30.0,
         maintenance_interval_s: float | None = None,
         log_listener: LogListener | None = None,
+        backlog: Sequence[tuple[WalPosition, Sequence[PartitionAppend]]] = (),
+        table_ready: bool = True,
     ) -> None:
         if ack_on not in ("wal", "spark"):
             raise ValueError(f"ack_on must be 'wal' or 'spark', got {ack_on!r}")
@@ -313,6 +327,16 @@ class BatchingPersister:
         self._table_seq = 0        # every append up to this number is in the table
         self._table_progress = trio.Event()
         self._sync_requested = 0
+        self._backlog = [(position, list(appends)) for position, appends in backlog if appends]
+        for _, appends in self._backlog:
+            for a in appends:
+                if self._topics.get(a.topic, 0) <= a.partition:
+                    self._topics[a.topic] = a.partition + 1
+        self._spark_closed = trio.Event()  # the WAL stage is done: the Spark stage's input is complete
+        self._spark_closed_logged = False
+        self._table_ready = trio.Event()
+        if table_ready:
+            self._table_ready.set()
         self.stats = PersisterStats()
 
     # -- the handler's side ----------------------------------------------
@@ -415,6 +439,33 @@ class BatchingPersister:
                                     self._committed.producers.snapshot(), dict(self._topics))
             await trio.to_thread.run_sync(self._store.save, checkpoint)
 
+    @property
+    def table_ready(self) -> bool:
+        """The sink is started (``mark_table_ready``): the Spark stage writes."""
+        return self._table_ready.is_set()
+
+    @property
+    def backlog_records(self) -> int:
+        """Records of the recovery backlog not in the table yet."""
+        return sum(a.record_count for _, appends in self._backlog for a in appends)
+
+    def mark_table_ready(self) -> None:
+        """The sink is started: the Spark stage writes the backlog, then what waits. Idempotent."""
+        self._table_ready.set()
+
+    async def wait_backlog_written(self) -> None:
+        """Return once the recovery backlog is in the table (at once without one).
+
+        Raises:
+            RuntimeError: the persister stopped first (closed before Spark was up, or gave up on it).
+        """
+        while self._backlog:
+            if self._done.is_set():
+                raise RuntimeError("the persister stopped before the recovery backlog reached the table")
+            progress = self._table_progress
+            with trio.move_on_after(1.0):
+                await progress.wait()
+
     def close(self) -> None:
         """Write what is buffered, then let ``run`` return. Idempotent."""
         if not self._wal_acc.closing:
@@ -457,6 +508,7 @@ class BatchingPersister:
                     await self._wal_wakeup.wait()
         finally:
             self._spark_acc.close()
+            self._spark_closed.set()
             self._spark_wakeup.set()
 
     async def _write_wal(self, group: FlushGroup[Commit]) -> None:
@@ -537,8 +589,29 @@ class BatchingPersister:
             async with send:
                 await self._spark_grouper(send)
 
+    async def _until_table_ready(self) -> bool:
+        """Wait for ``mark_table_ready``; False if the persister closes first (nothing is written:
+        the WAL keeps every record for the next start)."""
+        while not self._table_ready.is_set():
+            if self._spark_acc.closing:
+                if not self._spark_closed_logged:
+                    self._spark_closed_logged = True
+                    log.warning("stopping before Spark is up: %d records stay in the WAL and are written "
+                                "to the table at the next start", self._spark_acc.records + self.backlog_records)
+                return False
+            async with trio.open_nursery() as nursery:
+                async def first(event: trio.Event) -> None:
+                    await event.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(first, self._table_ready)
+                nursery.start_soon(first, self._spark_closed)
+        return True
+
     async def _spark_grouper(self, send: trio.MemorySendChannel) -> None:
         acc = self._spark_acc
+        if not await self._until_table_ready():
+            return
         while True:
             now_ms = trio.current_time() * 1000.0
             reason = acc.ready(now_ms)
@@ -579,6 +652,8 @@ class BatchingPersister:
 
     async def _spark_writer(self, receive: trio.MemoryReceiveChannel) -> None:
         async with receive:
+            if not await self._until_table_ready() or not await self._write_backlog():
+                return
             while True:
                 with trio.move_on_at(self._next_maintenance) as maintenance_due:
                     try:
@@ -598,6 +673,43 @@ class BatchingPersister:
                     self._spark_writing = False
                     self._spark_wakeup.set()  # a lingered group may go now
 
+    async def _write_backlog(self) -> bool:
+        """Write the recovery backlog (``pipeline.persist.recovery.replay``'s rule: rows the table
+        already holds are not written again), in groups of the Spark policy's size, each
+        checkpointed like a flush; False if given up at shutdown."""
+        if not self._backlog:
+            return True
+        appends = [a for _, entry in self._backlog for a in entry]
+        total = sum(a.record_count for a in appends)
+        exclude: set[tuple[str, int, int]] | None = None
+        backoff = self._retry_backoff_s
+        while exclude is None:
+            try:
+                exclude = await trio.to_thread.run_sync(self._sink.present_offsets, offset_ranges(appends))
+            except Exception as exc:  # Spark not answering yet: as a failed flush
+                log.warning("reading the table's offsets for the WAL backlog failed, retrying in %.2f s: %s",
+                            backoff, str(exc).splitlines()[0] if str(exc) else exc)
+                if self._closing_since is not None and trio.current_time() - self._closing_since > self._shutdown_grace_s:
+                    return False
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_retry_backoff_s)
+        log.info("recovery: %d WAL records after the checkpoint, %d to write now, %d already in the table",
+                 total, total - len(exclude), len(exclude))
+        policy = self._spark_acc.policy
+        while self._backlog:
+            group: FlushGroup[_SparkWaiter] = FlushGroup(reason=FlushReason.RECOVERY)
+            while self._backlog and not (group.records >= policy.max_records or group.size_bytes >= policy.max_bytes):
+                position, entry = self._backlog[0]
+                group.appends.extend(entry)
+                group.records += sum(a.record_count for a in entry)
+                group.size_bytes += sum(a.size_bytes for a in entry)
+                group.waiters.append(_SparkWaiter(None, position, trio.current_time()))
+                self._backlog.pop(0)
+            table = await trio.to_thread.run_sync(self._sink.to_table, group.appends)
+            if not await self._write_spark(group, table, exclude):
+                return False
+        return True
+
     async def _maintain(self) -> None:
         """One ``sink.maintain()`` (compaction, retention) in the writer's slot; failures are logged."""
         assert self._maintenance_interval_s is not None and self._maintainer is not None  # checked in __init__
@@ -615,11 +727,11 @@ class BatchingPersister:
                          result.deleted_directories, result.seconds)
         self._next_maintenance = trio.current_time() + self._maintenance_interval_s
 
-    async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: Any) -> bool:
-        """Write one group until it succeeds; False if given up at shutdown."""
+    async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: Any,
+                           exclude: set[tuple[str, int, int]] | None = None) -> bool:
+        """Write one group (minus the rows in ``exclude``) until it succeeds; False if given up at shutdown."""
         self._in_spark_write = group.size_bytes
         backoff = self._retry_backoff_s
-        exclude: set[tuple[str, int, int]] | None = None
         started = time.perf_counter()
         attempt = 0
         try:

@@ -1,6 +1,12 @@
 """Start-up recovery: bring the table up to date with the WAL, rebuild offsets and producer state.
 
-Runs before the server listens (blocking). Steps:
+Two halves. ``recover_log`` needs no JVM: it loads the checkpoint, opens the
+WAL and rebuilds offsets and producer state, so the server can listen and
+acknowledge produce at the WAL while Spark starts (``--ack-on wal``); the WAL
+entries after the checkpoint are its ``backlog``, which the persister writes to
+the table first once Spark is up (``BatchingPersister(backlog=...)``).
+``recover`` runs both halves at once, blocking (``--ack-on spark``, tools).
+Steps:
 
 1. Load the checkpoint (``state.py``). Without one (a new data dir, or a
    table written before checkpoints existed), ask the table for each
@@ -22,7 +28,7 @@ Runs before the server listens (blocking). Steps:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from pipeline.persist.accumulator import FlushPolicy
@@ -42,29 +48,103 @@ class TableSink(GroupSink, Protocol):
         """(topic, partition) -> max(offset) + 1 over the whole table."""
 
 
+Backlog = list[tuple[WalPosition, list[PartitionAppend]]]
+"""WAL entries after the checkpoint, oldest first: (the entry's end position, its appends)."""
+
+
 @dataclass(slots=True)
 class Recovered:
     """What recovery found and did.
 
     Attributes:
-        checkpoint: the state to continue from (table and WAL agree with it).
+        checkpoint: the state to continue from: the stored checkpoint plus the backlog
+            (every partition's next offset, producer state, topics).
+        stored: the checkpoint as stored (or taken from the table): what the table is
+            known to hold; the backlog goes on top of it.
+        backlog: WAL entries after ``stored.wal_position`` (``recover`` empties it once written).
         replayed_records: records written from the WAL now.
         skipped_records: WAL records already in the table (not written again).
     """
 
     checkpoint: Checkpoint
+    stored: Checkpoint = field(default_factory=Checkpoint)
+    backlog: Backlog = field(default_factory=list)
     replayed_records: int = 0
     skipped_records: int = 0
+
+    @property
+    def backlog_records(self) -> int:
+        return sum(a.record_count for _, appends in self.backlog for a in appends)
 
 
 DEFAULT_POLICY = FlushPolicy()
 """``recover``'s chunking when the caller gives none: ``FlushPolicy``'s defaults."""
 
 
+def recover_log(wal: WriteAheadLog, store: StateStore,
+                visit: Callable[[WalPosition, int, memoryview], None] | None = None,
+                end_offsets: Callable[[], dict[tuple[str, int], int]] | None = None) -> Recovered:
+    """Steps 1, 2 and 4 of the module docstring, without touching the table unless there is no
+    checkpoint. Blocking; needs no JVM when a checkpoint exists. Saves nothing: the checkpoint
+    moves once the backlog is in the table.
+
+    Args:
+        visit: sees every retained WAL entry (``WriteAheadLog.open``): the read side indexes the log with it.
+        end_offsets: the table's (topic, partition) -> max(offset) + 1 (``TableSink.end_offsets``),
+            asked only when there is no checkpoint; None: the table is known to be empty then.
+
+    Raises:
+        pipeline.log.wal.WalCorruptionError: the WAL is damaged before its tail.
+    """
+    stored = store.load()
+    if stored is None:
+        stored = Checkpoint(end_offsets=end_offsets() if end_offsets is not None else {})
+        for (topic, partition) in stored.end_offsets:
+            stored.topics[topic] = max(stored.topics.get(topic, 0), partition + 1)
+        if stored.end_offsets:
+            log.info("no checkpoint: took end offsets of %d partitions from the table", len(stored.end_offsets))
+    pending = wal.open(stored.wal_position, visit)
+    backlog: Backlog = [(e.position, decode_appends(e.payload)) for e in pending]
+    state = LogState.from_checkpoint(stored)
+    checkpoint = Checkpoint(stored.wal_position, dict(stored.end_offsets), list(stored.producers), dict(stored.topics))
+    for _, appends in backlog:
+        for a in appends:
+            state.apply(a)
+            checkpoint.topics[a.topic] = max(checkpoint.topics.get(a.topic, 0), a.partition + 1)
+    checkpoint.end_offsets = state.end_offsets()
+    checkpoint.producers = state.producers.snapshot()
+    if backlog:
+        checkpoint.wal_position = backlog[-1][0]
+    return Recovered(checkpoint, stored, backlog)
+
+
+def replay(sink: TableSink, backlog: Backlog, policy: FlushPolicy = DEFAULT_POLICY) -> tuple[int, int]:
+    """Step 3: write the backlog's records the table does not hold yet, in writes of at most
+    ``policy``'s records and bytes (whole appends). Blocking.
+
+    Returns:
+        (records written, records already in the table).
+
+    Raises:
+        Whatever Spark raises if the table cannot be read or written.
+    """
+    appends = [a for _, entry in backlog for a in entry]
+    if not appends:
+        return 0, 0
+    present = sink.present_offsets(offset_ranges(appends))
+    total = sum(a.record_count for a in appends)
+    if len(present) < total:
+        for chunk in _chunks(appends, policy):
+            if any((a.topic, a.partition, o) not in present
+                   for a in chunk for o in range(a.base_offset, a.base_offset + a.record_count)):
+                sink.write(sink.to_table(chunk), present)
+    return total - len(present), len(present)
+
+
 def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore,
             visit: Callable[[WalPosition, int, memoryview], None] | None = None,
             policy: FlushPolicy = DEFAULT_POLICY) -> Recovered:
-    """See the module docstring. Blocking.
+    """See the module docstring: ``recover_log``, then ``replay``, then the checkpoint. Blocking.
 
     ``visit`` sees every retained WAL entry (``WriteAheadLog.open``): the read
     side indexes the log with it. ``policy``: the replay's writes hold at most
@@ -74,40 +154,17 @@ def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore,
         pipeline.log.wal.WalCorruptionError: the WAL is damaged before its tail.
         Whatever Spark raises if the table cannot be read or written.
     """
-    checkpoint = store.load()
-    had_checkpoint = checkpoint is not None
-    if checkpoint is None:
-        checkpoint = Checkpoint(end_offsets=sink.end_offsets())
-        for (topic, partition) in checkpoint.end_offsets:
-            checkpoint.topics[topic] = max(checkpoint.topics.get(topic, 0), partition + 1)
-        if checkpoint.end_offsets:
-            log.info("no checkpoint: took end offsets of %d partitions from the table",
-                     len(checkpoint.end_offsets))
-    pending = wal.open(checkpoint.wal_position, visit)
-    appends = [a for e in pending for a in decode_appends(e.payload)]
-    result = Recovered(checkpoint)
-    if appends:
-        present = sink.present_offsets(offset_ranges(appends))
-        total = sum(a.record_count for a in appends)
-        result.skipped_records = len(present)
-        result.replayed_records = total - len(present)
-        if result.replayed_records:
-            for chunk in _chunks(appends, policy):
-                if any((a.topic, a.partition, o) not in present
-                       for a in chunk for o in range(a.base_offset, a.base_offset + a.record_count)):
-                    sink.write(sink.to_table(chunk), present)
+    had_checkpoint = store.load() is not None
+    result = recover_log(wal, store, visit, lambda: sink.end_offsets())
+    if result.backlog:
+        total = result.backlog_records
+        result.replayed_records, result.skipped_records = replay(sink, result.backlog, policy)
         log.info("recovery: %d WAL records after the checkpoint, %d written now, %d already in the table",
                  total, result.replayed_records, result.skipped_records)
-    state = LogState.from_checkpoint(checkpoint)
-    for a in appends:
-        state.apply(a)
-        checkpoint.topics[a.topic] = max(checkpoint.topics.get(a.topic, 0), a.partition + 1)
-    checkpoint.end_offsets = state.end_offsets()
-    checkpoint.producers = state.producers.snapshot()
-    if pending:
-        checkpoint.wal_position = pending[-1].position
-    if pending or not had_checkpoint:
+    checkpoint = result.checkpoint
+    if result.backlog or not had_checkpoint:
         store.save(checkpoint)
+    result.stored, result.backlog = checkpoint, []
     if checkpoint.wal_position is not None and visit is None:
         # With a read side the WAL is the log consumers fetch from: its
         # retention (LogManager.wal_cut) decides what goes, not the checkpoint.

@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
+TABLE_READY = "table side ready"
+"""What ``pipeline serve`` prints once Spark is up (with ``--ack-on wal`` after "listening on")."""
 
 
 def free_port() -> int:
@@ -39,7 +41,8 @@ class ServerProcess:
     nothing running even when the server leaked a child.
     """
 
-    def __init__(self, data_dir: Path, *args: str, log_path: Path | None = None, port: int = 0) -> None:
+    def __init__(self, data_dir: Path, *args: str, log_path: Path | None = None, port: int = 0,
+                 connect_port: bool = True) -> None:
         self.data_dir = Path(data_dir)
         self.args = list(args)
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}-server.log"
@@ -47,6 +50,11 @@ class ServerProcess:
         self.host = "127.0.0.1"
         self.port = port
         self.connect_port: int | None = None
+        self._pick_connect_port = connect_port
+        """Pass ``--spark-connect-port`` with a free port unless ``args`` has one; False: the
+        server's default (a free port it picks and publishes in ``endpoints.json``)."""
+        self.port_from_stdout: int | None = None
+        self._stdout = b""
 
     @property
     def bootstrap(self) -> str:
@@ -55,9 +63,11 @@ class ServerProcess:
     def launch(self) -> "ServerProcess":
         """Start the process and return at once (``start`` also waits for "listening on")."""
         self._log = open(self.log_path, "ab")
+        self._stdout = b""
+        self.port_from_stdout = None
         extra = []
-        if "--spark-connect-port" not in self.args:
-            # The default (15002) would clash between servers of one run.
+        if "--spark-connect-port" not in self.args and self._pick_connect_port:
+            # Known before the start, so a test can reach it once the table side is up.
             self.connect_port = free_port()
             extra = ["--spark-connect-port", str(self.connect_port)]
         cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--listen", f"127.0.0.1:{self.port}",
@@ -66,24 +76,46 @@ class ServerProcess:
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, process_group=0)
         return self
 
-    def start(self, timeout_s: float = 180.0) -> "ServerProcess":
+    def start(self, timeout_s: float = 180.0, table: bool = True) -> "ServerProcess":
+        """``launch``, then wait for "listening on" and, with ``table``, for the table side
+        (Spark) too: the server listens before Spark is up with ``--ack-on wal``."""
         self.launch()
+        self.wait_for("listening on", timeout_s)
+        if table:
+            self.wait_for(TABLE_READY, timeout_s)
+        return self
+
+    def wait_for(self, what: str, timeout_s: float = 180.0) -> None:
+        """Read the server's stdout until a line with ``what`` ("listening on": sets ``host`` and
+        ``port``; ``TABLE_READY``: Spark is up).
+
+        Raises:
+            RuntimeError: the server exited first.
+            TimeoutError: not within ``timeout_s`` (the server is killed).
+        """
+        assert self.proc is not None and self.proc.stdout is not None
         deadline = time.monotonic() + timeout_s
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
-        buf = b""
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} before listening:\n{self.log_text()}")
-            if sel.select(timeout=0.5):
-                chunk = os.read(self.proc.stdout.fileno(), 4096)
-                buf += chunk
-                m = LISTENING.search(buf.decode(errors="replace"))
-                if m:
-                    self.host, self.port = m.group(1), int(m.group(2))
-                    return self
+        try:
+            while time.monotonic() < deadline:
+                while b"\n" in self._stdout:
+                    line, self._stdout = self._stdout.split(b"\n", 1)
+                    text = line.decode(errors="replace")
+                    m = LISTENING.search(text)
+                    if m and self.port_from_stdout is None:
+                        self.host, self.port = m.group(1), int(m.group(2))
+                        self.port_from_stdout = self.port
+                    if what in text:
+                        return
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.proc.returncode} before {what!r}:\n{self.log_text()}")
+                if sel.select(timeout=0.5):
+                    self._stdout += os.read(self.proc.stdout.fileno(), 4096)
+        finally:
+            sel.close()
         self.kill()
-        raise TimeoutError(f"server did not listen within {timeout_s} s:\n{self.log_text()}")
+        raise TimeoutError(f"server did not print {what!r} within {timeout_s} s:\n{self.log_text()}")
 
     def descendants(self) -> list[psutil.Process]:
         """The server's child processes, recursively (Spark JVM, decode worker, resource tracker, ...)."""

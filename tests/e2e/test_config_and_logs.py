@@ -135,6 +135,30 @@ def test_a_bad_key_or_value_stops_serve_before_any_jvm(tmp_path, fake_java, wher
     assert took < 60, f"took {took:.1f} s to fail"
 
 
+@pytest.mark.parametrize("key, flag", [("listeners (PLAINTEXT)", "--listen"),
+                                       ("spark.connect.grpc.binding.port", "--spark-connect-port"),
+                                       ("pipeline.metrics.port", "--metrics-port"),
+                                       ("hive.server2.thrift.port", "--thrift-port")])
+def test_a_port_in_use_stops_serve_in_one_line_before_any_jvm(tmp_path, fake_java, key, flag):
+    """Issue 23: a second server beside a running one must not die in JVM tracebacks: every port
+    is checked before anything starts, and a taken one is one ERROR line naming its key, exit 2."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        env, marker = fake_java
+        value = f"127.0.0.1:{port}" if flag == "--listen" else str(port)
+        data_dir = tmp_path / "data"
+        done = run_cli("serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir), flag, value, env=env)
+    assert done.returncode == 2, done.stderr
+    assert f"{key}: 127.0.0.1:{port} cannot be bound (Address already in use)" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) <= 2, done.stderr
+    assert not marker.exists(), "a JVM was started"
+    assert not data_dir.exists(), "the data directory was touched"
+
+
 # -- a real server ---------------------------------------------------------------------------
 
 PLAIN_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): ")

@@ -263,7 +263,7 @@ def test_kafka_python_consumers_and_admin_client(server):
     admin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
     try:
         wait_for(lambda: len(assignments.get(0, ())) == len(assignments.get(1, ())) == 3
-                 and assignments[0] | assignments[1] == set(range(6)), 60,
+                 and assignments[0] | assignments[1] == set(range(6)), 120,
                  "2 kafka-python consumers with 3 partitions each")
         groups = {g["group_id"]: g for g in admin.list_groups()}
         assert groups["groups-kp-group"]["protocol_type"] == "consumer"

@@ -1,8 +1,11 @@
 """No process outlives the server, however it ends; stop signals are honoured at any time.
 
 SIGTERM / SIGINT while Spark is still starting: the server exits promptly
-with code 0, logs why, and leaves no child behind (a launch each: the
-server never reaches "listening").
+with code 0, logs why, and leaves no child behind (a launch each): with
+``--ack-on spark`` before it listens, with ``--ack-on wal`` (it listens
+before Spark is up) through the ordered shutdown. tests/e2e/test_startup.py
+covers the rest of listening before Spark: produce acknowledged at the WAL,
+``kill -9`` during Spark's start, two default servers side by side.
 
 Steps of tests/e2e/test_durability.py cover the rest: after ``kill -9`` of
 ``pipeline serve`` its decode worker, the multiprocessing resource tracker and
@@ -29,9 +32,13 @@ CHILDREN_GRACE_S = 15.0
 """How long the children of a killed server may take to notice (s)."""
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_stop_signal_while_spark_starts(tmp_path, signum):
-    server = ServerProcess(tmp_path / "data").launch()
+@pytest.mark.parametrize("signum, ack_on", [(signal.SIGTERM, "spark"), (signal.SIGINT, "wal")],
+                         ids=["SIGTERM-ack-on-spark", "SIGINT-ack-on-wal"])
+def test_stop_signal_while_spark_starts(tmp_path, signum, ack_on):
+    """With ``--ack-on spark`` Spark starts before the listener: a signal interrupts start-up
+    where it is. With ``--ack-on wal`` the server already listens: the signal is an ordered
+    shutdown whose table side gives up at once (nothing to lose: the WAL has it all)."""
+    server = ServerProcess(tmp_path / "data", "--ack-on", ack_on).launch()
     try:
         # wait until Spark's JVM exists, then signal: start-up is under way
         deadline = time.monotonic() + 60
@@ -51,7 +58,12 @@ def test_stop_signal_while_spark_starts(tmp_path, signum):
     log = server.log_text()
     assert code == 0, log
     assert took < 20, f"took {took:.1f} s to stop"
-    assert f"received {signal.Signals(signum).name} during start-up" in log, log
-    assert "stopped before serving" in log, log
+    if ack_on == "spark":
+        assert f"received {signal.Signals(signum).name} during start-up" in log, log
+        assert "stopped before serving" in log, log
+    else:
+        assert f"{signal.Signals(signum).name} received: shutting down" in log, log
+        assert "stopping before Spark is up: 0 records stay in the WAL" in log, log
+        assert "table side ready" not in log, log
     assert leftover == [], leftover
 
