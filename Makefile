@@ -8,7 +8,7 @@ VENV ?= .venv
 PYTHON ?= python3
 ARGS ?=
 PYTEST_ARGS ?=
-# make test runs pytest on this many pytest-xdist workers, a test module at a time each
+# make test runs pytest on this many pytest-xdist workers, a test module (or the shared servers' tests) at a time each
 # (module-scoped servers start once); TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 
@@ -31,7 +31,7 @@ check: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
 test: check
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf data spark-warehouse metastore_db derby.log .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -28,6 +28,12 @@ def pytest_configure(config) -> None:
     os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {TEST_JVM_OPTIONS}".strip()
 
 
+SHARED_SERVER_FIXTURES = frozenset({"multiqueue_server", "baseline_server"})
+"""The session-scoped servers of tests/e2e/conftest.py: every test using one goes to the same
+pytest-xdist worker (the ``shared-servers`` group), so each starts once per run, not per worker."""
+
+SHARED_SERVERS_GROUP = "shared-servers"
+
 LONGEST_MODULES = (
     "tests/deploy/test_deploy.py",
     "tests/e2e/test_security.py",
@@ -45,32 +51,44 @@ LONGEST_MODULES = (
     "tests/persist/test_spark_cluster.py",
 )
 """The slow modules that take longest (60-200 s each on the 2-core machine, from the
-``--durations`` table of a full run), longest first. Only a scheduling hint: ``make test``
-runs the suite on 2 pytest-xdist workers, one module at a time each (``--dist loadfile``), in
-the order below, so starting the long modules first keeps one worker from running a long
-module alone at the end. A stale entry makes the run slower, never wrong."""
+``--durations`` table of a full run), longest first, after the shared-servers group. Only a
+scheduling hint: ``make test`` runs the suite on 2 pytest-xdist workers, one group at a time
+each (``--dist loadgroup``: a module, or every test of the shared servers), in the order of
+``pytest_collection_modifyitems``, so starting the long ones first keeps one worker from
+running a long module alone at the end. A stale entry makes the run slower, never wrong."""
 
 
-@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Fast tests first: every test not marked ``slow`` runs before every ``slow`` one.
+    """Fast tests first, and every test in a pytest-xdist group.
 
-    Within the slow tests, ``LONGEST_MODULES`` go first, in that order; otherwise the
-    order is the collection order (a stable sort, after pytest's own reordering), so a
-    failure in the unit tests shows in the first minutes of a run instead of after the
-    Spark and server tests. Under pytest-xdist with ``--dist loadfile
-    --no-loadscope-reorder`` (``make test``) a module goes to a worker at its first test
-    in this order. A test that uses a JVM fixture (``JVM_FIXTURES``) is marked ``slow``
-    here if its module forgot to, so ``-m "not slow"`` never starts a JVM through them.
+    Every test not marked ``slow`` runs before every ``slow`` one; among the slow ones the
+    shared servers' tests go first, then ``LONGEST_MODULES`` in that order; otherwise the
+    order is the collection order (a stable sort), so a failure in the unit tests shows in
+    the first minutes of a run instead of after the Spark and server tests. A test that
+    uses a JVM fixture (``JVM_FIXTURES``) is marked ``slow`` here if its module forgot to,
+    so ``-m "not slow"`` never starts a JVM through them.
+
+    Each test also gets an ``xdist_group`` mark, which ``--dist loadgroup`` (``make test``)
+    turns into the unit a worker runs: its module, or ``SHARED_SERVERS_GROUP`` for a test
+    using a shared server (``SHARED_SERVER_FIXTURES``). This hook is not ``trylast``:
+    xdist's own (``trylast``) reads the marks after it. A group goes to a worker at its
+    first test in this order (``--no-loadscope-reorder``).
     """
     for item in items:
-        if JVM_FIXTURES.intersection(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None:
+        fixtures = getattr(item, "fixturenames", ())
+        if JVM_FIXTURES.intersection(fixtures) and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("xdist_group") is None:
+            shared = SHARED_SERVER_FIXTURES.intersection(fixtures)
+            item.add_marker(pytest.mark.xdist_group(SHARED_SERVERS_GROUP if shared else item.nodeid.split("::", 1)[0]))
     rank = {module: i for i, module in enumerate(LONGEST_MODULES)}
 
     def key(item) -> tuple[bool, int]:
-        slow = item.get_closest_marker("slow") is not None
-        return slow, rank.get(item.nodeid.split("::", 1)[0], len(rank)) if slow else 0
+        if item.get_closest_marker("slow") is None:
+            return False, 0
+        if SHARED_SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            return True, -1
+        return True, rank.get(item.nodeid.split("::", 1)[0], len(rank))
 
     items[:] = sorted(items, key=key)
 
