@@ -4,12 +4,14 @@
   names each value's source (table and JSON);
 * a bad key or value in the file, the environment or a flag stops ``pipeline
   serve`` with exit code 2, naming the key and the source, before any JVM
-  starts (``java`` is a stand-in that leaves a marker file when run);
+  starts (``java`` is a stand-in that leaves a marker file when run); so does
+  a port in use (a listener, metrics, Spark Connect, Thrift), in one line;
 * (slow) a server logging JSON: every line parses, request-related lines carry
   the connection id and the correlation id, each start-up stage says its time;
-* (slow) ``make serve``'s start-up (defaults, a temp data directory, a free
-  port) writes nothing to stderr before "listening on" but the server's own
-  INFO lines: no Python warning, no JVM line.
+* (slow) ``make serve``'s start-up (defaults, a temp data directory, free
+  ports) listens before Spark is up and writes nothing to stderr until its
+  table side is ready but the server's own INFO lines: no Python warning, no
+  JVM line.
 """
 
 from __future__ import annotations
@@ -210,40 +212,47 @@ def test_json_logs_parse_line_by_line_and_request_lines_carry_their_ids(tmp_path
     assert closing["level"] == "WARNING" and "is not served" in closing["message"]
     assert closing["connection_id"] in closing["message"]
     stages = {e["stage"]: e for e in events if "stage" in e}
-    assert set(stages) == {"metrics", "spark", "recovery", "listener"}
+    assert set(stages) == {"metrics", "spark", "recovery", "listener", "table"}
     assert all(isinstance(e["seconds"], (int, float)) and e["seconds"] >= 0 for e in stages.values())
     assert stages["listener"]["message"].startswith(f"listening on 127.0.0.1:{server.port} (ready in ")
 
 
 @pytest.mark.slow
-def test_default_start_up_prints_only_our_own_lines_before_listening(tmp_path):
-    """`make serve` (defaults; here a temp data directory and free ports): no Python warning,
-    no JVM or Spark line, one line per stage."""
+def test_default_start_up_listens_before_spark_and_prints_only_our_own_lines(tmp_path):
+    """`make serve` (defaults; here a temp data directory and free ports): it listens before
+    Spark is up (issue 23), and until the table side is ready nothing but our own INFO lines
+    reach stderr (no Python warning, no JVM or Spark line), one line per stage."""
     # A server of its own: the test watches a fresh start with the defaults.
-    server = ServerProcess(tmp_path / "data").launch()
+    server = ServerProcess(tmp_path / "data", connect_port=False).launch()
     try:
         selector = selectors.DefaultSelector()
         selector.register(server.proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + 180
         out = b""
-        while not re.search(rb"listening on .*\n", out):
+        while not re.search(rb"table side ready\n", out):
             assert time.monotonic() < deadline and server.running, server.log_text()
             if selector.select(timeout=0.5):
                 out += os.read(server.proc.stdout.fileno(), 4096)
-        assert re.fullmatch(rb"pipeline multiqueue: listening on 127\.0\.0\.1:\d+\n", out), out
+        assert re.fullmatch(rb"pipeline multiqueue: listening on 127\.0\.0\.1:\d+\n"
+                            rb"pipeline multiqueue: table side ready\n", out), out
         stderr_lines = server.log_path.read_text().splitlines()
     finally:
         code = server.stop()
     assert code == 0, server.log_text()
-    listening = next(i for i, line in enumerate(stderr_lines) if "listening on 127.0.0.1:" in line)
-    before = stderr_lines[:listening + 1]
+    ready = next(i for i, line in enumerate(stderr_lines) if "table side ready" in line)
+    before = stderr_lines[:ready + 1]
     for line in before:
         m = PLAIN_LINE.match(line)
         assert m is not None, f"not a log line of ours: {line!r}\n" + "\n".join(before)
         assert m.group(1) == "INFO" and (m.group(2) == "pipeline" or m.group(2).startswith("pipeline.")), line
     text = "\n".join(before)
     assert "Warning" not in text and "WARNING" not in text and "jdk.incubator" not in text
-    for stage in ("Spark ready in ", "recovery done in ", "listening on 127.0.0.1:"):
+    stages = ("recovery done in ", "listening on 127.0.0.1:", "Spark ready in ", "table side ready")
+    at = [next(i for i, line in enumerate(before) if stage in line) for stage in stages]
+    assert at == sorted(at), text  # listening before Spark is up
+    for stage in stages:
         assert sum(stage in line for line in before) == 1, (stage, text)
+    assert "(ready in " in before[at[1]] and "produce acknowledged at the WAL, Spark starting" in before[at[1]]
     assert "UI off (spark.ui.enabled=false)" in text and "driver log: WARN and up" in text
+    assert "tables queryable by name over Spark Connect at sc://127.0.0.1:" in text  # a free port, published
     assert len(before) <= 12, text
