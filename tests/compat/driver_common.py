@@ -1,0 +1,61 @@
+"""What every Python driver shares (imported by path: the drivers run in the clients' own venvs).
+
+A driver is ``PYTHON driver_FAMILY.py INPUT.json``: the input names the listeners, the SCRAM
+user, the topics, the group and ``n``; the driver attempts each capability in turn and prints one
+JSON line per capability, ``{"capability", "ok", "detail", "values"}``. ``values`` are what the
+client itself read back (none for a capability without a read-back); the test checks them and
+the topics with its own reader. A capability the client does not have is reported with
+``ok: false`` and ``"limitation: ..."`` as its detail, never skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+
+CAPABILITIES = ("produce", "idempotent", "group-consume", "scram-tls", "create-topic", "transactions")
+
+
+def load() -> dict:
+    with open(sys.argv[1]) as f:
+        return json.load(f)
+
+
+def emit(capability: str, ok: bool, detail: str = "", values: list | None = None, **extra) -> None:
+    print(json.dumps({"capability": capability, "ok": ok, "detail": detail, "values": values, **extra}),
+          flush=True)
+
+
+def values_for(cfg: dict, capability: str, n: int | None = None) -> list[str]:
+    """The values a driver produces for ``capability`` (the test computes the same)."""
+    return [f"{cfg['client']}-{capability}-{i}" for i in range(cfg["n"] if n is None else n)]
+
+
+class Limitation(Exception):
+    """The client has no such capability (reported as ``limitation: REASON``)."""
+
+
+def attempt(capability: str, fn) -> None:
+    """Run ``fn() -> values | None``; emit its outcome, the exception's text if it raised."""
+    started = time.monotonic()
+    try:
+        values = fn()
+    except Limitation as exc:
+        emit(capability, False, f"limitation: {exc}")
+    except BaseException as exc:  # noqa: B036 - the reason is the cell's text; a driver never stops early
+        text = f"{type(exc).__name__}: {exc}".strip()
+        emit(capability, False, text[:300], trace=traceback.format_exc()[-2000:])
+    else:
+        emit(capability, True, f"{time.monotonic() - started:.1f} s", values)
+
+
+def run(capabilities: dict, version: str) -> None:
+    """Emit the client's own account of its ``version``, then attempt the capabilities the input
+    asks for, in ``CAPABILITIES`` order."""
+    emit("version", True, version)
+    cfg_caps = load()["capabilities"]
+    for capability in CAPABILITIES:
+        if capability in cfg_caps:
+            attempt(capability, capabilities[capability])
