@@ -45,7 +45,8 @@ def attempt(capability: str, fn) -> None:
     except Limitation as exc:
         emit(capability, False, f"limitation: {exc}")
     except BaseException as exc:  # noqa: B036 - the reason is the cell's text; a driver never stops early
-        text = f"{type(exc).__name__}: {exc}".strip()
+        said = str(exc) or ("not done within the driver's timeout" if isinstance(exc, TimeoutError) else "")
+        text = said if said.startswith(type(exc).__name__) else f"{type(exc).__name__}: {said}"
         emit(capability, False, text[:300], trace=traceback.format_exc()[-2000:])
     else:
         emit(capability, True, f"{time.monotonic() - started:.1f} s", values)

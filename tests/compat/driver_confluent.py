@@ -10,7 +10,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from driver_common import load, run, values_for
 
 cfg = load()
-VERSION = f"{confluent_kafka.version()[0]} (librdkafka {confluent_kafka.libversion()[0]})"
+_version = confluent_kafka.version()  # (str, int) before 2.16; a str since
+VERSION = f"{_version if isinstance(_version, str) else _version[0]} (librdkafka {confluent_kafka.libversion()[0]})"
 T = cfg["timeout_s"]
 PLAIN = {"bootstrap.servers": cfg["plaintext"]}
 SCRAM = {"bootstrap.servers": cfg["sasl_ssl"], "security.protocol": "SASL_SSL", "ssl.ca.location": cfg["ca"],
@@ -111,4 +112,4 @@ def do_transactions():
 
 
 run({"produce": do_produce, "idempotent": do_idempotent, "group-consume": do_group_consume,
-     "scram-tls": do_scram_tls, "create-topic": do_create_topic, "transactions": do_transactions})
+     "scram-tls": do_scram_tls, "create-topic": do_create_topic, "transactions": do_transactions}, VERSION)

@@ -118,4 +118,4 @@ def do_transactions():
 
 
 run({"produce": do_produce, "idempotent": do_idempotent, "group-consume": do_group_consume,
-     "scram-tls": do_scram_tls, "create-topic": do_create_topic, "transactions": do_transactions})
+     "scram-tls": do_scram_tls, "create-topic": do_create_topic, "transactions": do_transactions}, VERSION)
