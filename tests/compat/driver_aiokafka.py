@@ -41,9 +41,14 @@ def bounded(coro_fn, timeout: float = T):
 
 
 async def within(awaitable, seconds: float, what: str):
+    """``awaitable``, cancelled after ``seconds`` (a ``TimeoutError`` naming ``what``); a timeout the
+    client raised itself before then passes unchanged (``asyncio.TimeoutError`` is ``TimeoutError``)."""
+    deadline = asyncio.get_running_loop().time() + seconds
     try:
         return await asyncio.wait_for(awaitable, seconds)
     except asyncio.TimeoutError:
+        if asyncio.get_running_loop().time() < deadline:
+            raise
         raise TimeoutError(f"{what}: no answer within {seconds} s") from None
 
 
@@ -123,16 +128,16 @@ async def do_transactions():
     topic = cfg["topics"]["transactions"]
     producer = AIOKafkaProducer(**PLAIN, transactional_id=cfg["transactional_id"], transaction_timeout_ms=10_000)
     try:
-        await within(producer.start(), cfg["txn_timeout_s"], "start (InitProducerId)")
+        await within(producer.start(), cfg["txn_timeout_s"], "start (transaction coordinator, producer id)")
         for outcome, values in (("commit", values_for(cfg, "transactions-commit", 3)),
                                 ("abort", values_for(cfg, "transactions-abort", 2))):
             await within(producer.begin_transaction(), cfg["txn_timeout_s"], "begin_transaction")
             for value in values:
-                await producer.send(topic, value.encode(), partition=0)
-            if outcome == "commit":
-                await producer.commit_transaction()
-            else:
-                await producer.abort_transaction()
+                # the first send waits for the transactional producer id (FindCoordinator, InitProducerId)
+                await within(producer.send_and_wait(topic, value.encode(), partition=0), cfg["txn_timeout_s"],
+                             "send in a transaction")
+            await within(producer.commit_transaction() if outcome == "commit" else producer.abort_transaction(),
+                         cfg["txn_timeout_s"], f"{outcome}_transaction")
     finally:
         await producer.stop()
     return await read_back(PLAIN, topic, 3, isolation_level="read_committed")

@@ -11,6 +11,7 @@ the topics with its own reader. A capability the client does not have is reporte
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 import traceback
@@ -37,9 +38,30 @@ class Limitation(Exception):
     """The client has no such capability (reported as ``limitation: REASON``)."""
 
 
+class _LastWarning(logging.Handler):
+    """The last warning or error a Python client logged (its account of what the broker said)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.message = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.message = record.getMessage()[:200]
+        except Exception:  # a client's malformed log call must not end the driver
+            pass
+
+
+LAST_WARNING = _LastWarning()
+logging.getLogger().addHandler(LAST_WARNING)
+logging.getLogger().setLevel(logging.WARNING)
+
+
 def attempt(capability: str, fn) -> None:
-    """Run ``fn() -> values | None``; emit its outcome, the exception's text if it raised."""
+    """Run ``fn() -> values | None``; emit its outcome, the exception's text if it raised (with the
+    last warning the client logged meanwhile)."""
     started = time.monotonic()
+    LAST_WARNING.message = ""
     try:
         values = fn()
     except Limitation as exc:
@@ -47,6 +69,8 @@ def attempt(capability: str, fn) -> None:
     except BaseException as exc:  # noqa: B036 - the reason is the cell's text; a driver never stops early
         said = str(exc) or ("not done within the driver's timeout" if isinstance(exc, TimeoutError) else "")
         text = said if said.startswith(type(exc).__name__) else f"{type(exc).__name__}: {said}"
+        if LAST_WARNING.message and LAST_WARNING.message not in text:
+            text += f" (client log: {LAST_WARNING.message})"
         emit(capability, False, text[:300], trace=traceback.format_exc()[-2000:])
     else:
         emit(capability, True, f"{time.monotonic() - started:.1f} s", values)

@@ -1,8 +1,8 @@
 """The matrix's kafka-python driver (2.0.2 and 3.x; run with that release's venv python).
 
 kafka-python 2.0.2 has neither an idempotent nor a transactional producer (both came with
-kafka-python 2.1/2.2's ``enable_idempotence`` and ``transactional_id``): those cells are its
-limitation. It needs no ``api_version``: it probes the broker with ApiVersions.
+kafka-python 2.2.0's ``enable_idempotence`` and ``transactional_id``): those cells are its
+limitation. It needs no ``api_version``: it probes the broker with ApiVersions and works.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def do_produce():
 
 def do_idempotent():
     if not HAS_IDEMPOTENCE:
-        raise Limitation(f"kafka-python {kafka.__version__} has no idempotent producer (enable_idempotence)")
+        raise Limitation(f"kafka-python {kafka.__version__} has no idempotent producer "
+                         "(enable_idempotence, since 2.2.0)")
     produce(PLAIN, cfg["topics"]["idempotent"], values_for(cfg, "idempotent"), enable_idempotence=True)
 
 
@@ -97,7 +98,8 @@ def do_create_topic():
 
 def do_transactions():
     if not HAS_TRANSACTIONS:
-        raise Limitation(f"kafka-python {kafka.__version__} has no transactional producer (transactional_id)")
+        raise Limitation(f"kafka-python {kafka.__version__} has no transactional producer "
+                         "(transactional_id, since 2.2.0)")
     topic = cfg["topics"]["transactions"]
     producer = KafkaProducer(**PLAIN, transactional_id=cfg["transactional_id"], transaction_timeout_ms=10_000,
                              max_block_ms=cfg["txn_timeout_s"] * 1000)

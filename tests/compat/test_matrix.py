@@ -70,8 +70,8 @@ COLUMNS = {
 
 EXPECTED_LIMITATIONS = {
     # (client key, capability): why that client cannot; its driver must say "limitation: ..."
-    ("kafka-python-2.0.2", "idempotent"): "kafka-python 2.0.2 has no idempotent producer",
-    ("kafka-python-2.0.2", "transactions"): "kafka-python 2.0.2 has no transactional producer",
+    ("kafka-python-2.0.2", "idempotent"): "kafka-python 2.0.2 has no idempotent producer (since 2.2.0)",
+    ("kafka-python-2.0.2", "transactions"): "kafka-python 2.0.2 has no transactional producer (since 2.2.0)",
     ("aiokafka-0.7.0", "create-topic"): "aiokafka 0.7.0 has no admin client (aiokafka.admin came with 0.8.0)",
     ("kcat-1.7.1", "create-topic"): "kcat sends no admin requests",
 }
@@ -270,9 +270,11 @@ def write_doc(rows: list[tuple[envs.Client, str, dict[str, Cell]]], transactions
              "docstring for what each column does and checks); every ❌ is the client's real outcome, its",
              "reason in the notes below.", ""]
     if not transactions_served:
-        lines += ["Transactions are not served yet (issue 22, item 2: the broker does not advertise EndTxn and",
-                  "refuses an InitProducerId with a `transactional.id`): that column records what each client",
-                  "that has transactions reported when it tried.", ""]
+        lines += ["Transactions are not served yet (issue 22, item 2): the broker does not advertise EndTxn,",
+                  "answers FindCoordinator for a transactional id with COORDINATOR_NOT_AVAILABLE (\"transactions",
+                  "are not supported\"), which clients retry until their own timeout, and refuses an InitProducerId",
+                  "with a `transactional.id`. That column records what each client that has transactions reported",
+                  f"when it tried, within {TXN_TIMEOUT_S} s.", ""]
     lines += ["| client | version | " + " | ".join(COLUMNS.values()) + " |",
               "| --- | --- | " + " | ".join("---" for _ in COLUMNS) + " |"]
     for client, version, cells in rows:
