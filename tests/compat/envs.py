@@ -2,7 +2,8 @@
 
 Each client runs from an environment of its own, never from the project's dependencies: a
 virtual environment per Python client release, a ``node_modules`` per kafkajs release, all
-under ``CACHE`` (``.cache/compat`` in the work tree, or ``$PIPELINE_COMPAT_CACHE``). Building is
+under ``CACHE`` (``.cache/compat`` in the work tree, or ``$COMPAT_CACHE``: not a ``PIPELINE_*``
+name, which the server would take for a configuration key). Building is
 idempotent: an environment whose stamp file names exactly its requirements is kept, any other
 is removed and built again, the stamp written last (an interrupted build is redone).
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("PIPELINE_COMPAT_CACHE", ROOT / ".cache" / "compat"))
+CACHE = Path(os.environ.get("COMPAT_CACHE", ROOT / ".cache" / "compat"))
 BUILD_COMMAND = "python3 -m tests.compat.envs"
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -169,6 +170,9 @@ def compat(tmp_path_factory):
 
 def run_driver(compat: Compat, client: envs.Client) -> tuple[dict[str, dict], str]:
     """The driver's lines by capability (``version`` included) and its stderr."""
+    for program, install in (("kcat", "apt-get install kcat"), ("node", "apt-get install nodejs npm")):
+        if program in (client.family, Path(client.command[0]).name) and shutil.which(program) is None:
+            return {}, f"{program} is not installed ({install}; .ci/run installs kcat)"
     try:
         done = subprocess.run([*client.command, str(compat.driver_input(client))], capture_output=True, text=True,
                               timeout=DRIVER_TIMEOUT_S, stdin=subprocess.DEVNULL)
