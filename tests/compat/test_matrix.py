@@ -172,7 +172,7 @@ def run_driver(compat: Compat, client: envs.Client) -> tuple[dict[str, dict], st
     """The driver's lines by capability (``version`` included) and its stderr."""
     for program, install in (("kcat", "apt-get install kcat"), ("node", "apt-get install nodejs npm")):
         if program in (client.family, Path(client.command[0]).name) and shutil.which(program) is None:
-            return {}, f"{program} is not installed ({install}; .ci/run installs kcat)"
+            return {}, f"{program} is not installed ({install}; .ci/run installs it)"
     try:
         done = subprocess.run([*client.command, str(compat.driver_input(client))], capture_output=True, text=True,
                               timeout=DRIVER_TIMEOUT_S, stdin=subprocess.DEVNULL)
