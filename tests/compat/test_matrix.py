@@ -323,6 +323,10 @@ def test_every_client_generation(compat):
                 failures.append(f"{client.key} {capability}: a limitation not in EXPECTED_LIMITATIONS: {cell.reason}")
             elif capability == "transactions" and not transactions_served and not cell.ok:
                 assert cell.reason  # a real attempt and the client's own words for its failure
+                name = topic(client, capability)  # and a refused transactional producer wrote nothing
+                if partition_count(compat.host, compat.port, name) and values(
+                        read_partition(compat.host, compat.port, name)):
+                    failures.append(f"{client.key} transactions: refused, yet records are in {name}")
             elif not cell.ok:
                 failures.append(f"{client.key} {capability}: {cell.reason} {said.get('trace', '')[-600:]}")
     write_doc(rows, transactions_served)
