@@ -40,6 +40,7 @@ LONGEST_MODULES = (
     "tests/bench/test_brokers_smoke.py",
     "tests/e2e/test_brokers.py",
     "tests/e2e/test_durability.py",
+    "tests/compat/test_matrix.py",
     "tests/bench/test_bench_smoke.py",
     "tests/e2e/test_metastore.py",
     "tests/e2e/test_table.py",
