@@ -31,7 +31,7 @@ check: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
 test: check
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 clean:
 	rm -rf data spark-warehouse metastore_db derby.log .pytest_cache .hypothesis .mypy_cache .ruff_cache

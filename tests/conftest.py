@@ -28,11 +28,21 @@ def pytest_configure(config) -> None:
     os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {TEST_JVM_OPTIONS}".strip()
 
 
-SHARED_SERVER_FIXTURES = frozenset({"multiqueue_server", "baseline_server"})
-"""The session-scoped servers of tests/e2e/conftest.py: every test using one goes to the same
-pytest-xdist worker (the ``shared-servers`` group), so each starts once per run, not per worker."""
+SHARED_SERVER_MODULES = frozenset({
+    "tests/e2e/test_admin.py",
+    "tests/e2e/test_api_versions.py",
+    "tests/e2e/test_compression.py",
+    "tests/e2e/test_connections.py",
+    "tests/e2e/test_groups.py",
+    "tests/e2e/test_producers.py",
+})
+"""The modules whose tests use the session-scoped shared servers of tests/e2e/conftest.py
+(``multiqueue_server``, ``baseline_server``; some through ``request.getfixturevalue``). Under
+pytest-xdist they are one unit of work, run by one worker (``ModuleScheduling``), so each
+shared server starts once per run, not once per worker. A module that uses a shared server by
+fixture name but is not listed stops the collection (``pytest_collection_modifyitems``)."""
 
-SHARED_SERVERS_GROUP = "shared-servers"
+SHARED_SERVER_FIXTURES = frozenset({"multiqueue_server", "baseline_server"})
 
 LONGEST_MODULES = (
     "tests/deploy/test_deploy.py",
@@ -53,45 +63,64 @@ LONGEST_MODULES = (
 )
 """The slow modules that take longest (60-200 s each on the 2-core machine, from the
 ``--durations`` table of a full run), longest first, after the shared-servers group. Only a
-scheduling hint: ``make test`` runs the suite on 2 pytest-xdist workers, one group at a time
-each (``--dist loadgroup``: a module, or every test of the shared servers), in the order of
+scheduling hint: ``make test`` runs the suite on 2 pytest-xdist workers, one unit at a time
+each (``ModuleScheduling``: a module, or every module of the shared servers), in the order of
 ``pytest_collection_modifyitems``, so starting the long ones first keeps one worker from
 running a long module alone at the end. A stale entry makes the run slower, never wrong."""
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Fast tests first, and every test in a pytest-xdist group.
+    """Fast tests first.
 
     Every test not marked ``slow`` runs before every ``slow`` one; among the slow ones the
-    shared servers' tests go first, then ``LONGEST_MODULES`` in that order; otherwise the
+    shared servers' modules go first, then ``LONGEST_MODULES`` in that order; otherwise the
     order is the collection order (a stable sort), so a failure in the unit tests shows in
-    the first minutes of a run instead of after the Spark and server tests. A test that
-    uses a JVM fixture (``JVM_FIXTURES``) is marked ``slow`` here if its module forgot to,
-    so ``-m "not slow"`` never starts a JVM through them.
+    the first minutes of a run instead of after the Spark and server tests. Under
+    pytest-xdist a unit of work (``ModuleScheduling``) goes to a worker at its first test in
+    this order. A test that uses a JVM fixture (``JVM_FIXTURES``) is marked ``slow`` here if
+    its module forgot to, so ``-m "not slow"`` never starts a JVM through them.
 
-    Each test also gets an ``xdist_group`` mark, which ``--dist loadgroup`` (``make test``)
-    turns into the unit a worker runs: its module, or ``SHARED_SERVERS_GROUP`` for a test
-    using a shared server (``SHARED_SERVER_FIXTURES``). This hook is not ``trylast``:
-    xdist's own (``trylast``) reads the marks after it. A group goes to a worker at its
-    first test in this order (``--no-loadscope-reorder``).
+    Raises:
+        pytest.UsageError: a module uses a shared server but is not in ``SHARED_SERVER_MODULES``.
     """
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if JVM_FIXTURES.intersection(fixtures) and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
-        if item.get_closest_marker("xdist_group") is None:
-            shared = SHARED_SERVER_FIXTURES.intersection(fixtures)
-            item.add_marker(pytest.mark.xdist_group(SHARED_SERVERS_GROUP if shared else item.nodeid.split("::", 1)[0]))
+        module = item.nodeid.split("::", 1)[0]
+        if SHARED_SERVER_FIXTURES.intersection(fixtures) and module not in SHARED_SERVER_MODULES:
+            raise pytest.UsageError(f"{module} uses a shared server: add it to SHARED_SERVER_MODULES "
+                                    "in tests/conftest.py")
     rank = {module: i for i, module in enumerate(LONGEST_MODULES)}
 
     def key(item) -> tuple[bool, int]:
         if item.get_closest_marker("slow") is None:
             return False, 0
-        if SHARED_SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-            return True, -1
-        return True, rank.get(item.nodeid.split("::", 1)[0], len(rank))
+        module = item.nodeid.split("::", 1)[0]
+        return True, -1 if module in SHARED_SERVER_MODULES else rank.get(module, len(rank))
 
     items[:] = sorted(items, key=key)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (``make test``), with the shared servers' modules as one unit.
+
+    pytest-xdist's ``loadfile`` sends each module to one worker, so its module-scoped
+    fixtures start once; here every module of ``SHARED_SERVER_MODULES`` is one unit too.
+    (``--dist loadgroup`` with ``xdist_group`` marks would say the same, but its node-id
+    suffix is ignored with pytest 9: every test became a unit of its own.) Other ``--dist``
+    modes are xdist's own.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "shared-servers" if module in SHARED_SERVER_MODULES else module
+
+    return ModuleScheduling(config, log)
 
 
 def unique_database() -> str:

@@ -162,16 +162,17 @@ class Server:
     make: subprocess.Popen
     log: Path
     stdout: list[str] = field(default_factory=list)
-    listening: threading.Event = field(default_factory=threading.Event)
+    ready: threading.Event = field(default_factory=threading.Event)
+    """set at "table side ready": the server listens before Spark is up, and the docs' blocks query the table"""
     produced: Counter = field(default_factory=Counter)
     """records acknowledged per (topic, partition) by the tests' producers"""
 
     def read_stdout(self) -> None:
         for line in self.make.stdout:
             self.stdout.append(line)
-            if "listening on" in line:
-                self.listening.set()
-        self.listening.set()  # make exited: wake the waiter
+            if "table side ready" in line:
+                self.ready.set()
+        self.ready.set()  # make exited: wake the waiter
 
     def diagnostics(self) -> str:
         tail = self.log.read_text(errors="replace").splitlines()[-40:] if self.log.exists() else []
@@ -262,8 +263,8 @@ def server(docs_env, server_config) -> Server:
     server = Server(docs_env, make, log)
     threading.Thread(target=server.read_stdout, daemon=True).start()
     try:
-        assert server.listening.wait(420) and make.poll() is None, \
-            f"make serve did not start listening:\n{server.diagnostics()}"
+        assert server.ready.wait(420) and make.poll() is None, \
+            f"make serve did not get ready:\n{server.diagnostics()}"
         yield server
     finally:
         try:
