@@ -225,6 +225,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"pipeline {config.mode.value}: table side ready", flush=True)
 
     async def main() -> None:
+        nonlocal exit_code
         with trio.open_signal_receiver(*STOP_SIGNALS) as received:
             if signals.pending is not None:  # came between recovery and this receiver
                 log.warning("received %s during start-up: not serving", signal.Signals(signals.pending).name)
@@ -248,7 +249,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 try:
                     host, port = await nursery.start(run_server)
                 except OSError as exc:  # a listener's address was taken after _check_ports
-                    raise ListenerError(str(exc)) from exc
+                    log.error("configuration error: a listener cannot bind: %s", exc)
+                    exit_code = 2
+                    nursery.cancel_scope.cancel()
+                    return
                 tune_gc_for_serving()
                 _set_phase(endpoint, "SERVING")
                 if early:
@@ -270,9 +274,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         trio.run(main)
-    except ListenerError as exc:
-        log.error("configuration error: a listener cannot bind: %s", exc)
-        exit_code = 2
     finally:
         _set_phase(endpoint, "STOPPING")
         if config.cluster_brokers is None:
@@ -283,10 +284,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if endpoint is not None:
             endpoint.close()
     return exit_code
-
-
-class ListenerError(Exception):
-    """A listener's address could not be bound (``OSError`` of ``trio.open_tcp_listeners``)."""
 
 
 def _start_spark(sink: SparkGroupSink, config: ServerConfig) -> None:
