@@ -627,7 +627,8 @@ def main(opts: ConsumeBenchOptions, argv: list[str] | None = None) -> int:
         console.print(f"starting `{' '.join(server.cmd[2:])}`")
         server.start()
         result.setdefault("servers", {})[name] = {"command": " ".join(["pipeline", *server.cmd[3:]]),
-                                                  "startup_s": round(server.startup_s, 1)}
+                                                  "startup_s": round(server.startup_s, 1),
+                                                  "listening_s": round(server.listening_s or 0.0, 1)}
         return server
 
     try:

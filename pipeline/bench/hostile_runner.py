@@ -443,6 +443,7 @@ def main(opts: HostileOptions) -> int:
         spark_future = executor.submit(verifier_spark)
         server.wait_ready()
         results["server"]["startup_s"] = server.startup_s
+        results["server"]["listening_s"] = server.listening_s
         rss = RssSampler(server.pid)
         console.print(f"server ready in {server.startup_s:.0f} s on port {server.port}; warm-up {WARMUP_S:g} s")
         warm = run_load(good_spec(server.port, "good-warmup", opts, WARMUP_S), out / "runs", "warmup",

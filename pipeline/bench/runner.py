@@ -430,6 +430,7 @@ def main(opts: BenchOptions) -> int:
                 try:
                     server.wait_ready()
                     entry["startup_s"] = server.startup_s
+                    entry["listening_s"] = server.listening_s  # before Spark is up with --ack-on wal
                 except RuntimeError as exc:
                     entry["error"] = str(exc)
                 step(advance=1)

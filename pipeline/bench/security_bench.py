@@ -414,7 +414,8 @@ def main(opts: SecurityBenchOptions, argv: list[str] | None = None) -> int:
     try:
         console.print(f"starting `pipeline {' '.join(cmd[3:])}`")
         server.start()
-        result["server"] = {"command": "pipeline " + " ".join(cmd[3:]), "startup_s": round(server.startup_s, 1)}
+        result["server"] = {"command": "pipeline " + " ".join(cmd[3:]), "startup_s": round(server.startup_s, 1),
+                            "listening_s": round(server.listening_s or 0.0, 1)}
         ports = _listener_ports(server, log_path, opts.protocols)
         for r in range(opts.rounds):
             for protocol in opts.protocols:
