@@ -540,6 +540,10 @@ def test_kill_9_under_load_right_after_commits_and_typed_writes_and_the_children
 def test_the_restart_on_the_same_data_dir_and_port_recovers_the_wal(story):
     server = story.start("server-b.log")
     assert server.port == story.port
+    # The WAL after the checkpoint goes to the table first once Spark is up (it listened before).
+    deadline = time.monotonic() + 120
+    while "recovery:" not in server.log_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert "recovery:" in server.log_text()
 
 
