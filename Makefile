@@ -8,9 +8,10 @@ VENV ?= .venv
 PYTHON ?= python3
 ARGS ?=
 PYTEST_ARGS ?=
-# make test runs pytest on this many pytest-xdist workers, a test module (or the shared servers' tests) at a time each
-# (module-scoped servers start once); TEST_WORKERS=0 runs it in this process.
-TEST_WORKERS ?= 2
+# make test runs pytest on this many pytest-xdist workers, a test module (or the shared servers' modules) at a
+# time each, so module-scoped servers start once (tests/conftest.py); TEST_WORKERS=0 runs it in this process.
+# Three on 2 cores: much of an end-to-end test waits (a JVM's start, a timeout), and a third worker fills it.
+TEST_WORKERS ?= 3
 
 .PHONY: serve check test clean
 

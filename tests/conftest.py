@@ -44,25 +44,40 @@ fixture name but is not listed stops the collection (``pytest_collection_modifyi
 
 SHARED_SERVER_FIXTURES = frozenset({"multiqueue_server", "baseline_server"})
 
-LONGEST_MODULES = (
-    "tests/deploy/test_deploy.py",
-    "tests/e2e/test_security.py",
-    "tests/bench/test_brokers_smoke.py",
-    "tests/e2e/test_brokers.py",
+SHARED_SERVERS_UNIT = "shared-servers"
+"""The unit of work of every module in ``SHARED_SERVER_MODULES``."""
+
+
+def unit_of(module: str) -> str:
+    """The pytest-xdist unit of work a test module belongs to (``ModuleScheduling``)."""
+    return SHARED_SERVERS_UNIT if module in SHARED_SERVER_MODULES else module
+
+
+LONGEST_UNITS = (
     "tests/e2e/test_durability.py",
-    "tests/compat/test_matrix.py",
-    "tests/bench/test_bench_smoke.py",
-    "tests/e2e/test_metastore.py",
-    "tests/e2e/test_table.py",
-    "tests/bench/test_consume_smoke.py",
-    "tests/bench/test_hostile_smoke.py",
-    "tests/e2e/test_config_and_logs.py",
-    "tests/bench/test_security_smoke.py",
+    "tests/e2e/test_security.py",
     "tests/e2e/test_spark_cluster.py",
+    "tests/bench/test_bench_smoke.py",
+    "tests/bench/test_brokers_smoke.py",
+    SHARED_SERVERS_UNIT,
+    "tests/docs/test_docs.py",
+    "tests/bench/test_hostile_smoke.py",
     "tests/persist/test_spark_cluster.py",
+    "tests/e2e/test_brokers.py",
+    "tests/e2e/test_config_and_logs.py",
+    "tests/bench/test_consume_smoke.py",
+    "tests/deploy/test_deploy.py",
+    "tests/e2e/test_metrics.py",
+    "tests/e2e/test_metastore.py",
+    "tests/compat/test_matrix.py",
+    "tests/e2e/test_table.py",
+    "tests/table/test_reader.py",
+    "tests/bench/test_security_smoke.py",
+    "tests/e2e/test_startup.py",
+    "tests/e2e/test_hostile.py",
 )
-"""The slow modules that take longest (60-200 s each on the 2-core machine, from the
-``--durations`` table of a full run), longest first, after the shared-servers group. Only a
+"""The units of work that take longest (50-270 s each on the 2-core machine, summed from the
+junit report of a full ``make test``), longest first. Only a
 scheduling hint: ``make test`` runs the suite on 2 pytest-xdist workers, one unit at a time
 each (``ModuleScheduling``: a module, or every module of the shared servers), in the order of
 ``pytest_collection_modifyitems``, so starting the long ones first keeps one worker from
@@ -73,7 +88,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Fast tests first.
 
     Every test not marked ``slow`` runs before every ``slow`` one; among the slow ones the
-    shared servers' modules go first, then ``LONGEST_MODULES`` in that order; otherwise the
+    units of ``LONGEST_UNITS`` go first, in that order; otherwise the
     order is the collection order (a stable sort), so a failure in the unit tests shows in
     the first minutes of a run instead of after the Spark and server tests. Under
     pytest-xdist a unit of work (``ModuleScheduling``) goes to a worker at its first test in
@@ -91,13 +106,12 @@ def pytest_collection_modifyitems(config, items) -> None:
         if SHARED_SERVER_FIXTURES.intersection(fixtures) and module not in SHARED_SERVER_MODULES:
             raise pytest.UsageError(f"{module} uses a shared server: add it to SHARED_SERVER_MODULES "
                                     "in tests/conftest.py")
-    rank = {module: i for i, module in enumerate(LONGEST_MODULES)}
+    rank = {unit: i for i, unit in enumerate(LONGEST_UNITS)}
 
     def key(item) -> tuple[bool, int]:
         if item.get_closest_marker("slow") is None:
             return False, 0
-        module = item.nodeid.split("::", 1)[0]
-        return True, -1 if module in SHARED_SERVER_MODULES else rank.get(module, len(rank))
+        return True, rank.get(unit_of(item.nodeid.split("::", 1)[0]), len(rank))
 
     items[:] = sorted(items, key=key)
 
@@ -117,8 +131,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ModuleScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "shared-servers" if module in SHARED_SERVER_MODULES else module
+            return unit_of(nodeid.split("::", 1)[0])
 
     return ModuleScheduling(config, log)
 
