@@ -154,6 +154,7 @@ class ServerConfig:
     group_initial_rebalance_delay_ms: int = 3000  # [group.initial.rebalance.delay.ms]
     group_min_session_timeout_ms: int = 6000    # [group.min.session.timeout.ms]
     group_max_session_timeout_ms: int = 1_800_000  # [group.max.session.timeout.ms]
+    transaction_max_timeout_ms: int = 900_000   # [transaction.max.timeout.ms]
     wal_linger_ms: float = 0.0
     spark_remote: str | None = None
     table_commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS    # ack-on wal: linger of a table commit
@@ -554,6 +555,9 @@ _KEY_LIST: list[Key] = [
     Key("group.max.session.timeout.ms", ("group_max_session_timeout_ms",), integer(1),
         "largest session.timeout.ms a member may ask for (ms)", "--group-max-session-timeout-ms", "MS",
         group="consumer groups"),
+    Key("transaction.max.timeout.ms", ("transaction_max_timeout_ms",), integer(1),
+        "largest transaction.timeout.ms a transactional producer may ask for (ms)",
+        "--transaction-max-timeout-ms", "MS", group="consumer groups"),
     # -- Spark and the table
     Key("spark.master", ("spark_master",), string,
         "Spark master URL: local[*] (embedded) or spark://HOST:PORT", "--spark-master", "URL",

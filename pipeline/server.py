@@ -30,6 +30,7 @@ from pipeline.requests.topic_store import FILE as TOPIC_STORE_FILE, TopicStore
 from pipeline.cluster import Cluster
 from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
 from pipeline.log.fetch import FetchApis
+from pipeline.requests.txn_apis import TransactionApis
 from pipeline.log.manager import LogManager
 from pipeline.log.state import LogState
 from pipeline.table.layout import TABLES_DIR
@@ -381,6 +382,13 @@ class Server:
             min_session_timeout_ms=c.group_min_session_timeout_ms,
             max_session_timeout_ms=c.group_max_session_timeout_ms), c.data_dir)
         self.coordinator.register()
+        # Transactions (KIP-98): state in DATA_DIR/_pipeline/transactions.db. One broker only: a
+        # cluster's brokers would have to write markers into each other's partitions.
+        self.transactions: TransactionApis | None = None
+        if self.cluster is None or self.cluster.size == 1:
+            self.transactions = TransactionApis.for_data_dir(self.apis, self.coordinator, c.data_dir,
+                                                             c.transaction_max_timeout_ms)
+            self.transactions.register()
         self.fetch_apis = FetchApis(self.logs, self.apis.catalog, request_channel.metrics)
         self.fetch_apis.register(self.apis)
 
@@ -446,6 +454,8 @@ class Server:
             await nursery.start(persister.run)
             await nursery.start(self.apis.run_timeouts)
             await nursery.start(self.coordinator.run)
+            if self.transactions is not None:
+                await nursery.start(self.transactions.run)
             await nursery.start(self.logs.run, wall_clock_ms)
             await nursery.start(self.fetch_apis.run)
             await nursery.start(self.sasl_apis.run)
@@ -501,6 +511,8 @@ class Server:
             log.info("shutting down: handling queued requests")
             request_channel.close()
             await handlers_done.wait()
+            if self.transactions is not None:
+                self.transactions.close()
             # Pending JoinGroup/SyncGroup answered NOT_COORDINATOR; queued offset commits written and answered.
             self.coordinator.close()
             await self.coordinator.wait_closed()

@@ -82,6 +82,9 @@ WRITE_BATCH_MAX = 512
 """Most queued writes taken into one transaction."""
 INVALID_REQUEST = 42
 OFFSET_METADATA_TOO_LARGE = 12
+UNSTABLE_OFFSET_COMMIT = 88
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+TRANSACTIONAL_ID = ResourceType.TRANSACTIONAL_ID
 GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1
 TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED = 29, 30
 READ, DESCRIBE, DELETE = AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE
@@ -140,6 +143,11 @@ class GroupCoordinatorService:
             DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS, OFFSET_DELETE)}
         self.writes = 0
         """Transactions written (each one fsync)."""
+        self.pending_transactional: Callable[[str], set[tuple[str, int]]] = lambda group_id: set()
+        """The partitions of a group with offsets an open transaction commits (TxnOffsetCommit);
+        set by the transaction coordinator (``pipeline.requests.txn_apis``)."""
+        self.transactions_served = False
+        """FindCoordinator for transactional ids answers this broker (the transaction coordinator is on)."""
 
     @classmethod
     def for_data_dir(cls, apis_: Any, config: GroupConfig, data_dir: Path) -> "GroupCoordinatorService":
@@ -227,6 +235,24 @@ class GroupCoordinatorService:
                 for w in batch:
                     w.on_done(ok)
 
+    async def commit_offsets(self, group_id: str, offsets: dict[tuple[str, int], tuple[int, int, str | None]]
+                             ) -> bool:
+        """Store a committed transaction's offsets of ``group_id`` (KIP-98: they become the group's at
+        the COMMIT marker) and make them visible; True once durable, False if the write failed."""
+        done = trio.Event()
+        result = [False]
+
+        def on_done(ok: bool) -> None:
+            if ok:
+                self.state.apply_commit(group_id, offsets, self.state.protocol_type(group_id))
+            result[0] = ok
+            done.set()
+
+        await self._write([CommitOffsets(group_id, self.state.protocol_type(group_id), offsets,
+                                         time.time_ns() // 1_000_000)], on_done)
+        await done.wait()
+        return result[0]
+
     async def _write(self, operations: list[Operation], on_done: Callable[[bool], None]) -> None:
         if self._closing:
             on_done(False)
@@ -311,8 +337,15 @@ class GroupCoordinatorService:
                 found.append((key, gc.NONE, None, node, *broker.address_of(node)))
             elif key_type == GROUP_KEY_TYPE:
                 found.append((key, gc.COORDINATOR_NOT_AVAILABLE, "the broker is shutting down", -1, "", -1))
+            elif key_type == TRANSACTION_KEY_TYPE and not self.transactions_served:
+                found.append((key, gc.COORDINATOR_NOT_AVAILABLE, "transactions are not served by this cluster",
+                              -1, "", -1))
+            elif key_type == TRANSACTION_KEY_TYPE and not self._allowed(request, DESCRIBE, TRANSACTIONAL_ID, key):
+                found.append((key, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, None, -1, "", -1))
+            elif key_type == TRANSACTION_KEY_TYPE and not self._closing:
+                found.append((key, gc.NONE, None, broker.node_id, *broker.address_of(broker.node_id)))
             elif key_type == TRANSACTION_KEY_TYPE:
-                found.append((key, gc.COORDINATOR_NOT_AVAILABLE, "transactions are not supported", -1, "", -1))
+                found.append((key, gc.COORDINATOR_NOT_AVAILABLE, "the broker is shutting down", -1, "", -1))
             else:
                 found.append((key, INVALID_REQUEST, f"unknown coordinator key type {key_type}", -1, "", -1))
         for f in found:
@@ -542,8 +575,12 @@ class GroupCoordinatorService:
                 groups.append((group_id, gc.NOT_COORDINATOR, []))
                 continue
             partitions = None if topics is None else [(t.name, int(p)) for t in topics for p in t.partition_indexes]
+            # KIP-447: a consumer asking for stable offsets (read_committed) waits while an open
+            # transaction commits offsets of the partition: UNSTABLE_OFFSET_COMMIT, it retries.
+            unstable = self.pending_transactional(group_id) if getattr(body, "require_stable", False) else set()
             rows: list[tuple[str, int, int, int, str | None, int]] = [
-                (t, p, o, e, m, gc.NONE) for t, p, o, e, m in self.state.fetch_offsets(group_id, partitions)]
+                (t, p, -1, -1, None, UNSTABLE_OFFSET_COMMIT) if (t, p) in unstable else (t, p, o, e, m, gc.NONE)
+                for t, p, o, e, m in self.state.fetch_offsets(group_id, partitions)]
             if topics is None:
                 rows = [r for r in rows if may_describe(r[0], False)]
             else:

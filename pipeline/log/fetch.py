@@ -15,12 +15,14 @@ at once; the connection's ResponseSequencer keeps responses in request order.
 Fetch sessions (KIP-227) are not kept: every response carries session id 0,
 which tells a client to keep sending full fetch requests (librdkafka does
 anyway); a fetch naming a session gets FETCH_SESSION_ID_NOT_FOUND.
-Read-committed consumers get the same records (no transactions are ever
-written: transactional producers are refused), with last stable offset =
-high watermark and no aborted transactions.
+Every partition's last stable offset is in the response (KIP-98). A
+read-committed fetch (``isolation_level`` 1) is served only below it, with the
+aborted transactions among the records read listed, so the consumer drops
+their records; a read-uncommitted one reads up to the high watermark.
 
 **ListOffsets** (KafkaApis.handleListOffsetRequest): earliest (-2), latest
-(-1: the high watermark), max timestamp (-3, KIP-734) and by timestamp.
+(-1: the high watermark, the last stable offset for ``isolation_level`` 1),
+max timestamp (-3, KIP-734) and by timestamp.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 MAX_WAIT_MS_LIMIT = 30_000
 """A fetch waits at most this long (ms), whatever it asks: the client's request.timeout.ms is 30 s."""
 
+READ_COMMITTED = 1
+"""Fetch/ListOffsets ``isolation_level`` of a read-committed consumer (KIP-98; 0 is read uncommitted)."""
 _NO_SESSION = 0
 _INITIAL_EPOCH, _FINAL_EPOCH = 0, -1
 
@@ -58,6 +62,8 @@ class _PartitionFetch:
     records: bytes = b""
     high_watermark: int = -1
     log_start_offset: int = -1
+    last_stable_offset: int = -1
+    aborted: list[tuple[int, int]] | None = None
 
 
 class FetchApis:
@@ -117,17 +123,19 @@ class FetchApis:
             for p in topic.partitions:
                 wanted.append(_PartitionFetch(topic.topic, int(p.partition), int(p.fetch_offset),
                                               max(0, int(p.partition_max_bytes))))
+        read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
         max_bytes = int(getattr(body, "max_bytes", 2**31 - 1))
         max_wait_ms = min(max(0, body.max_wait.total_seconds() * 1000.0), MAX_WAIT_MS_LIMIT)
         self.fetches += 1
         deadline = trio.current_time() + max_wait_ms / 1000.0
         if self._nursery is None:
-            await self._serve(request, body, wanted, max_bytes, int(body.min_bytes), deadline)
+            await self._serve(request, body, wanted, max_bytes, int(body.min_bytes), deadline, read_committed)
         else:
-            self._nursery.start_soon(self._serve, request, body, wanted, max_bytes, int(body.min_bytes), deadline)
+            self._nursery.start_soon(self._serve, request, body, wanted, max_bytes, int(body.min_bytes), deadline,
+                                     read_committed)
 
     async def _serve(self, request: Request, body: Any, wanted: list[_PartitionFetch], max_bytes: int,
-                     min_bytes: int, deadline: float) -> None:
+                     min_bytes: int, deadline: float, read_committed: bool = False) -> None:
         try:
             readable = {t: self._authorize(request, AclOperation.READ, ResourceType.TOPIC, t)
                         for t in {p.topic for p in wanted}}
@@ -151,7 +159,8 @@ class FetchApis:
                     if p.offset < 0 or p.offset > end:
                         out_of_range = True
                     available += self.logs.available_bytes(p.topic, p.partition, p.offset,
-                                                           min(p.max_bytes, max(min_bytes, 1) - available))
+                                                           min(p.max_bytes, max(min_bytes, 1) - available),
+                                                           read_committed)
                 if (out_of_range or available >= max(min_bytes, 1) or trio.current_time() >= deadline or not live
                         or self.logs.closing):
                     break
@@ -172,13 +181,15 @@ class FetchApis:
                     continue
                 plog = self.logs.log(p.topic, p.partition)
                 p.high_watermark, p.log_start_offset = plog.high_watermark, plog.log_start_offset
+                p.last_stable_offset = plog.last_stable_offset
                 limit = min(p.max_bytes, budget)
                 if limit <= 0 and got_data:
                     continue
                 try:
                     # The first partition with data gets at least one batch
                     # whatever its size; the others only what fits (KIP-74).
-                    result = await self.logs.read(p.topic, p.partition, p.offset, limit, min_one=not got_data)
+                    result = await self.logs.read(p.topic, p.partition, p.offset, limit, min_one=not got_data,
+                                                  read_committed=read_committed)
                 except OffsetOutOfRange:
                     p.error = ErrorCode.offset_out_of_range.value
                     continue
@@ -189,6 +200,7 @@ class FetchApis:
                     continue
                 p.records = result.records
                 p.high_watermark, p.log_start_offset = result.high_watermark, result.log_start_offset
+                p.last_stable_offset, p.aborted = result.last_stable_offset, result.aborted
                 budget -= len(result.records)
                 got_data = got_data or bool(result.records)
             self._answer_fetch(request, body, wanted, ErrorCode.none.value)
@@ -211,9 +223,11 @@ class FetchApis:
                 partition_index=p.partition,
                 error_code=apis.error_code(p.error),
                 high_watermark=p.high_watermark,
-                last_stable_offset=p.high_watermark,
+                last_stable_offset=p.last_stable_offset if p.last_stable_offset >= 0 else p.high_watermark,
                 log_start_offset=p.log_start_offset,
-                aborted_transactions=None,
+                aborted_transactions=None if p.aborted is None else tuple(
+                    apis.make(module.AbortedTransaction, producer_id=pid, first_offset=first)
+                    for pid, first in p.aborted),
                 preferred_read_replica=-1,
                 records=p.records,
             ))
@@ -237,6 +251,7 @@ class FetchApis:
         header = request.header
         body = apis.decode_request(header, request.frame)
         module = apis.response_module(LIST_OFFSETS, header.api_version)
+        read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
         topics = []
         for topic in body.topics:
             partitions = []
@@ -253,7 +268,7 @@ class FetchApis:
                 else:
                     try:
                         offset, timestamp = await self.logs.offset_for(topic.name, int(p.partition_index),
-                                                                       int(p.timestamp))
+                                                                       int(p.timestamp), read_committed)
                     except Exception as exc:
                         log.warning("ListOffsets of %s-%d failed: %s", topic.name, p.partition_index, exc)
                         error = ErrorCode.kafka_storage_error.value

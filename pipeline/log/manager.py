@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import trio
 
+from pipeline.log.control import ABORT, CONTROL, TRANSACTIONAL, batch_kind, marker_type
 from pipeline.log.partition import Location, PartitionLog, max_timestamp, rebase
 from pipeline.log.state import LogState
 from pipeline.log.batch import PartitionAppend
@@ -84,12 +85,17 @@ class ReadResult:
         high_watermark: the partition's high watermark at the read.
         log_start_offset: the partition's first offset.
         source: "wal", "table" or "" (nothing read).
+        last_stable_offset: the partition's last stable offset at the read (-1: not asked).
+        aborted: (producer id, first offset) of aborted transactions in the records read
+            (read-committed reads only; None otherwise).
     """
 
     records: bytes
     high_watermark: int
     log_start_offset: int
     source: str = ""
+    last_stable_offset: int = -1
+    aborted: list[tuple[int, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -197,6 +203,7 @@ class LogManager:
                 plog = self.log(a.topic, a.partition)
             location = Location(a.base_offset, a.base_offset + a.record_count, segment, pos, len(a.records),
                                 max_timestamp(a.records))
+            kind = batch_kind(a.records)
             try:
                 plog.index(location)
             except ValueError:
@@ -207,6 +214,10 @@ class LogManager:
                 hw = plog.high_watermark if plog.high_watermark <= a.base_offset else 0
                 plog = self._logs[key] = PartitionLog(a.topic, a.partition, hw)
                 plog.index(location)
+            if kind == TRANSACTIONAL:
+                plog.transaction_started(a.producer_id, a.base_offset)
+            elif kind == CONTROL:
+                plog.transaction_ended(a.producer_id, a.base_offset, marker_type(a.records) == ABORT)
             members.add(key)
 
     def durable(self, appends: Sequence[PartitionAppend]) -> None:
@@ -327,52 +338,67 @@ class LogManager:
                 if not events:
                     del self._waiters[key]
 
-    def available_bytes(self, topic: str, partition: int, offset: int, limit: int) -> int:
+    def available_bytes(self, topic: str, partition: int, offset: int, limit: int,
+                        read_committed: bool = False) -> int:
         """Bytes a fetch from ``offset`` would get now, counted up to ``limit`` (``fetch.min.bytes``
         checks; the work is bounded by ``limit``, not by how far behind the consumer is); no I/O.
-        Offsets only the table holds count as ``limit``: they are there to read."""
+        Offsets only the table holds count as ``limit``: they are there to read. ``read_committed``:
+        only below the last stable offset."""
         plog = self._logs.get((topic, partition))
-        if plog is None or offset >= plog.high_watermark or limit <= 0:
+        if plog is None or limit <= 0:
+            return 0
+        end = plog.last_stable_offset if read_committed else plog.high_watermark
+        if offset >= end:
             return 0
         first = plog.first_indexed_offset
         if first is None or offset < first:
             return limit
-        return sum(loc.length for loc in plog.locations(offset, limit, min_one=True))
+        return sum(loc.length for loc in plog.locations(offset, limit, min_one=True, end=end))
 
     async def read(self, topic: str, partition: int, offset: int, max_bytes: int,
-                   min_one: bool = True) -> ReadResult:
+                   min_one: bool = True, read_committed: bool = False) -> ReadResult:
         """Records of the partition from ``offset``, at most ``max_bytes``; with ``min_one`` at
         least one batch whatever its size (KIP-74: the first partition of a fetch with data).
+
+        ``read_committed`` (Fetch ``isolation_level`` 1, KIP-98): only offsets below the last
+        stable offset, with the aborted transactions among them listed. Records of aborted
+        transactions are served either way, as Kafka serves them; the consumer drops them.
+        The table holds committed records only, so what it serves needs no list.
 
         Raises:
             OffsetOutOfRange: ``offset`` < 0 or past the log end offset.
         """
         plog = self.log(topic, partition)
         hw = plog.high_watermark
+        lso = plog.last_stable_offset
         if offset < plog.log_start_offset or offset > max(self.log_end_offset(topic, partition), hw):
             raise OffsetOutOfRange(f"{topic}-{partition}: offset {offset} is outside "
                                    f"[{plog.log_start_offset}, {self.log_end_offset(topic, partition)}]")
-        if offset >= hw:
-            return ReadResult(b"", hw, plog.log_start_offset)
+        end = lso if read_committed else hw
+        nothing = ReadResult(b"", hw, plog.log_start_offset, "", lso, [] if read_committed else None)
+        if offset >= end:
+            return nothing
         async with self._read_limiter:
             first = plog.first_indexed_offset
             if first is None or offset < first:
                 records = await self._read_table(topic, partition, offset, max_bytes,
-                                                  hw if first is None else first, min_one)
+                                                  end if first is None else min(first, end), min_one)
                 if records or first is None:
                     return self._counted(topic, ReadResult(records, hw, plog.log_start_offset,
-                                                           "table" if records else ""))
+                                                           "table" if records else "", lso, nothing.aborted))
                 offset = first  # a gap in the table (table retention): go on from the WAL
-            locations = plog.locations(offset, max_bytes, min_one)
+            locations = plog.locations(offset, max_bytes, min_one, end=end)
             if not locations:
-                return ReadResult(b"", hw, plog.log_start_offset)
+                return nothing
             try:
                 records = await trio.to_thread.run_sync(self._read_wal, locations)
             except FileNotFoundError:  # retention deleted the segment meanwhile
-                records = await self._read_table(topic, partition, offset, max_bytes, hw, min_one)
+                records = await self._read_table(topic, partition, offset, max_bytes, end, min_one)
                 return self._counted(topic, ReadResult(records, hw, plog.log_start_offset,
-                                                       "table" if records else ""))
-            return self._counted(topic, ReadResult(records, hw, plog.log_start_offset, "wal"))
+                                                       "table" if records else "", lso, nothing.aborted))
+            aborted = (plog.aborted_transactions(locations[0].base_offset, locations[-1].end_offset)
+                       if read_committed else None)
+            return self._counted(topic, ReadResult(records, hw, plog.log_start_offset, "wal", lso, aborted))
 
     @property
     def waiting_fetches(self) -> int:
@@ -408,11 +434,13 @@ class LogManager:
             self.table.read, topic, partition, offset, max(0, max_bytes), end=end, min_one=min_one))
         return bytes(result.records)
 
-    async def offset_for(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
+    async def offset_for(self, topic: str, partition: int, timestamp_ms: int,
+                         read_committed: bool = False) -> tuple[int, int]:
         """Kafka ListOffsets for one partition: (offset, timestamp ms), (-1, -1) when none.
 
         -2 (earliest): the log start offset; -1 (latest): the high watermark
-        (the next offset a consumer will get); -3 (KIP-734): the record with
+        (the next offset a consumer will get), the last stable offset when
+        ``read_committed`` (isolation level 1, KIP-98); -3 (KIP-734): the record with
         the largest timestamp; otherwise the earliest offset whose timestamp
         is >= ``timestamp_ms`` (Kafka UnifiedLog.fetchOffsetByTimestamp).
         """
@@ -420,7 +448,7 @@ class LogManager:
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return plog.log_start_offset, -1
         if timestamp_ms == LATEST_TIMESTAMP:
-            return plog.high_watermark, -1
+            return (plog.last_stable_offset if read_committed else plog.high_watermark), -1
         first = plog.first_indexed_offset
         # the table, when it holds records older than the log's first indexed one
         older = self.table if (first is None or first > plog.log_start_offset) and plog.high_watermark > 0 \

@@ -132,7 +132,8 @@ class PartitionLog:
     """
 
     __slots__ = ("topic", "partition", "high_watermark", "log_start_offset", "_first",
-                 "_bases", "_ends", "_segments", "_positions", "_lengths", "_max_ts", "_segment_bytes")
+                 "_bases", "_ends", "_segments", "_positions", "_lengths", "_max_ts", "_segment_bytes",
+                 "ongoing", "aborted")
 
     def __init__(self, topic: str, partition: int, high_watermark: int = 0) -> None:
         self.topic = topic
@@ -147,6 +148,12 @@ class PartitionLog:
         self._lengths = array("q")
         self._max_ts = array("q")
         self._segment_bytes: dict[int, int] = {}  # segment -> bytes of this partition in it
+        self.ongoing: dict[int, int] = {}
+        """Open transactions with records here: producer id -> offset of its first record (Kafka
+        ProducerStateManager.ongoingTxns)."""
+        self.aborted: list[tuple[int, int, int]] = []
+        """Aborted transactions of the indexed log, by marker offset: (producer id, first offset,
+        offset of the ABORT marker) (Kafka's transaction index)."""
 
     def __len__(self) -> int:
         """Indexed batch sets."""
@@ -169,6 +176,29 @@ class PartitionLog:
         self._max_ts.append(location.max_timestamp)
         self._segment_bytes[location.segment] = self._segment_bytes.get(location.segment, 0) + location.length
 
+    def transaction_started(self, producer_id: int, offset: int) -> None:
+        """A transactional batch of ``producer_id`` at ``offset`` was indexed (the first one opens it)."""
+        self.ongoing.setdefault(producer_id, offset)
+
+    def transaction_ended(self, producer_id: int, marker_offset: int, aborted: bool) -> None:
+        """The marker of ``producer_id``'s transaction is at ``marker_offset``; an abort is listed."""
+        first = self.ongoing.pop(producer_id, None)
+        if aborted and first is not None:
+            self.aborted.append((producer_id, first, marker_offset))
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Offsets below it are durable and in no open transaction (Kafka's LSO, KIP-98): the
+        high watermark, or the first offset of the oldest open transaction if lower."""
+        if not self.ongoing:
+            return self.high_watermark
+        return min(self.high_watermark, min(self.ongoing.values()))
+
+    def aborted_transactions(self, offset: int, upper: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions overlapping [offset, upper)
+        (Kafka UnifiedLog.collectAbortedTransactions, for a read-committed fetch)."""
+        return [(pid, first) for pid, first, last in self.aborted if last >= offset and first < upper]
+
     def advance_high_watermark(self, end_offset: int) -> bool:
         """Raise the high watermark to ``end_offset`` (never lowers it); True if it moved."""
         if end_offset > self.high_watermark:
@@ -186,23 +216,24 @@ class PartitionLog:
         """WAL segment -> bytes of this partition's batches in it."""
         return self._segment_bytes
 
-    def locations(self, offset: int, max_bytes: int, min_one: bool = True) -> list[Location]:
+    def locations(self, offset: int, max_bytes: int, min_one: bool = True, end: int | None = None) -> list[Location]:
         """Indexed batch sets to serve a fetch from ``offset``, all below the high watermark.
 
         The first holds ``offset``; following ones are added while the total
         stays within ``max_bytes``. With ``min_one`` the first is returned
         whatever its size, so a consumer always makes progress (KIP-74). Empty when ``offset`` is
         not indexed (before the first indexed offset: read the table; at or
-        past the high watermark: nothing to read yet).
+        past the high watermark: nothing to read yet). ``end`` lowers the bound
+        (the last stable offset of a read-committed fetch).
         """
+        hw = self.high_watermark if end is None else min(end, self.high_watermark)
         first = self.first_indexed_offset
-        if first is None or offset < first or offset >= self.high_watermark:
+        if first is None or offset < first or offset >= hw:
             return []
         ends = self._ends
         i = bisect.bisect_right(ends, offset, self._first)
         out: list[Location] = []
         total = 0
-        hw = self.high_watermark
         while i < len(ends) and ends[i] <= hw:
             length = self._lengths[i]
             if (out or not min_one) and total + length > max_bytes:
@@ -246,6 +277,9 @@ class PartitionLog:
         self._first = i
         for s in [s for s in self._segment_bytes if s < segment]:
             del self._segment_bytes[s]
+        first_left = self._bases[i] if i < len(segments) else self.high_watermark
+        # The table holds no aborted record: fetches below the WAL need no list.
+        self.aborted = [t for t in self.aborted if t[2] >= first_left]
         if self._first > 4096 and self._first * 2 > len(segments):
             for column in (self._bases, self._ends, self._segments, self._positions, self._lengths, self._max_ts):
                 del column[:self._first]

@@ -110,6 +110,9 @@ class ProducerStateManager:
         if producer_id == NO_PRODUCER_ID:
             return _APPEND
         entry = self._entries.get((producer_id, topic, partition))
+        if entry is not None and epoch < entry.epoch:
+            # Fenced, also when a transaction marker with a newer epoch is all it wrote here.
+            return SequenceCheck(Verdict.ERROR, ErrorCode.invalid_producer_epoch.value)
         if entry is None or not entry.batches:
             if first_seq == 0:
                 return _APPEND
@@ -138,7 +141,25 @@ class ProducerStateManager:
         entry = self._entries.get(key)
         if entry is None or epoch != entry.epoch:
             entry = self._entries[key] = _Entry(epoch)
+        elif entry.batches and base_offset <= entry.batches[-1].base_offset:
+            # Already applied: recovery replays WAL entries after a checkpoint that a
+            # transaction held back (pipeline.persist.persister), some of them known to it.
+            return
         entry.batches.append(BatchMetadata(first_seq, last_seq, base_offset, ticket))
+
+    def end_transaction(self, producer_id: int, epoch: int, topic: str, partition: int) -> None:
+        """A transaction marker of ``producer_id`` at ``epoch`` was appended to the partition.
+
+        Kafka ProducerAppendInfo.appendEndTxnMarker: a marker with a newer epoch (the
+        coordinator fenced the producer, or aborted its timed-out transaction) makes that
+        epoch the partition's, with no batches: the old epoch is fenced here from now on,
+        and the new one starts at sequence 0. A marker at the current epoch keeps the batches
+        (the producer's next transaction continues its sequence).
+        """
+        key = (producer_id, topic, partition)
+        entry = self._entries.get(key)
+        if entry is None or epoch > entry.epoch:
+            self._entries[key] = _Entry(epoch)
 
     def forget_topic(self, topic: str) -> None:
         """Drop the state of a deleted topic's partitions."""
@@ -147,13 +168,18 @@ class ProducerStateManager:
 
     def snapshot(self) -> list[list]:
         """JSON-ready rows ``[pid, epoch, topic, partition, first_seq, last_seq, base_offset]``."""
-        return [
-            [pid, entry.epoch, topic, partition, b.first_seq, b.last_seq, b.base_offset]
-            for (pid, topic, partition), entry in self._entries.items()
-            for b in entry.batches
-        ]
+        rows = []
+        for (pid, topic, partition), entry in self._entries.items():
+            if not entry.batches:  # only a marker's epoch: first_seq -1 says so
+                rows.append([pid, entry.epoch, topic, partition, -1, -1, -1])
+            for b in entry.batches:
+                rows.append([pid, entry.epoch, topic, partition, b.first_seq, b.last_seq, b.base_offset])
+        return rows
 
     def restore(self, rows: Iterable[list]) -> None:
         """Load rows from ``snapshot`` (in their order), on top of the current state."""
         for pid, epoch, topic, partition, first_seq, last_seq, base_offset in rows:
-            self.update(pid, epoch, topic, partition, first_seq, last_seq, base_offset)
+            if first_seq < 0:
+                self.end_transaction(pid, epoch, topic, partition)
+            else:
+                self.update(pid, epoch, topic, partition, first_seq, last_seq, base_offset)

@@ -42,11 +42,16 @@ class LogState:
 
         The log end offset becomes at least ``base_offset + record_count``;
         an idempotent producer's batch (producer id >= 0) becomes its last
-        batch on the partition, with ``ticket`` kept to answer a retry of it.
+        batch on the partition, with ``ticket`` kept to answer a retry of it;
+        a transaction marker (base sequence -1) sets the producer's epoch there.
+        Applying an append twice changes nothing (recovery may replay known ones).
         """
         a = append
         self.offsets.advance(a.topic, a.partition, a.base_offset + a.record_count)
-        if a.producer_id >= 0:
+        if a.producer_id >= 0 and a.base_sequence < 0:
+            # A transaction marker (pipeline.log.control): base sequence -1, as Kafka's control batches.
+            self.producers.end_transaction(a.producer_id, a.producer_epoch, a.topic, a.partition)
+        elif a.producer_id >= 0:
             self.producers.update(a.producer_id, a.producer_epoch, a.topic, a.partition, a.base_sequence,
                                   next_sequence(a.base_sequence, a.record_count - 1), a.base_offset, ticket)
 

@@ -24,6 +24,15 @@ that long are answered by the handler's timeout (REQUEST_TIMED_OUT), never
 with success. A WAL write failure is treated as Kafka treats a failed log
 directory: every later produce gets KAFKA_STORAGE_ERROR.
 
+**Transactions** (KIP-98). Records of a transaction are written to the WAL
+like any others (the producer is acknowledged there, with either ``ack_on``)
+but held out of the table until the transaction's marker reaches the WAL: a
+COMMIT marker releases them into the next flush, an ABORT drops them; the
+markers themselves are never rows. So the table holds committed records
+only, each once. A checkpoint never passes the WAL entry holding the first
+record of a transaction still open, so after a crash recovery finds those
+records again (rows the table already holds are skipped as for any backlog).
+
 The Spark stage can start before its sink (``table_ready=False``, then
 ``mark_table_ready`` once Spark is up): the WAL stage acknowledges meanwhile
 (``ack_on="wal"``) and the Spark stage waits; the first thing it writes then
@@ -56,6 +65,7 @@ from pipeline.persist.accumulator import FlushGroup, FlushPolicy, FlushReason, R
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.state import LogState
 from pipeline.log.checkpoint import Checkpoint, StateStore
+from pipeline.log.control import ABORT, CONTROL, TRANSACTIONAL, batch_kind, marker_type
 from pipeline.log.wal import WalPosition, WalSpan, WriteAheadLog, encode_appends
 
 if TYPE_CHECKING:
@@ -81,10 +91,11 @@ class Commit:
     answered only once its original is durable.
     """
 
-    __slots__ = ("done", "error", "_callbacks", "seq")
+    __slots__ = ("done", "error", "_callbacks", "seq", "at_wal")
 
-    def __init__(self, seq: int = 0) -> None:
+    def __init__(self, seq: int = 0, at_wal: bool = False) -> None:
         self.seq = seq  # the persister's append number (sync_table)
+        self.at_wal = at_wal  # resolves at the WAL whatever ack_on says (records of a transaction)
         self.done = False
         self.error: BaseException | None = None
         self._callbacks: list[Callable[[Commit], None]] = []
@@ -217,6 +228,27 @@ class _SparkWaiter:
                                                         # the WAL, when the sink reads them from there
 
 
+@dataclass(slots=True)
+class _Held:
+    """A transaction's append kept out of the table until its marker.
+
+    ``append`` is stripped of its records when the sink reads them back from the WAL
+    (``span`` says where); ``hold_from`` is the end of the WAL entry before the one
+    holding it (None: the WAL's start): checkpoints must not pass it.
+    """
+
+    append: PartitionAppend
+    span: WalSpan | None
+    hold_from: WalPosition | None
+
+
+def _earlier(a: WalPosition | None, b: WalPosition | None) -> WalPosition | None:
+    """The earlier position; None (the start of the WAL) is the earliest."""
+    if a is None or b is None:
+        return None
+    return min(a, b)
+
+
 def _without_records(a: PartitionAppend) -> PartitionAppend:
     """``a`` minus its record bytes, still counting their size (``size_bytes``) for the limits."""
     return PartitionAppend(a.topic, a.partition, a.base_offset, b"", a.record_count, a.log_append_time_ms,
@@ -327,7 +359,10 @@ class BatchingPersister:
         self._table_seq = 0        # every append up to this number is in the table
         self._table_progress = trio.Event()
         self._sync_requested = 0
-        self._backlog = [(position, list(appends)) for position, appends in backlog if appends]
+        # Open transactions: producer id -> its appends not in the table yet, in WAL order.
+        self._held: dict[int, list[_Held]] = {}
+        self._backlog = self._hold_transactions(checkpoint.wal_position, backlog)
+        self._last_wal_end = backlog[-1][0] if backlog else checkpoint.wal_position
         for _, appends in self._backlog:
             for a in appends:
                 if self._topics.get(a.topic, 0) <= a.partition:
@@ -379,11 +414,16 @@ class BatchingPersister:
                 return False
         return True
 
-    def append(self, appends: Sequence[PartitionAppend]) -> Commit:
+    def append(self, appends: Sequence[PartitionAppend], at_wal: bool = False) -> Commit:
         """Add one request's sequenced appends; returns its durability handle.
 
         Synchronous on purpose: the caller assigns offsets and appends without
         yielding in between, so groups hold offsets in sequencing order.
+        ``at_wal``: the Commit resolves once the WAL has them whatever ``ack_on`` says
+        (a transaction's records: the table gets them at its commit). A transaction's
+        markers (``pipeline.log.control``) go through here too, with ``at_wal`` False:
+        with ``ack_on="spark"`` a COMMIT marker resolves once the records it releases
+        are in the table.
 
         Raises:
             StorageFailedError: the WAL failed earlier.
@@ -392,7 +432,7 @@ class BatchingPersister:
         if self._failed is not None:
             raise StorageFailedError(str(self._failed))
         self._appended_seq += 1
-        commit = Commit(self._appended_seq)
+        commit = Commit(self._appended_seq, at_wal)
         self._wal_acc.append(appends, commit, trio.current_time() * 1000.0)
         topics = self._topics
         for a in appends:
@@ -541,6 +581,10 @@ class BatchingPersister:
         if self._listener is not None:
             self._listener.wal_appended(group.appends, position.segment, [start + p for p in positions],
                                         int(time.time() * 1000))
+        segment = position.segment
+        spans = [(segment, start + p, len(a.records)) for a, p in zip(group.appends, positions)]
+        appends, spans, transactional = self._route(group.appends, spans, self._last_wal_end)
+        self._last_wal_end = position
         spark_commit = None
         if self.ack_on == "wal":
             if self._listener is not None:
@@ -548,25 +592,118 @@ class BatchingPersister:
             for commit in group.waiters:
                 commit.resolve(None)
         else:
+            if transactional and self._listener is not None:
+                self._listener.durable(transactional)  # acknowledged at the WAL: readable
+            waiters = []
+            for commit in group.waiters:
+                if commit.at_wal or not appends:  # nothing of it goes to the table (now)
+                    commit.resolve(None)
+                else:
+                    waiters.append(commit)
             spark_commit = Commit()
-            waiters = list(group.waiters)
 
             def release(c: Commit, waiters: list[Commit] = waiters) -> None:
                 for commit in waiters:
                     commit.resolve(c.error)
 
             spark_commit.add_callback(release)
+        if not appends:
+            return
         now = trio.current_time()
         waiter = _SparkWaiter(spark_commit, position, now, max(c.seq for c in group.waiters))
-        appends = group.appends
         if self._reads_wal:
             # From here on the records are read back from the WAL where they are decoded: the
             # Spark stage keeps no copy of them in memory, and none is pickled to the decoder.
-            segment = position.segment
-            waiter.spans = [(segment, start + p, len(a.records)) for a, p in zip(appends, positions)]
+            waiter.spans = spans
             appends = [_without_records(a) for a in appends]
         self._spark_acc.append(appends, waiter, now * 1000.0)
         self._spark_wakeup.set()
+
+    # -- transactions --------------------------------------------------------
+
+    def _route(self, appends: Sequence[PartitionAppend], spans: list[WalSpan] | None,
+               hold_from: WalPosition | None, strip: bool = True,
+               ) -> tuple[list[PartitionAppend], list[WalSpan], list[PartitionAppend]]:
+        """Split one WAL entry's appends: what goes to the table now (with the records a COMMIT
+        marker releases, before the entry's own), what a transaction holds, what a marker settles.
+
+        ``spans[i]`` is where append i's records are in the WAL (None: unknown, the appends keep
+        their records). ``strip``: held appends drop their records when the sink reads the WAL.
+        Returns (appends for the table, their spans, the entry's transactional appends).
+        """
+        if not self._held and not any(batch_kind(a.records) for a in appends):
+            return list(appends), list(spans or ()), []  # the common case: no transaction in sight
+        out: list[PartitionAppend] = []
+        out_spans: list[WalSpan] = []
+        released: list[_Held] = []
+        transactional: list[PartitionAppend] = []
+        for i, a in enumerate(appends):
+            kind = batch_kind(a.records)
+            span = spans[i] if spans is not None else None
+            if kind == TRANSACTIONAL:
+                kept = _without_records(a) if strip and self._reads_wal and span is not None else a
+                self._held.setdefault(a.producer_id, []).append(_Held(kept, span, hold_from))
+                transactional.append(a)
+            elif kind == CONTROL:
+                held = self._held.get(a.producer_id, [])
+                mine = [h for h in held if h.append.topic == a.topic and h.append.partition == a.partition]
+                if mine:
+                    rest = [h for h in held if h not in mine]
+                    if rest:
+                        self._held[a.producer_id] = rest
+                    else:
+                        del self._held[a.producer_id]
+                if marker_type(a.records) == ABORT:
+                    for h in mine:  # their offsets and sequences are taken; their rows never exist
+                        self._committed.apply(h.append)
+                else:
+                    released.extend(mine)
+                self._committed.apply(a)
+            else:
+                out.append(a)
+                if span is not None:
+                    out_spans.append(span)
+        if released:
+            out = [h.append for h in released] + out
+            out_spans = [h.span for h in released if h.span is not None] + out_spans
+        return out, out_spans, transactional
+
+    def _hold_transactions(self, stored: WalPosition | None,
+                           backlog: Sequence[tuple[WalPosition, Sequence[PartitionAppend]]],
+                           ) -> list[tuple[WalPosition, list[PartitionAppend]]]:
+        """The recovery backlog minus what transactions hold (``_route`` on each entry, in order).
+
+        A held append gets its WAL span (re-encoding the entry gives its records' positions,
+        ``encode_appends`` being deterministic), so it is read back from the WAL like a live one.
+        """
+        out = []
+        previous = stored
+        for position, appends in backlog:
+            spans = None
+            if any(batch_kind(a.records) == TRANSACTIONAL for a in appends):
+                positions: list[int] = []
+                payload = encode_appends(appends, positions)
+                start = position.offset - len(payload)
+                spans = [(position.segment, start + p, len(a.records)) for a, p in zip(appends, positions)]
+            # Backlog appends keep their records, held ones too: released by a marker of the
+            # backlog they are written with ``to_table``, by a live one they are read back by span.
+            kept, _spans, _transactional = self._route(appends, spans, previous, strip=False)
+            if kept:
+                out.append((position, kept))
+            previous = position
+        return out
+
+    def _checkpoint_position(self, position: WalPosition) -> WalPosition | None:
+        """``position``, or earlier: never past the WAL entry of an open transaction's first record."""
+        result: WalPosition | None = position
+        for held in self._held.values():
+            result = _earlier(result, held[0].hold_from)
+        return result
+
+    @property
+    def open_transactions(self) -> int:
+        """Producers with records held out of the table (open transactions)."""
+        return len(self._held)
 
     def _encode_and_append(self, appends: Sequence[PartitionAppend], positions: list[int]) -> tuple[WalPosition, int]:
         """One WAL entry for ``appends`` (``encode_appends``, filling ``positions``), written and fsynced;
@@ -784,12 +921,13 @@ class BatchingPersister:
         for waiter in group.waiters:
             if waiter.commit is not None:
                 waiter.commit.resolve(None)
-        position = group.waiters[-1].position
+        position = self._checkpoint_position(group.waiters[-1].position)
         async with self._checkpoint_lock:
             self._checkpointed_position = position
             checkpoint = Checkpoint(position, self._committed.end_offsets(),
                                     self._committed.producers.snapshot(), dict(self._topics))
-            cut = position if self._listener is None else self._listener.wal_cut(position, int(time.time() * 1000))
+            cut = position if self._listener is None or position is None else self._listener.wal_cut(
+                position, int(time.time() * 1000))
             try:
                 remaining = await trio.to_thread.run_sync(self._checkpoint_and_truncate, checkpoint, cut)
             except Exception as exc:  # the next flush checkpoints again; replay is idempotent

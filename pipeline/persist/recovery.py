@@ -36,6 +36,7 @@ from pipeline.log.batch import PartitionAppend
 from pipeline.persist.persister import GroupSink, offset_ranges
 from pipeline.log.state import LogState
 from pipeline.log.checkpoint import Checkpoint, StateStore
+from pipeline.log.control import DATA, batch_kind
 from pipeline.log.wal import WalPosition, WriteAheadLog, decode_appends
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,13 @@ def recover(sink: TableSink, wal: WriteAheadLog, store: StateStore,
     """
     had_checkpoint = store.load() is not None
     result = recover_log(wal, store, visit, lambda: sink.end_offsets())
+    if any(batch_kind(a.records) != DATA for _, appends in result.backlog for a in appends):
+        # Transactions in the backlog: only the persister knows which of their records may
+        # reach the table (BatchingPersister(backlog=...) holds and releases them), so the
+        # backlog is left to it, as with ``recover_log``.
+        log.info("recovery: %d WAL records after the checkpoint include transactions; the persister "
+                 "writes them", result.backlog_records)
+        return result
     if result.backlog:
         total = result.backlog_records
         result.replayed_records, result.skipped_records = replay(sink, result.backlog, policy)

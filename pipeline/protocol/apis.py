@@ -162,6 +162,15 @@ SUPPORTED_VERSIONS.update({
     29: (1, 3),                     # DescribeAcls: pipeline/requests/acl_apis.py (kio has v1-v3)
     30: (1, 3),                     # CreateAcls
     31: (1, 3),                     # DeleteAcls
+    # Transactions (KIP-98/360/447/664): pipeline/requests/txn_apis.py, with InitProducerId
+    # above. Not listed by a server that does not run the transaction coordinator (a
+    # cluster of brokers, pipeline.cluster): KafkaApis.withheld.
+    24: (0, 3),                     # AddPartitionsToTxn (v4: broker-to-broker verification, KIP-890)
+    25: (0, 3),                     # AddOffsetsToTxn
+    26: (0, 3),                     # EndTxn (v4: TRANSACTION_ABORTABLE, v5: KIP-890 epoch bumps)
+    28: (0, 3),                     # TxnOffsetCommit
+    65: (0, 0),                     # DescribeTransactions
+    66: (0, 0),                     # ListTransactions (v1: duration filter, KIP-994)
 })
 # What ApiVersions lists: exactly what is served.
 ADVERTISED_VERSIONS: dict[int, tuple[int, int]] = dict(SUPPORTED_VERSIONS)
@@ -274,6 +283,16 @@ ZERO_MS = _ZERO_MS
 """throttle_time_ms 0 as kio's i32Timedelta."""
 
 
+def timedelta_ms(ms: int) -> i32Timedelta:
+    """A duration in ms as kio's i32Timedelta (e.g. a transaction timeout)."""
+    return i32Timedelta.parse(datetime.timedelta(milliseconds=ms))
+
+
+def datetime_ms(ms: int) -> Any:
+    """Wall-clock ms since the epoch as kio's datetime_i64 value; -1 (none) as kio reads it (None)."""
+    return tz_aware_from_i64(i64(ms))
+
+
 def decode_request(header: RequestHeader, frame: bytes | bytearray | memoryview) -> Any:
     """Decode the request body of ``frame`` into the kio request entity for
     ``header.api_key`` at ``header.api_version``.
@@ -330,18 +349,20 @@ def decode_request(header: RequestHeader, frame: bytes | bytearray | memoryview)
 _SOFTWARE_RE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
 
-def _api_keys(module: Any) -> tuple[Any, ...]:
+def _api_keys(module: Any, withheld: frozenset[int] = frozenset()) -> tuple[Any, ...]:
     return tuple(
         module.ApiVersion(api_key=key, min_version=low, max_version=high)
-        for key, (low, high) in sorted(ADVERTISED_VERSIONS.items())
+        for key, (low, high) in sorted(ADVERTISED_VERSIONS.items()) if key not in withheld
     )
 
 
 def api_versions_response(
     header: RequestHeader, frame: bytes | bytearray | memoryview,
     error_counts: dict[int, int] | None = None,
+    withheld: frozenset[int] = frozenset(),
 ) -> tuple[bytes, tuple[str, str] | None]:
-    """Answer an ApiVersions request.
+    """Answer an ApiVersions request, listing ``ADVERTISED_VERSIONS`` minus the api keys in
+    ``withheld`` (apis this server does not run).
 
     Returns the response frame and ``(client_software_name,
     client_software_version)`` when a v3+ request carried valid ones, else
@@ -363,7 +384,7 @@ def api_versions_response(
     if not low <= version <= high:
         v0 = _RESPONSE_MODULES[(API_VERSIONS, 0)]
         body = v0.ApiVersionsResponse(
-            error_code=ErrorCode.unsupported_version, api_keys=_api_keys(v0)
+            error_code=ErrorCode.unsupported_version, api_keys=_api_keys(v0, withheld)
         )
         _count_error(error_counts, ErrorCode.unsupported_version.value)
         return encode_response(header, _encode(body)), None
@@ -380,7 +401,7 @@ def api_versions_response(
     body = _make(
         module.ApiVersionsResponse,
         error_code=error,
-        api_keys=_api_keys(module) if error is ErrorCode.none else (),
+        api_keys=_api_keys(module, withheld) if error is ErrorCode.none else (),
         throttle_time=_ZERO_MS,
     )
     _count_error(error_counts, error.value)

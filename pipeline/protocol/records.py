@@ -224,6 +224,9 @@ def validate_records(records: bytes | None, produce_version: int = ZSTD_MIN_PROD
             raise InvalidRecordError(f"batch {index} at byte {pos}: control batch from a producer")
         if first is None:
             first = (producer_id, producer_epoch, base_sequence, bool(attributes & _TRANSACTIONAL_MASK))
+        elif bool(attributes & _TRANSACTIONAL_MASK) != first[3]:
+            raise InvalidRecordError(f"batch {index} at byte {pos}: transactional and non-transactional "
+                                     "batches in one partition's records")
         elif (producer_id, producer_epoch) != first[:2]:
             raise InvalidRecordError(
                 f"batch {index} at byte {pos}: producer {producer_id}/{producer_epoch} differs "

@@ -23,7 +23,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -47,6 +47,8 @@ from pipeline.requests.acl_apis import authorize_request
 log = logging.getLogger(__name__)
 
 API_VERSIONS, METADATA, PRODUCE, INIT_PRODUCER_ID = 18, 3, 0, 22
+TRANSACTION_APIS = frozenset({24, 25, 26, 28, 65, 66})
+"""AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit, DescribeTransactions, ListTransactions."""
 PRE_AUTHENTICATION_APIS = frozenset({API_VERSIONS, 17, 36})
 """What a SASL_* connection is served before it authenticates: ApiVersions, SaslHandshake,
 SaslAuthenticate (Kafka SaslServerAuthenticator; pipeline/requests/sasl_apis.py)."""
@@ -133,6 +135,18 @@ class KafkaApis:
         """Whether a SASL_* connection completed authentication; no one has until SASL is wired
         (``pipeline.requests.sasl_apis.SaslApis.register``)."""
         self.authorizer = authorizer
+        self.transactions: Any = None
+        """The transaction coordinator (``pipeline.requests.txn_apis.TransactionApis.register``); None:
+        transactions are not served (a cluster of brokers) and their apis are not advertised."""
+
+    @property
+    def withheld(self) -> frozenset[int]:
+        """Api keys ApiVersions leaves out: the transaction apis while no coordinator runs."""
+        return frozenset() if self.transactions is not None else TRANSACTION_APIS
+
+    def next_producer_id(self) -> int:
+        """A producer id no one has (InitProducerId; see ``first_producer_id``)."""
+        return next(self._producer_ids)
 
     def authorize(self, request: Request, operation: AclOperation, resource_type: ResourceType, name: str,
                   log_denied: bool = True) -> bool:
@@ -179,7 +193,7 @@ class KafkaApis:
                 await self._produce(request)
             elif header.api_key == API_VERSIONS:
                 payload, software = apis.api_versions_response(
-                    header, request.frame, self.request_metrics.errors(API_VERSIONS))
+                    header, request.frame, self.request_metrics.errors(API_VERSIONS), self.withheld)
                 if software is not None:
                     request.connection.client_software = software
                     log.info("connection %s: client %s %s", request.connection.connection_id, *software)
@@ -194,7 +208,7 @@ class KafkaApis:
                                                           self.request_metrics.errors(METADATA))
                 )
             elif header.api_key == INIT_PRODUCER_ID:
-                self._init_producer_id(request)
+                await self._init_producer_id(request)
             elif header.api_key in self._served:
                 await self._served[header.api_key](request)
             else:
@@ -206,11 +220,14 @@ class KafkaApis:
             )
             request.connection.complete(request.token, None)
 
-    def _init_producer_id(self, request: Request) -> None:
+    async def _init_producer_id(self, request: Request) -> None:
         header = request.header
         body = apis.decode_request(header, request.frame)
+        if getattr(body, "transactional_id", None) is not None and self.transactions is not None:
+            await self.transactions.init_producer_id(request, body, True)
+            return
         if getattr(body, "transactional_id", None) is not None:
-            # Transactions need a coordinator this front end does not have.
+            # No transaction coordinator runs here (a cluster of brokers).
             error = ErrorCode.transactional_id_authorization_failed.value
             payload = apis.init_producer_id_response(header, body, -1, -1, error)
         elif not self._may_write_idempotently(request):
@@ -246,6 +263,7 @@ class KafkaApis:
             # ablation must expose. A queue with one handler has no such race.
             await trio.lowlevel.checkpoint()
         results: list[PartitionResult] = []
+        transactional = False  # records of a transaction: acknowledged at the WAL (pipeline.persist.persister)
         checked: list[tuple[int, ProducePartition, RecordsInfo]] = []
         writable: dict[str, bool] = {}  # topic -> TOPIC Write allowed (Kafka authorizes each topic once)
         for part in view.partitions:
@@ -259,9 +277,13 @@ class KafkaApis:
                                                              limiter=self._inflate_limiter)
                     else:
                         info = validate_records(part.records, header.api_version)
-                    if info.is_transactional:
+                    if info.is_transactional and self.transactions is None:
                         error = ErrorCode.transactional_id_authorization_failed.value
+                    elif info.is_transactional and (error := self.transactions.state.check_produce(
+                            info.producer_id, info.producer_epoch, part.topic, part.partition)):
+                        pass  # not in the producer's ongoing transaction, or fenced
                     else:
+                        transactional = transactional or info.is_transactional
                         checked.append((len(results), part, info))
                 except RecordError as exc:
                     error = exc.error_code
@@ -309,7 +331,7 @@ class KafkaApis:
         commit = None
         if appends:
             try:
-                commit = self.persister.append(appends)
+                commit = self.persister.append(appends, at_wal=transactional)
             except StorageFailedError:
                 for index in appended:
                     r = results[index]

@@ -1,0 +1,485 @@
+"""The transaction coordinator's apis: InitProducerId with a transactional id, AddPartitionsToTxn,
+AddOffsetsToTxn, TxnOffsetCommit, EndTxn, DescribeTransactions, ListTransactions (KIP-98, KIP-360,
+KIP-447, KIP-664).
+
+The rules are ``pipeline.coordinator.transactions``'; this module stores each change
+(``TransactionStore``, fsynced) before it answers, writes the markers through the
+produce path (offsets assigned like any append, ``BatchingPersister.append``, the
+high watermark and last stable offset moved by the read side), hands a committed
+transaction's offsets to the group coordinator, aborts transactions older than
+their timeout, and at start finishes the markers of a transaction a crash left
+in PrepareCommit/PrepareAbort. One transaction's end runs at a time per
+transactional id, in its own task, so the RequestHandler goes on meanwhile.
+
+EndTxn is answered once the markers are durable where produce is acknowledged
+(the WAL, or the table with ``--ack-on spark``): the transaction's records are
+then readable by read-committed consumers, and with ``--ack-on spark`` in the table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import trio
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i32, i64
+
+from pipeline.coordinator import transactions as tx
+from pipeline.coordinator.transactions import TransactionCoordinator, TransactionMetadata, TxnState
+from pipeline.coordinator.txn_store import STORE_FILE, PendingOffsets, TransactionStore
+from pipeline.log.batch import PartitionAppend
+from pipeline.log.control import ABORT, COMMIT, build_marker
+from pipeline.network.request_channel import Request
+from pipeline.network.request_metrics import add_error
+from pipeline.persist.persister import Commit, StorageFailedError
+from pipeline.protocol import apis
+from pipeline.security.acl import AclOperation, ResourceType
+
+log = logging.getLogger(__name__)
+
+INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 22, 24, 25, 26, 28
+DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
+TXN_APIS = (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT, DESCRIBE_TRANSACTIONS,
+            LIST_TRANSACTIONS)
+"""What this module serves besides InitProducerId (which KafkaApis hands it for a transactional id)."""
+# KIP-588: the first version of each api that may answer PRODUCER_FENCED (older ones: INVALID_PRODUCER_EPOCH).
+_FENCED_FROM = {INIT_PRODUCER_ID: 4, ADD_PARTITIONS_TO_TXN: 2, ADD_OFFSETS_TO_TXN: 2, END_TXN: 2, TXN_OFFSET_COMMIT: 3}
+ABORT_CHECK_INTERVAL_S = 1.0
+"""How often transactions older than their timeout are looked for (Kafka
+``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s there)."""
+TOPIC, GROUP, TRANSACTIONAL_ID = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
+WRITE, DESCRIBE, READ = AclOperation.WRITE, AclOperation.DESCRIBE, AclOperation.READ
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class TransactionApis:
+    """See the module docstring.
+
+    Args:
+        kafka_apis: the server's KafkaApis (catalog, logs, persister, authorizer, producer ids).
+        groups: the GroupCoordinatorService (committed transactions' offsets go there).
+        store_path: the SQLite file (``DATA_DIR/_pipeline/transactions.db``).
+        max_timeout_ms: ``transaction.max.timeout.ms``.
+    """
+
+    def __init__(self, kafka_apis: Any, groups: Any, store_path: Path,
+                 max_timeout_ms: int = tx.DEFAULT_MAX_TIMEOUT_MS) -> None:
+        self.apis = kafka_apis
+        self.groups = groups
+        self.store_path = Path(store_path)
+        self.state = TransactionCoordinator(max_timeout_ms)
+        self.pending: dict[str, PendingOffsets] = {}
+        self._store: TransactionStore | None = None
+        self._store_lock = trio.Lock()
+        self._locks: dict[str, trio.Lock] = {}
+        self._nursery: trio.Nursery | None = None
+        self._errors = {key: kafka_apis.request_metrics.errors(key) for key in (INIT_PRODUCER_ID, *TXN_APIS)}
+        self.closing = False
+
+    @classmethod
+    def for_data_dir(cls, kafka_apis: Any, groups: Any, data_dir: Path, max_timeout_ms: int) -> "TransactionApis":
+        return cls(kafka_apis, groups, Path(data_dir) / "_pipeline" / STORE_FILE, max_timeout_ms)
+
+    def register(self) -> None:
+        """Serve the transaction apis on the KafkaApis, and tell the group coordinator about them."""
+        for key, handler in ((ADD_PARTITIONS_TO_TXN, self._add_partitions), (ADD_OFFSETS_TO_TXN, self._add_offsets),
+                             (END_TXN, self._end_txn), (TXN_OFFSET_COMMIT, self._txn_offset_commit),
+                             (DESCRIBE_TRANSACTIONS, self._describe), (LIST_TRANSACTIONS, self._list)):
+            self.apis.register(key, handler)
+        self.apis.transactions = self
+        self.groups.transactions_served = True
+        self.groups.pending_transactional = self._pending_partitions
+
+    def _pending_partitions(self, group_id: str) -> set[tuple[str, int]]:
+        return {key for offsets in self.pending.values() for key in offsets.get(group_id, {})}
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Load the stored state, finish what a crash interrupted, then abort timed-out transactions
+        until cancelled."""
+        self._store = store = await trio.to_thread.run_sync(TransactionStore, self.store_path)
+        try:
+            metas, self.pending = await trio.to_thread.run_sync(store.load)
+            for meta in metas:
+                self.state.load(meta)
+            open_ = sum(1 for m in metas if m.state is TxnState.ONGOING)
+            if metas:
+                log.info("transaction coordinator: %d transactional ids loaded, %d with an open transaction",
+                         len(metas), open_)
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for meta in self.state.preparing():
+                    log.info("transaction coordinator: completing %s of %r (producer %d, epoch %d) after a restart",
+                             meta.state.value, meta.transactional_id, meta.producer_id, meta.producer_epoch)
+                    nursery.start_soon(self._finish_locked, meta)
+                task_status.started()
+                while True:
+                    await trio.sleep(ABORT_CHECK_INTERVAL_S)
+                    for meta in self.state.expired(_now_ms()):
+                        nursery.start_soon(self._abort_expired, meta)
+        finally:
+            store.close()
+
+    def close(self) -> None:
+        """Stop starting transactions' ends (the server is stopping; what is stored is finished at the next start)."""
+        self.closing = True
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _lock(self, transactional_id: str) -> trio.Lock:
+        lock = self._locks.get(transactional_id)
+        if lock is None:
+            lock = self._locks[transactional_id] = trio.Lock()
+        return lock
+
+    async def _save(self, meta: TransactionMetadata, pending: PendingOffsets | None = None,
+                    clear_pending: bool = False) -> None:
+        assert self._store is not None
+        store = self._store
+        async with self._store_lock:
+            await trio.to_thread.run_sync(store.save, meta, pending, clear_pending)
+
+    def _fenced(self, api_key: int, version: int) -> int:
+        return tx.fenced_error(version, _FENCED_FROM[api_key])
+
+    def _allowed(self, request: Request, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
+        return bool(self.apis.authorize(request, operation, resource_type, name))
+
+    def _answer(self, request: Request, api_key: int, error: int, **fields: Any) -> None:
+        header = request.header
+        module = apis.response_module(api_key, header.api_version)
+        cls = module.AddOffsetsToTxnResponse if api_key == ADD_OFFSETS_TO_TXN else module.EndTxnResponse
+        add_error(self._errors[api_key], error)
+        request.connection.complete(request.token, apis.encode(header, apis.make(
+            cls, throttle_time=apis.ZERO_MS, error_code=apis.error_code(error), **fields)))
+
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._nursery is None:
+            raise RuntimeError("the transaction coordinator is not running")
+        self._nursery.start_soon(fn, *args)
+
+    # -- markers -----------------------------------------------------------------
+
+    async def _write_markers(self, meta: TransactionMetadata) -> bool:
+        """Append the COMMIT/ABORT marker of ``meta``'s transaction to each of its partitions
+        (those of deleted topics skipped); True once durable, False if storage failed."""
+        control = COMMIT if meta.state is TxnState.PREPARE_COMMIT else ABORT
+        catalog, state = self.apis.catalog, self.apis.logs.state
+        now = _now_ms()
+        marker = build_marker(meta.producer_id, meta.producer_epoch, control, 0, now)
+        markers = []
+        for topic, partition in sorted(meta.partitions):
+            count = catalog.partitions(topic)
+            if count is None or partition >= count:
+                continue
+            base = state.offsets.assign(topic, partition, 1)
+            markers.append(PartitionAppend(topic, partition, base, marker, 1, now, meta.producer_id,
+                                           meta.producer_epoch, -1, len(marker)))
+        if not markers:
+            return True
+        try:
+            commit = self.apis.persister.append(markers)
+        except StorageFailedError as exc:
+            log.error("transaction %r: writing its markers failed: %s", meta.transactional_id, exc)
+            return False
+        for m in markers:
+            state.apply(m, ticket=commit)
+        return await _wait(commit)
+
+    async def _finish_locked(self, meta: TransactionMetadata) -> bool:
+        async with self._lock(meta.transactional_id):
+            return await self._finish(meta)
+
+    async def _finish(self, meta: TransactionMetadata) -> bool:
+        """From PrepareCommit/PrepareAbort (stored): markers, the offsets of a commit, then
+        CompleteCommit/CompleteAbort (stored). False if storage failed (it stays preparing: the
+        next start finishes it)."""
+        committing = meta.state is TxnState.PREPARE_COMMIT
+        if not await self._write_markers(meta):
+            return False
+        pending = self.pending.get(meta.transactional_id, {})
+        if committing:
+            for group_id, offsets in pending.items():
+                if not await self.groups.commit_offsets(group_id, offsets):
+                    log.error("transaction %r: storing its offsets of group %r failed", meta.transactional_id,
+                              group_id)
+                    return False
+        self.state.complete(meta, _now_ms())
+        await self._save(meta, clear_pending=True)
+        self.pending.pop(meta.transactional_id, None)
+        log.info("transaction of %r (producer %d, epoch %d) %s", meta.transactional_id, meta.producer_id,
+                 meta.producer_epoch, "committed" if committing else "aborted")
+        return True
+
+    async def _abort_expired(self, meta: TransactionMetadata) -> None:
+        async with self._lock(meta.transactional_id):
+            if meta.state is not TxnState.ONGOING or self.closing:
+                return
+            now = _now_ms()
+            if not (meta.start_ms >= 0 and now - meta.start_ms > meta.timeout_ms):
+                return
+            log.warning("transaction of %r (producer %d) timed out after %d ms: aborting it with a new epoch",
+                        meta.transactional_id, meta.producer_id, meta.timeout_ms)
+            self.state.prepare(meta, commit=False, now_ms=now, bump_epoch=True)
+            await self._save(meta)
+            await self._finish(meta)
+
+    # -- InitProducerId ------------------------------------------------------------
+
+    async def init_producer_id(self, request: Request, body: Any, may_write: bool) -> None:
+        """InitProducerId with a transactional id (KafkaApis hands it here): answered from a task."""
+        self._spawn(self._init_producer_id, request, body, may_write)
+
+    async def _init_producer_id(self, request: Request, body: Any, may_write: bool) -> None:
+        header = request.header
+        tid = body.transactional_id
+        pid, epoch = -1, -1
+        error: int = tx.NONE
+        if not may_write or not self._allowed(request, WRITE, TRANSACTIONAL_ID, tid):
+            error = ErrorCode.transactional_id_authorization_failed.value
+        elif self.closing:
+            error = ErrorCode.coordinator_not_available.value
+        else:
+            async with self._lock(tid):
+                decision = self.state.judge_init(
+                    tid, int(body.transaction_timeout.total_seconds() * 1000),
+                    int(getattr(body, "producer_id", -1)), int(getattr(body, "producer_epoch", -1)),
+                    self._fenced(INIT_PRODUCER_ID, header.api_version))
+                error = decision.error
+                meta = self.state.get(tid)
+                if error == tx.NONE and decision.abort_first and meta is not None:
+                    # Fence the previous producer: abort its transaction with a new epoch (Kafka
+                    # prepareFenceProducerEpoch), then give this one the epoch after.
+                    log.info("transaction of %r (producer %d, epoch %d) aborted: a new producer initialised",
+                             tid, meta.producer_id, meta.producer_epoch)
+                    self.state.prepare(meta, commit=False, now_ms=_now_ms(), bump_epoch=True)
+                    await self._save(meta)
+                    if not await self._finish(meta):
+                        error = ErrorCode.kafka_storage_error.value
+                if error == tx.NONE:
+                    new_id = self.apis.next_producer_id() if decision.new_producer_id else None
+                    meta = self.state.initialise(tid, int(body.transaction_timeout.total_seconds() * 1000),
+                                                 _now_ms(), new_id)
+                    await self._save(meta, clear_pending=True)
+                    self.pending.pop(tid, None)
+                    pid, epoch = meta.producer_id, meta.producer_epoch
+        add_error(self._errors[INIT_PRODUCER_ID], error)
+        request.connection.complete(request.token, apis.init_producer_id_response(header, body, pid, epoch, error))
+
+    # -- AddPartitionsToTxn ---------------------------------------------------------
+
+    async def _add_partitions(self, request: Request) -> None:
+        """AddPartitionsToTxn v0-3 (Kafka handleAddPartitionsToTxnRequest): TRANSACTIONAL_ID Write,
+        TOPIC Write per topic; if any partition is refused, the others are OPERATION_NOT_ATTEMPTED."""
+        header = request.header
+        body = apis.decode_request(header, request.frame)
+        tid = body.v3_and_below_transactional_id
+        wanted = [(t.name, int(p)) for t in body.v3_and_below_topics for p in t.partitions]
+        results: dict[tuple[str, int], int] = {}
+        if not self._allowed(request, WRITE, TRANSACTIONAL_ID, tid):
+            results = {k: ErrorCode.transactional_id_authorization_failed.value for k in wanted}
+        else:
+            writable = {t: self._allowed(request, WRITE, TOPIC, t) for t in {t for t, _ in wanted}}
+            for t, p in wanted:
+                count = self.apis.catalog.partitions(t)
+                if not writable[t]:
+                    results[(t, p)] = ErrorCode.topic_authorization_failed.value
+                elif count is None or not 0 <= p < count:
+                    results[(t, p)] = ErrorCode.unknown_topic_or_partition.value
+            if results:
+                for k in wanted:
+                    results.setdefault(k, ErrorCode.operation_not_attempted.value)
+            else:
+                async with self._lock(tid):
+                    error, meta = self.state.check(tid, int(body.v3_and_below_producer_id),
+                                                   int(body.v3_and_below_producer_epoch),
+                                                   self._fenced(ADD_PARTITIONS_TO_TXN, header.api_version))
+                    if error == tx.NONE and meta is not None and (
+                            meta.state is not TxnState.ONGOING or not set(wanted) <= meta.partitions):
+                        self.state.begin_if_needed(meta, _now_ms())
+                        meta.partitions.update(wanted)
+                        await self._save(meta)
+                    results = {k: error for k in wanted}
+        module = apis.response_module(ADD_PARTITIONS_TO_TXN, header.api_version)
+        by_topic: dict[str, list[Any]] = {}
+        for (t, p), e in results.items():
+            add_error(self._errors[ADD_PARTITIONS_TO_TXN], e)
+            by_topic.setdefault(t, []).append(apis.make(module.AddPartitionsToTxnPartitionResult,
+                                                        partition_index=i32(p), partition_error_code=apis.error_code(e)))
+        request.connection.complete(request.token, apis.encode(header, apis.make(
+            module.AddPartitionsToTxnResponse, throttle_time=apis.ZERO_MS,
+            results_by_topic_v3_and_below=tuple(
+                apis.make(module.AddPartitionsToTxnTopicResult, name=t, results_by_partition=tuple(ps))
+                for t, ps in by_topic.items()))))
+
+    # -- AddOffsetsToTxn, TxnOffsetCommit -------------------------------------------------
+
+    async def _add_offsets(self, request: Request) -> None:
+        """AddOffsetsToTxn v0-3: TRANSACTIONAL_ID Write and GROUP Read; the group's offsets of
+        TxnOffsetCommit then commit with the transaction."""
+        header = request.header
+        body = apis.decode_request(header, request.frame)
+        tid = body.transactional_id
+        error: int
+        if not self._allowed(request, WRITE, TRANSACTIONAL_ID, tid):
+            error = ErrorCode.transactional_id_authorization_failed.value
+        elif not self._allowed(request, READ, GROUP, body.group_id):
+            error = ErrorCode.group_authorization_failed.value
+        else:
+            async with self._lock(tid):
+                error, meta = self.state.check(tid, int(body.producer_id), int(body.producer_epoch),
+                                               self._fenced(ADD_OFFSETS_TO_TXN, header.api_version))
+                if error == tx.NONE and meta is not None:
+                    self.state.begin_if_needed(meta, _now_ms())
+                    meta.groups.add(body.group_id)
+                    await self._save(meta)
+        self._answer(request, ADD_OFFSETS_TO_TXN, error)
+
+    async def _txn_offset_commit(self, request: Request) -> None:
+        """TxnOffsetCommit v0-3 (KIP-447 fields accepted): the offsets wait with the transaction
+        (stored) and reach the group only when it commits; GROUP Read, TOPIC Read per topic."""
+        header = request.header
+        body = apis.decode_request(header, request.frame)
+        tid, group_id = body.transactional_id, body.group_id
+        asked = [(t.name, p) for t in body.topics for p in t.partitions]
+        errors: dict[tuple[str, int], int] = {}
+        common: int
+        if not self._allowed(request, WRITE, TRANSACTIONAL_ID, tid):
+            common = ErrorCode.transactional_id_authorization_failed.value
+        elif not self._allowed(request, READ, GROUP, group_id):
+            common = ErrorCode.group_authorization_failed.value
+        else:
+            async with self._lock(tid):
+                common, meta = self.state.check(tid, int(body.producer_id), int(body.producer_epoch),
+                                                self._fenced(TXN_OFFSET_COMMIT, header.api_version))
+                if common == tx.NONE and meta is not None and (meta.state is not TxnState.ONGOING
+                                                               or group_id not in meta.groups):
+                    common = tx.INVALID_TXN_STATE
+                if common == tx.NONE:
+                    readable = {t: self._allowed(request, READ, TOPIC, t) for t in {t for t, _ in asked}}
+                    offsets: dict[tuple[str, int], tuple[int, int, str | None]] = {}
+                    for t, p in asked:
+                        count = self.apis.catalog.partitions(t)
+                        if not readable[t]:
+                            errors[(t, int(p.partition_index))] = ErrorCode.topic_authorization_failed.value
+                        elif count is None or not 0 <= p.partition_index < count:
+                            errors[(t, int(p.partition_index))] = ErrorCode.unknown_topic_or_partition.value
+                        else:
+                            offsets[(t, int(p.partition_index))] = (
+                                int(p.committed_offset), int(getattr(p, "committed_leader_epoch", -1)),
+                                p.committed_metadata)
+                    if offsets:
+                        assert meta is not None
+                        await self._save(meta, {group_id: offsets})
+                        self.pending.setdefault(tid, {}).setdefault(group_id, {}).update(offsets)
+        header_module = apis.response_module(TXN_OFFSET_COMMIT, header.api_version)
+        by_topic: dict[str, list[Any]] = {}
+        for t, p in asked:
+            e = errors.get((t, int(p.partition_index)), common)
+            add_error(self._errors[TXN_OFFSET_COMMIT], e)
+            by_topic.setdefault(t, []).append(apis.make(header_module.TxnOffsetCommitResponsePartition,
+                                                        partition_index=p.partition_index,
+                                                        error_code=apis.error_code(e)))
+        request.connection.complete(request.token, apis.encode(header, apis.make(
+            header_module.TxnOffsetCommitResponse, throttle_time=apis.ZERO_MS, topics=tuple(
+                apis.make(header_module.TxnOffsetCommitResponseTopic, name=t, partitions=tuple(ps))
+                for t, ps in by_topic.items()))))
+
+    # -- EndTxn --------------------------------------------------------------------
+
+    async def _end_txn(self, request: Request) -> None:
+        """EndTxn v0-3: answered from a task once the markers are durable (see the module docstring)."""
+        body = apis.decode_request(request.header, request.frame)
+        self._spawn(self._end, request, body)
+
+    async def _end(self, request: Request, body: Any) -> None:
+        tid = body.transactional_id
+        commit = bool(body.committed)
+        if not self._allowed(request, WRITE, TRANSACTIONAL_ID, tid):
+            self._answer(request, END_TXN, ErrorCode.transactional_id_authorization_failed.value)
+            return
+        error: int
+        async with self._lock(tid):
+            error, meta = self.state.check(tid, int(body.producer_id), int(body.producer_epoch),
+                                           self._fenced(END_TXN, request.header.api_version))
+            if error == tx.NONE and meta is not None:
+                error, write = self.state.judge_end(meta, commit)
+                if write:
+                    if self.closing:
+                        error = ErrorCode.coordinator_not_available.value
+                    else:
+                        self.state.prepare(meta, commit, _now_ms())
+                        await self._save(meta)
+                        if not await self._finish(meta):
+                            error = ErrorCode.kafka_storage_error.value
+        self._answer(request, END_TXN, error)
+
+    # -- DescribeTransactions, ListTransactions (KIP-664) ---------------------------------
+
+    async def _describe(self, request: Request) -> None:
+        header = request.header
+        body = apis.decode_request(header, request.frame)
+        module = apis.response_module(DESCRIBE_TRANSACTIONS, header.api_version)
+        states = []
+        for tid in body.transactional_ids:
+            meta = self.state.get(tid)
+            if not self._allowed(request, DESCRIBE, TRANSACTIONAL_ID, tid):
+                error = ErrorCode.transactional_id_authorization_failed.value
+            elif meta is None:
+                error = ErrorCode.transactional_id_not_found.value
+            else:
+                error = tx.NONE
+            add_error(self._errors[DESCRIBE_TRANSACTIONS], error)
+            by_topic: dict[str, list[int]] = {}
+            if meta is not None and error == tx.NONE:
+                for t, p in sorted(meta.partitions):
+                    by_topic.setdefault(t, []).append(p)
+            states.append(apis.make(
+                module.TransactionState, error_code=apis.error_code(error), transactional_id=tid,
+                transaction_state=meta.state.value if meta is not None and error == tx.NONE else "",
+                transaction_timeout=apis.timedelta_ms(meta.timeout_ms if meta is not None and error == tx.NONE else 0),
+                transaction_start_time=apis.datetime_ms(meta.start_ms if meta is not None and error == tx.NONE
+                                                         else -1),
+                producer_id=i64(meta.producer_id if meta is not None and error == tx.NONE else -1),
+                producer_epoch=meta.producer_epoch if meta is not None and error == tx.NONE else -1,
+                topics=tuple(apis.make(module.TopicData, topic=t, partitions=tuple(i32(p) for p in ps))
+                             for t, ps in by_topic.items())))
+        request.connection.complete(request.token, apis.encode(header, apis.make(
+            module.DescribeTransactionsResponse, throttle_time=apis.ZERO_MS, transaction_states=tuple(states))))
+
+    async def _list(self, request: Request) -> None:
+        header = request.header
+        body = apis.decode_request(header, request.frame)
+        module = apis.response_module(LIST_TRANSACTIONS, header.api_version)
+        known = {s.value for s in TxnState}
+        state_filters = set(body.state_filters)
+        pid_filters = {int(p) for p in body.producer_id_filters}
+        rows = []
+        for meta in self.state.transactions.values():
+            if state_filters and meta.state.value not in state_filters:
+                continue
+            if pid_filters and meta.producer_id not in pid_filters:
+                continue
+            if not self.apis.authorize(request, DESCRIBE, TRANSACTIONAL_ID, meta.transactional_id, False):
+                continue
+            rows.append(apis.make(module.TransactionState, transactional_id=meta.transactional_id,
+                                  producer_id=i64(meta.producer_id), transaction_state=meta.state.value))
+        add_error(self._errors[LIST_TRANSACTIONS], tx.NONE)
+        request.connection.complete(request.token, apis.encode(header, apis.make(
+            module.ListTransactionsResponse, throttle_time=apis.ZERO_MS, error_code=apis.error_code(tx.NONE),
+            unknown_state_filters=tuple(sorted(state_filters - known)), transaction_states=tuple(rows))))
+
+
+async def _wait(commit: Commit) -> bool:
+    """Wait for ``commit`` to resolve; True if without error."""
+    done = trio.Event()
+    commit.add_callback(lambda c: done.set())
+    await done.wait()
+    return commit.error is None
