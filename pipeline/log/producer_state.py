@@ -139,8 +139,12 @@ class ProducerStateManager:
             return
         key = (producer_id, topic, partition)
         entry = self._entries.get(key)
-        if entry is None or epoch != entry.epoch:
+        if entry is None or epoch > entry.epoch:
             entry = self._entries[key] = _Entry(epoch)
+        elif epoch < entry.epoch:
+            # Fenced already (``check`` refuses it live); the committed state can see a
+            # transaction's records reach the table after a fence's marker moved the epoch on.
+            return
         elif entry.batches and base_offset <= entry.batches[-1].base_offset:
             # Already applied: recovery replays WAL entries after a checkpoint that a
             # transaction held back (pipeline.persist.persister), some of them known to it.

@@ -113,6 +113,7 @@ def do_transactions():
             if outcome == "commit":
                 producer.commit_transaction()
             else:
+                producer.flush(T)  # sent before the abort: the log holds aborted records
                 producer.abort_transaction()
     finally:
         producer.close(T)

@@ -32,9 +32,16 @@ class Batch:
 def read_partition(host: str, port: int, topic: str, partition: int = 0, isolation_level: int = 0,
                    timeout_s: float = 30.0) -> list[Batch]:
     """Every batch of ``topic``/``partition`` from offset 0 to the high watermark (read_uncommitted
-    unless ``isolation_level=1``); raises ``AssertionError`` on a partition error code."""
+    unless ``isolation_level=1``); raises ``AssertionError`` on a partition error code.
+
+    Read committed, the broker serves up to the last stable offset and lists the aborted
+    transactions; dropping their batches is the consumer's work (Kafka's
+    ``CompletedFetch.nextFetchedRecord``): a producer's batches are skipped from the listed
+    first offset to its ABORT marker, as here."""
     batches: list[Batch] = []
     offset, correlation = 0, 0
+    listed: list[tuple[int, int]] = []  # (first offset, producer id) of aborted transactions, not reached yet
+    aborting: set[int] = set()
     client = rc.RawClient(host, port, timeout_s=timeout_s)
     try:
         while True:
@@ -51,14 +58,24 @@ def read_partition(host: str, port: int, topic: str, partition: int = 0, isolati
             response, _ = entity_reader(FetchResponse)(body, 1)
             data = response.responses[0].partitions[0]
             assert data.error_code.value == 0, f"{topic}/{partition}: {data.error_code.name}"
+            if isolation_level == 1:
+                listed = sorted(set(listed) | {(int(a.first_offset), int(a.producer_id))
+                                               for a in data.aborted_transactions or ()})
             records = MemoryRecords(bytes(data.records or b""))
             while (batch := records.next_batch()) is not None:
+                offset = batch.next_offset
+                while listed and listed[0][0] <= batch.base_offset:
+                    aborting.add(listed.pop(0)[1])
+                if batch.producer_id in aborting:
+                    if batch.is_control_batch:  # its ABORT marker: the aborted transaction ends
+                        aborting.discard(batch.producer_id)
+                    continue
                 values = tuple(r.value.decode() for r in batch if r.value is not None)
                 batches.append(Batch(batch.base_offset, batch.producer_id, batch.base_sequence,
                                      bool(batch.is_transactional), bool(batch.is_control_batch),
                                      () if batch.is_control_batch else values))
-                offset = batch.next_offset
-            if offset >= data.high_watermark:
+            end = data.last_stable_offset if isolation_level == 1 else data.high_watermark
+            if offset >= end:
                 return batches
     finally:
         client.close()

@@ -80,7 +80,7 @@ def test_advertised_versions_enable_librdkafka_features() -> None:
     assert overlaps(18, 0, 0)  # ApiVersion
 
 
-@pytest.mark.parametrize("api_key", [21, 24, 57])  # DeleteRecords, AddPartitionsToTxn, UpdateFeatures
+@pytest.mark.parametrize("api_key", [21, 27, 57])  # DeleteRecords, WriteTxnMarkers, UpdateFeatures
 def test_apis_not_served_are_refused(api_key: int) -> None:
     assert api_key not in ADVERTISED_VERSIONS
     frame = raw_header(api_key, 0) + b"\x00\x01c" + b"\x00" * 32
@@ -482,3 +482,22 @@ def test_produce_response_rejects_unknown_error_code() -> None:
     header = parse_request_header(request_frame(sample_request(0, 9)))
     with pytest.raises(ValueError):
         produce_response(header, [PartitionResult("t", 0, 31_000)])
+
+
+def test_withheld_apis_are_not_listed() -> None:
+    # A cluster of brokers runs no transaction coordinator: ApiVersions leaves its apis out.
+    from pipeline.requests.handler import TRANSACTION_APIS
+
+    frame = raw_header(18, 0) + b"\x00\x01c"
+    header = parse_request_header(frame)
+    listed = _listed(api_versions_response(header, frame)[0])
+    assert TRANSACTION_APIS <= listed
+    assert not TRANSACTION_APIS & _listed(api_versions_response(header, frame, withheld=TRANSACTION_APIS)[0])
+
+
+def _listed(payload: bytes) -> set[int]:
+    from kio.schema.api_versions.v0.response import ApiVersionsResponse
+    from kio.serial import entity_reader
+
+    body, _ = entity_reader(ApiVersionsResponse)(payload, 4)  # after the v0 response header (correlation id)
+    return {int(k.api_key) for k in body.api_keys}

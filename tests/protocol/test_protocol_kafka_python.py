@@ -44,7 +44,13 @@ from kafka.protocol.metadata import ApiVersionsResponse
 from kafka.protocol.metadata import FindCoordinatorRequest
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.metadata import MetadataResponse
+from kafka.protocol.admin import DescribeTransactionsRequest
+from kafka.protocol.admin import ListTransactionsRequest
+from kafka.protocol.producer import AddOffsetsToTxnRequest
+from kafka.protocol.producer import AddPartitionsToTxnRequest
+from kafka.protocol.producer import EndTxnRequest
 from kafka.protocol.producer import InitProducerIdRequest
+from kafka.protocol.producer import TxnOffsetCommitRequest
 from kafka.protocol.producer import InitProducerIdResponse
 from kafka.protocol.producer import ProduceRequest
 from kafka.protocol.producer import ProduceResponse
@@ -488,6 +494,18 @@ OTHER_REQUESTS = {
     DeleteAclsRequest: dict(filters=[DeleteAclsRequest.DeleteAclsFilter(
         resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1, principal_filter="User:alice",
         host_filter="10.0.0.1", operation=1, permission_type=2)]),
+    AddPartitionsToTxnRequest: dict(
+        v3_and_below_transactional_id="app", v3_and_below_producer_id=1234, v3_and_below_producer_epoch=3,
+        v3_and_below_topics=[AddPartitionsToTxnRequest.AddPartitionsToTxnTopic(name="events", partitions=[0, 2])]),
+    AddOffsetsToTxnRequest: dict(transactional_id="app", producer_id=1234, producer_epoch=3, group_id="orders"),
+    EndTxnRequest: dict(transactional_id="app", producer_id=1234, producer_epoch=3, committed=True),
+    TxnOffsetCommitRequest: dict(
+        transactional_id="app", group_id="orders", producer_id=1234, producer_epoch=3, generation_id=7,
+        member_id="m-1", group_instance_id=None, topics=[TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic(
+            name="events", partitions=[TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition(
+                partition_index=1, committed_offset=42, committed_leader_epoch=-1, committed_metadata="m")])]),
+    DescribeTransactionsRequest: dict(transactional_ids=["app", "other"]),
+    ListTransactionsRequest: dict(state_filters=["Ongoing"], producer_id_filters=[1234]),
     SaslHandshakeRequest: dict(mechanism="SCRAM-SHA-256"),
     SaslAuthenticateRequest: dict(auth_bytes=b"n,,n=alice,r=abc"),
     DescribeUserScramCredentialsRequest: dict(users=[DescribeUserScramCredentialsRequest.UserName(name="alice")]),

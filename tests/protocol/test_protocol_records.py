@@ -319,6 +319,12 @@ def test_batches_of_different_producers_are_invalid() -> None:
         validate_records(batch(1) + batch(1, producer_id=1001))
 
 
+def test_transactional_and_plain_batches_together_are_invalid() -> None:
+    # One partition's records are in one transaction or in none (the persister holds them by the first batch).
+    with pytest.raises(InvalidRecordError, match="batch 1 .* transactional and non-transactional"):
+        validate_records(batch(1, transactional=True) + batch(1, base_sequence=1))
+
+
 def test_has_compressed_batch_looks_at_every_batch() -> None:
     plain, gzip = batch(2), batch(2, codec_id=DefaultRecordBatch.CODEC_GZIP)
     assert not has_compressed_batch(plain + plain)
