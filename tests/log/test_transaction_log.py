@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 
-from pipeline.log.control import ABORT, COMMIT, CONTROL, DATA, TRANSACTIONAL, batch_kind, build_marker, marker_type
+from pipeline.log.control import ABORT, COMMIT, CONTROL, DATA, batch_kind, build_marker, marker_type
 from pipeline.log.partition import Location, PartitionLog
 from pipeline.log.producer_state import ProducerStateManager, Verdict
 from tests.e2e import raw_client as rc
