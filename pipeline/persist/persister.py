@@ -596,7 +596,7 @@ class BatchingPersister:
                 self._listener.durable(transactional)  # acknowledged at the WAL: readable
             waiters = []
             for commit in group.waiters:
-                if commit.at_wal or not appends:  # nothing of it goes to the table (now)
+                if commit.at_wal:  # a transaction's records: the table gets them at its commit
                     commit.resolve(None)
                 else:
                     waiters.append(commit)
@@ -607,8 +607,8 @@ class BatchingPersister:
                     commit.resolve(c.error)
 
             spark_commit.add_callback(release)
-        if not appends:
-            return
+        # A group with nothing for the table (a transaction's records, markers) still passes
+        # through the Spark stage, empty: its place in the order of completions and checkpoints.
         now = trio.current_time()
         waiter = _SparkWaiter(spark_commit, position, now, max(c.seq for c in group.waiters))
         if self._reads_wal:
@@ -768,7 +768,9 @@ class BatchingPersister:
                 group = acc.drain(reason)
                 self._in_spark_prepare = group.size_bytes
                 try:
-                    if self._wal_reader is not None:
+                    if not group.appends:
+                        table = None  # nothing to write (see _write_wal)
+                    elif self._wal_reader is not None:
                         spans = [span for w in group.waiters for span in w.spans]
                         table = await trio.to_thread.run_sync(self._wal_reader.to_table_from_wal, group.appends,
                                                               self._wal.directory, spans)
@@ -879,7 +881,8 @@ class BatchingPersister:
                         # The failed try may have landed some rows: never twice.
                         exclude = await trio.to_thread.run_sync(
                             self._sink.present_offsets, offset_ranges(group.appends))
-                    await trio.to_thread.run_sync(self._sink.write, table, exclude)
+                    if table is not None:
+                        await trio.to_thread.run_sync(self._sink.write, table, exclude)
                     break
                 except Exception as exc:  # Spark raises many types; all mean "not written"
                     self.stats.failed_flushes += 1
@@ -901,7 +904,7 @@ class BatchingPersister:
             space.set()
         elapsed = time.perf_counter() - started
         stats = self.stats
-        stats.flushes += 1
+        stats.flushes += 1 if table is not None else 0
         self._table_seq = max(self._table_seq, max(w.seq for w in group.waiters))
         progress, self._table_progress = self._table_progress, trio.Event()
         progress.set()

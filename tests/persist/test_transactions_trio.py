@@ -203,3 +203,25 @@ async def test_abort_after_a_restart_leaves_nothing(tmp_path):
     # The producer's epoch on the partition is the fence's: its old epoch is refused after a restart too.
     state = LogState.from_checkpoint(stored)
     assert state.producers.check(PID, EPOCH, "t", 0, 2, 2).error_code == 47  # INVALID_PRODUCER_EPOCH
+
+
+async def test_sync_table_returns_when_the_last_appends_are_a_transactions(tmp_path):
+    # DeleteTopics' barrier: a group with nothing for the table (records held, a marker) still completes it.
+    sink = WalReadingSink()
+    wal = open_wal(tmp_path)
+    p = persister(tmp_path, sink, wal, Checkpoint(), ack_on="spark")
+    log = Log()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(p.run)
+        await durable(p.append([log.data(0, [b"d"])]))
+        await durable(p.append([log.txn(0, [b"x"])], at_wal=True))
+        with trio.fail_after(10):
+            await p.sync_table()
+        abort = p.append([log.marker(0, False)])
+        with trio.fail_after(10):
+            await p.sync_table()
+        await durable(abort)
+        assert {r["value"] for r in sink.rows()} == {b"d"} and p.stats.flushes == 1
+        p.close()
+        await p.wait_closed()
+    wal.close()
