@@ -101,9 +101,10 @@ class OffsetStore:
     """
 
     def __init__(self, target: Target) -> None:
-        self.path = target
         self._db = open_database(target)
         self._db.migrate(COMPONENT, MIGRATIONS)
+        self.path: Target = target if self._db.dialect == "sqlite" else self._db.name
+        """The SQLite file, or the URL without its password (for logs)."""
 
     def load(self) -> dict[str, tuple[str | None, dict[tuple[str, int], OffsetValue]]]:
         """Every stored group: group id -> (protocol type, {(topic, partition): (offset, epoch, metadata)})."""

@@ -65,9 +65,10 @@ class TransactionStore:
     """
 
     def __init__(self, target: Target) -> None:
-        self.path = target
         self._db = open_database(target)
         self._db.migrate(COMPONENT, MIGRATIONS)
+        self.path: Target = target if self._db.dialect == "sqlite" else self._db.name
+        """The SQLite file, or the URL without its password (for logs)."""
 
     def load(self) -> tuple[list[TransactionMetadata], dict[str, PendingOffsets]]:
         """Every stored transactional id, and each one's pending offsets."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from pipeline.metadata.database import Database, Migration, Target, open_database
+from pipeline.metadata.database import Database, Migration, Target, is_postgres_url, open_database, redact_url
 from pipeline.security.acl import AclBinding, binding
 
 __all__ = ("ACL_STORE_FILE", "AclStore")
@@ -71,14 +71,16 @@ class AclStore:
     """
 
     def __init__(self, target: Target) -> None:
-        self.path = target
+        self._target = target
+        self.path = redact_url(str(target)) if is_postgres_url(target) else target
+        """The SQLite file, or the URL without its password (for logs)."""
         self._lock = threading.Lock()
         self._db: Database | None = None
 
     def _database(self) -> Database:
         with self._lock:
             if self._db is None:
-                db = open_database(self.path)
+                db = open_database(self._target)
                 try:
                     db.migrate(COMPONENT, MIGRATIONS)
                 except BaseException:

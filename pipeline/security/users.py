@@ -157,7 +157,6 @@ class UserStore:
     """
 
     def __init__(self, target: Target) -> None:
-        self.path = target
         if not is_postgres_url(target):
             path = Path(target)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +167,8 @@ class UserStore:
         # another process while a server reads it.
         self._db = open_database(target, wal=False)
         self._db.migrate(COMPONENT, MIGRATIONS)
+        self.path = target if self._db.dialect == "sqlite" else self._db.name
+        """The SQLite file, or the URL without its password (for logs)."""
 
     @classmethod
     def for_data_dir(cls, data_dir: Path | str, metadata_url: str | None = None) -> "UserStore":
