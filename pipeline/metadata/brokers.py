@@ -102,18 +102,20 @@ class BrokerRegistry:
             raise ValueError(f"lease_ms must be >= 1, got {lease_ms}")
         now = self._db.now_ms
         with self._db.transaction() as cur:
-            row = cur.execute(f"SELECT incarnation_id, epoch, lease_expiry_ms > {now} FROM brokers "
-                              f"WHERE node_id = ?{self._for_update}", (node_id,)).fetchone()
-            if row is not None and row[2] and row[0] != str(incarnation_id):
-                raise DuplicateBrokerError(f"broker {node_id} is registered by incarnation {row[0]} "
+            # One statement: two registrations of one node id at once (a new row for both, or the same
+            # old row) are ordered by the row's lock, so their epochs differ and a live lease wins.
+            row = cur.execute(
+                f"INSERT INTO brokers VALUES (?, ?, 1, ?, {now}, {now} + ?) ON CONFLICT (node_id) "
+                "DO UPDATE SET incarnation_id = excluded.incarnation_id, epoch = brokers.epoch + 1, "
+                "endpoints = excluded.endpoints, registered_ms = excluded.registered_ms, "
+                f"lease_expiry_ms = excluded.lease_expiry_ms WHERE brokers.lease_expiry_ms <= {now} "
+                "OR brokers.incarnation_id = excluded.incarnation_id RETURNING epoch",
+                (node_id, str(incarnation_id), json.dumps([list(e) for e in endpoints]), lease_ms)).fetchone()
+            if row is None:
+                holder = cur.execute("SELECT incarnation_id FROM brokers WHERE node_id = ?", (node_id,)).fetchone()
+                raise DuplicateBrokerError(f"broker {node_id} is registered by incarnation {holder[0]} "
                                            f"with a live lease")
-            epoch = 1 if row is None else int(row[1]) + 1
-            cur.execute(f"INSERT INTO brokers VALUES (?, ?, ?, ?, {now}, {now} + ?) ON CONFLICT (node_id) "
-                        "DO UPDATE SET incarnation_id = excluded.incarnation_id, epoch = excluded.epoch, "
-                        "endpoints = excluded.endpoints, registered_ms = excluded.registered_ms, "
-                        "lease_expiry_ms = excluded.lease_expiry_ms",
-                        (node_id, str(incarnation_id), epoch, json.dumps([list(e) for e in endpoints]), lease_ms))
-        return epoch
+        return int(row[0])
 
     def heartbeat(self, node_id: int, epoch: int, lease_ms: int) -> int:
         """Renew the lease of ``node_id`` at ``epoch`` for ``lease_ms`` ms from now; the new expiry (ms).

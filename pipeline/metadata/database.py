@@ -109,7 +109,11 @@ class Cursor:
         self._cursor, self._pg = cursor, pg
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> "Cursor":
-        self._cursor.execute(sql.replace("?", "%s") if self._pg else sql, tuple(params))
+        """Run ``sql`` (no ``?`` nor ``%`` inside its literals: ``?`` are the placeholders)."""
+        if self._pg:
+            self._cursor.execute(sql.replace("?", "%s"), tuple(params) or None)
+        else:
+            self._cursor.execute(sql, tuple(params))
         return self
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:

@@ -204,3 +204,26 @@ def test_targets_and_urls():
     assert store_target("postgresql://u@h:5/db", "/d", "topics.db") == "postgresql://u@h:5/db"
     assert redact_url("postgresql://u:secret@h:5/db") == "postgresql://u:***@h:5/db"
     assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def test_brokers_registering_one_node_id_at_once_get_one_winner(metadata_target):
+    target = metadata_target("brokers.db")
+    registries = [BrokerRegistry(target) for _ in range(4)]
+    outcomes: list[object] = []
+
+    def register(registry: BrokerRegistry) -> None:
+        try:
+            outcomes.append(registry.register(3, uuid.uuid4(), [("PLAINTEXT", "127.0.0.1", 9092)], 60_000))
+        except DuplicateBrokerError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=register, args=(r,)) for r in registries]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(outcomes) == 4 and [o for o in outcomes if not isinstance(o, DuplicateBrokerError)] == [1]
+    [member] = registries[0].live_members()
+    assert (member.node_id, member.epoch) == (3, 1)
+    for r in registries:
+        r.close()
