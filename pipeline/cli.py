@@ -640,7 +640,8 @@ def cmd_users(args: argparse.Namespace) -> int:
 
     from pipeline.security.users import CredentialError, UserStore
 
-    store = UserStore.for_data_dir(_resolve(args).server.data_dir)
+    config = _resolve(args).server
+    store = UserStore.for_data_dir(config.data_dir, config.metadata_url)
     if args.users_command == "list":
         for user, mechanisms in store.users().items():
             print(user, " ".join(f"{m}(iterations={i})" for m, i in mechanisms.items()))
@@ -718,8 +719,9 @@ def build_parser() -> argparse.ArgumentParser:
                             ("remove", "remove a user's credentials"), ("list", "list users and mechanisms")):
         command = users_sub.add_parser(name, help=help_text)
         command.add_argument("--config", type=Path, default=None, metavar="FILE",
-                             help="the server's TOML configuration file (for pipeline.data.dir)")
-        add_key_arguments(command, ("pipeline.data.dir",))
+                             help="the server's TOML configuration file (for pipeline.data.dir, "
+                                  "pipeline.metadata.url)")
+        add_key_arguments(command, ("pipeline.data.dir", "pipeline.metadata.url"))
         if name != "list":
             command.add_argument("user")
             command.add_argument("--mechanism", action="append" if name == "add" else "store",

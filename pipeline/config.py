@@ -145,6 +145,7 @@ class ServerConfig:
     linger_ms: float = 50.0
     buffer_memory: int = 256 * 1024 * 1024
     data_dir: Path = field(default_factory=lambda: Path("data"))
+    metadata_url: str | None = None             # [pipeline.metadata.url]; None: SQLite under DATA_DIR/_pipeline
     spark_master: str = "local[*]"
     ack_on: AckOn = "wal"
     log_segment_bytes: int = 64 * 1024 * 1024    # [log.segment.bytes] Kafka's 1 GiB; WAL segments
@@ -286,6 +287,16 @@ def secret(value: Any, text: bool) -> str:
     return value
 
 
+def metadata_url(value: Any, text: bool) -> str:
+    """A PostgreSQL URL, ``postgresql://USER@HOST:PORT/DB`` (libpq's form; ``postgres://`` too)."""
+    from pipeline.metadata.database import is_postgres_url
+
+    url = string(value, text)
+    if not is_postgres_url(url):
+        raise ValueError(f"expected a postgresql://USER@HOST:PORT/DB URL, got {url!r}")
+    return url
+
+
 def path(value: Any, text: bool) -> Path:
     """A filesystem path (relative to the working directory)."""
     return Path(string(value, text))
@@ -383,6 +394,10 @@ class Key:
             return None
         if self.parse is secret:
             return "[hidden]"
+        if self.parse is metadata_url:
+            from pipeline.metadata.database import redact_url
+
+            return redact_url(value)
         if isinstance(value, tuple) and len(self.fields) == 1:  # lists: "a,b" (pairs "n:v,n:v")
             return ",".join(":".join(v) if isinstance(v, tuple) else str(v) for v in value)
         if len(self.fields) == 3:  # listeners: (first host, first port, every endpoint or None)
@@ -528,6 +543,11 @@ _KEY_LIST: list[Key] = [
     Key("pipeline.data.dir", ("data_dir",), path,
         "tables under DIR/tables; WAL, checkpoint and metastore under DIR/_pipeline (not Kafka's "
         "log.dirs: it holds tables, not log segments)", "--data-dir", "DIR", group="persistence"),
+    Key("pipeline.metadata.url", ("metadata_url",), metadata_url,
+        "keep topics, consumer groups and offsets, ACLs, SCRAM users, transactions and producer-id blocks "
+        "in this PostgreSQL database, shared by brokers on several hosts (postgresql://USER@HOST:PORT/DB; "
+        "a password is better in PGPASSWORD or ~/.pgpass than in the URL)", "--metadata-url", "URL",
+        unset="SQLite files under DATA_DIR/_pipeline", group="persistence"),
     Key("log.segment.bytes", ("log_segment_bytes",), integer(1),
         "roll write-ahead log segment files at this size (bytes); the WAL is the log consumers fetch "
         "recent records from", "--log-segment-bytes", "BYTES", group="persistence"),

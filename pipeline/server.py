@@ -62,6 +62,8 @@ from pipeline.protocol.apis import BrokerInfo
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.network.request_channel import MultiQueueRequestChannel, RequestChannel, SharedRequestChannel
 from pipeline.requests.handler import KafkaApis, RequestHandler
+from pipeline.metadata.database import store_target
+from pipeline.metadata.producer_ids import ProducerIdManager, ProducerIdStore
 from pipeline.security.sasl import FailedAuthenticationThrottle
 from pipeline.requests.sasl_apis import SaslApis
 from pipeline.security.users import UserStore
@@ -363,9 +365,14 @@ class Server:
         # brings its checkpoint's topics once (pipeline.requests.topic_store).
         self.catalog = TopicCatalog(c.num_partitions, c.auto_create_topics,
                                     {t: max(n, c.num_partitions) for t, n in checkpoint.topics.items()},
-                                    store=TopicStore(Path(c.data_dir) / "_pipeline" / TOPIC_STORE_FILE),
+                                    store=TopicStore(store_target(c.metadata_url, c.data_dir, TOPIC_STORE_FILE)),
                                     retention_defaults=(c.log_retention_ms, c.log_retention_bytes))
-        self.catalog.shared = self.cluster is not None and self.cluster.size > 1
+        # With a metadata database, brokers on other hosts may change topics at any time.
+        self.catalog.shared = self.cluster is not None and self.cluster.size > 1 or bool(c.metadata_url)
+        # Producer ids: from the wall clock on one machine; with a metadata database, blocks claimed
+        # from it (Kafka's ProducerIdManager), so no two brokers on any hosts hand out the same id.
+        producer_ids = (ProducerIdManager(ProducerIdStore(c.metadata_url), c.node_id) if c.metadata_url
+                        else None)
         self.apis = KafkaApis(
             broker,
             self.catalog,
@@ -374,20 +381,21 @@ class Server:
             first_producer_id=time.time_ns() // 1_000_000,
             yield_before_sequencing=c.mode is not Mode.MULTIQUEUE,
             request_metrics=request_channel.metrics,
+            producer_ids=producer_ids,
         )
         # Consumer groups: JoinGroup/SyncGroup/Heartbeat/LeaveGroup, committed offsets in
         # DATA_DIR/_pipeline/groups.db, FindCoordinator and the group admin apis.
         self.coordinator = GroupCoordinatorService.for_data_dir(self.apis, GroupConfig(
             initial_rebalance_delay_ms=c.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=c.group_min_session_timeout_ms,
-            max_session_timeout_ms=c.group_max_session_timeout_ms), c.data_dir)
+            max_session_timeout_ms=c.group_max_session_timeout_ms), c.data_dir, c.metadata_url)
         self.coordinator.register()
         # Transactions (KIP-98): state in DATA_DIR/_pipeline/transactions.db. One broker only: a
         # cluster's brokers would have to write markers into each other's partitions.
         self.transactions: TransactionApis | None = None
         if self.cluster is None or self.cluster.size == 1:
             self.transactions = TransactionApis.for_data_dir(self.apis, self.coordinator, c.data_dir,
-                                                             c.transaction_max_timeout_ms)
+                                                             c.transaction_max_timeout_ms, c.metadata_url)
             self.transactions.register()
         self.fetch_apis = FetchApis(self.logs, self.apis.catalog, request_channel.metrics)
         self.fetch_apis.register(self.apis)
@@ -409,14 +417,15 @@ class Server:
                                     on_delete_topic, broker_configs(c), request_channel.metrics)
         self.admin_apis.register(self.apis)
         # SASL on SASL_PLAINTEXT/SASL_SSL listeners; users in DATA_DIR/_pipeline/users.db.
-        self.sasl_apis = SaslApis(UserStore.for_data_dir(c.data_dir), tuple(c.sasl_enabled_mechanisms.split(",")),
+        self.sasl_apis = SaslApis(UserStore.for_data_dir(c.data_dir, c.metadata_url), tuple(c.sasl_enabled_mechanisms.split(",")),
                                   FailedAuthenticationThrottle(c.failed_authentication_delay_ms),
                                   {e.name: tuple(listener_config(c, e.name).sasl_enabled_mechanisms.split(","))
                                    for e in listener_endpoints(c)})
         self.sasl_apis.register(self.apis)
         # ACLs (authorizer.class.name set): DATA_DIR/_pipeline/acls.db, checked by every api
         # through KafkaApis.authorize; off, the ACL apis answer SECURITY_DISABLED.
-        acl_store = AclStore(Path(c.data_dir) / "_pipeline" / ACL_STORE_FILE) if c.authorizer_class_name else None
+        acl_store = (AclStore(store_target(c.metadata_url, c.data_dir, ACL_STORE_FILE)) if c.authorizer_class_name
+                     else None)
         if acl_store is not None:
             self.apis.authorizer = Authorizer(acl_store.load(), parse_super_users(c.super_users),
                                               c.allow_everyone_if_no_acl_found)

@@ -83,13 +83,15 @@ def create_shared_stores(config: ServerConfig) -> None:
     from pipeline.coordinator.offset_store import STORE_FILE as GROUPS, OffsetStore
     from pipeline.security.acl_store import ACL_STORE_FILE, AclStore
     from pipeline.security.users import UserStore
+    from pipeline.metadata.database import store_target
 
-    shared = Path(config.data_dir) / "_pipeline"
-    TopicStore(shared / TOPICS).close()
-    OffsetStore(shared / GROUPS).close()
-    UserStore.for_data_dir(config.data_dir)  # connects per call: nothing to close
+    url = config.metadata_url  # PostgreSQL: the schemas are migrated here once, before any broker
+
+    TopicStore(store_target(url, config.data_dir, TOPICS)).close()
+    OffsetStore(store_target(url, config.data_dir, GROUPS)).close()
+    UserStore.for_data_dir(config.data_dir, url).close()
     if config.authorizer_class_name:
-        AclStore(shared / ACL_STORE_FILE).close()
+        AclStore(store_target(url, config.data_dir, ACL_STORE_FILE)).close()
 
 
 def strip_flags(argv: list[str], flags: tuple[str, ...] = _OWN_FLAGS) -> list[str]:

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.postgres import metadata_target, postgres_server  # noqa: F401  (fixtures for every package)
+
 _databases = itertools.count()
 
 JVM_FIXTURES = frozenset({"spark", "standalone_cluster", "connect_server", "connect_spark"})

@@ -144,14 +144,15 @@ def test_supervisor_argument_handling():
     assert len(set(free)) == 3 and all(free)
 
 
-def test_catalogs_sharing_a_store_see_each_others_topics(tmp_path):
-    """Two brokers' catalogs on one topics.db (two SQLite connections, as two processes have)."""
+def test_catalogs_sharing_a_store_see_each_others_topics(metadata_target):
+    """Two brokers' catalogs on one topics.db (two SQLite connections, as two processes have), or on one
+    PostgreSQL database (two connections, as brokers on two hosts have)."""
     import trio
 
     from pipeline.requests.topic_store import TopicStore
 
-    a = TopicCatalog(3, True, store=TopicStore(tmp_path / "topics.db"))
-    b = TopicCatalog(3, True, store=TopicStore(tmp_path / "topics.db"))
+    a = TopicCatalog(3, True, store=TopicStore(metadata_target("topics.db")))
+    b = TopicCatalog(3, True, store=TopicStore(metadata_target("topics.db")))
     a.shared = b.shared = True
     assert a.describe("auto", True) == (0, 3)  # auto-created on a ...
     assert b.partitions("auto") == 3  # ... known on b at once: a miss rereads the store
@@ -172,7 +173,7 @@ def test_catalogs_sharing_a_store_see_each_others_topics(tmp_path):
     trio.run(a.delete, "auto", nothing)
     assert b.refresh() and b.partitions("auto") is None
     assert b.deleted_elsewhere == ["auto"]
-    alone = TopicCatalog(3, True, store=TopicStore(tmp_path / "topics.db"))  # not shared: as before
+    alone = TopicCatalog(3, True, store=TopicStore(metadata_target("topics.db")))  # not shared: as before
     a.store.insert(a._new("later", 1))
     assert alone.partitions("later") is None and not alone.refresh()
 

@@ -184,3 +184,14 @@ def test_help_shows_each_key_its_variable_and_the_dataclass_default():
     assert f"[num.network.threads, env PIPELINE_NUM_NETWORK_THREADS; default {d.network_threads}]" in text
     assert f"default {d.table.target_file_bytes}]" in text
     assert "[max.connections.per.ip, env PIPELINE_MAX_CONNECTIONS_PER_IP; default = max.connections]" in text
+
+
+def test_metadata_url_takes_postgresql_urls_only_and_hides_their_password():
+    key = KEYS["pipeline.metadata.url"]
+    c = resolve(None, {}, flag_values(serve_args("--metadata-url", "postgresql://broker:pw@db.internal:5432/meta")))
+    assert c.server.metadata_url == "postgresql://broker:pw@db.internal:5432/meta"
+    assert key.show(c.server.metadata_url) == "postgresql://broker:***@db.internal:5432/meta"
+    assert resolve(None, {}, {}).server.metadata_url is None  # SQLite under DATA_DIR/_pipeline
+    for bad in ("sqlite:///x.db", "db.internal:5432", " "):
+        with pytest.raises(ValueError):
+            key.parse(bad, True)

@@ -1,29 +1,33 @@
-"""Committed offsets on disk: SQLite at ``DATA_DIR/_pipeline/groups.db`` (blocking calls).
+"""Committed offsets on disk: SQLite at ``DATA_DIR/_pipeline/groups.db``, or PostgreSQL (blocking calls).
 
-Kafka keeps committed offsets in the ``__consumer_offsets`` log; a single
-broker front end needs only a durable key-value table, so this is the
-standard library's sqlite3 in WAL journal mode with ``synchronous=FULL``: a
-transaction is on disk (the WAL fsynced) when ``write`` returns, and survives
-a crash or ``kill -9`` of the process. Group membership is not stored
+Kafka keeps committed offsets in the ``__consumer_offsets`` log; a broker
+front end needs only a durable key-value table (``pipeline.metadata.database``):
+by default the standard library's sqlite3 in WAL journal mode with
+``synchronous=FULL``, so a transaction is on disk (the WAL fsynced) when
+``write`` returns and survives a crash or ``kill -9`` of the process; with
+``pipeline.metadata.url`` the ``groups`` and ``offsets`` tables of that
+PostgreSQL database, committed (flushed by PostgreSQL) when ``write`` returns. Group membership is not stored
 (members rejoin after a restart); a group's protocol type is, so a group
 known only by its offsets still lists as a consumer group.
 
-Every method blocks (file I/O, fsync): call them from one worker thread at a
-time (``pipeline.coordinator.service`` does, through ``trio.to_thread``); the
-connection is opened with ``check_same_thread=False`` for that.
+Every method blocks (file or network I/O, fsync): call them from a worker
+thread (``pipeline.coordinator.service`` does, through ``trio.to_thread``).
 """
 
 from __future__ import annotations
 
-import os
-import sqlite3
 from dataclasses import dataclass
-from pathlib import Path
+
+from pipeline.metadata.database import Migration, Target, open_database
 
 STORE_FILE = "groups.db"
 """Its name under ``DATA_DIR/_pipeline``."""
 
-_SCHEMA = """
+COMPONENT = "groups"
+"""The store's name in ``schema_version``."""
+
+MIGRATIONS = (
+    Migration(1, sqlite="""
 CREATE TABLE IF NOT EXISTS groups (
     group_id TEXT PRIMARY KEY,
     protocol_type TEXT
@@ -37,8 +41,24 @@ CREATE TABLE IF NOT EXISTS offsets (
     metadata TEXT,
     commit_timestamp_ms INTEGER NOT NULL,
     PRIMARY KEY (group_id, topic, partition)
-) WITHOUT ROWID;
-"""
+) WITHOUT ROWID
+""", postgresql="""
+CREATE TABLE IF NOT EXISTS groups (
+    group_id TEXT PRIMARY KEY,
+    protocol_type TEXT
+);
+CREATE TABLE IF NOT EXISTS offsets (
+    group_id TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    committed_offset BIGINT NOT NULL,
+    leader_epoch INTEGER NOT NULL,
+    metadata TEXT,
+    commit_timestamp_ms BIGINT NOT NULL,
+    PRIMARY KEY (group_id, topic, partition)
+)
+"""),
+)
 
 OffsetValue = tuple[int, int, "str | None"]
 """(committed offset, leader epoch, metadata)."""
@@ -73,67 +93,55 @@ Operation = CommitOffsets | DeleteGroup | DeleteOffsets
 
 
 class OffsetStore:
-    """The SQLite file of committed offsets.
+    """The committed offsets in ``target``: a SQLite file, or a PostgreSQL URL.
 
     Raises:
-        sqlite3.Error: the file cannot be opened or is not a database.
+        sqlite3.Error, psycopg.Error: the database cannot be opened or reached, or is not a database.
+        pipeline.metadata.database.SchemaVersionError: its schema is newer than this code.
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        created = not self.path.exists()
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        if created:
-            # The new file's directory entry must be durable too.
-            fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+    def __init__(self, target: Target) -> None:
+        self._db = open_database(target)
+        self._db.migrate(COMPONENT, MIGRATIONS)
+        self.path: Target = target if self._db.dialect == "sqlite" else self._db.name
+        """The SQLite file, or the URL without its password (for logs)."""
 
     def load(self) -> dict[str, tuple[str | None, dict[tuple[str, int], OffsetValue]]]:
         """Every stored group: group id -> (protocol type, {(topic, partition): (offset, epoch, metadata)})."""
         groups: dict[str, tuple[str | None, dict[tuple[str, int], OffsetValue]]] = {}
-        for group_id, protocol_type in self._db.execute("SELECT group_id, protocol_type FROM groups"):
-            groups[group_id] = (protocol_type, {})
-        for group_id, topic, partition, offset, epoch, metadata in self._db.execute(
-                "SELECT group_id, topic, partition, committed_offset, leader_epoch, metadata FROM offsets"):
-            groups.setdefault(group_id, (None, {}))[1][(topic, partition)] = (offset, epoch, metadata)
+        with self._db.transaction(write=False) as cur:
+            for group_id, protocol_type in cur.execute("SELECT group_id, protocol_type FROM groups"):
+                groups[group_id] = (protocol_type, {})
+            for group_id, topic, partition, offset, epoch, metadata in cur.execute(
+                    "SELECT group_id, topic, partition, committed_offset, leader_epoch, metadata FROM offsets"):
+                groups.setdefault(group_id, (None, {}))[1][(topic, partition)] = (offset, epoch, metadata)
         return groups
 
     def write(self, operations: list[Operation]) -> None:
         """Apply ``operations`` in order in one transaction; durable (fsynced) when it returns.
 
         Raises:
-            sqlite3.Error: nothing of it was stored (the transaction is rolled back).
+            sqlite3.Error, psycopg.Error: nothing of it was stored (the transaction is rolled back).
         """
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._db.transaction() as cur:
             for op in operations:
                 if isinstance(op, CommitOffsets):
-                    db.execute("INSERT INTO groups (group_id, protocol_type) VALUES (?, ?) "
-                               "ON CONFLICT (group_id) DO UPDATE SET protocol_type = "
-                               "COALESCE(excluded.protocol_type, groups.protocol_type)",
-                               (op.group_id, op.protocol_type))
-                    db.executemany(
-                        "INSERT OR REPLACE INTO offsets VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    cur.execute("INSERT INTO groups (group_id, protocol_type) VALUES (?, ?) "
+                                "ON CONFLICT (group_id) DO UPDATE SET protocol_type = "
+                                "COALESCE(excluded.protocol_type, groups.protocol_type)",
+                                (op.group_id, op.protocol_type))
+                    cur.executemany(
+                        "INSERT INTO offsets VALUES (?, ?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT (group_id, topic, partition) DO UPDATE SET "
+                        "committed_offset = excluded.committed_offset, leader_epoch = excluded.leader_epoch, "
+                        "metadata = excluded.metadata, commit_timestamp_ms = excluded.commit_timestamp_ms",
                         [(op.group_id, t, p, o, e, m, op.timestamp_ms) for (t, p), (o, e, m) in op.offsets.items()])
                 elif isinstance(op, DeleteGroup):
-                    db.execute("DELETE FROM offsets WHERE group_id = ?", (op.group_id,))
-                    db.execute("DELETE FROM groups WHERE group_id = ?", (op.group_id,))
+                    cur.execute("DELETE FROM offsets WHERE group_id = ?", (op.group_id,))
+                    cur.execute("DELETE FROM groups WHERE group_id = ?", (op.group_id,))
                 else:
-                    db.executemany("DELETE FROM offsets WHERE group_id = ? AND topic = ? AND partition = ?",
-                                   [(op.group_id, t, p) for t, p in op.partitions])
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
+                    cur.executemany("DELETE FROM offsets WHERE group_id = ? AND topic = ? AND partition = ?",
+                                    [(op.group_id, t, p) for t, p in op.partitions])
 
     def close(self) -> None:
         self._db.close()

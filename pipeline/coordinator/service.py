@@ -54,6 +54,7 @@ from pipeline.coordinator.offset_store import (
     Operation,
     OffsetStore,
 )
+from pipeline.metadata.database import Target, is_postgres_url, store_target
 from pipeline.protocol import apis
 from pipeline.protocol.apis import (
     DELETE_GROUPS,
@@ -124,15 +125,15 @@ class GroupCoordinatorService:
     Args:
         apis_: the server's KafkaApis (its ``broker``, ``catalog`` and ``request_metrics`` are used).
         config: see GroupConfig.
-        store_path: the SQLite file (``DATA_DIR/_pipeline/groups.db``).
+        store_path: the SQLite file (``DATA_DIR/_pipeline/groups.db``) or a PostgreSQL URL.
         coordinator: the state machine (tests pass one with predictable member ids).
     """
 
-    def __init__(self, apis_: Any, config: GroupConfig, store_path: Path,
+    def __init__(self, apis_: Any, config: GroupConfig, store_path: Target,
                  coordinator: GroupCoordinator | None = None) -> None:
         self.apis = apis_
         self.state = coordinator or GroupCoordinator(config)
-        self.store_path = Path(store_path)
+        self.store_path = store_path if is_postgres_url(store_path) else Path(store_path)
         self._store: OffsetStore | None = None
         self._wakeup = trio.Event()
         self._writes_send, self._writes_receive = trio.open_memory_channel[_Write](WRITE_QUEUE_SIZE)
@@ -150,8 +151,11 @@ class GroupCoordinatorService:
         """FindCoordinator for transactional ids answers this broker (the transaction coordinator is on)."""
 
     @classmethod
-    def for_data_dir(cls, apis_: Any, config: GroupConfig, data_dir: Path) -> "GroupCoordinatorService":
-        return cls(apis_, config, Path(data_dir) / "_pipeline" / STORE_FILE)
+    def for_data_dir(cls, apis_: Any, config: GroupConfig, data_dir: Path,
+                     metadata_url: str | None = None) -> "GroupCoordinatorService":
+        """The service of a server: offsets in ``DATA_DIR/_pipeline/groups.db``, or in the PostgreSQL
+        database of ``metadata_url``."""
+        return cls(apis_, config, store_target(metadata_url, data_dir, STORE_FILE))
 
     def register(self) -> None:
         """Serve the group apis on ``self.apis`` (KafkaApis.register)."""
@@ -230,7 +234,7 @@ class GroupCoordinatorService:
                     self.writes += 1
                 except Exception:
                     log.exception("group coordinator: writing %d offset operations to %s failed",
-                                  len(operations), self.store_path)
+                                  len(operations), store.path)
                     ok = False
                 for w in batch:
                     w.on_done(ok)

@@ -23,7 +23,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -91,6 +91,9 @@ class KafkaApis:
             it from the wall clock (ms) so ids are not reused across restarts.
             In a cluster of N brokers the k-th id is ``k * N + index`` from k =
             ``first_producer_id`` (``pipeline.cluster.Cluster.producer_id``).
+        producer_ids: where ids come from instead (``first_producer_id`` is then unused):
+            with a shared metadata database, blocks claimed from it
+            (``pipeline.metadata.producer_ids.ProducerIdManager``), unique across hosts.
         yield_before_sequencing: let other handlers run between parsing and
             sequencing a produce, as a preempted pool thread would (set for
             the shared-queue modes).
@@ -110,6 +113,7 @@ class KafkaApis:
         yield_before_sequencing: bool = False,
         request_metrics: RequestMetrics | None = None,
         authorizer: Authorizer | None = None,
+        producer_ids: Iterator[int] | None = None,
     ) -> None:
         self.broker = broker
         self.catalog = catalog
@@ -118,8 +122,10 @@ class KafkaApis:
         self.yield_before_sequencing = yield_before_sequencing
         # In a cluster the ids are interleaved (k * N + this broker's index) so brokers never collide.
         cluster = broker.cluster
-        self._producer_ids = (itertools.count(first_producer_id) if cluster is None or cluster.size == 1
-                              else map(cluster.producer_id, itertools.count(first_producer_id)))
+        self._producer_ids: Iterator[int] = (
+            producer_ids if producer_ids is not None
+            else itertools.count(first_producer_id) if cluster is None or cluster.size == 1
+            else map(cluster.producer_id, itertools.count(first_producer_id)))
         self._deadlines: list[tuple[float, int, PendingProduce]] = []
         self._deadline_seq = itertools.count()
         # Compressed records are inflated (up to MAX_UNCOMPRESSED_BATCH_BYTES)

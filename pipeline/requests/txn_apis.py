@@ -35,6 +35,7 @@ from pipeline.log.control import ABORT, COMMIT, build_marker
 from pipeline.network.request_channel import Request
 from pipeline.network.request_metrics import add_error
 from pipeline.persist.persister import Commit, StorageFailedError
+from pipeline.metadata.database import Target, is_postgres_url, store_target
 from pipeline.protocol import apis
 from pipeline.security.acl import AclOperation, ResourceType
 
@@ -64,15 +65,15 @@ class TransactionApis:
     Args:
         kafka_apis: the server's KafkaApis (catalog, logs, persister, authorizer, producer ids).
         groups: the GroupCoordinatorService (committed transactions' offsets go there).
-        store_path: the SQLite file (``DATA_DIR/_pipeline/transactions.db``).
+        store_path: the SQLite file (``DATA_DIR/_pipeline/transactions.db``) or a PostgreSQL URL.
         max_timeout_ms: ``transaction.max.timeout.ms``.
     """
 
-    def __init__(self, kafka_apis: Any, groups: Any, store_path: Path,
+    def __init__(self, kafka_apis: Any, groups: Any, store_path: Target,
                  max_timeout_ms: int = tx.DEFAULT_MAX_TIMEOUT_MS) -> None:
         self.apis = kafka_apis
         self.groups = groups
-        self.store_path = Path(store_path)
+        self.store_path = store_path if is_postgres_url(store_path) else Path(store_path)
         self.state = TransactionCoordinator(max_timeout_ms)
         self.pending: dict[str, PendingOffsets] = {}
         self._store: TransactionStore | None = None
@@ -83,8 +84,11 @@ class TransactionApis:
         self.closing = False
 
     @classmethod
-    def for_data_dir(cls, kafka_apis: Any, groups: Any, data_dir: Path, max_timeout_ms: int) -> "TransactionApis":
-        return cls(kafka_apis, groups, Path(data_dir) / "_pipeline" / STORE_FILE, max_timeout_ms)
+    def for_data_dir(cls, kafka_apis: Any, groups: Any, data_dir: Path, max_timeout_ms: int,
+                     metadata_url: str | None = None) -> "TransactionApis":
+        """The apis of a server: state in ``DATA_DIR/_pipeline/transactions.db``, or in the PostgreSQL
+        database of ``metadata_url``."""
+        return cls(kafka_apis, groups, store_target(metadata_url, data_dir, STORE_FILE), max_timeout_ms)
 
     def register(self) -> None:
         """Serve the transaction apis on the KafkaApis, and tell the group coordinator about them."""

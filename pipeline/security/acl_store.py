@@ -1,20 +1,21 @@
-"""ACLs on disk: SQLite at ``DATA_DIR/_pipeline/acls.db``.
+"""ACLs on disk: SQLite at ``DATA_DIR/_pipeline/acls.db``, or PostgreSQL.
 
-Kafka keeps ACLs in ZooKeeper or the KRaft metadata log; a single broker
-keeps them in SQLite like its topics (``topics.db``) and group offsets
-(``groups.db``): WAL journal, ``synchronous=FULL``, so a CreateAcls or
-DeleteAcls answered is on disk. The methods block (file I/O): the admin
+Kafka keeps ACLs in ZooKeeper or the KRaft metadata log; a broker keeps them
+like its topics (``topics.db``) and group offsets (``groups.db``), in
+``pipeline.metadata.database``: SQLite with WAL journal and
+``synchronous=FULL`` by default, the ``acls`` table of the PostgreSQL database
+of ``pipeline.metadata.url`` if set; so a CreateAcls or DeleteAcls answered is
+on disk. The methods block (file I/O): the admin
 handlers call them through ``trio.to_thread.run_sync``; ``load`` runs once
 at start.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Iterable
-from pathlib import Path
 
+from pipeline.metadata.database import Database, Migration, Target, is_postgres_url, open_database, redact_url
 from pipeline.security.acl import AclBinding, binding
 
 __all__ = ("ACL_STORE_FILE", "AclStore")
@@ -22,7 +23,14 @@ __all__ = ("ACL_STORE_FILE", "AclStore")
 ACL_STORE_FILE = "acls.db"
 """The store's file name under ``DATA_DIR/_pipeline``."""
 
-_SCHEMA = """
+COMPONENT = "acls"
+"""The store's name in ``schema_version``."""
+
+_COLUMNS = "resource_type, resource_name, pattern_type, principal, host, operation, permission"
+
+MIGRATIONS = (
+    # Listed in insertion order: SQLite's rowid; PostgreSQL has none, so a sequence (seq).
+    Migration(1, sqlite="""
 CREATE TABLE IF NOT EXISTS acls (
     resource_type INTEGER NOT NULL,
     resource_name TEXT NOT NULL,
@@ -33,7 +41,20 @@ CREATE TABLE IF NOT EXISTS acls (
     permission INTEGER NOT NULL,
     PRIMARY KEY (resource_type, resource_name, pattern_type, principal, host, operation, permission)
 )
-"""
+""", postgresql="""
+CREATE TABLE IF NOT EXISTS acls (
+    seq BIGSERIAL NOT NULL,
+    resource_type INTEGER NOT NULL,
+    resource_name TEXT NOT NULL,
+    pattern_type INTEGER NOT NULL,
+    principal TEXT NOT NULL,
+    host TEXT NOT NULL,
+    operation INTEGER NOT NULL,
+    permission INTEGER NOT NULL,
+    PRIMARY KEY (resource_type, resource_name, pattern_type, principal, host, operation, permission)
+)
+"""),
+)
 
 
 def _row(acl: AclBinding) -> tuple[int, str, int, str, str, int, int]:
@@ -42,34 +63,43 @@ def _row(acl: AclBinding) -> tuple[int, str, int, str, str, int, int]:
 
 
 class AclStore:
-    """The ACL bindings in one SQLite file; safe to call from worker threads (one at a time, a lock)."""
+    """The ACL bindings in ``target`` (a SQLite file or a PostgreSQL URL), opened on first use;
+    safe to call from worker threads.
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    Raises (any method): sqlite3.Error, psycopg.Error when the database cannot be reached;
+    ``pipeline.metadata.database.SchemaVersionError`` when its schema is newer than this code.
+    """
+
+    def __init__(self, target: Target) -> None:
+        self._target = target
+        self.path = redact_url(str(target)) if is_postgres_url(target) else target
+        """The SQLite file, or the URL without its password (for logs)."""
         self._lock = threading.Lock()
-        self._db: sqlite3.Connection | None = None
+        self._db: Database | None = None
 
-    def _connection(self) -> sqlite3.Connection:
-        if self._db is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute(_SCHEMA)
-            self._db = db
-        return self._db
+    def _database(self) -> Database:
+        with self._lock:
+            if self._db is None:
+                db = open_database(self._target)
+                try:
+                    db.migrate(COMPONENT, MIGRATIONS)
+                except BaseException:
+                    db.close()
+                    raise
+                self._db = db
+            return self._db
 
     def load(self) -> list[AclBinding]:
         """Every stored binding, in insertion order."""
-        with self._lock:
-            rows = self._connection().execute(
-                "SELECT resource_type, resource_name, pattern_type, principal, host, operation, permission "
-                "FROM acls ORDER BY rowid").fetchall()
+        db = self._database()
+        order = "rowid" if db.dialect == "sqlite" else "seq"
+        with db.transaction(write=False) as cur:
+            rows = cur.execute(f"SELECT {_COLUMNS} FROM acls ORDER BY {order}").fetchall()
         return [binding(*row) for row in rows]
 
     def add(self, acls: Iterable[AclBinding]) -> None:
         """Store ``acls`` (existing ones are kept as they are) in one transaction."""
-        self._apply("INSERT OR IGNORE INTO acls VALUES (?, ?, ?, ?, ?, ?, ?)", acls)
+        self._apply(f"INSERT INTO acls ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", acls)
 
     def remove(self, acls: Iterable[AclBinding]) -> None:
         """Delete ``acls`` in one transaction."""
@@ -80,15 +110,8 @@ class AclStore:
         rows = [_row(acl) for acl in acls]
         if not rows:
             return
-        with self._lock:
-            db = self._connection()
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                db.executemany(statement, rows)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+        with self._database().transaction() as cur:
+            cur.executemany(statement, rows)
 
     def close(self) -> None:
         with self._lock:

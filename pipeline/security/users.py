@@ -1,17 +1,19 @@
-"""SCRAM credentials of SASL users, salted and hashed, in SQLite.
+"""SCRAM credentials of SASL users, salted and hashed, in SQLite or PostgreSQL.
 
 Kafka keeps, per user and SCRAM mechanism, a salt, an iteration count, the
 stored key and the server key (``ScramCredential``, RFC 5802 section 3) and
-never the password. So do we, in ``DATA_DIR/_pipeline/users.db``. A PLAIN
+never the password. So do we, in ``DATA_DIR/_pipeline/users.db`` (or the
+``scram_credentials`` table of the PostgreSQL database of ``pipeline.metadata.url``). A PLAIN
 login is checked against the same credential: the password is salted again
 with the stored salt and iterations and its stored key compared in constant
 time, so no clear password nor a second hash is ever kept.
 
 Written by ``pipeline users add|remove`` (another process, possibly while the
 server runs) and by AlterUserScramCredentials (KIP-554); read by the server on
-every authentication, so a user added while it runs can log in at once. Every
-call opens its own SQLite connection: cheap next to a PBKDF2 of 4096+
-iterations, and safe across processes (SQLite's file locking).
+every authentication, so a user added while it runs can log in at once: every
+call is a transaction of its own on the store's one connection
+(``pipeline.metadata.database``), which sees what other processes committed
+(SQLite's file locking, or PostgreSQL).
 
 The salting itself is scramp's (``ScramMechanism.make_auth_info``); only the
 KIP-554 path, where the client sends an already salted password, derives the
@@ -23,12 +25,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import sqlite3
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
 import scramp
+
+from pipeline.metadata.database import Migration, Target, is_postgres_url, open_database, store_target
 
 USERS_FILE = "users.db"
 """The store's file name under ``DATA_DIR/_pipeline``."""
@@ -44,17 +46,37 @@ MAX_ITERATIONS = 16384
 DEFAULT_ITERATIONS = 8192
 """Iterations of ``pipeline users add`` unless ``--iterations`` says otherwise."""
 
-_SCHEMA = """
+COMPONENT = "users"
+"""The store's name in ``schema_version``."""
+
+# "user" is quoted: a reserved word in PostgreSQL (SQLite takes the quotes too).
+MIGRATIONS = (
+    Migration(1, sqlite="""
 CREATE TABLE IF NOT EXISTS scram_credentials (
-    user TEXT NOT NULL,
+    "user" TEXT NOT NULL,
     mechanism TEXT NOT NULL,
     salt BLOB NOT NULL,
     stored_key BLOB NOT NULL,
     server_key BLOB NOT NULL,
     iterations INTEGER NOT NULL,
-    PRIMARY KEY (user, mechanism)
+    PRIMARY KEY ("user", mechanism)
 )
-"""
+""", postgresql="""
+CREATE TABLE IF NOT EXISTS scram_credentials (
+    "user" TEXT NOT NULL,
+    mechanism TEXT NOT NULL,
+    salt BYTEA NOT NULL,
+    stored_key BYTEA NOT NULL,
+    server_key BYTEA NOT NULL,
+    iterations INTEGER NOT NULL,
+    PRIMARY KEY ("user", mechanism)
+)
+"""),
+)
+
+_PUT = ('INSERT INTO scram_credentials VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT ("user", mechanism) DO UPDATE SET '
+        "salt = excluded.salt, stored_key = excluded.stored_key, server_key = excluded.server_key, "
+        "iterations = excluded.iterations")
 
 
 class CredentialError(ValueError):
@@ -128,27 +150,33 @@ def credential_from_salted_password(mechanism: str, salt: bytes, salted_password
 
 
 class UserStore:
-    """SCRAM credentials in the SQLite file ``path`` (created with its folder, mode 0600).
+    """SCRAM credentials in ``target``: a SQLite file (created with its folder, mode 0600), or a
+    PostgreSQL URL.
 
-    Raises ``sqlite3.Error`` when the file cannot be read or written.
+    Raises ``sqlite3.Error`` or ``psycopg.Error`` when the database cannot be read or written.
     """
 
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
-            # Only hashes inside, but still nobody else's business.
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        with closing(self._connect()) as db, db:
-            db.execute(_SCHEMA)
+    def __init__(self, target: Target) -> None:
+        if not is_postgres_url(target):
+            path = Path(target)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                # Only hashes inside, but still nobody else's business.
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        # SQLite's rollback journal, as before the shared seam: `pipeline users add` writes it from
+        # another process while a server reads it.
+        self._db = open_database(target, wal=False)
+        self._db.migrate(COMPONENT, MIGRATIONS)
+        self.path = target if self._db.dialect == "sqlite" else self._db.name
+        """The SQLite file, or the URL without its password (for logs)."""
 
     @classmethod
-    def for_data_dir(cls, data_dir: Path | str) -> "UserStore":
-        """The store of a server's data dir: ``DATA_DIR/_pipeline/users.db``."""
-        return cls(Path(data_dir) / "_pipeline" / USERS_FILE)
+    def for_data_dir(cls, data_dir: Path | str, metadata_url: str | None = None) -> "UserStore":
+        """The store of a server: ``DATA_DIR/_pipeline/users.db``, or the database of ``metadata_url``."""
+        return cls(store_target(metadata_url, data_dir, USERS_FILE))
 
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=10.0)
+    def close(self) -> None:
+        self._db.close()
 
     def put(self, user: str, credential: ScramCredential) -> None:
         """Add or replace ``user``'s credential for ``credential.mechanism``.
@@ -157,10 +185,9 @@ class UserStore:
             CredentialError: empty user name, unknown mechanism, iterations out of range.
         """
         _check(user, credential.mechanism, credential.iterations)
-        with closing(self._connect()) as db, db:
-            db.execute("INSERT OR REPLACE INTO scram_credentials VALUES (?, ?, ?, ?, ?, ?)",
-                       (user, credential.mechanism, credential.salt, credential.stored_key,
-                        credential.server_key, credential.iterations))
+        with self._db.transaction() as cur:
+            cur.execute(_PUT, (user, credential.mechanism, credential.salt, credential.stored_key,
+                               credential.server_key, credential.iterations))
 
     def add(self, user: str, password: str, mechanisms: tuple[str, ...] = tuple(SCRAM_MECHANISMS),
             iterations: int = DEFAULT_ITERATIONS) -> None:
@@ -172,33 +199,31 @@ class UserStore:
         credentials = [make_credential(m, password, iterations) for m in mechanisms]
         for credential in credentials:
             _check(user, credential.mechanism, credential.iterations)
-        with closing(self._connect()) as db, db:
-            db.executemany("INSERT OR REPLACE INTO scram_credentials VALUES (?, ?, ?, ?, ?, ?)",
-                           [(user, c.mechanism, c.salt, c.stored_key, c.server_key, c.iterations)
-                            for c in credentials])
+        with self._db.transaction() as cur:
+            cur.executemany(_PUT, [(user, c.mechanism, c.salt, c.stored_key, c.server_key, c.iterations)
+                                   for c in credentials])
 
     def remove(self, user: str, mechanism: str | None = None) -> int:
         """Delete ``user``'s credential for ``mechanism`` (all of them if None); how many were deleted."""
-        with closing(self._connect()) as db, db:
+        with self._db.transaction() as cur:
             if mechanism is None:
-                cursor = db.execute("DELETE FROM scram_credentials WHERE user = ?", (user,))
-            else:
-                cursor = db.execute("DELETE FROM scram_credentials WHERE user = ? AND mechanism = ?",
-                                    (user, mechanism))
-            return cursor.rowcount
+                return cur.execute('DELETE FROM scram_credentials WHERE "user" = ?', (user,)).rowcount
+            return cur.execute('DELETE FROM scram_credentials WHERE "user" = ? AND mechanism = ?',
+                               (user, mechanism)).rowcount
 
     def get(self, user: str, mechanism: str) -> ScramCredential | None:
         """``user``'s credential for ``mechanism``, None if there is none."""
-        with closing(self._connect()) as db:
-            row = db.execute("SELECT salt, stored_key, server_key, iterations FROM scram_credentials "
-                             "WHERE user = ? AND mechanism = ?", (user, mechanism)).fetchone()
-        return None if row is None else ScramCredential(mechanism, row[0], row[1], row[2], row[3])
+        with self._db.transaction(write=False) as cur:
+            row = cur.execute('SELECT salt, stored_key, server_key, iterations FROM scram_credentials '
+                              'WHERE "user" = ? AND mechanism = ?', (user, mechanism)).fetchone()
+        return None if row is None else ScramCredential(mechanism, bytes(row[0]), bytes(row[1]), bytes(row[2]),
+                                                         row[3])
 
     def users(self) -> dict[str, dict[str, int]]:
         """Every user -> {mechanism: iterations}, users sorted by name. No secret leaves the store."""
-        with closing(self._connect()) as db:
-            rows = db.execute("SELECT user, mechanism, iterations FROM scram_credentials "
-                              "ORDER BY user, mechanism").fetchall()
+        with self._db.transaction(write=False) as cur:
+            rows = cur.execute('SELECT "user", mechanism, iterations FROM scram_credentials '
+                               'ORDER BY "user", mechanism').fetchall()
         result: dict[str, dict[str, int]] = {}
         for user, mechanism, iterations in rows:
             result.setdefault(user, {})[mechanism] = iterations

@@ -1,10 +1,12 @@
-"""TopicStore (SQLite) and the TopicCatalog backed by it: a restart is reopening the file."""
+"""TopicStore and the TopicCatalog backed by it, on SQLite and on PostgreSQL (``metadata_target``):
+a restart is reopening the store."""
 
 from __future__ import annotations
 
 import sqlite3
 import uuid
 
+import psycopg
 import pytest
 import trio
 
@@ -13,8 +15,8 @@ from pipeline.protocol.apis import topic_id_for
 from pipeline.requests.catalog import NoSuchTopicError, TopicCatalog
 
 
-def test_store_survives_reopen_with_partitions_configs_and_ids(tmp_path):
-    path = tmp_path / "topics.db"
+def test_store_survives_reopen_with_partitions_configs_and_ids(metadata_target):
+    path = metadata_target("topics.db")
     store = TopicStore(path)
     store.insert(StoredTopic("orders", 3, topic_id_for("orders"), 1700, {"retention.ms": "1000"}))
     store.insert(StoredTopic("clicks", 1, topic_id_for("clicks"), 1800))
@@ -33,21 +35,25 @@ def test_store_survives_reopen_with_partitions_configs_and_ids(tmp_path):
     assert dict(topics["clicks"].configs) == {"cleanup.policy": "delete", "retention.bytes": "10"}
     assert reopened.delete("orders") is True
     assert [t.name for t in reopened.load()] == ["clicks"]
+    if isinstance(path, str):  # PostgreSQL
+        with psycopg.connect(path) as db:
+            assert db.execute("SELECT count(*) FROM topic_configs WHERE topic = 'orders'").fetchone()[0] == 0
+        return
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert db.execute("SELECT count(*) FROM topic_configs WHERE topic = 'orders'").fetchone()[0] == 0  # cascade
 
 
-def test_set_on_a_missing_topic_raises(tmp_path):
-    store = TopicStore(tmp_path / "topics.db")
+def test_set_on_a_missing_topic_raises(metadata_target):
+    store = TopicStore(metadata_target("topics.db"))
     with pytest.raises(LookupError):
         store.set_partitions("x", 2)
     with pytest.raises(LookupError):
         store.set_configs("x", {})
 
 
-def test_legacy_checkpoint_topics_are_imported_once_so_deleted_topics_stay_deleted(tmp_path):
-    path = tmp_path / "topics.db"
+def test_legacy_checkpoint_topics_are_imported_once_so_deleted_topics_stay_deleted(metadata_target):
+    path = metadata_target("topics.db")
     catalog = TopicCatalog(2, True, {"old": 1, "older": 4}, store=TopicStore(path))
     assert catalog.all_topics() == {"old": 1, "older": 4}
 
@@ -60,8 +66,8 @@ def test_legacy_checkpoint_topics_are_imported_once_so_deleted_topics_stay_delet
     assert again.all_topics() == {"older": 4}
 
 
-def test_catalog_changes_persist_and_auto_created_topics_are_stored(tmp_path):
-    path = tmp_path / "topics.db"
+def test_catalog_changes_persist_and_auto_created_topics_are_stored(metadata_target):
+    path = metadata_target("topics.db")
     catalog = TopicCatalog(3, True, store=TopicStore(path), retention_defaults=(60_000, -1))
 
     async def main() -> None:
@@ -84,8 +90,8 @@ def test_catalog_changes_persist_and_auto_created_topics_are_stored(tmp_path):
     assert reopened.name_for_id(uuid.uuid4()) is None
 
 
-def test_delete_hides_the_topic_at_once_and_a_failed_hook_brings_it_back(tmp_path):
-    catalog = TopicCatalog(1, True, store=TopicStore(tmp_path / "topics.db"))
+def test_delete_hides_the_topic_at_once_and_a_failed_hook_brings_it_back(metadata_target):
+    catalog = TopicCatalog(1, True, store=TopicStore(metadata_target("topics.db")))
     seen: list[tuple[int | None, tuple[int, int]]] = []
 
     async def main() -> None:
@@ -108,4 +114,4 @@ def test_delete_hides_the_topic_at_once_and_a_failed_hook_brings_it_back(tmp_pat
     assert seen == [(None, (5, 0))]
     assert catalog.partitions("t") is None
     assert catalog.partitions("u") == 1
-    assert TopicCatalog(1, False, store=TopicStore(tmp_path / "topics.db")).all_topics() == {"u": 1}
+    assert TopicCatalog(1, False, store=TopicStore(metadata_target("topics.db"))).all_topics() == {"u": 1}

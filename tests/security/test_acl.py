@@ -160,8 +160,8 @@ def test_remove_removes_exactly_what_describe_lists(acls, rtype, name):
     assert a.acls == [x for x in before if x not in listed]
 
 
-def test_store_survives_reopen(tmp_path):
-    path = tmp_path / "_pipeline" / "acls.db"
+def test_store_survives_reopen(metadata_target):
+    path = metadata_target("acls.db")
     store = AclStore(path)
     kept, gone = acl(name="orders", pattern=PRE), acl(perm=DENY, host="10.0.0.9")
     store.add([kept, gone, kept])
@@ -169,6 +169,9 @@ def test_store_survives_reopen(tmp_path):
     store.close()
     reopened = AclStore(path)
     assert reopened.load() == [kept]
+    if isinstance(path, str):  # PostgreSQL: no journal mode to check
+        reopened.close()
+        return
     import sqlite3
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -33,10 +33,12 @@ def test_add_stores_salted_hashes_not_the_password(tmp_path):
     assert store.get("alice", "SCRAM-SHA-256").stored_key != store.get("bob", "SCRAM-SHA-256").stored_key
 
 
-def test_survives_reopen_and_remove(tmp_path):
-    UserStore.for_data_dir(tmp_path).add("alice", "pw-alice", ("SCRAM-SHA-256",), iterations=4096)
-    store = UserStore.for_data_dir(tmp_path)
-    assert (tmp_path / "_pipeline" / "users.db").exists()
+def test_survives_reopen_and_remove(tmp_path, metadata_target):
+    url = metadata_target("users.db")
+    url = url if isinstance(url, str) else None  # on SQLite: the data dir's file
+    UserStore.for_data_dir(tmp_path, url).add("alice", "pw-alice", ("SCRAM-SHA-256",), iterations=4096)
+    store = UserStore.for_data_dir(tmp_path, url)
+    assert (tmp_path / "_pipeline" / "users.db").exists() is (url is None)
     assert store.users() == {"alice": {"SCRAM-SHA-256": 4096}}
     assert store.verify_plain("alice", "pw-alice")
     assert store.remove("alice", "SCRAM-SHA-512") == 0
@@ -44,8 +46,8 @@ def test_survives_reopen_and_remove(tmp_path):
     assert store.users() == {} and not store.verify_plain("alice", "pw-alice")
 
 
-def test_verify_plain(tmp_path):
-    store = UserStore(tmp_path / "u.db")
+def test_verify_plain(metadata_target):
+    store = UserStore(metadata_target("u.db"))
     store.add("alice", "pw-alice")
     assert store.verify_plain("alice", "pw-alice")
     assert not store.verify_plain("alice", "pw-alicE")
