@@ -41,6 +41,7 @@ Explicit options override the preset's value.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 from typing import Any
 from dataclasses import dataclass, field
@@ -59,6 +60,10 @@ PRESETS: dict[str, dict] = {
                  in_flight=[1, 5], acks=[-1, 0], duration=8.0, requests=250_000, brokers=[1, 2, 4],
                  brokers_records=200_000, headline_requests=400, headline_repeats=5),
 }
+QUICK_BROKERS_MIN_CORES = 4
+"""``--quick`` runs brokers N = 2 only on a machine with at least this many cores: below it the
+N = 2 target cannot be judged (``report.TARGET_BROKERS_MIN_CORES``), and its minute of
+Spark Connect start-up and load pays for the headline comparison's requests instead."""
 HEADLINE_SHAPE = (1, 5, -1)
 """(C, K, acks) of the headline comparison (multiqueue against baseline at one connection):
 sized by completed requests (``headline_requests`` per model over ``headline_repeats``
@@ -137,7 +142,7 @@ class BrokersBenchOptions:
 
 SUSTAINED_RECORDS = 600_000
 """``--sustained``: records in all (2 x 300,000 x 1 KiB = 614 MB, over twice the default buffer.memory)."""
-SUSTAINED_SMOKE_RECORDS = 20_000
+SUSTAINED_SMOKE_RECORDS = 10_000
 DEFAULT_BUFFER_MEMORY = 256 * 2**20
 """The server's default ``buffer.memory`` (``pipeline.config.ServerConfig``), bytes."""
 
@@ -157,6 +162,9 @@ class SustainedBenchOptions:
         buffer_memory: the server's ``buffer.memory`` (to say whether the run exceeded it).
         timeout_s: bound on each producer's load, and on the naive loop.
         server_args: extra ``pipeline serve`` arguments.
+        naive_with_server: start the naive loop's JVM beside the server's (``--smoke``: shorter;
+            the server's time to ready then includes two JVM start-ups at once) rather than
+            once the server is ready.
     """
 
     out: Path = Path("bench-results/sustained")
@@ -168,6 +176,7 @@ class SustainedBenchOptions:
     buffer_memory: int = DEFAULT_BUFFER_MEMORY
     timeout_s: float = 900.0
     server_args: list[str] = field(default_factory=list)
+    naive_with_server: bool = False
 
     def check(self) -> "SustainedBenchOptions":
         """Raises ValueError naming the option out of range."""
@@ -179,7 +188,8 @@ class SustainedBenchOptions:
 
 
 def resolve_sustained(args: argparse.Namespace) -> SustainedBenchOptions:
-    """The ``--sustained`` plan from the parsed options (``--smoke``: 20,000 records).
+    """The ``--sustained`` plan from the parsed options (``--smoke``: 10,000 records, the naive loop's
+    JVM started beside the server's).
 
     Raises:
         ValueError: an option out of range (the message names it).
@@ -196,7 +206,7 @@ def resolve_sustained(args: argparse.Namespace) -> SustainedBenchOptions:
         out=args.out if args.out != Path("bench-results") else Path("bench-results") / "sustained",
         records=records, record_bytes=args.record_bytes or d.record_bytes,
         producers=getattr(args, "producers", None) or d.producers, partitions=args.partitions or d.partitions,
-        buffer_memory=buffer_memory, server_args=list(args.server_arg)).check()
+        buffer_memory=buffer_memory, server_args=list(args.server_arg), naive_with_server=args.preset == "smoke").check()
 
 
 @dataclass(slots=True)
@@ -379,7 +389,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                                 "million records of every process, time to listening and to ready, and a naive Spark "
                                 "loop (createDataFrame(arrow).write.parquet, 100,000 records a write, local[*], its "
                                 "own JVM) on the same records as the ratio's denominator "
-                                "(pipeline.bench.sustained_bench; --smoke: 20,000 records)")
+                                "(pipeline.bench.sustained_bench; --smoke: 10,000 records)")
     sustained.add_argument("--sustained-records", type=int, default=None,
                            help=f"--sustained: records, all producers (default {SUSTAINED_RECORDS}; --smoke "
                                 f"{SUSTAINED_SMOKE_RECORDS}); with --record-bytes 100 the default measures CPU per "
@@ -414,6 +424,9 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         value = getattr(args, name, None)
         return base[name] if value is None else value
 
+    brokers = [] if getattr(args, "no_brokers", False) else pick("brokers")
+    if preset == "quick" and getattr(args, "brokers", None) is None and (os.cpu_count() or 1) < QUICK_BROKERS_MIN_CORES:
+        brokers = [n for n in brokers if n == 1]
     swept = any(getattr(args, n) is not None for n in ("connections", "in_flight", "acks"))
     shapes = list(QUICK_SHAPES) if preset == "quick" and not swept else None
     opts = BenchOptions(
@@ -423,7 +436,7 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         partitions=args.partitions or 4, requests=pick("requests"), duration=pick("duration"),
         client=args.client, io_threads=args.io_threads, linger_ms=args.linger_ms, ack_on=args.ack_on or "spark",
         ceiling=args.ceiling, server_args=list(args.server_arg),
-        brokers=[] if getattr(args, "no_brokers", False) else pick("brokers"),
+        brokers=brokers,
         producers=getattr(args, "producers", None) or 4, brokers_records=pick("brokers_records"),
         brokers_client=getattr(args, "brokers_client", "confluent"),
         headline_requests=pick("headline_requests"), headline_repeats=pick("headline_repeats"),

@@ -249,7 +249,11 @@ def brokers_targets(results: dict) -> list[dict]:
     scale = {"target": f"--brokers 2 >= {TARGET_BROKERS_RATIO:g}x one broker's throughput "
                        f"(machine with >= {TARGET_BROKERS_MIN_CORES} cores)"}
     cores = (results.get("machine") or {}).get("cpus")
-    if 1 not in rows or 2 not in rows:
+    ran = {r["brokers"] for r in results.get("brokers") or []}
+    if 2 not in ran and cores is not None and cores < TARGET_BROKERS_MIN_CORES:
+        scale |= {"status": f"not measurable here ({cores} cores)",
+                  "detail": "N=2 not run (--quick runs it on machines with enough cores; --brokers 1,2 asks for it)"}
+    elif 1 not in rows or 2 not in rows:
         scale |= {"status": "not measured", "detail": "N=1 and N=2 did not both run clean"}
     else:
         ratio = rows[2]["records_per_s"] / rows[1]["records_per_s"]

@@ -2,7 +2,7 @@
 
     pipeline bench --sustained                      # 2 x 300,000 records of 1 KiB: 614 MB > 256 MiB
     pipeline bench --sustained --record-bytes 100   # CPU per record at 100 B (61 MB: fits the buffer)
-    pipeline bench --sustained --smoke              # CI size: 2 x 10,000 records
+    pipeline bench --sustained --smoke              # CI size: 2 x 5,000 records
 
 One ``pipeline serve`` at its defaults (``--ack-on wal``, ``buffer.memory``
 256 MiB, one free Spark Connect port) but ``--metrics-port 0`` (the bench reads
@@ -18,6 +18,8 @@ together by a barrier once every producer exists. The order:
 2. The naive loop's process starts (``pipeline.bench.naive_spark``: a JVM of
    its own) and warms up while the server takes a warm-up of
    ``WARMUP_RECORDS`` records and drains it to the table (neither measured).
+   With ``--smoke`` it starts beside the server instead (two JVM start-ups
+   at once: a shorter run, and a time to ready that includes that contention).
 3. The measured load. Acknowledged MB/s: value + key bytes (10^6) from the
    first ``produce()`` to the last acknowledgement. Lag: from the last
    acknowledgement until the server's persister holds nothing
@@ -275,7 +277,7 @@ def verify_table(producers: list[dict], rows: list[tuple[int, int, tuple[int, in
              ("missing", "duplicated", "unexpected", "misplaced", "out_of_order", "gaps")}
     return {"rows": report.rows, "expected": report.expected, "violations": report.violations,
             "lost": report.missing.count + unacked, "unacknowledged": unacked,
-            "duplicated": report.duplicated.count, **table}
+            "duplicated": report.duplicated.count, "findings": table}
 
 
 def _lag_quantiles(metrics_port: int) -> dict[str, float | None]:
@@ -340,7 +342,8 @@ def summary_md(result: dict) -> str:
              f"{o['records']:,} records of {o['record_bytes']} B acknowledged ({f['bytes_acked'] / 1e6:.0f} MB; "
              f"buffer.memory {o['buffer_memory'] / 2**20:.0f} MiB "
              f"{'exceeded' if f['exceeds_buffer_memory'] else 'not exceeded'}), {o['partitions']} partitions, "
-             "server at defaults (`--ack-on wal`).", "",
+             "server at defaults (`--ack-on wal`)"
+             + (f" plus `{' '.join(o['server_args'])}`." if o["server_args"] else "."), "",
              "| figure | value |", "| --- | --- |",
              f"| time to `listening on` / to table side ready | {fmt(result['server'].get('listening_s'))} s / "
              f"{fmt(result['server'].get('startup_s'))} s |",
@@ -389,11 +392,16 @@ def run(opts: SustainedBenchOptions, say: Callable[[str], None]) -> dict:
     queryable_at: float | None = None
     cpu: dict[str, float] = {}
     try:
-        server.start()
-        result["server"] |= {"listening_s": server.listening_s, "startup_s": server.startup_s}
+        server.launch()
+        if opts.naive_with_server:
+            naive.launch()
+        server.wait_ready()
+        result["server"] |= {"listening_s": server.listening_s, "startup_s": server.startup_s,
+                             "naive_jvm_starting_beside": opts.naive_with_server}
         say(f"listening after {server.listening_s:.1f} s, table side ready after {server.startup_s:.1f} s; "
-            "starting the naive Spark loop's JVM and warming the server up")
-        naive.launch()
+            "warming the server up" + ("" if opts.naive_with_server else ", starting the naive Spark loop's JVM"))
+        if not opts.naive_with_server:
+            naive.launch()
         bootstrap = f"127.0.0.1:{server.port}"
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for fut in admin.create_topics([NewTopic(TOPIC, opts.partitions, 1)]).values():
@@ -492,7 +500,7 @@ def main(opts: SustainedBenchOptions, argv: list[str] | None = None) -> int:
     (opts.out / "results.json").write_text(json.dumps(result, indent=1, default=str))
     summary = summary_md(result)
     (opts.out / "summary.md").write_text(summary)
-    console.print(summary, markup=False, highlight=False)
+    print(summary, flush=True)  # plain: rich would wrap the reproducing command
     console.print(f"results: {opts.out / 'results.json'}")
     for reason in result["failures"]:
         console.print(f"[red]FAILED[/]: {reason}")
