@@ -9,8 +9,10 @@ of every run. Presets:
   proves the command end to end in ~1.5 minutes, most of it Spark start-ups.
 * ``--quick`` (default): the shapes the targets are stated for (C=1 and C=64
   with K=5 and acks=-1; C=64, K=5, acks=0) against baseline, multiqueue with 4
-  queues and the ablation, 2.5 s per run: about 2 minutes on the 2-core
-  machine it was tuned on, half of it the servers' Spark start-ups.
+  queues and the ablation, 2.5 s per run, except the headline C=1, K=5,
+  acks=-1 comparison of baseline and multiqueue: 200 completed requests per
+  model in 4 repeats of 50, interleaved between the models (``HEADLINE_SHAPE``;
+  each of baseline's requests there waits a whole Spark flush).
 * ``--hostile`` (not a preset of the sweep; see ``pipeline.bench.hostile_runner``):
   good producers at ``--rate`` alone, then beside every hostile client, each
   phase ``--duration`` seconds (default 270, ~10 minutes in all).
@@ -24,7 +26,8 @@ of every run. Presets:
   1, 8, 64, in-flight 1 and 5, acks -1 and 0, 8 s per run (~15-20 minutes).
 
 ``--quick`` and ``--full`` end with the brokers phase (``pipeline.bench.brokers_bench``):
-for each N of ``--brokers`` (quick 1,2 with 100,000 records per N; full 1,2,4
+for each N of ``--brokers`` (quick 1,2 with 100,000 records per N, N=2 only on a
+machine of ``QUICK_BROKERS_MIN_CORES`` cores or more; full 1,2,4
 with 200,000), ``pipeline serve --brokers N --ack-on wal`` and librdkafka
 producers at default settings writing 1 KiB records: records/s, MB/s,
 p50/p99/p99.9, CPU s per million records and peak RSS of the brokers, into the
