@@ -65,7 +65,9 @@ def headline_summary(results: dict) -> dict | None:
     by completed requests, ``runner._headline``) pooled per model; None if it was not run.
 
     Returns ``{"shape", "requests_asked", "models": {name: {"requests", "elapsed_s",
-    "requests_per_s", "per_repeat_requests_per_s", "violations", "ok"}}, "ratios": {multiqueue
+    "requests_per_s", "per_repeat_requests_per_s", "flushes", "requests_per_flush" (Spark
+    flushes from the server's ``pipeline_flush_time_ms_count``; None without /metrics),
+    "violations", "ok"}}, "ratios": {multiqueue
     name: {"ratio", "per_repeat", "min", "median", "max"}}}``: a model's requests/s is its
     completed requests over its runs' summed elapsed time; ``ratio`` is multiqueue's over
     baseline's, ``per_repeat`` the same for each repeat r (the runs of r follow each other on
@@ -83,9 +85,12 @@ def headline_summary(results: dict) -> dict | None:
         per = [(r.get("figures") or {}).get("requests_per_s") for r in rs]
         done = sum((r.get("figures") or {}).get("requests") or 0 for r in rs)
         elapsed = sum((r.get("figures") or {}).get("elapsed_s") or 0.0 for r in rs)
+        flush_counts = [((r.get("figures") or {}).get("server_counters") or {}).get("flushes") for r in rs]
+        flushes = None if None in flush_counts else sum(f or 0 for f in flush_counts)
         models[config["name"]] = {
             "mode": config["mode"], "requests": done, "elapsed_s": elapsed,
             "requests_per_s": done / elapsed if elapsed else None, "per_repeat_requests_per_s": per,
+            "flushes": flushes, "requests_per_flush": done / flushes if flushes else None,
             "violations": sum((r.get("verification") or {}).get("violations", 0) for r in rs),
             "ok": all(r["status"] == "OK" for r in rs)}
     if not models:
@@ -116,8 +121,11 @@ def _headline_target(results: dict, headline: dict, want: float) -> dict:
         spread = ("" if r["median"] is None else
                   f"; per repeat min/median/max {r['min']:.2f}/{r['median']:.2f}/{r['max']:.2f}x "
                   f"over {len(r['per_repeat'])} repeats")
+        per_flush = ("" if not m.get("requests_per_flush") or not base or not base.get("requests_per_flush") else
+                     f"; {m['requests_per_flush']:.1f} vs {base['requests_per_flush']:.1f} requests per Spark flush")
         parts.append(f"{name}: {r['ratio']:.2f}x ({m['requests_per_s']:.1f} vs {base['requests_per_s']:.1f} req/s "
-                     f"on {m['requests']} and {base['requests']} completed requests{spread})" if base else name)
+                     f"on {m['requests']} and {base['requests']} completed requests{spread}{per_flush})"
+                     if base else name)
     asked = headline.get("requests_asked")
     short = [n for n, m in headline["models"].items() if asked and m["requests"] < asked]
     if short:
@@ -554,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out = Path(argv[0] if argv else "bench-results")
     results = json.loads((out / "results.json").read_text())
+    results["headline"] = headline_summary(results)
     results["targets"] = evaluate_targets(results)
     write_plots(results, out)
     (out / "summary.md").write_text(markdown(results))

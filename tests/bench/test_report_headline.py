@@ -8,10 +8,11 @@ import pytest
 from pipeline.bench import report
 
 
-def _run(repeat: int, requests: int, elapsed_s: float, violations: int = 0) -> dict:
+def _run(repeat: int, requests: int, elapsed_s: float, per_flush: int = 1) -> dict:
     return {"shape": {"connections": 1, "in_flight": 5, "acks": -1, "repeat": repeat}, "status": "OK",
-            "figures": {"requests": requests, "elapsed_s": elapsed_s, "requests_per_s": requests / elapsed_s},
-            "verification": {"violations": violations}}
+            "figures": {"requests": requests, "elapsed_s": elapsed_s, "requests_per_s": requests / elapsed_s,
+                        "server_counters": {"flushes": requests // per_flush}},
+            "verification": {"violations": 0}}
 
 
 def _results(base: list[tuple[int, float]], mq: list[tuple[int, float]], asked: int = 200) -> dict:
@@ -19,7 +20,7 @@ def _results(base: list[tuple[int, float]], mq: list[tuple[int, float]], asked: 
            "figures": {"requests": 100, "elapsed_s": 1.0, "requests_per_s": 100.0}, "verification": {"violations": 0}}
     return {"options": {"headline_requests": asked}, "ceiling": {}, "machine": {"cpus": 2}, "configurations": [
         {"name": "baseline", "mode": "baseline", "runs": [_run(i, n, t) for i, (n, t) in enumerate(base)] + [c64]},
-        {"name": "multiqueue-q4", "mode": "multiqueue", "runs": [_run(i, n, t) for i, (n, t) in enumerate(mq)]}]}
+        {"name": "multiqueue-q4", "mode": "multiqueue", "runs": [_run(i, n, t, 5) for i, (n, t) in enumerate(mq)]}]}
 
 
 def test_pooled_ratio_and_spread_over_repeats():
@@ -37,6 +38,8 @@ def test_pooled_ratio_and_spread_over_repeats():
     assert target["status"] == "not met"  # 3.85x < 4x
     assert "3.85x" in target["detail"] and "200 and 200 completed requests" in target["detail"]
     assert "min/median/max 2.50/4.50/5.00x over 4 repeats" in target["detail"]
+    assert h["models"]["multiqueue-q4"]["requests_per_flush"] == 5.0 and h["models"]["baseline"]["flushes"] == 200
+    assert "5.0 vs 1.0 requests per Spark flush" in target["detail"]
     assert [row[0] for row in report.table_rows(results)][:2] == ["baseline #1", "baseline #2"]
 
 
