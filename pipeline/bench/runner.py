@@ -11,7 +11,10 @@ topic, SIGTERM (ordered shutdown: everything accepted is flushed; it overlaps
 the next configuration's warm-up and is waited for before anything is
 measured). Finally each configuration's table is read with Spark and every
 run verified. The echo framing ceiling (``pipeline.bench.echo``) is measured
-first with the same shapes.
+first with the same shapes. When the plan sizes the headline comparison by
+requests (``BenchOptions.headline``), its C=1, K=5, acks=-1 runs come right
+after the ceiling, on every baseline and multiqueue server at once (warmed up
+there), repeat by repeat across the models (``_headline``).
 
 While a load runs, a sampler thread reads the server's process tree with
 psutil (CPU time of the Python process *and* its Spark JVM and helper
