@@ -58,6 +58,15 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"pipeline bench: {exc}") from None
         return consume_main(consume_opts, _bench_argv())
+    if getattr(args, "sustained", False):
+        from pipeline.bench.options import resolve_sustained
+        from pipeline.bench.sustained_bench import main as sustained_main
+
+        try:
+            sustained_opts = resolve_sustained(args)
+        except ValueError as exc:
+            raise SystemExit(f"pipeline bench: {exc}") from None
+        return sustained_main(sustained_opts, _bench_argv())
     if getattr(args, "security", False):
         from pipeline.bench.security_bench import main as security_main, resolve_security
 

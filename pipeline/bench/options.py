@@ -9,8 +9,10 @@ of every run. Presets:
   proves the command end to end in ~1.5 minutes, most of it Spark start-ups.
 * ``--quick`` (default): the shapes the targets are stated for (C=1 and C=64
   with K=5 and acks=-1; C=64, K=5, acks=0) against baseline, multiqueue with 4
-  queues and the ablation, 2.5 s per run: about 2 minutes on the 2-core
-  machine it was tuned on, half of it the servers' Spark start-ups.
+  queues and the ablation, 2.5 s per run, except the headline C=1, K=5,
+  acks=-1 comparison of baseline and multiqueue: 200 completed requests per
+  model in 4 repeats of 50, interleaved between the models (``HEADLINE_SHAPE``;
+  each of baseline's requests there waits a whole Spark flush).
 * ``--hostile`` (not a preset of the sweep; see ``pipeline.bench.hostile_runner``):
   good producers at ``--rate`` alone, then beside every hostile client, each
   phase ``--duration`` seconds (default 270, ~10 minutes in all).
@@ -24,7 +26,8 @@ of every run. Presets:
   1, 8, 64, in-flight 1 and 5, acks -1 and 0, 8 s per run (~15-20 minutes).
 
 ``--quick`` and ``--full`` end with the brokers phase (``pipeline.bench.brokers_bench``):
-for each N of ``--brokers`` (quick 1,2 with 100,000 records per N; full 1,2,4
+for each N of ``--brokers`` (quick 1,2 with 100,000 records per N, N=2 only on a
+machine of ``QUICK_BROKERS_MIN_CORES`` cores or more; full 1,2,4
 with 200,000), ``pipeline serve --brokers N --ack-on wal`` and librdkafka
 producers at default settings writing 1 KiB records: records/s, MB/s,
 p50/p99/p99.9, CPU s per million records and peak RSS of the brokers, into the
@@ -41,6 +44,7 @@ Explicit options override the preset's value.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 from typing import Any
 from dataclasses import dataclass, field
@@ -50,13 +54,27 @@ CONFIG_NAMES = ("baseline", "multiqueue", "shared-unmuted")
 
 PRESETS: dict[str, dict] = {
     "smoke": dict(configs=["baseline", "multiqueue", "shared-unmuted"], queues=[2], connections=[4],
-                  in_flight=[5], acks=[-1], duration=1.5, requests=20_000, brokers=[], brokers_records=6000),
+                  in_flight=[5], acks=[-1], duration=1.5, requests=20_000, brokers=[], brokers_records=6000,
+                  headline_requests=0, headline_repeats=1),
     "quick": dict(configs=list(CONFIG_NAMES), queues=[4], connections=[1, 64], in_flight=[5],
-                  acks=[-1, 0], duration=2.5, requests=120_000, brokers=[1, 2], brokers_records=100_000),
+                  acks=[-1, 0], duration=2.5, requests=120_000, brokers=[1, 2], brokers_records=100_000,
+                  headline_requests=200, headline_repeats=4),
     "full": dict(configs=list(CONFIG_NAMES), queues=[1, 2, 4, 8], connections=[1, 8, 64],
                  in_flight=[1, 5], acks=[-1, 0], duration=8.0, requests=250_000, brokers=[1, 2, 4],
-                 brokers_records=200_000),
+                 brokers_records=200_000, headline_requests=400, headline_repeats=5),
 }
+QUICK_BROKERS_MIN_CORES = 4
+"""``--quick`` runs brokers N = 2 only on a machine with at least this many cores: below it the
+N = 2 target cannot be judged (``report.TARGET_BROKERS_MIN_CORES``), and its minute of
+Spark Connect start-up and load pays for the headline comparison's requests instead."""
+HEADLINE_SHAPE = (1, 5, -1)
+"""(C, K, acks) of the headline comparison (multiqueue against baseline at one connection):
+sized by completed requests (``headline_requests`` per model over ``headline_repeats``
+repeats) rather than by ``duration``, since each of baseline's requests waits a whole
+Spark flush (0.5-2 s) there."""
+HEADLINE_MAX_S = 120.0
+"""Bound on the sending time of one headline repeat (a slow machine completes fewer requests;
+the report says how many)."""
 QUICK_SHAPES = ((1, 5, -1), (64, 5, -1), (64, 5, 0))
 """(C, K, acks) that ``--quick`` runs: exactly the shapes the targets name."""
 
@@ -125,6 +143,75 @@ class BrokersBenchOptions:
 
 
 
+SUSTAINED_RECORDS = 600_000
+"""``--sustained``: records in all (2 x 300,000 x 1 KiB = 614 MB, over twice the default buffer.memory)."""
+SUSTAINED_SMOKE_RECORDS = 10_000
+DEFAULT_BUFFER_MEMORY = 256 * 2**20
+"""The server's default ``buffer.memory`` (``pipeline.config.ServerConfig``), bytes."""
+
+
+@dataclass(slots=True)
+class SustainedBenchOptions:
+    """The plan of ``pipeline bench --sustained`` (``pipeline.bench.sustained_bench``).
+    Sizes in bytes, times in seconds.
+
+    Attributes:
+        out: output directory (results.json, summary.md, logs, the data directory).
+        records: records in all producers together.
+        record_bytes: value bytes per record (keys are ``P-SEQ``, a few bytes more).
+        producers: confluent-kafka producer processes.
+        partitions: partitions of the topic.
+        naive_records_per_write: records per write of the naive Spark loop (at most ``records``).
+        buffer_memory: the server's ``buffer.memory`` (to say whether the run exceeded it).
+        timeout_s: bound on each producer's load, and on the naive loop.
+        server_args: extra ``pipeline serve`` arguments.
+        naive_with_server: start the naive loop's JVM beside the server's (``--smoke``: shorter;
+            the server's time to ready then includes two JVM start-ups at once) rather than
+            once the server is ready.
+    """
+
+    out: Path = Path("bench-results/sustained")
+    records: int = SUSTAINED_RECORDS
+    record_bytes: int = 1024
+    producers: int = 2
+    partitions: int = 4
+    naive_records_per_write: int = 100_000
+    buffer_memory: int = DEFAULT_BUFFER_MEMORY
+    timeout_s: float = 900.0
+    server_args: list[str] = field(default_factory=list)
+    naive_with_server: bool = False
+
+    def check(self) -> "SustainedBenchOptions":
+        """Raises ValueError naming the option out of range."""
+        if not 1 <= self.producers <= 16 or not self.producers <= self.records <= 20_000_000:
+            raise ValueError("--producers must be 1..16 and --sustained-records producers..20,000,000")
+        if not 1 <= self.record_bytes <= 1_000_000 or not 1 <= self.partitions <= 256:
+            raise ValueError("--record-bytes must be 1..1,000,000 and --partitions 1..256 with --sustained")
+        return self
+
+
+def resolve_sustained(args: argparse.Namespace) -> SustainedBenchOptions:
+    """The ``--sustained`` plan from the parsed options (``--smoke``: 10,000 records, the naive loop's
+    JVM started beside the server's).
+
+    Raises:
+        ValueError: an option out of range (the message names it).
+    """
+    d = SustainedBenchOptions()
+    buffer_memory = d.buffer_memory
+    for i, arg in enumerate(args.server_arg):  # --buffer-memory=N or --buffer-memory N among --server-arg
+        if arg.startswith("--buffer-memory="):
+            buffer_memory = int(arg.split("=", 1)[1])
+        elif arg == "--buffer-memory" and i + 1 < len(args.server_arg):
+            buffer_memory = int(args.server_arg[i + 1])
+    records = args.sustained_records or (SUSTAINED_SMOKE_RECORDS if args.preset == "smoke" else d.records)
+    return SustainedBenchOptions(
+        out=args.out if args.out != Path("bench-results") else Path("bench-results") / "sustained",
+        records=records, record_bytes=args.record_bytes or d.record_bytes,
+        producers=getattr(args, "producers", None) or d.producers, partitions=args.partitions or d.partitions,
+        buffer_memory=buffer_memory, server_args=list(args.server_arg), naive_with_server=args.preset == "smoke").check()
+
+
 @dataclass(slots=True)
 class BenchOptions:
     """A resolved plan. Sizes in bytes, times in seconds.
@@ -148,6 +235,10 @@ class BenchOptions:
         producers: the brokers phase's producer processes.
         brokers_records: the brokers phase's records per N (1 KiB each).
         brokers_client: the brokers phase's producers, "confluent" or "kcat".
+        headline_requests: completed requests per model (baseline, each multiqueue) of the
+            ``HEADLINE_SHAPE`` runs, all repeats together (0: that shape is a plain
+            ``duration``-bounded run like the others).
+        headline_repeats: runs of ``HEADLINE_SHAPE`` per model, interleaved between the models.
     """
 
     preset: str
@@ -173,6 +264,12 @@ class BenchOptions:
     producers: int = 4
     brokers_records: int = 100_000
     brokers_client: str = "confluent"
+    headline_requests: int = 0
+    headline_repeats: int = 1
+
+    def headline(self) -> bool:
+        """True if ``HEADLINE_SHAPE`` is run sized by completed requests, before the other shapes."""
+        return self.headline_requests > 0 and HEADLINE_SHAPE in self.all_shapes()
 
     def brokers_plan(self) -> BrokersBenchOptions | None:
         """The brokers phase's ``BrokersBenchOptions`` (None: no phase)."""
@@ -220,6 +317,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="server --ack-on: acks=-1 answered after the Spark write (default, as the "
                         "targets are stated) or after the WAL fsync (the default with --hostile, the "
                         "server's own default)")
+    p.add_argument("--headline-requests", type=int, default=None,
+                   help="completed requests per model (baseline, multiqueue) of the C=1, K=5, acks=-1 runs, "
+                        "over all repeats; those runs are interleaved between the models, before the other "
+                        "shapes, and not bounded by --duration (default: quick 200, full 400; 0: a plain run)")
+    p.add_argument("--headline-repeats", type=int, default=None,
+                   help="repeats of the C=1, K=5, acks=-1 runs per model, for the ratio's spread "
+                        "(default: quick 4, full 5)")
     p.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                    help="skip the echo framing-ceiling measurement")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
@@ -279,6 +383,20 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     brokers.add_argument("--brokers-records", type=int, default=None,
                          help="--brokers: records per broker count, all producers (default 100000; full 200000; "
                               "smoke 6000)")
+    sustained = p.add_argument_group("sustained ingest (--sustained)")
+    sustained.add_argument("--sustained", action="store_true",
+                           help="one server at defaults (--ack-on wal), --producers (default 2) confluent-kafka "
+                                "producers at default settings writing --sustained-records records of --record-bytes "
+                                "(default 600,000 x 1 KiB: more than buffer.memory) to a topic of --partitions (4): "
+                                "acknowledged MB/s, lag to queryable, lost/duplicated against the table, CPU s per "
+                                "million records of every process, time to listening and to ready, and a naive Spark "
+                                "loop (createDataFrame(arrow).write.parquet, 100,000 records a write, local[*], its "
+                                "own JVM) on the same records as the ratio's denominator "
+                                "(pipeline.bench.sustained_bench; --smoke: 10,000 records)")
+    sustained.add_argument("--sustained-records", type=int, default=None,
+                           help=f"--sustained: records, all producers (default {SUSTAINED_RECORDS}; --smoke "
+                                f"{SUSTAINED_SMOKE_RECORDS}); with --record-bytes 100 the default measures CPU per "
+                                "record at 100 B (it then fits buffer.memory)")
     hostile = p.add_argument_group("hostile clients (--hostile)")
     hostile.add_argument("--hostile", action="store_true",
                          help="good producers at a steady rate, alone and then beside every hostile client on "
@@ -309,6 +427,9 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         value = getattr(args, name, None)
         return base[name] if value is None else value
 
+    brokers = [] if getattr(args, "no_brokers", False) else pick("brokers")
+    if preset == "quick" and getattr(args, "brokers", None) is None and (os.cpu_count() or 1) < QUICK_BROKERS_MIN_CORES:
+        brokers = [n for n in brokers if n == 1]
     swept = any(getattr(args, n) is not None for n in ("connections", "in_flight", "acks"))
     shapes = list(QUICK_SHAPES) if preset == "quick" and not swept else None
     opts = BenchOptions(
@@ -318,9 +439,10 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         partitions=args.partitions or 4, requests=pick("requests"), duration=pick("duration"),
         client=args.client, io_threads=args.io_threads, linger_ms=args.linger_ms, ack_on=args.ack_on or "spark",
         ceiling=args.ceiling, server_args=list(args.server_arg),
-        brokers=[] if getattr(args, "no_brokers", False) else pick("brokers"),
+        brokers=brokers,
         producers=getattr(args, "producers", None) or 4, brokers_records=pick("brokers_records"),
         brokers_client=getattr(args, "brokers_client", "confluent"),
+        headline_requests=pick("headline_requests"), headline_repeats=pick("headline_repeats"),
     )
     if any(c < 1 for c in opts.connections) or max(opts.connections) > 1000:
         raise ValueError("--connections must be 1..1000")
@@ -332,6 +454,10 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         raise ValueError("--records-per-request and --partitions must be >= 1, --record-bytes >= 0")
     if not 1 <= opts.requests <= 10_000_000 or not 0 < opts.duration <= 600:
         raise ValueError("--requests must be 1..10,000,000 and --duration in (0, 600] s")
+    if not 0 <= opts.headline_requests <= 100_000 or not 1 <= opts.headline_repeats <= 50 or (
+            opts.headline_requests and opts.headline_requests < opts.headline_repeats):
+        raise ValueError("--headline-requests must be 0..100,000 and --headline-repeats 1..50 (at most "
+                         "--headline-requests)")
     plan = opts.brokers_plan()
     if plan is not None:
         plan.check()

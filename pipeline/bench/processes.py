@@ -175,6 +175,53 @@ def process_tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+
+ROLES = ("front end", "decode worker", "JVM", "other")
+"""The kinds of process in a ``pipeline serve`` tree, as ``process_role`` names them."""
+
+
+def process_role(proc: psutil.Process, root_pid: int) -> str:
+    """What ``proc`` is in the tree of the server ``root_pid``: "front end" (the server process
+    itself), "JVM" (Spark's java), "decode worker" (a ``multiprocessing`` spawn child: the
+    persister's decode pool) or "other" (e.g. multiprocessing's resource tracker).
+
+    Raises:
+        psutil.Error: the process is gone.
+    """
+    if proc.pid == root_pid:
+        return "front end"
+    if "java" in proc.name():
+        return "JVM"
+    cmdline = " ".join(proc.cmdline())
+    if "spawn_main" in cmdline:
+        return "decode worker"
+    return "other"
+
+
+def cpu_by_process(pid: int) -> dict[int, tuple[str, float]]:
+    """{pid: (role, CPU seconds user + system so far)} for ``pid`` and all its descendants
+    (``process_role``); a process that exits while being read is left out."""
+    out: dict[int, tuple[str, float]] = {}
+    for p in process_tree(pid):
+        try:
+            with p.oneshot():
+                t = p.cpu_times()
+                out[p.pid] = (process_role(p, pid), t.user + t.system)
+        except psutil.Error:
+            pass
+    return out
+
+
+def cpu_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per role between two ``cpu_by_process`` readings of one tree: a process
+    that started in between counts from 0, one that ended in between is lost (its last
+    reading is unknown). Pure. Roles with no process are left out."""
+    roles: dict[str, float] = {}
+    for pid, (role, cpu) in after.items():
+        start = before.get(pid, (role, 0.0))[1]
+        roles[role] = roles.get(role, 0.0) + max(0.0, cpu - start)
+    return roles
+
 # ------------------------------------------------------------------- sampling
 
 

@@ -11,7 +11,10 @@ topic, SIGTERM (ordered shutdown: everything accepted is flushed; it overlaps
 the next configuration's warm-up and is waited for before anything is
 measured). Finally each configuration's table is read with Spark and every
 run verified. The echo framing ceiling (``pipeline.bench.echo``) is measured
-first with the same shapes.
+first with the same shapes. When the plan sizes the headline comparison by
+requests (``BenchOptions.headline``), its C=1, K=5, acks=-1 runs come right
+after the ceiling, on every baseline and multiqueue server at once (warmed up
+there), repeat by repeat across the models (``_headline``).
 
 While a load runs, a sampler thread reads the server's process tree with
 psutil (CPU time of the Python process *and* its Spark JVM and helper
@@ -48,8 +51,8 @@ if TYPE_CHECKING:
 
 from pipeline.bench import verify
 from pipeline.bench.frames import parse_record_key
-from pipeline.bench.loadgen import LoadSpec
-from pipeline.bench.options import BenchOptions
+from pipeline.bench.loadgen import LoadSpec, split_requests
+from pipeline.bench.options import HEADLINE_MAX_S, HEADLINE_SHAPE, BenchOptions
 from pipeline.bench.processes import (ManagedProcess, Sampler,
                                       machine)
 
@@ -297,6 +300,45 @@ writes take seconds (JIT, directory creation), which no run should measure."""
 WARMUP_S = 1.5
 
 
+def _warm_up(config: ServerConfiguration, server: ManagedProcess, opts: BenchOptions, out: Path) -> dict:
+    """The server's warm-up load (``WARMUP_SHAPE`` for ``WARMUP_S``); its entry for results.json."""
+    c, k, acks = WARMUP_SHAPE
+    warm = run_load(LoadSpec("127.0.0.1", server.port, topic="bench-warmup", connections=c, in_flight=k, acks=acks,
+                             records=opts.records, record_bytes=opts.record_bytes, partitions=opts.partitions,
+                             max_requests=opts.requests, duration_s=min(WARMUP_S, opts.duration)),
+                    out / "runs", f"{config.name}-warmup", None)
+    return {"figures": figures(warm, None), "error": warm.error}
+
+
+def _headline(opts: BenchOptions, out: Path, ready: list[tuple[ServerConfiguration, ManagedProcess]],
+              step: Callable[..., None]) -> dict[str, list[RunOutcome]]:
+    """The headline comparison (``HEADLINE_SHAPE``) on the ``ready`` (warmed-up) servers: repeat r
+    runs once on every server in turn (so each repeat sees every model under the same machine
+    load), each run bounded by its share of ``opts.headline_requests`` and ``HEADLINE_MAX_S``.
+    ``step(description)`` tells progress, ``step(advance=1)`` ends a repeat. Returns the outcomes
+    by configuration name, repeat order; each shape carries ``repeat``."""
+    c, k, acks = HEADLINE_SHAPE
+    outcomes: dict[str, list[RunOutcome]] = {config.name: [] for config, _ in ready}
+    samplers = {config.name: Sampler(server.pid, server.metrics_port) for config, server in ready}
+    try:
+        for r, n in enumerate(split_requests(opts.headline_requests, opts.headline_repeats)):
+            for config, server in ready:
+                step(f"{config.name}: C={c} K={k} acks={acks}, repeat {r + 1}/{opts.headline_repeats} "
+                     f"({n} requests)")
+                topic = f"bench-headline-r{r}-c{c}-k{k}-acks{'m1' if acks == -1 else acks}"
+                spec = LoadSpec("127.0.0.1", server.port, protocol="kafka", client=opts.client, topic=topic,
+                                connections=c, in_flight=k, records=opts.records, record_bytes=opts.record_bytes,
+                                partitions=opts.partitions, acks=acks, max_requests=n, duration_s=HEADLINE_MAX_S)
+                o = run_load(spec, out / "runs", f"{config.name}-{topic}", samplers[config.name])
+                o.shape["repeat"] = r
+                outcomes[config.name].append(o)
+            step(advance=1)
+    finally:
+        for sampler in samplers.values():
+            sampler.close()
+    return outcomes
+
+
 def _server_command(config: ServerConfiguration, opts: BenchOptions, data_dir: Path) -> list[str]:
     return [sys.executable, "-m", "pipeline.cli", "serve", "--listen", "127.0.0.1:0",
             "--data-dir", str(data_dir), *config.serve_args(opts)]
@@ -393,6 +435,9 @@ def main(opts: BenchOptions) -> int:
     }
     started = time.monotonic()
     total = (len(ceiling_shapes) if opts.ceiling else 0) + len(configs) * (len(shapes) + 3)
+    headline = opts.headline()
+    if headline:  # the headline shape's runs move to their own phase, one step per repeat
+        total += opts.headline_repeats - sum(c.mode != "shared-unmuted" for c in configs)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier-spark")
     spark_future: Future | None = None
     ceiling: dict[str, float] = {}
@@ -442,6 +487,22 @@ def main(opts: BenchOptions) -> int:
 
                 ceiling = _measure_ceiling(opts, out, ceiling_shapes, results, ceiling_step)
 
+            # The headline comparison first, on every baseline and multiqueue server at once
+            # (warmed up here, not again below), its repeats interleaved between the models.
+            warmed: set[str] = set()
+            if headline:
+                ready = []
+                for config, server, entry in zip(configs, servers, entries):
+                    if config.mode != "shared-unmuted" and entry["error"] is None:
+                        step(f"{config.name}: warm-up")
+                        entry["warmup"] = _warm_up(config, server, opts, out)
+                        warmed.add(config.name)
+                        ready.append((config, server))
+
+                if ready:
+                    for name, runs_done in _headline(opts, out, ready, step).items():
+                        outcomes[name] += runs_done
+
             stopping: tuple[ManagedProcess, dict] | None = None
 
             def finish_stopping() -> None:
@@ -458,14 +519,9 @@ def main(opts: BenchOptions) -> int:
                     failed_required |= config.mode != "shared-unmuted"
                     step(advance=len(shapes) + 1)
                     continue
-                step(f"{config.name}: warm-up")
-                c, k, acks = WARMUP_SHAPE
-                warm = run_load(LoadSpec("127.0.0.1", server.port, topic="bench-warmup", connections=c,
-                                         in_flight=k, acks=acks, records=opts.records,
-                                         record_bytes=opts.record_bytes, partitions=opts.partitions,
-                                         max_requests=opts.requests, duration_s=min(WARMUP_S, opts.duration)),
-                                out / "runs", f"{config.name}-warmup", None)
-                entry["warmup"] = {"figures": figures(warm, None), "error": warm.error}
+                if config.name not in warmed:
+                    step(f"{config.name}: warm-up")
+                    entry["warmup"] = _warm_up(config, server, opts, out)
                 # The previous server shut down during the warm-up; it must be
                 # gone before anything is measured.
                 finish_stopping()
@@ -473,6 +529,8 @@ def main(opts: BenchOptions) -> int:
                 sampler = Sampler(server.pid, server.metrics_port)
                 try:
                     for i, (c, k, acks) in enumerate(shapes):
+                        if config.name in warmed and (c, k, acks) == HEADLINE_SHAPE:
+                            continue  # run in the headline phase
                         step(f"{config.name}: C={c} K={k} acks={acks}")
                         topic = f"bench-{i:02d}-c{c}-k{k}-acks{'m1' if acks == -1 else acks}"
                         spec = LoadSpec("127.0.0.1", server.port, protocol="kafka", client=opts.client,
@@ -538,6 +596,7 @@ def main(opts: BenchOptions) -> int:
     results["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     results["wall_s"] = time.monotonic() - started
     results["ceiling"]["requests_per_s"] = ceiling
+    results["headline"] = report.headline_summary(results)
     results["targets"] = report.evaluate_targets(results)
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     report.write_plots(results, out)

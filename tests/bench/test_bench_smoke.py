@@ -14,9 +14,12 @@ PLOTS = ("throughput_vs_connections.png", "latency_percentiles.png", "throughput
          "queue_depth.png")
 
 
+# C=1 beside the preset's C=4 brings in the headline comparison (C=1, K=5, acks=-1 sized by completed
+# requests, repeats interleaved between baseline and multiqueue), at CI size: 2 repeats of 2 requests.
 def test_bench_smoke(tmp_path):
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--smoke", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--smoke", "--out", str(out),
+                           "--connections", "1,4", "--headline-requests", "4", "--headline-repeats", "2"],
                           capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
@@ -40,6 +43,23 @@ def test_bench_smoke(tmp_path):
                 assert run["status"] == "OK", run["reasons"]
                 assert v["violations"] == 0
                 assert v["table"]["rows"] == v["table"]["expected"] == f["records"]
+
+    headline = results["headline"]
+    assert headline["shape"] == {"connections": 1, "in_flight": 5, "acks": -1}
+    assert set(headline["models"]) == {"baseline", "multiqueue-q2"}  # not the ablation
+    for name, model in headline["models"].items():
+        assert model["requests"] == 4 and model["ok"] and model["violations"] == 0, (name, model)
+        assert len(model["per_repeat_requests_per_s"]) == 2
+        repeats = [r for c in results["configurations"] if c["name"] == name for r in c["runs"]
+                   if "repeat" in r["shape"]]
+        assert [r["shape"]["repeat"] for r in repeats] == [0, 1]
+        assert all(r["figures"]["requests"] == 2 and r["figures"]["stopped_by"] == "count" for r in repeats)
+    ratio = headline["ratios"]["multiqueue-q2"]
+    assert ratio["ratio"] > 0 and ratio["min"] <= ratio["median"] <= ratio["max"] and len(ratio["per_repeat"]) == 2
+    [c1] = [t for t in results["targets"] if "C=1" in t["target"]]
+    assert "completed requests" in c1["detail"] and c1["status"] in ("met", "not met")
+    ablation = next(c for c in results["configurations"] if c["name"] == "shared-unmuted")
+    assert {r["shape"]["connections"] for r in ablation["runs"]} == {1, 4}
 
     assert results["ceiling"]["requests_per_s"]
     assert {t["target"] for t in results["targets"]}

@@ -394,7 +394,7 @@ def test_serve_command_lines(docs_env):
 
 def test_bench_help(docs_env):
     out = docs_env.shell(f"{PIPELINE} bench --help").stdout
-    for flag in ("--quick", "--full", "--hostile", "--consume", "--security", "--table", "--brokers"):
+    for flag in ("--quick", "--full", "--hostile", "--consume", "--security", "--table", "--brokers", "--sustained"):
         assert flag in out
 
 
