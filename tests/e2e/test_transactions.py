@@ -182,9 +182,9 @@ def kafkajs_modules() -> Path:
 class KafkajsProducer:
     """``tests/e2e/txn_kafkajs.js``: a kafkajs transactional producer, one command at a time."""
 
-    def __init__(self, bootstrap: str, transactional_id: str) -> None:
+    def __init__(self, node_modules: Path, bootstrap: str, transactional_id: str) -> None:
         script = Path(__file__).with_name("txn_kafkajs.js")
-        self.proc = subprocess.Popen(["node", str(script), str(kafkajs_modules()), bootstrap, transactional_id],
+        self.proc = subprocess.Popen(["node", str(script), str(node_modules), bootstrap, transactional_id],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -362,6 +362,7 @@ def kill_group(server: ServerProcess) -> list[str]:
 # -- the steps -------------------------------------------------------------------------------------
 
 def test_transactions_commit_and_abort_across_a_kill_9(story):
+    node_modules = kafkajs_modules()  # before the server starts: a missing one fails at once
     # Spark starts meanwhile: the first transactions are acknowledged at the WAL
     server = story.start("server-a.log", table=False)
     create_topics(server, {INPUT: 1, PLAIN: 1, **{topic_of(f): PARTITIONS for f in FAMILIES}})
@@ -374,7 +375,7 @@ def test_transactions_commit_and_abort_across_a_kill_9(story):
 
     job = ConfluentJob(story.bootstrap, "txn-confluent-job", group_of("confluent"))
     story.closers.append(job.close)
-    js = KafkajsProducer(story.bootstrap, "txn-kafkajs-job")
+    js = KafkajsProducer(node_modules, story.bootstrap, "txn-kafkajs-job")
     story.closers.append(js.close)
 
     expected = {f: -1001 for f in FAMILIES}  # each group's committed offset: none yet
@@ -461,10 +462,20 @@ def test_a_fenced_zombie_producer_writes_nothing(story):
     assert successor.flush(WAIT_S) == 0
     successor.commit_transaction(WAIT_S)
 
+    # Fenced with nothing in flight: the first request with the old epoch is its EndTxn.
+    successor.begin_transaction()
+    successor.produce(ZOMBIE, b"successor-open", partition=2)
+    assert successor.flush(WAIT_S) == 0
+    Producer(config).init_transactions(WAIT_S)
+    with pytest.raises(KafkaException) as commit:
+        successor.commit_transaction(WAIT_S)
+    error = commit.value.args[0]
+    assert error.fatal() and error.code() in fenced, error
+
     assert values_of(consume(story.bootstrap, ZOMBIE, "read_committed")) == {0: [], 1: ["successor"], 2: []}
-    # the zombie's open transaction's record is there, aborted; what it sent once fenced is not
+    # the zombies' open transactions' records are there, aborted; what one sent once fenced is not
     assert values_of(consume(story.bootstrap, ZOMBIE, "read_uncommitted")) == {
-        0: ["zombie-before"], 1: ["successor"], 2: []}
+        0: ["zombie-before"], 1: ["successor"], 2: ["successor-open"]}
 
 
 def test_a_transaction_past_its_timeout_is_aborted_by_the_coordinator(story):
