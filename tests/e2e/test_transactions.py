@@ -14,8 +14,9 @@ skips the rest):
    aborted transaction's offsets never apply, a committed one's do;
 2. a ``read_committed`` consumer reads exactly the committed records, in order per partition;
    a ``read_uncommitted`` one the aborted ones too, as Kafka would;
-3. zombie fencing: a second producer with the same ``transactional.id`` fences the first, whose
-   open transaction is aborted and whose later writes are refused (PRODUCER_FENCED);
+3. zombie fencing: a new producer with the same ``transactional.id`` fences the previous one,
+   whose open transaction is aborted and whose next Produce or EndTxn is refused
+   (INVALID_PRODUCER_EPOCH / PRODUCER_FENCED: librdkafka's fatal ``_FENCED``);
 4. a transaction left open past its ``transaction.timeout.ms`` is aborted by the coordinator:
    the last stable offset moves on;
 5. DescribeTransactions and ListTransactions through kafka-python's admin client;
@@ -109,14 +110,13 @@ def offset_after(i: int) -> int:
 
 @dataclass
 class Story:
-    """What the steps share: the server of the moment, the clients, what each step left for the later ones."""
+    """What the steps share: the server of the moment and the clients to close if a step fails."""
 
     root: Path
     port: int = field(default_factory=free_port)
     server: ServerProcess | None = None
     failed_step: str | None = None
     closers: list[Any] = field(default_factory=list)  # called at the end whatever happens
-    state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -249,7 +249,7 @@ class ConfluentJob:
         # metadata.recovery.strategy=none: librdkafka 2.16's re-bootstrap (KIP-899), started when the
         # only broker is gone, decommissions the broker the group coordinator is cached as, and
         # send_offsets_to_transaction then waits for it forever, past its own timeout
-        # (confluentinc/librdkafka#5511, #5456; a client bug, a Kafka broker restart does the same).
+        # (confluentinc/librdkafka#5511, #5456: a client bug, which any restart of a lone broker sets off).
         self.producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
                                   "transaction.timeout.ms": 120_000, "linger.ms": 5,
                                   "metadata.recovery.strategy": "none"})
