@@ -65,6 +65,7 @@ LONGEST_UNITS = (
     "tests/docs/test_docs.py",
     "tests/bench/test_hostile_smoke.py",
     "tests/persist/test_spark_cluster.py",
+    "tests/e2e/test_transactions.py",
     "tests/e2e/test_brokers.py",
     "tests/e2e/test_config_and_logs.py",
     "tests/bench/test_consume_smoke.py",
