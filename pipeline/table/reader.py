@@ -50,6 +50,7 @@ max timestamp (ListOffsets -3, KIP-734).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -66,6 +67,8 @@ from pipeline.table.batches import CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAP
 from pipeline.table.catalog import OwnedTable, TableCatalog, _functions
 from pipeline.table.files import DecodedGroup, FooterGroups, RowGroups, local_file
 from pipeline.table.schema import ARROW_SCHEMA
+
+log = logging.getLogger(__name__)
 
 READ_COLUMNS: tuple[str, ...] = ("offset", "timestamp", "timestampType", "key", "value", "headers")
 """The columns a RecordBatch needs (topic and partition are the caller's)."""
@@ -161,6 +164,9 @@ class TableReader:
         direct: read the Parquet files the catalog lists with pyarrow
             (``pipeline.table.files``); a topic whose files are not local
             paths is read with Spark queries either way. False: always Spark.
+        warm: plan one listing now, in a thread of its own (``warm``), so the
+            first consumer does not wait for the JVM's first planning of a
+            table scan (1-10 s on a loaded 2-core machine, 0.3 s after).
 
     Raises:
         ValueError: a size is out of range or ``compression`` is unknown.
@@ -168,7 +174,8 @@ class TableReader:
 
     def __init__(self, spark: SparkSession, catalog: TableCatalog, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, cold_chunk_rows: int = DEFAULT_COLD_CHUNK_ROWS,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, compression: str = "none", direct: bool = True) -> None:
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, compression: str = "none", direct: bool = True,
+                 warm: bool = False) -> None:
         if chunk_rows < 1 or chunk_bytes < 1 or cold_chunk_rows < 1 or cache_bytes < 0:
             raise ValueError(f"chunk_rows, chunk_bytes, cold_chunk_rows must be > 0 and cache_bytes >= 0, got "
                              f"{chunk_rows}, {chunk_bytes}, {cold_chunk_rows}, {cache_bytes}")
@@ -196,9 +203,16 @@ class TableReader:
         self.misses = 0
         """Reads that queried Spark or decoded a row group."""
         self.listings = 0
-        """Catalog listings of a topic's data files (the direct path)."""
+        """Catalog listings (Spark planning calls) of one topic's data files (the direct path)."""
         self.decoded = 0
         """Row groups decoded (the direct path)."""
+        self._warm_files: dict[str, list[str]] = {}
+        self.warming: threading.Thread | None = None
+        """The thread ``warm=True`` started (it ends after one planning call)."""
+        if warm and direct:
+            # A daemon: one bounded planning call that must not hold up the server's exit.
+            self.warming = threading.Thread(target=self.warm, name="table-reader-warm", daemon=True)
+            self.warming.start()
 
     # -- Fetch ---------------------------------------------------------------------
 
@@ -251,6 +265,30 @@ class TableReader:
         """Arrow bytes the cache holds now (<= ``cache_bytes``)."""
         with self._lock:
             return self._cached_bytes
+
+    def warm(self) -> None:
+        """List the records table's data files (one planning call, no job, no file read) and keep each
+        raw topic's list for its first read: that read then skips its own listing, and the JVM has
+        loaded what later listings use (catalog client, planner, partition pruning).
+
+        The list is a snapshot like any listing here: files committed later show as a gap, which
+        makes a read list again (``_rows``). Never raises: a failure (Spark stopping) is logged at
+        debug level."""
+        try:
+            uris = self.spark.table(self.catalog.records.name).inputFiles()
+        except Exception as exc:  # noqa: BLE001 - only a warm-up
+            log.debug("table reader warm-up failed: %s", exc)
+            return
+        by_topic: dict[str, list[str]] = {}
+        for uri in uris:
+            path = local_file(uri)
+            topic = _topic_of(path) if path is not None else None
+            if topic is None:
+                return  # not local, or not laid out as expected: every topic lists on its first read
+            by_topic.setdefault(topic, []).append(path)  # type: ignore[arg-type]
+        typed = set(self.catalog.typed_tables)  # typed topics have more tables: they list on first read
+        with self._lock:
+            self._warm_files = {t: files for t, files in by_topic.items() if t not in typed}
 
     # -- ListOffsets -----------------------------------------------------------------
 
@@ -366,9 +404,9 @@ class TableReader:
         if self.direct:
             with self._lock:
                 listing = self._listings.get(topic, _NOT_LISTED)
-            fresh = listing is _NOT_LISTED
-            if fresh:
-                listing = self._list(topic)
+            fresh = False
+            if listing is _NOT_LISTED:
+                listing, fresh = self._list(topic)
             while listing is not None:
                 try:
                     rows = self._rows_direct(listing, topic, partition, offset, end, max_bytes, max_records)
@@ -382,36 +420,49 @@ class TableReader:
                     if fresh or (rows.num_rows and offsets[0].as_py() == offset
                                  and offsets[-1].as_py() - offset + 1 == rows.num_rows):
                         return rows
-                listing, fresh = self._list(topic), True
+                listing, fresh = self._list(topic, warm=False)
         return self._rows_spark(topic, partition, offset, end, max_records)
 
-    def _list(self, topic: str) -> RowGroups | None:
+    def _list(self, topic: str, warm: bool = True) -> tuple[RowGroups | None, bool]:
         """The row groups of every data file that can hold the topic's rows, from the catalog (one
-        planning call per source table, no job); None when a file is not on a local path."""
-        uris = []
-        for owned, by_topic in self._sources(topic):
-            frame = self.spark.table(owned.name)
-            if by_topic:
-                frame = frame.where(self._F.col("topic") == self._F.lit(topic))
-            uris += frame.inputFiles()
-        paths = [local_file(u) for u in uris]
+        planning call per source table, no job), or from the warm-up's listing if ``warm`` and it has
+        one for the topic; None when a file is not on a local path. And whether it was listed now."""
+        with self._lock:
+            paths: list[str | None] | None = self._warm_files.pop(topic, None)  # type: ignore[assignment]
+        if not warm:
+            paths = None
+        listed_now = paths is None
+        if listed_now:
+            with self._lock:
+                self.listings += 1
+            uris = []
+            for owned, by_topic in self._sources(topic):
+                frame = self.spark.table(owned.name)
+                if by_topic:
+                    frame = frame.where(self._F.col("topic") == self._F.lit(topic))
+                uris += frame.inputFiles()
+            paths = [local_file(u) for u in uris]
         listing = None
         if all(p is not None for p in paths):
             footers = []
             for path in sorted(set(paths)):  # type: ignore[type-var]
                 footer = self._footers.get(path)
                 if footer is None:
-                    footer = FooterGroups.read(path)
+                    try:
+                        footer = FooterGroups.read(path)
+                    except FileNotFoundError:  # replaced since the warm-up listed it
+                        if listed_now:
+                            raise
+                        return self._list(topic, warm=False)
                 footers.append(footer)
             listing = RowGroups.from_footers(footers)
         with self._lock:
-            self.listings += 1
             if listing is not None:
                 if len(self._footers) > _MAX_FOOTERS:
                     self._footers.clear()
                 self._footers.update((f.path, f) for f in footers)
             self._listings[topic] = listing
-        return listing
+        return listing, listed_now
 
     def _rows_direct(self, listing: RowGroups, topic: str, partition: int, offset: int, end: int,
                      max_bytes: int, max_records: int | None) -> pa.Table:
@@ -532,7 +583,7 @@ class TableReader:
         the batch's max timestamp (Kafka ``DefaultRecordBatch``).
         """
         rows = rows.slice(0, max_records) if max_records is not None else rows
-        rows = rows.slice(0, max(1, max_bytes // 7))  # a record takes at least 7 bytes in a batch
+        rows = rows.slice(0, _fit(rows, max_bytes))
         if rows.num_rows == 0:
             return TableSlice(b"", offset, 0, 0)
         columns = {name: _array(rows.column(name)) for name in READ_COLUMNS}
@@ -547,8 +598,32 @@ class TableReader:
         return TableSlice(records, int(offsets[count - 1]) + 1, len(records), count)
 
 
+def _topic_of(path: str) -> str | None:
+    """The topic of a records-table data file, from its Hive partition directory (``.../topic=<name>/...``;
+    Kafka topic names use no character Hive escapes); None if the path has none."""
+    for part in reversed(path.split("/")):
+        if part.startswith("topic="):
+            return part[len("topic="):]
+    return None
+
+
+def _fit(rows: pa.Table, max_bytes: int) -> int:
+    """How many of ``rows`` could fit in ``max_bytes`` at their smallest (7 bytes plus key and value a
+    record, plus one batch header), at least 1: a bound on what ``encode_batches`` takes, found
+    without copying the rows."""
+    n = min(rows.num_rows, max(1, max_bytes // 7))
+    rows = rows.slice(0, n)
+    sizes = [pc.binary_length(rows.column(c)).fill_null(0).to_numpy() for c in ("key", "value")]
+    smallest = np.cumsum(7 + sizes[0].astype(np.int64) + sizes[1]) + BATCH_HEADER_BYTES
+    return max(1, min(n, int(np.searchsorted(smallest, max_bytes, side="right")) + 1))
+
+
 def _sorted_unique(rows: pa.Table) -> pa.Table:
     """``rows`` sorted by offset, one row per offset."""
+    offsets = [c.to_numpy() for c in rows.column("offset").chunks]
+    if all(len(o) for o in offsets) and all((np.diff(o) > 0).all() for o in offsets) \
+            and all(a[-1] < b[0] for a, b in zip(offsets, offsets[1:])):
+        return rows  # already in order: no copy
     rows = rows.take(pc.sort_indices(rows.column("offset")))
     offsets = rows.column("offset").to_numpy()
     if len(offsets) > 1 and not (np.diff(offsets) > 0).all():  # never expected: one table per offset

@@ -345,12 +345,13 @@ def test_files_listed_before_a_commit_or_a_compaction(spark, tmp_path):
         catalog.write_flush(build_flush([append("orders", 0, lo, [record(i) for i in range(lo, hi)])], {}))
 
     commit(0, 40)
-    reader = TableReader(spark, catalog)
+    reader = TableReader(spark, catalog, warm=True)
+    reader.warming.join(120)
     assert decode(reader.read("orders", 0, 0, 1 << 20, end=40).records) == expected(range(40))
     commit(40, 80)
     commit(80, 120)   # the cached listing holds neither
     assert read_all(reader, "orders", 0, 30, 120, 1 << 20) == expected(range(30, 120))
-    assert reader.listings == 2
+    assert reader.listings == 1   # the warm-up's listing, then one when the next commit's offsets were asked for
     commit(120, 160)
     # a read that starts in the listed files and goes on into the new ones sees no gap
     assert read_all(reader, "orders", 0, 100, 160, 1 << 20) == expected(range(100, 160))
@@ -362,6 +363,21 @@ def test_files_listed_before_a_commit_or_a_compaction(spark, tmp_path):
     catalog.write_flush(build_flush([append("orders", 0, 160, [record(160)])], {}))
     catalog.compact()
     assert read_all(fresh, "orders", 0, 0, 161, 1 << 20) == expected(range(161))  # listed files gone: listed again
+
+
+@pytest.mark.slow
+def test_a_warm_reader_starts_from_the_listing_it_made_at_start(tables):
+    catalog, pay = tables
+    reader = TableReader(catalog.spark, catalog, warm=True)
+    reader.warming.join(120)
+    assert not reader.warming.is_alive()
+    assert read_all(reader, "orders", 0, 0, N, 1 << 20) == expected(range(N))
+    assert read_all(reader, "gappy", 0, 0, 1000, 1 << 20) == expected([*range(10), *range(50, 60), *range(200, 205)])
+    # 'orders' never lists; 'gappy' lists again at its first gap and where its rows end below ``end``
+    assert reader.listings == 2
+    # a typed topic has more tables than the records table: its first read lists them all
+    assert decode(reader.read("pay", 0, 0, 1 << 20, end=100).records) == [(i, *_fields(r)) for i, r in enumerate(pay)]
+    assert reader.listings == 3
 
 
 @pytest.mark.slow
