@@ -5,40 +5,48 @@ Once retention deletes a WAL segment, its records exist only in the tables
 (``pipeline.records``, a typed topic's own table, ``pipeline.dead_letters``;
 docs/table.md). A consumer fetching those offsets gets them from here:
 ``TableReader.read`` selects one topic-partition's rows by offset, and
-kafka-python's ``DefaultRecordBatchBuilder`` (magic 2) turns them into
-RecordBatches whose base offset and offset deltas give each record its
-original offset, timestamp, timestamp type, key, value and headers.
+``pipeline.table.batches.encode_batches`` turns them into RecordBatches
+(magic 2) whose base offset and offset deltas give each record its original
+offset, timestamp, timestamp type, key, value and headers: whole-column
+numpy and Arrow work, byte for byte what kafka-python's
+``DefaultRecordBatchBuilder`` builds, without a Python object per record.
 
-Why it reads ahead and caches: a Spark query costs tens to hundreds of ms
-however few rows it returns, while a sequential consumer catching up asks for
-~1 MiB (``max.partition.fetch.bytes``) at a time. So a miss reads one chunk
-(up to ``chunk_rows`` rows / ~``chunk_bytes``) of the offsets at and after the
-one asked for, as Arrow (``DataFrame.toArrow``, no per-row Python objects),
-and keeps it in a small LRU cache keyed by (topic, partition), bounded in
-bytes (``cache_bytes``, Arrow buffer sizes); the following reads are served
-from memory.
+Where the rows come from (``direct``, the default): the catalog says which
+Parquet files make the tables (``DataFrame.inputFiles`` of a scan pruned to
+the topic: one planning call, no Spark job), and pyarrow reads them
+(``pipeline.table.files``): each file's footer once, for the min/max of
+``partition`` and ``offset`` per row group; a row group that can hold the
+offsets asked for is decoded once, sorted by (partition, offset), and kept in
+an LRU cache bounded in bytes (``cache_bytes``). A file written by one commit
+holds every partition of the topic, so one decode serves the reads of all of
+them; each read is then a binary search and a zero-copy slice. Files not on
+a local path (another machine's Spark) are read the old way, below.
 
-A chunk is an offset *range* ``offset >= lo AND offset < lo + span``, not an
-``ORDER BY offset LIMIT n``: offsets are dense (every offset is in exactly one
-table), so the range returns ~``span`` rows, and Parquet's min/max statistics
-on ``offset`` skip every file outside it, where ``ORDER BY ... LIMIT`` would
-scan every later row of the partition. ``topic`` is a partition column of the
-records table and the dead letters (directory pruning); a typed topic has a
-table of its own. A range with no rows (a retention gap) costs one more
-query, ``min(offset)`` after it, to jump the gap.
+A listing is a snapshot. Offsets are dense in the tables but for retention's
+gaps, and per partition a commit adds offsets above every earlier one, so a
+file committed after the listing shows as a gap (or no rows) in what a read
+finds: the reader then lists again once before serving a gap; a listed file
+a compaction has since deleted (after ``file.delete.delay.ms``) makes it list
+again too. With ``warm=True`` (the server) a thread lists the records table
+once at start, so the first consumer pays for neither the listing nor the
+JVM's first planning of a table scan.
 
-Measured (``tests/table/test_reader.py::test_read_costs`` prints the first
-two; one topic-partition of 100,000 rows of ~130 bytes with a header, local[2]
-Spark 4.3 on a shared 2-core machine under load average 10-15, so an idle
-machine does better):
+Without ``direct`` (or for non-local files): a Spark query costs tens to
+hundreds of ms however few rows it returns, while a sequential consumer
+catching up asks for ~1 MiB (``max.partition.fetch.bytes``) at a time. So a
+miss reads one chunk (up to ``chunk_rows`` rows / ~``chunk_bytes``) of the
+offsets at and after the one asked for, as Arrow (``DataFrame.toArrow``), and
+keeps it in the same LRU cache keyed by (topic, partition). A chunk is an
+offset *range* ``offset >= lo AND offset < lo + span``: Parquet's min/max
+statistics on ``offset`` skip every file outside it. A range with no rows (a
+retention gap) costs one more query, ``min(offset)`` after it, to jump the gap.
 
-* cold read (cache miss: one Spark query of a 10,000-row chunk to Arrow, then
-  1 MiB = 8,452 records encoded): 1.1-1.8 s, 10 files or 1 compacted file
-  alike; 1.6-2.4 s over 100 uncompacted files. The same query through
-  ``collect()`` (Rows) took 2.9-3.1 s against 0.8-2.0 s through ``toArrow``.
-* cached read (the same 1 MiB from the cached chunk): 0.14-0.35 s, nearly all
-  of it kafka-python's pure-Python ``DefaultRecordBatchBuilder.append``
-  (~17-40 us a record), which holds the GIL while it runs.
+Measured: see docs/benchmarks.md ("Consuming"): from the table, librdkafka
+reads 200,000 x 1 KiB records at 0.6-0.8x its rate from the WAL (0.06x with
+Spark queries and kafka-python's builder). In-process, a warm reader serves
+the same records in ~0.5 s (~400,000 records/s: listing 0.15 s, decoding
+four row groups 0.12 s, encoding 0.2 s); kafka-python's builder took ~17 us a
+record for the encoding alone.
 
 Kafka rules followed: FetchRequest/KIP-74 (at least one whole record even if
 it exceeds ``max_bytes``, for the first partition of a response), records
