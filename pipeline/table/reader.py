@@ -94,7 +94,6 @@ consumer reading all partitions needs it until each has passed it, and the next 
 
 _MAX_FOOTERS = 100_000
 """Footers kept (files are immutable, so a footer never goes stale; this only bounds memory)."""
-_NOT_LISTED = object()
 _NO_FILES = RowGroups.from_footers([])
 
 CODECS = {"none": CODEC_NONE, "gzip": CODEC_GZIP, "snappy": CODEC_SNAPPY, "lz4": CODEC_LZ4, "zstd": CODEC_ZSTD}
@@ -411,9 +410,10 @@ class TableReader:
         the chunk cache or one chunk query (``_rows_spark``)."""
         if self.direct:
             with self._lock:
-                listing = self._listings.get(topic, _NOT_LISTED)
+                known = topic in self._listings
+                listing = self._listings.get(topic)
             fresh = False
-            if listing is _NOT_LISTED:
+            if not known:
                 listing, fresh = self._list(topic)
             while listing is not None:
                 try:
@@ -436,10 +436,9 @@ class TableReader:
         planning call per source table, no job), or from the warm-up's listing if ``warm`` and it has
         one for the topic; None when a file is not on a local path. And whether it was listed now."""
         with self._lock:
-            paths: list[str | None] | None = self._warm_files.pop(topic, None)  # type: ignore[assignment]
-        if not warm:
-            paths = None
-        listed_now = paths is None
+            warm_paths = self._warm_files.pop(topic, None)
+        listed_now = warm_paths is None or not warm
+        paths: list[str | None] = list(warm_paths or [])
         if listed_now:
             with self._lock:
                 self.listings += 1
@@ -451,9 +450,10 @@ class TableReader:
                 uris += frame.inputFiles()
             paths = [local_file(u) for u in uris]
         listing = None
-        if all(p is not None for p in paths):
+        local = [p for p in paths if p is not None]
+        if len(local) == len(paths):
             footers = []
-            for path in sorted(set(paths)):  # type: ignore[type-var]
+            for path in sorted(set(local)):
                 footer = self._footers.get(path)
                 if footer is None:
                     try:
