@@ -42,7 +42,7 @@ statistics on ``offset`` skip every file outside it. A range with no rows (a
 retention gap) costs one more query, ``min(offset)`` after it, to jump the gap.
 
 Measured: see docs/benchmarks.md ("Consuming"): from the table, librdkafka
-reads 200,000 x 1 KiB records at 0.6-0.8x its rate from the WAL (0.06x with
+reads 200,000 x 1 KiB records at 0.8-1.3x its rate from the WAL (0.06x with
 Spark queries and kafka-python's builder). In-process, a warm reader serves
 the same records in ~0.5 s (~400,000 records/s: listing 0.15 s, decoding
 four row groups 0.12 s, encoding 0.2 s); kafka-python's builder took ~17 us a
