@@ -258,7 +258,7 @@ class Server:
         catalog = getattr(self.sink, "catalog", None)
         if catalog is not None:
             # Offsets whose WAL segments retention deleted are read from the tables.
-            self.logs.table = TableReader(catalog.spark, catalog)
+            self.logs.table = TableReader(catalog.spark, catalog, warm=True)
 
     def table_started(self) -> None:
         """The sink is started (call it in the trio thread): reads of offsets only the table holds

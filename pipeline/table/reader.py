@@ -5,40 +5,48 @@ Once retention deletes a WAL segment, its records exist only in the tables
 (``pipeline.records``, a typed topic's own table, ``pipeline.dead_letters``;
 docs/table.md). A consumer fetching those offsets gets them from here:
 ``TableReader.read`` selects one topic-partition's rows by offset, and
-kafka-python's ``DefaultRecordBatchBuilder`` (magic 2) turns them into
-RecordBatches whose base offset and offset deltas give each record its
-original offset, timestamp, timestamp type, key, value and headers.
+``pipeline.table.batches.encode_batches`` turns them into RecordBatches
+(magic 2) whose base offset and offset deltas give each record its original
+offset, timestamp, timestamp type, key, value and headers: whole-column
+numpy and Arrow work, byte for byte what kafka-python's
+``DefaultRecordBatchBuilder`` builds, without a Python object per record.
 
-Why it reads ahead and caches: a Spark query costs tens to hundreds of ms
-however few rows it returns, while a sequential consumer catching up asks for
-~1 MiB (``max.partition.fetch.bytes``) at a time. So a miss reads one chunk
-(up to ``chunk_rows`` rows / ~``chunk_bytes``) of the offsets at and after the
-one asked for, as Arrow (``DataFrame.toArrow``, no per-row Python objects),
-and keeps it in a small LRU cache keyed by (topic, partition), bounded in
-bytes (``cache_bytes``, Arrow buffer sizes); the following reads are served
-from memory.
+Where the rows come from (``direct``, the default): the catalog says which
+Parquet files make the tables (``DataFrame.inputFiles`` of a scan pruned to
+the topic: one planning call, no Spark job), and pyarrow reads them
+(``pipeline.table.files``): each file's footer once, for the min/max of
+``partition`` and ``offset`` per row group; a row group that can hold the
+offsets asked for is decoded once, sorted by (partition, offset), and kept in
+an LRU cache bounded in bytes (``cache_bytes``). A file written by one commit
+holds every partition of the topic, so one decode serves the reads of all of
+them; each read is then a binary search and a zero-copy slice. Files not on
+a local path (another machine's Spark) are read the old way, below.
 
-A chunk is an offset *range* ``offset >= lo AND offset < lo + span``, not an
-``ORDER BY offset LIMIT n``: offsets are dense (every offset is in exactly one
-table), so the range returns ~``span`` rows, and Parquet's min/max statistics
-on ``offset`` skip every file outside it, where ``ORDER BY ... LIMIT`` would
-scan every later row of the partition. ``topic`` is a partition column of the
-records table and the dead letters (directory pruning); a typed topic has a
-table of its own. A range with no rows (a retention gap) costs one more
-query, ``min(offset)`` after it, to jump the gap.
+A listing is a snapshot. Offsets are dense in the tables but for retention's
+gaps, and per partition a commit adds offsets above every earlier one, so a
+file committed after the listing shows as a gap (or no rows) in what a read
+finds: the reader then lists again once before serving a gap; a listed file
+a compaction has since deleted (after ``file.delete.delay.ms``) makes it list
+again too. With ``warm=True`` (the server) a thread lists the records table
+once at start, so the first consumer pays for neither the listing nor the
+JVM's first planning of a table scan.
 
-Measured (``tests/table/test_reader.py::test_read_costs`` prints the first
-two; one topic-partition of 100,000 rows of ~130 bytes with a header, local[2]
-Spark 4.3 on a shared 2-core machine under load average 10-15, so an idle
-machine does better):
+Without ``direct`` (or for non-local files): a Spark query costs tens to
+hundreds of ms however few rows it returns, while a sequential consumer
+catching up asks for ~1 MiB (``max.partition.fetch.bytes``) at a time. So a
+miss reads one chunk (up to ``chunk_rows`` rows / ~``chunk_bytes``) of the
+offsets at and after the one asked for, as Arrow (``DataFrame.toArrow``), and
+keeps it in the same LRU cache keyed by (topic, partition). A chunk is an
+offset *range* ``offset >= lo AND offset < lo + span``: Parquet's min/max
+statistics on ``offset`` skip every file outside it. A range with no rows (a
+retention gap) costs one more query, ``min(offset)`` after it, to jump the gap.
 
-* cold read (cache miss: one Spark query of a 10,000-row chunk to Arrow, then
-  1 MiB = 8,452 records encoded): 1.1-1.8 s, 10 files or 1 compacted file
-  alike; 1.6-2.4 s over 100 uncompacted files. The same query through
-  ``collect()`` (Rows) took 2.9-3.1 s against 0.8-2.0 s through ``toArrow``.
-* cached read (the same 1 MiB from the cached chunk): 0.14-0.35 s, nearly all
-  of it kafka-python's pure-Python ``DefaultRecordBatchBuilder.append``
-  (~17-40 us a record), which holds the GIL while it runs.
+Measured: see docs/benchmarks.md ("Consuming"): from the table, librdkafka
+reads 200,000 x 1 KiB records at 0.8-1.3x its rate from the WAL (0.06x with
+Spark queries and kafka-python's builder). In-process, a warm reader serves
+the same records in ~0.5 s (~400,000 records/s: listing 0.15 s, decoding
+four row groups 0.12 s, encoding 0.2 s); kafka-python's builder took ~17 us a
+record for the encoding alone.
 
 Kafka rules followed: FetchRequest/KIP-74 (at least one whole record even if
 it exceeds ``max_bytes``, for the first partition of a response), records
@@ -50,7 +58,7 @@ max timestamp (ListOffsets -3, KIP-734).
 
 from __future__ import annotations
 
-import struct
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -61,10 +69,14 @@ from functools import reduce
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from kafka.record.default_records import DefaultRecordBatchBuilder
 from pyspark.sql import Column, DataFrame, SparkSession
 
+from pipeline.table.batches import CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD, HEADER_BYTES, encode_batches
 from pipeline.table.catalog import OwnedTable, TableCatalog, _functions
+from pipeline.table.files import DecodedGroup, FooterGroups, RowGroups, local_file
+from pipeline.table.schema import ARROW_SCHEMA
+
+log = logging.getLogger(__name__)
 
 READ_COLUMNS: tuple[str, ...] = ("offset", "timestamp", "timestampType", "key", "value", "headers")
 """The columns a RecordBatch needs (topic and partition are the caller's)."""
@@ -75,19 +87,20 @@ DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 """Aim for about this many bytes per Spark query, once a partition's row size is known."""
 DEFAULT_COLD_CHUNK_ROWS = 1_000
 """Rows of the first query of a (topic, partition) whose row size is not known yet."""
-DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
-"""The cache's bound (Arrow buffer bytes of every cached chunk)."""
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+"""The cache's bound (Arrow buffer bytes of every cached chunk and decoded row group): a row group
+Spark writes holds up to ~100,000 rows of every partition of a topic (~100 MiB of 1 KiB records), and a
+consumer reading all partitions needs it until each has passed it, and the next one beside it."""
 
-CODECS = {"none": DefaultRecordBatchBuilder.CODEC_NONE, "gzip": DefaultRecordBatchBuilder.CODEC_GZIP,
-          "snappy": DefaultRecordBatchBuilder.CODEC_SNAPPY, "lz4": DefaultRecordBatchBuilder.CODEC_LZ4,
-          "zstd": DefaultRecordBatchBuilder.CODEC_ZSTD}
-"""``compression`` names (Kafka ``compression.type``) -> kafka-python codec ids."""
+_MAX_FOOTERS = 100_000
+"""Footers kept (files are immutable, so a footer never goes stale; this only bounds memory)."""
+_NO_FILES = RowGroups.from_footers([])
 
-BATCH_HEADER_BYTES = DefaultRecordBatchBuilder.HEADER_STRUCT.size
+CODECS = {"none": CODEC_NONE, "gzip": CODEC_GZIP, "snappy": CODEC_SNAPPY, "lz4": CODEC_LZ4, "zstd": CODEC_ZSTD}
+"""``compression`` names (Kafka ``compression.type``) -> codec ids."""
+
+BATCH_HEADER_BYTES = HEADER_BYTES
 """61: the RecordBatch v2 header (Kafka ``DefaultRecordBatch.RECORD_BATCH_OVERHEAD``)."""
-
-_BASE_OFFSET = struct.Struct(">q")
-_LOG_APPEND_TIME = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,25 +121,6 @@ class TableSlice:
     next_offset: int
     size_bytes: int
     record_count: int
-
-
-class _Builder(DefaultRecordBatchBuilder):
-    """kafka-python's batch builder that can also mark a batch LogAppendTime.
-
-    Its own builder leaves the timestamp-type bit to the broker; this one sets
-    it in the attributes before the CRC (which covers them) is computed.
-    """
-
-    __slots__ = ("_log_append_time",)
-
-    def __init__(self, compression_type: int, batch_size: int, log_append_time: bool) -> None:
-        super().__init__(magic=2, compression_type=compression_type, is_transactional=False,
-                         producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=batch_size)
-        self._log_append_time = log_append_time
-
-    def _get_attributes(self, include_compression_type=True):
-        attrs = super()._get_attributes(include_compression_type)
-        return attrs | self.TIMESTAMP_TYPE_MASK if self._log_append_time else attrs
 
 
 @dataclass(slots=True)
@@ -167,12 +161,19 @@ class TableReader:
             row size measured on the partition's previous chunk; the first
             query of a partition reads ``cold_chunk_rows`` rows.
         cold_chunk_rows: see ``chunk_bytes`` (> 0).
-        cache_bytes: bound on the cached chunks' Arrow bytes (>= 0; 0: no
-            cache). A chunk larger than the bound is served, not cached.
+        cache_bytes: bound on the cached chunks' and decoded row groups'
+            Arrow bytes (>= 0; 0: no cache). A chunk or row group larger than
+            the bound is served, not cached.
         compression: codec of the batches built (Kafka ``compression.type``):
             none (default), gzip, snappy, lz4 or zstd; a batch that does not
             shrink is sent uncompressed (kafka-python's rule). ``max_bytes``
             always counts the uncompressed size.
+        direct: read the Parquet files the catalog lists with pyarrow
+            (``pipeline.table.files``); a topic whose files are not local
+            paths is read with Spark queries either way. False: always Spark.
+        warm: plan one listing now, in a thread of its own (``warm``), so the
+            first consumer does not wait for the JVM's first planning of a
+            table scan (1-10 s on a loaded 2-core machine, 0.3 s after).
 
     Raises:
         ValueError: a size is out of range or ``compression`` is unknown.
@@ -180,7 +181,8 @@ class TableReader:
 
     def __init__(self, spark: SparkSession, catalog: TableCatalog, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, cold_chunk_rows: int = DEFAULT_COLD_CHUNK_ROWS,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, compression: str = "none") -> None:
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, compression: str = "none", direct: bool = True,
+                 warm: bool = False) -> None:
         if chunk_rows < 1 or chunk_bytes < 1 or cold_chunk_rows < 1 or cache_bytes < 0:
             raise ValueError(f"chunk_rows, chunk_bytes, cold_chunk_rows must be > 0 and cache_bytes >= 0, got "
                              f"{chunk_rows}, {chunk_bytes}, {cold_chunk_rows}, {cache_bytes}")
@@ -199,10 +201,25 @@ class TableReader:
         self._cached_bytes = 0
         self._row_bytes: dict[tuple[str, int], float] = {}
         self._existing: set[str] = set()
+        self.direct = direct
+        self._listings: dict[str, RowGroups | None] = {}
+        self._footers: dict[str, FooterGroups] = {}
+        self._groups: OrderedDict[tuple[str, int], DecodedGroup] = OrderedDict()
         self.hits = 0
         """Reads served from the cache."""
         self.misses = 0
-        """Reads that queried Spark."""
+        """Reads that queried Spark or decoded a row group."""
+        self.listings = 0
+        """Catalog listings (Spark planning calls) of one topic's data files (the direct path)."""
+        self.decoded = 0
+        """Row groups decoded (the direct path)."""
+        self._warm_files: dict[str, list[str]] = {}
+        self.warming: threading.Thread | None = None
+        """The thread ``warm=True`` started (it ends after one planning call)."""
+        if warm and direct:
+            # A daemon: one bounded planning call that must not hold up the server's exit.
+            self.warming = threading.Thread(target=self.warm, name="table-reader-warm", daemon=True)
+            self.warming.start()
 
     # -- Fetch ---------------------------------------------------------------------
 
@@ -237,7 +254,7 @@ class TableReader:
                              f"{offset}, {max_bytes}, {max_records}")
         if offset >= end:
             return TableSlice(b"", offset, 0, 0)
-        rows = self._rows(topic, partition, offset, end, max_records)
+        rows = self._rows(topic, partition, offset, end, max_bytes, max_records)
         return self._encode(rows, offset, max_bytes, max_records, min_one)
 
     def invalidate(self, topic: str | None = None, partition: int | None = None) -> None:
@@ -245,12 +262,40 @@ class TableReader:
         with self._lock:
             for key in [k for k in self._cache if topic is None or (k[0] == topic and partition in (None, k[1]))]:
                 self._cached_bytes -= self._cache.pop(key).nbytes
+            listings = [t for t in self._listings if topic is None or t == topic]
+            paths = {path for t in listings for path in (self._listings.pop(t) or _NO_FILES).paths}
+            for key in [k for k in self._groups if k[0] in paths]:
+                self._cached_bytes -= self._groups.pop(key).nbytes
 
     @property
     def cached_bytes(self) -> int:
         """Arrow bytes the cache holds now (<= ``cache_bytes``)."""
         with self._lock:
             return self._cached_bytes
+
+    def warm(self) -> None:
+        """List the records table's data files (one planning call, no job, no file read) and keep each
+        raw topic's list for its first read: that read then skips its own listing, and the JVM has
+        loaded what later listings use (catalog client, planner, partition pruning).
+
+        The list is a snapshot like any listing here: files committed later show as a gap, which
+        makes a read list again (``_rows``). Never raises: a failure (Spark stopping) is logged at
+        debug level."""
+        try:
+            uris = self.spark.table(self.catalog.records.name).inputFiles()
+        except Exception as exc:  # noqa: BLE001 - only a warm-up
+            log.debug("table reader warm-up failed: %s", exc)
+            return
+        by_topic: dict[str, list[str]] = {}
+        for uri in uris:
+            path = local_file(uri)
+            topic = _topic_of(path) if path is not None else None
+            if topic is None:
+                return  # not local, or not laid out as expected: every topic lists on its first read
+            by_topic.setdefault(topic, []).append(path)  # type: ignore[arg-type]
+        typed = set(self.catalog.typed_tables)  # typed topics have more tables: they list on first read
+        with self._lock:
+            self._warm_files = {t: files for t, files in by_topic.items() if t not in typed}
 
     # -- ListOffsets -----------------------------------------------------------------
 
@@ -357,14 +402,136 @@ class TableReader:
         rows = self._frame(topic, partition, where).toArrow()
         if rows.num_rows == 0:
             return rows
-        rows = rows.take(pc.sort_indices(rows.column("offset")))
-        offsets = rows.column("offset").to_numpy()
-        if len(offsets) > 1 and not (np.diff(offsets) > 0).all():  # never expected: one table per offset
-            keep = np.concatenate(([True], np.diff(offsets) > 0))
-            rows = rows.filter(pa.array(keep))
-        return rows
+        return _sorted_unique(rows)
 
-    def _rows(self, topic: str, partition: int, offset: int, end: int, max_records: int | None) -> pa.Table:
+    def _rows(self, topic: str, partition: int, offset: int, end: int, max_bytes: int,
+              max_records: int | None) -> pa.Table:
+        """The rows at and after ``offset`` below ``end``: from the data files (``_rows_direct``), or from
+        the chunk cache or one chunk query (``_rows_spark``)."""
+        if self.direct:
+            with self._lock:
+                known = topic in self._listings
+                listing = self._listings.get(topic)
+            fresh = False
+            if not known:
+                listing, fresh = self._list(topic)
+            while listing is not None:
+                try:
+                    rows = self._rows_direct(listing, topic, partition, offset, end, max_bytes, max_records)
+                except FileNotFoundError:  # a compaction's or retention's delayed deletion: list again
+                    if fresh:
+                        raise
+                else:
+                    offsets = rows.column("offset")
+                    # Offsets are dense but for retention's gaps; a listing made before a commit misses its
+                    # files, which shows as a gap: list again once before serving one.
+                    if fresh or (rows.num_rows and offsets[0].as_py() == offset
+                                 and offsets[-1].as_py() - offset + 1 == rows.num_rows):
+                        return rows
+                listing, fresh = self._list(topic, warm=False)
+        return self._rows_spark(topic, partition, offset, end, max_records)
+
+    def _list(self, topic: str, warm: bool = True) -> tuple[RowGroups | None, bool]:
+        """The row groups of every data file that can hold the topic's rows, from the catalog (one
+        planning call per source table, no job), or from the warm-up's listing if ``warm`` and it has
+        one for the topic; None when a file is not on a local path. And whether it was listed now."""
+        with self._lock:
+            warm_paths = self._warm_files.pop(topic, None)
+        listed_now = warm_paths is None or not warm
+        paths: list[str | None] = list(warm_paths or [])
+        if listed_now:
+            with self._lock:
+                self.listings += 1
+            uris = []
+            for owned, by_topic in self._sources(topic):
+                frame = self.spark.table(owned.name)
+                if by_topic:
+                    frame = frame.where(self._F.col("topic") == self._F.lit(topic))
+                uris += frame.inputFiles()
+            paths = [local_file(u) for u in uris]
+        listing = None
+        local = [p for p in paths if p is not None]
+        if len(local) == len(paths):
+            footers = []
+            for path in sorted(set(local)):
+                footer = self._footers.get(path)
+                if footer is None:
+                    try:
+                        footer = FooterGroups.read(path)
+                    except FileNotFoundError:  # replaced since the warm-up listed it
+                        if listed_now:
+                            raise
+                        return self._list(topic, warm=False)
+                footers.append(footer)
+            listing = RowGroups.from_footers(footers)
+        with self._lock:
+            if listing is not None:
+                if len(self._footers) > _MAX_FOOTERS:
+                    self._footers.clear()
+                self._footers.update((f.path, f) for f in footers)
+            self._listings[topic] = listing
+        return listing, listed_now
+
+    def _rows_direct(self, listing: RowGroups, topic: str, partition: int, offset: int, end: int,
+                     max_bytes: int, max_records: int | None) -> pa.Table:
+        """Rows of the partition from ``offset`` on, below ``end``, that the listed row groups hold, up to
+        the first offset a row group not decoded yet could hold.
+
+        Row groups are decoded by ascending smallest offset until the rows complete so far (those
+        below the next one's smallest offset) fill ``max_bytes`` (Arrow bytes, an estimate of the
+        encoded size) or ``max_records``, or none is left."""
+        candidates = listing.candidates(partition, offset, end)
+        parts: list[tuple[pa.Table, np.ndarray, float]] = []
+        bound = end
+        decoded = False
+        for i, g in enumerate(candidates.tolist()):
+            key = (listing.paths[listing.file[g]], int(listing.index[g]))
+            with self._lock:
+                group = self._groups.get(key)
+                if group is not None:
+                    self._groups.move_to_end(key)
+            if group is None:
+                decoded = True
+                group = DecodedGroup.decode(key[0], key[1], READ_COLUMNS, topic)
+                with self._lock:
+                    self.decoded += 1
+                self._keep(key, group)
+            part = group.slice(partition, offset, end)
+            if part.num_rows:
+                parts.append((part, part.column("offset").to_numpy(), group.nbytes / max(1, group.rows.num_rows)))
+            # Every row below the next candidate's smallest offset is among the row groups decoded.
+            bound = int(listing.omin[candidates[i + 1]]) if i + 1 < len(candidates) else end
+            below = [int(np.searchsorted(offsets, bound)) for _, offsets, _ in parts]
+            rows_below = sum(below)
+            if rows_below and (sum(k * size for k, (_, _, size) in zip(below, parts)) >= max_bytes
+                               or (max_records is not None and rows_below >= max_records)):
+                break
+        with self._lock:
+            if decoded:
+                self.misses += 1
+            else:
+                self.hits += 1
+        tables = [part.slice(0, int(np.searchsorted(offsets, bound))) for part, offsets, _ in parts]
+        tables = [t for t in tables if t.num_rows]
+        if not tables:
+            return _empty_rows()
+        return tables[0] if len(tables) == 1 else _sorted_unique(pa.concat_tables(tables))
+
+    def _keep(self, key: tuple[str, int], group: DecodedGroup) -> None:
+        with self._lock:
+            old = self._groups.pop(key, None)
+            if old is not None:
+                self._cached_bytes -= old.nbytes
+            if group.nbytes <= self.cache_bytes:
+                self._groups[key] = group
+                self._cached_bytes += group.nbytes
+                while self._cached_bytes > self.cache_bytes:
+                    if self._groups and (not self._cache or len(self._groups) > 1):
+                        self._cached_bytes -= self._groups.popitem(last=False)[1].nbytes
+                    else:
+                        self._cached_bytes -= self._cache.popitem(last=False)[1].nbytes
+
+    def _rows_spark(self, topic: str, partition: int, offset: int, end: int, max_records: int | None) -> pa.Table:
         """The rows at and after ``offset`` below ``end`` that the cache or one chunk query has."""
         key = (topic, partition)
         with self._lock:
@@ -409,7 +576,10 @@ class TableReader:
                 self._cache[key] = chunk
                 self._cached_bytes += chunk.nbytes
                 while self._cached_bytes > self.cache_bytes:
-                    self._cached_bytes -= self._cache.popitem(last=False)[1].nbytes
+                    if len(self._cache) > 1 or not self._groups:
+                        self._cached_bytes -= self._cache.popitem(last=False)[1].nbytes
+                    else:
+                        self._cached_bytes -= self._groups.popitem(last=False)[1].nbytes
         return rows
 
     def _encode(self, rows: pa.Table, offset: int, max_bytes: int, max_records: int | None,
@@ -420,51 +590,60 @@ class TableReader:
         where the timestamp does: every record of a LogAppendTime batch has
         the batch's max timestamp (Kafka ``DefaultRecordBatch``).
         """
-        if max_records is not None:
-            rows = rows.slice(0, max_records)
-        # Convert only what can fit: a record takes at least 7 bytes in a batch.
-        rows = rows.slice(0, max(1, max_bytes // 7))
-        n = rows.num_rows
-        if n == 0:
+        rows = rows.slice(0, max_records) if max_records is not None else rows
+        rows = rows.slice(0, _fit(rows, max_bytes))
+        if rows.num_rows == 0:
             return TableSlice(b"", offset, 0, 0)
-        offsets = rows.column("offset").to_pylist()
+        columns = {name: _array(rows.column(name)) for name in READ_COLUMNS}
+        offsets = columns["offset"].to_numpy(zero_copy_only=False)
         # Stored as microseconds (Kafka's ms * 1000); null never written, read as Kafka's -1 (no timestamp).
-        ts_us = rows.column("timestamp").cast(pa.int64()).fill_null(-1000).to_numpy()
-        timestamps = (ts_us // 1000).tolist()
-        types = rows.column("timestampType").fill_null(0).to_pylist()
-        keys = rows.column("key").to_pylist()
-        values = rows.column("value").to_pylist()
-        headers = rows.column("headers").to_pylist()
-
-        out = bytearray()
-        count = 0
-        builder: _Builder | None = None
-        base = batch_type = batch_ts = 0
-        for i in range(n):
-            hs = [(h["key"], h["value"]) for h in headers[i]] if headers[i] else []
-            o, ts, t = offsets[i], timestamps[i], types[i]
-            if builder is not None and (t != batch_type or (t == _LOG_APPEND_TIME and ts != batch_ts)
-                                        or builder.append(o - base, ts, keys[i], values[i], hs) is None):
-                out += _finish(builder, base)
-                builder = None
-            if builder is None:
-                remaining = max_bytes - len(out)
-                need = BATCH_HEADER_BYTES + DefaultRecordBatchBuilder.size_in_bytes(0, 0, keys[i], values[i], hs)
-                if need > remaining and not (min_one and count == 0):
-                    break
-                builder = _Builder(self._codec, max(remaining, need), t == _LOG_APPEND_TIME)
-                base, batch_type, batch_ts = o, t, ts
-                builder.append(0, ts, keys[i], values[i], hs)
-            count += 1
-        if builder is not None:
-            out += _finish(builder, base)
+        ts_us = columns["timestamp"].cast(pa.int64()).fill_null(-1000).to_numpy(zero_copy_only=False)
+        types = columns["timestampType"].fill_null(0).to_numpy(zero_copy_only=False)
+        records, count = encode_batches(offsets, ts_us // 1000, types, columns["key"], columns["value"],
+                                        columns["headers"], max_bytes, min_one=min_one, codec=self._codec)
         if count == 0:
             return TableSlice(b"", offset, 0, 0)
-        return TableSlice(bytes(out), offsets[count - 1] + 1, len(out), count)
+        return TableSlice(records, int(offsets[count - 1]) + 1, len(records), count)
 
 
-def _finish(builder: _Builder, base_offset: int) -> bytearray:
-    """The built batch with its base offset set (outside the CRC, as Kafka's broker sets it)."""
-    buf = builder.build()
-    _BASE_OFFSET.pack_into(buf, 0, base_offset)
-    return buf
+def _topic_of(path: str) -> str | None:
+    """The topic of a records-table data file, from its Hive partition directory (``.../topic=<name>/...``;
+    Kafka topic names use no character Hive escapes); None if the path has none."""
+    for part in reversed(path.split("/")):
+        if part.startswith("topic="):
+            return part[len("topic="):]
+    return None
+
+
+def _fit(rows: pa.Table, max_bytes: int) -> int:
+    """How many of ``rows`` could fit in ``max_bytes`` at their smallest (7 bytes plus key and value a
+    record, plus one batch header), at least 1: a bound on what ``encode_batches`` takes, found
+    without copying the rows."""
+    n = min(rows.num_rows, max(1, max_bytes // 7))
+    rows = rows.slice(0, n)
+    sizes = [pc.binary_length(rows.column(c)).fill_null(0).to_numpy() for c in ("key", "value")]
+    smallest = np.cumsum(7 + sizes[0].astype(np.int64) + sizes[1]) + BATCH_HEADER_BYTES
+    return max(1, min(n, int(np.searchsorted(smallest, max_bytes, side="right")) + 1))
+
+
+def _sorted_unique(rows: pa.Table) -> pa.Table:
+    """``rows`` sorted by offset, one row per offset."""
+    offsets = [c.to_numpy() for c in rows.column("offset").chunks]
+    if all(len(o) for o in offsets) and all((np.diff(o) > 0).all() for o in offsets) \
+            and all(a[-1] < b[0] for a, b in zip(offsets, offsets[1:])):
+        return rows  # already in order: no copy
+    rows = rows.take(pc.sort_indices(rows.column("offset")))
+    offsets = rows.column("offset").to_numpy()
+    if len(offsets) > 1 and not (np.diff(offsets) > 0).all():  # never expected: one table per offset
+        keep = np.concatenate(([True], np.diff(offsets) > 0))
+        rows = rows.filter(pa.array(keep))
+    return rows
+
+
+def _empty_rows() -> pa.Table:
+    return pa.schema([ARROW_SCHEMA.field(c) for c in READ_COLUMNS]).empty_table()
+
+
+def _array(column: pa.ChunkedArray) -> pa.Array:
+    """One contiguous array (zero-copy when the column has one chunk)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()

@@ -13,6 +13,8 @@ import time
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.parquet as pq
 import pytest
 from kafka.record import MemoryRecords
 from kafka.record.memory_records import MemoryRecordsBuilder
@@ -206,14 +208,36 @@ def tables(spark, tmp_path_factory):
     return catalog, pay
 
 
+@pytest.fixture(params=[True, False], ids=["files", "spark"])
+def direct(request) -> bool:
+    """Read the Parquet files directly (pyarrow), or through Spark queries (the path for non-local files)."""
+    return request.param
+
+
+def row_groups_holding(catalog: TableCatalog, topic: str, partition: int) -> int:
+    """Row groups of the topic's files (as the catalog lists them) with rows of ``partition``."""
+    files = catalog.spark.table(catalog.records.name).where(f"topic = '{topic}'").inputFiles()
+    n = 0
+    for uri in files:
+        pf = pq.ParquetFile(uri.removeprefix("file:"))
+        n += sum(pa.compute.any(pa.compute.equal(pf.read_row_group(g, columns=["partition"]).column(0),
+                                                 partition)).as_py() for g in range(pf.num_row_groups))
+    return n
+
+
 @pytest.mark.slow
-def test_a_consumer_reads_every_record_back_exactly(tables):
+def test_a_consumer_reads_every_record_back_exactly(tables, direct):
     catalog, _ = tables
-    reader = TableReader(catalog.spark, catalog, cold_chunk_rows=64)
+    reader = TableReader(catalog.spark, catalog, cold_chunk_rows=64, direct=direct)
     got = read_all(reader, "orders", 0, 0, N, max_bytes=1024)   # ~25 records a read
     assert got == expected(range(N))
-    # one cold chunk of 64 rows, then one chunk sized by bytes holds the rest; the other reads hit the cache
-    assert reader.misses == 2 and reader.hits >= 8
+    if direct:
+        # one listing; each row group holding the partition decoded once; the other reads hit the cache
+        assert reader.listings == 1 and reader.decoded == row_groups_holding(catalog, "orders", 0)
+        assert reader.misses <= reader.decoded and reader.hits >= 8
+    else:
+        # one cold chunk of 64 rows, then one chunk sized by bytes holds the rest; the other reads hit the cache
+        assert reader.misses == 2 and reader.hits >= 8
     assert read_all(reader, "orders", 1, 0, 60, 1 << 20) == expected(range(60), lambda o: record(1000 + o % 10))
     # from the middle, one big read
     s = reader.read("orders", 0, 123, 1 << 20, end=N)
@@ -222,9 +246,9 @@ def test_a_consumer_reads_every_record_back_exactly(tables):
 
 
 @pytest.mark.slow
-def test_the_end_bound_and_offsets_beyond_the_table(tables):
+def test_the_end_bound_and_offsets_beyond_the_table(tables, direct):
     catalog, _ = tables
-    reader = TableReader(catalog.spark, catalog)
+    reader = TableReader(catalog.spark, catalog, direct=direct)
     s = reader.read("orders", 0, 10, 1 << 20, end=25)
     assert [r[0] for r in decode(s.records)] == list(range(10, 25)) and s.next_offset == 25
     cached = reader.read("orders", 0, 20, 1 << 20, end=22)         # from the cache, still bounded
@@ -234,9 +258,9 @@ def test_the_end_bound_and_offsets_beyond_the_table(tables):
 
 
 @pytest.mark.slow
-def test_gaps_are_skipped(tables):
+def test_gaps_are_skipped(tables, direct):
     catalog, _ = tables
-    reader = TableReader(catalog.spark, catalog, cold_chunk_rows=4)  # chunks smaller than the gaps
+    reader = TableReader(catalog.spark, catalog, cold_chunk_rows=4, direct=direct)  # chunks smaller than the gaps
     got = read_all(reader, "gappy", 0, 0, 1000, 1 << 20)
     offsets = [*range(10), *range(50, 60), *range(200, 205)]
     assert got == expected(offsets)
@@ -247,17 +271,17 @@ def test_gaps_are_skipped(tables):
 
 
 @pytest.mark.slow
-def test_log_append_time_records(tables):
+def test_log_append_time_records(tables, direct):
     catalog, _ = tables
-    s = TableReader(catalog.spark, catalog).read("lat", 0, 0, 1 << 20, end=5)
+    s = TableReader(catalog.spark, catalog, direct=direct).read("lat", 0, 0, 1 << 20, end=5)
     assert [(o, ts, t) for o, ts, t, *_ in decode(s.records)] == [
         (0, T0, 1), (1, T0, 1), (2, T0, 1), (3, T0 + 5000, 1), (4, T0 + 5000, 1)]
 
 
 @pytest.mark.slow
-def test_a_typed_topic_is_served_from_its_table_and_its_dead_letters(tables):
+def test_a_typed_topic_is_served_from_its_table_and_its_dead_letters(tables, direct):
     catalog, pay = tables
-    reader = TableReader(catalog.spark, catalog)
+    reader = TableReader(catalog.spark, catalog, direct=direct)
     s = reader.read("pay", 0, 0, 1 << 20, end=100)
     assert decode(s.records) == [(i, *_fields(r)) for i, r in enumerate(pay)]
     assert s.next_offset == 6
@@ -286,9 +310,9 @@ def test_list_offsets(tables):
 
 
 @pytest.mark.slow
-def test_concurrent_reads_and_a_small_cache(tables):
+def test_concurrent_reads_and_a_small_cache(tables, direct):
     catalog, _ = tables
-    reader = TableReader(catalog.spark, catalog, cold_chunk_rows=50, cache_bytes=20_000)
+    reader = TableReader(catalog.spark, catalog, cold_chunk_rows=50, cache_bytes=20_000, direct=direct)
     results: dict[int, list] = {}
     errors: list[BaseException] = []
 
@@ -310,6 +334,53 @@ def test_concurrent_reads_and_a_small_cache(tables):
 
 
 @pytest.mark.slow
+def test_files_listed_before_a_commit_or_a_compaction(spark, tmp_path):
+    """A reader's cached listing of the data files misses what a later commit added, and still names
+    files a compaction replaced: neither shows in what it serves."""
+    catalog = TableCatalog(spark, tmp_path / "data", TableConfig(
+        database=unique_database(), target_file_bytes=1 << 20, compaction_min_files=3, file_delete_delay_ms=0))
+    catalog.ensure()
+
+    def commit(lo: int, hi: int) -> None:
+        catalog.write_flush(build_flush([append("orders", 0, lo, [record(i) for i in range(lo, hi)])], {}))
+
+    commit(0, 40)
+    reader = TableReader(spark, catalog, warm=True)
+    reader.warming.join(120)
+    assert decode(reader.read("orders", 0, 0, 1 << 20, end=40).records) == expected(range(40))
+    commit(40, 80)
+    commit(80, 120)   # the cached listing holds neither
+    assert read_all(reader, "orders", 0, 30, 120, 1 << 20) == expected(range(30, 120))
+    assert reader.listings == 1   # the warm-up's listing, then one when the next commit's offsets were asked for
+    commit(120, 160)
+    # a read that starts in the listed files and goes on into the new ones sees no gap
+    assert read_all(reader, "orders", 0, 100, 160, 1 << 20) == expected(range(100, 160))
+    result = catalog.compact()   # new files; with file.delete.delay.ms 0 the listed ones are deleted
+    assert result.compacted_partitions >= 1 and result.deleted_directories >= 1
+    assert read_all(reader, "orders", 0, 0, 160, 1 << 20) == expected(range(160))
+    fresh = TableReader(spark, catalog, cache_bytes=0)   # no decoded row group kept: every read opens files
+    fresh.read("orders", 0, 0, 10, end=160)  # lists the compacted files
+    catalog.write_flush(build_flush([append("orders", 0, 160, [record(160)])], {}))
+    catalog.compact()
+    assert read_all(fresh, "orders", 0, 0, 161, 1 << 20) == expected(range(161))  # listed files gone: listed again
+
+
+@pytest.mark.slow
+def test_a_warm_reader_starts_from_the_listing_it_made_at_start(tables):
+    catalog, pay = tables
+    reader = TableReader(catalog.spark, catalog, warm=True)
+    reader.warming.join(120)
+    assert not reader.warming.is_alive()
+    assert read_all(reader, "orders", 0, 0, N, 1 << 20) == expected(range(N))
+    assert read_all(reader, "gappy", 0, 0, 1000, 1 << 20) == expected([*range(10), *range(50, 60), *range(200, 205)])
+    # 'orders' never lists; 'gappy' lists again at its first gap and where its rows end below ``end``
+    assert reader.listings == 2
+    # a typed topic has more tables than the records table: its first read lists them all
+    assert decode(reader.read("pay", 0, 0, 1 << 20, end=100).records) == [(i, *_fields(r)) for i, r in enumerate(pay)]
+    assert reader.listings == 3
+
+
+@pytest.mark.slow
 def test_compacted_tables_read_the_same(spark, tmp_path):
     catalog = TableCatalog(spark, tmp_path / "data", TableConfig(
         database=unique_database(), target_file_bytes=1 << 20, compaction_min_files=3, file_delete_delay_ms=0))
@@ -318,11 +389,12 @@ def test_compacted_tables_read_the_same(spark, tmp_path):
         catalog.write_flush(build_flush([append("orders", 0, 40 * f, [record(i) for i in range(40 * f, 40 * f + 40)])],
                                         {}))
     before = TableReader(spark, catalog).read("orders", 0, 0, 1 << 20, end=200)
+    spark_before = TableReader(spark, catalog, direct=False).read("orders", 0, 0, 1 << 20, end=200)
     result = catalog.compact()
     assert result.compacted_partitions >= 1 and result.files_after < result.files_before
     after = TableReader(spark, catalog).read("orders", 0, 0, 1 << 20, end=200)
     assert decode(after.records) == decode(before.records) == expected(range(200))
-    assert after == before
+    assert after == before == spark_before   # the same bytes from the files as through Spark
 
 
 @pytest.mark.slow
