@@ -449,8 +449,10 @@ class TransactionApis:
                 module.TransactionState, error_code=apis.error_code(error), transactional_id=tid,
                 transaction_state=meta.state.value if meta is not None and error == tx.NONE else "",
                 transaction_timeout=apis.timedelta_ms(meta.timeout_ms if meta is not None and error == tx.NONE else 0),
+                # Kafka: the transaction's start (-1 when none is ongoing); an error leaves the
+                # schema's default, 0.
                 transaction_start_time=apis.datetime_ms(meta.start_ms if meta is not None and error == tx.NONE
-                                                         else -1),
+                                                         else 0),
                 producer_id=i64(meta.producer_id if meta is not None and error == tx.NONE else -1),
                 producer_epoch=meta.producer_epoch if meta is not None and error == tx.NONE else -1,
                 topics=tuple(apis.make(module.TopicData, topic=t, partitions=tuple(i32(p) for p in ps))
