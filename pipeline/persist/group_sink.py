@@ -156,6 +156,8 @@ class SparkGroupSink:
         self._formats = self._sink.catalog.value_formats()
         self._sink.catalog.check_typed_tables(self._formats)
         self._staging = self._start_staging()
+        if self._table_lock is not None:  # other brokers may move partitions (compaction): no cache
+            self._sink.catalog.partition_directories = None
         warmup = pa.table({"warmup": pa.array([1], pa.int32())})
         path = os.path.join(self._state_dir, "warmup")
         self._sink.spark.createDataFrame(warmup).write.mode("overwrite").parquet(path)
