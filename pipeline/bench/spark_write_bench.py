@@ -115,8 +115,11 @@ def run_naive(spark: SparkSession, tables: list, path: str) -> None:
         for table in tables:
             spark.createDataFrame(table).write.mode("append").parquet(path)
     finally:
-        for k, v in saved.items():
-            spark.conf.set(k, v)
+        for k, saved_value in saved.items():
+            if saved_value is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, saved_value)
 
 
 def run_sink(sink: SparkGroupSink, state_dir: Path, appends: list[PartitionAppend], appends_per_request: int) -> None:
