@@ -11,16 +11,24 @@ Spark write on another core. The persister's flushes send the worker the
 appends' fields (one list per field, ``batch.to_columns``, which pickles ~4x
 faster than the objects) and where each append's records are in the WAL; the
 worker reads the record bytes from there (``to_table_from_wal``), so they are
-not pickled. Recovery's replays send the bytes (``to_table``). The Arrow table
-comes back through pickle's Arrow IPC buffers.
+not pickled. Recovery's replays send the bytes (``to_table``).
+
+The worker also writes the records table's Parquet files (``pipeline.table.staging``,
+Arrow's C++ writer) into this sink's staging directory, and only their names come
+back; ``write`` commits them to the catalog (``TableCatalog.commit_staged``: the
+partitions, then one rename per file). A Spark append of the same rows took 30-50x
+more CPU (docs/benchmarks.md, "Table side"). Typed topics' rows and dead letters come
+back as Arrow tables (pickle's Arrow IPC buffers) and go through Spark appends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import multiprocessing
 import os
+import shutil
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -30,10 +38,13 @@ from pyspark.sql import SparkSession
 
 from pipeline.lifecycle import die_with_parent
 from pipeline.table.arrow import appends_to_table
-from pipeline.log.batch import PartitionAppend, to_columns
+from pipeline.log.batch import AppendColumns, PartitionAppend, to_columns
 from pipeline.persist.spark_sink import SparkSink
-from pipeline.table.catalog import MaintenanceResult, TableCatalog, TableConfig, end_offsets, present_offsets
+from pipeline.table.catalog import (MaintenanceResult, TableCatalog, TableConfig, end_offsets, local_path,
+                                    present_offsets)
 from pipeline.log.wal import WalSpan
+from pipeline.table.schema import ARROW_SCHEMA
+from pipeline.table.staging import STAGING_DIR, StagedRecords, Staging, arrow_codec, stage_flush
 from pipeline.table.typed import FlushTables, build_flush, build_flush_from_columns, build_flush_from_wal
 from pipeline.table.values import ValueFormat
 
@@ -79,6 +90,17 @@ def _decode_worker_init(parent_pid: int, niceness: int) -> None:
         os.nice(niceness)
 
 
+def _staged_from_columns(columns: AppendColumns, formats: dict[str, ValueFormat], staging: Staging) -> FlushTables:
+    """The decode worker's job for appends with their bytes: decode, split, stage the records."""
+    return stage_flush(build_flush_from_columns(columns, formats), staging)
+
+
+def _staged_from_wal(columns: AppendColumns, wal_directory: str, spans: Sequence[WalSpan],
+                     formats: dict[str, ValueFormat], staging: Staging) -> FlushTables:
+    """The decode worker's job for appends whose bytes are in the WAL: read, decode, split, stage."""
+    return stage_flush(build_flush_from_wal(columns, wal_directory, spans, formats), staging)
+
+
 class SparkGroupSink:
     """The table side of the persister: Arrow conversion + Spark, blocking (worker thread).
 
@@ -120,6 +142,7 @@ class SparkGroupSink:
         self._decode_niceness = decode_niceness
         self._pool: ProcessPoolExecutor | None = None
         self._formats: dict[str, ValueFormat] = {}
+        self._staging: Staging | None = None
 
     def start(self) -> None:
         """Start Spark (blocking, ~8 s), warm its write path, start the decode worker.
@@ -132,13 +155,40 @@ class SparkGroupSink:
             self._sink.start()
         self._formats = self._sink.catalog.value_formats()
         self._sink.catalog.check_typed_tables(self._formats)
+        self._staging = self._start_staging()
+        if self._table_lock is not None:  # other brokers may move partitions (compaction): no cache
+            self._sink.catalog.partition_directories = None
         warmup = pa.table({"warmup": pa.array([1], pa.int32())})
         path = os.path.join(self._state_dir, "warmup")
         self._sink.spark.createDataFrame(warmup).write.mode("overwrite").parquet(path)
         if self._pool is None:
             self.start_decoder()
         if self._pool is not None:
-            self._pool.submit(appends_to_table, []).result()  # import pyarrow/kafka there now
+            # import pyarrow, kafka, this module and Parquet's writer there now
+            self._pool.submit(_staged_from_columns, to_columns([]), {}, self.staging).result()
+
+    def _start_staging(self) -> Staging:
+        """This sink's staging directory, emptied: ``TABLE_DIR/_staging/<hash of the state
+        directory>`` (each broker of a cluster has its own state directory, so its own staging).
+        Whatever is there is left from a run that stopped before committing it, and the WAL
+        still holds those records."""
+        catalog = self._sink.catalog
+        table_dir = local_path(catalog.table_dir)
+        if table_dir is None:
+            raise RuntimeError(f"the records table {catalog.table_dir} is not on a local filesystem")
+        name = hashlib.sha256(os.path.abspath(self._state_dir).encode()).hexdigest()[:16]
+        directory = os.path.join(table_dir, STAGING_DIR, name)
+        shutil.rmtree(directory, ignore_errors=True)
+        os.makedirs(directory)
+        codec = arrow_codec(self._sink.spark.conf.get("spark.sql.parquet.compression.codec", "snappy") or "snappy")
+        return Staging(directory, catalog.config.day_topics, codec)
+
+    @property
+    def staging(self) -> Staging:
+        """Where flushes' records are staged (after ``start``)."""
+        if self._staging is None:
+            raise RuntimeError("SparkGroupSink is not started")
+        return self._staging
 
     def start_decoder(self) -> None:
         """Start the decode worker process (if ``decode_in_subprocess``), without waiting for it.
@@ -161,18 +211,26 @@ class SparkGroupSink:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._staging is not None:  # flushes decoded but not committed: the WAL has their records
+            shutil.rmtree(self._staging.directory, ignore_errors=True)
+            self._staging = None
         self._sink.stop()
 
     def to_table(self, appends: Sequence[PartitionAppend]) -> FlushTables:
-        """Decode every record of ``appends`` once, and parse typed topics' values, into the
-        flush's Arrow tables (``pipeline.table.typed.build_flush``; in the worker process if any).
+        """Decode every record of ``appends`` once, parse typed topics' values
+        (``pipeline.table.typed.build_flush``), and stage the records table's rows as Parquet
+        files (``pipeline.table.staging.stage_flush``); in the worker process if any.
+
+        Returns:
+            The flush: ``records`` is a ``StagedRecords``, typed rows and dead letters Arrow tables.
 
         Raises:
             ValueError, kafka.errors.CorruptRecordError: see ``appends_to_table``.
+            OSError: a staged file could not be written.
         """
         if self._pool is None:
-            return build_flush(appends, self._formats)
-        return self._pool.submit(build_flush_from_columns, to_columns(appends), self._formats).result()
+            return stage_flush(build_flush(appends, self._formats), self.staging)
+        return self._pool.submit(_staged_from_columns, to_columns(appends), self._formats, self.staging).result()
 
     def to_table_from_wal(self, appends: Sequence[PartitionAppend], wal_directory: str,
                           spans: Sequence[WalSpan]) -> FlushTables:
@@ -185,21 +243,31 @@ class SparkGroupSink:
             OSError: a span could not be read; see ``to_table`` otherwise.
         """
         if self._pool is None:
-            return build_flush_from_wal(to_columns(appends), wal_directory, spans, self._formats)
-        return self._pool.submit(build_flush_from_wal, to_columns(appends), wal_directory, list(spans),
-                                 self._formats).result()
+            return _staged_from_wal(to_columns(appends), wal_directory, spans, self._formats, self.staging)
+        return self._pool.submit(_staged_from_wal, to_columns(appends), wal_directory, list(spans),
+                                 self._formats, self.staging).result()
 
     def write(self, table: FlushTables, exclude: set[tuple[str, int, int]] | None = None) -> None:
-        """Write the flush minus the (topic, partition, offset) rows in ``exclude``: one Spark
-        append per destination table (``TableCatalog.write_flush``)."""
-        # Small flushes are faster as a LocalRelation planned on the driver
-        # (measured 0.24 s vs 0.45 s median for 3,200 rows); large ones as
-        # Arrow batches shipped to executors (~2x faster for 100k rows). Writes
-        # are serialised, so setting the SQL conf per write is safe.
-        threshold = "0" if table.num_rows >= LOCAL_RELATION_MAX_ROWS else str(LOCAL_RELATION_MAX_BYTES)
-        self._sink.spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", threshold)
+        """Write the flush minus the (topic, partition, offset) rows in ``exclude``: its staged
+        records committed (``TableCatalog.commit_staged``), one Spark append per other
+        destination table with rows (``TableCatalog.write_flush``). Repeatable after a failure
+        (files already committed are skipped; ``exclude`` then names their rows)."""
+        exclude = exclude or set()
+        if isinstance(table.records, StagedRecords):
+            rest = FlushTables(ARROW_SCHEMA.empty_table(), table.typed, table.dead_letters).without(exclude)
+            flush = FlushTables(table.records, rest.typed, rest.dead_letters)
+        else:
+            flush = table.without(exclude)
+        spark_rows = flush.num_rows - (flush.records.num_rows if isinstance(flush.records, StagedRecords) else 0)
+        if spark_rows:
+            # Small appends are faster as a LocalRelation planned on the driver
+            # (measured 0.24 s vs 0.45 s median for 3,200 rows); large ones as
+            # Arrow batches shipped to executors (~2x faster for 100k rows). Writes
+            # are serialised, so setting the SQL conf per write is safe.
+            threshold = "0" if spark_rows >= LOCAL_RELATION_MAX_ROWS else str(LOCAL_RELATION_MAX_BYTES)
+            self._sink.spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", threshold)
         with table_lock(self._table_lock):
-            self._sink.catalog.write_flush(table.without(exclude or set()))
+            self._sink.catalog.write_flush(flush, exclude)
 
     @property
     def catalog(self) -> TableCatalog:
