@@ -52,3 +52,20 @@ def baseline_server(tmp_path_factory) -> Iterator[ServerProcess]:
     """The shared ``--mode baseline`` server (see the module docstring)."""
     yield from _shared(tmp_path_factory, "shared-baseline", BASELINE_ARGS)
 
+
+
+@pytest.fixture(autouse=True)
+def in_order(request):
+    """A story module's steps (tests taking its module-scoped ``story``: test_durability, test_transactions)
+    run in file order; after a failed one the rest are skipped (they build on it)."""
+    if "story" not in request.fixturenames:
+        yield
+        return
+    story = request.getfixturevalue("story")
+    if story.failed_step:
+        pytest.skip(f"an earlier step of the story failed: {story.failed_step}")
+    failed = request.session.testsfailed
+    yield
+    if request.session.testsfailed > failed:
+        story.failed_step = request.node.name
+        story.abort()

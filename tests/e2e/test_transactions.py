@@ -150,19 +150,6 @@ def story(tmp_path_factory):
         story.abort()
 
 
-@pytest.fixture(autouse=True)
-def in_order(request):
-    """Steps run in file order; after a failed one the rest are skipped (they build on it)."""
-    story = request.getfixturevalue("story")
-    if story.failed_step:
-        pytest.skip(f"an earlier step of the story failed: {story.failed_step}")
-    failed = request.session.testsfailed
-    yield
-    if request.session.testsfailed > failed:
-        story.failed_step = request.node.name
-        story.abort()
-
-
 # -- clients ---------------------------------------------------------------------------------------
 
 def kafkajs_modules() -> Path:
