@@ -272,10 +272,14 @@ class KafkaApis:
         transactional = False  # records of a transaction: acknowledged at the WAL (pipeline.persist.persister)
         checked: list[tuple[int, ProducePartition, RecordsInfo]] = []
         writable: dict[str, bool] = {}  # topic -> TOPIC Write allowed (Kafka authorizes each topic once)
+        # Kafka handleProduceRequest: a transactional produce needs TRANSACTIONAL_ID Write first.
+        txn_allowed = view.transactional_id is None or self.authorize(
+            request, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, view.transactional_id)
         for part in view.partitions:
             if part.topic not in writable:
                 writable[part.topic] = self.authorize(request, AclOperation.WRITE, ResourceType.TOPIC, part.topic)
-            error = self._check_partition(view, part.topic, part.partition, writable[part.topic])
+            error = (self._check_partition(view, part.topic, part.partition, writable[part.topic]) if txn_allowed
+                     else ErrorCode.transactional_id_authorization_failed.value)
             if error == ErrorCode.none.value:
                 try:
                     if has_compressed_batch(part.records):

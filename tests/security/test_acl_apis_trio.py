@@ -27,6 +27,7 @@ from tests.admin.test_apis_trio import Recorder, _build
 from tests.e2e import raw_client as rc
 from tests.log import test_fetch_trio as ft
 from tests.requests.test_handler_trio import NO_TIMEOUT_MS, broker, eventually
+from tests.coordinator.test_service_trio import patient_clock  # noqa: F401 (a fixture)
 
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader
@@ -207,3 +208,44 @@ async def test_fetch_and_list_offsets_need_read_and_describe(autojump_clock, tmp
         got = ft.fetched(reader.responses[0][1])
         assert got[("t", 0)][0] == TOPIC_AUTH and got[("t", 0)][2] == []
         assert got[("u", 0)][0] == NONE and got[("u", 0)][2] == [(0, b"open")]
+
+
+async def test_transactions_need_transactional_id_write(patient_clock, tmp_path):  # noqa: F811
+    # Kafka handleProduceRequest / handleInitProducerId: a transactional id needs TRANSACTIONAL_ID Write.
+    from pipeline.coordinator.coordinator import GroupConfig
+    from pipeline.coordinator.service import GroupCoordinatorService
+    from pipeline.requests.txn_apis import TransactionApis
+    from tests.coordinator.test_service_trio import GroupClient
+
+    async with broker(tmp_path) as b:
+        groups = GroupCoordinatorService(b.apis, GroupConfig(), tmp_path / "groups.db")
+        groups.register()
+        await b.nursery.start(groups.run)
+        txn = TransactionApis(b.apis, groups, tmp_path / "transactions.db")
+        txn.register()
+        await b.nursery.start(txn.run)
+        b.apis.authorizer = Authorizer([
+            AclBinding(T, "*", LIT, ALICE, "*", AclOperation.WRITE, ALLOW),
+            AclBinding(ResourceType.TRANSACTIONAL_ID, "mine", LIT, ALICE, "*", AclOperation.WRITE, ALLOW)])
+        raw, channel = await b.connect()
+        channel.principal = ALICE
+        c = GroupClient(raw)
+        timeout = datetime.timedelta(seconds=60)
+        refused = await c.call("init_producer_id", 5, transactional_id="theirs", transaction_timeout=timeout,
+                               producer_id=-1, producer_epoch=-1)
+        assert int(refused.error_code) == 53  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        allowed = await c.call("init_producer_id", 5, transactional_id="mine", transaction_timeout=timeout,
+                               producer_id=-1, producer_epoch=-1)
+        assert int(allowed.error_code) == NONE
+        produce = ProduceRequest(
+            transactional_id="theirs", acks=i16(-1), timeout=datetime.timedelta(milliseconds=NO_TIMEOUT_MS),
+            topic_data=(TopicProduceData(name="t", partition_data=(
+                PartitionProduceData(index=i32(0), records=rc.record_batch([b"x"])),)),))
+        await raw.send(rc.frame(produce, 99))
+        await raw.wait_until(lambda: any(cid == 99 for cid, _ in raw.responses))
+        body = next(p for cid, p in raw.responses if cid == 99)
+        assert int(rc.decode_produce_response(body).responses[0].partition_responses[0].error_code) == 53
+        assert b.apis.logs.log_end_offset("t", 0) == 0  # never sequenced
+        txn.close()
+        groups.close()
+        await groups.wait_closed()
