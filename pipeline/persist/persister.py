@@ -242,6 +242,10 @@ class _Held:
     hold_from: WalPosition | None
 
 
+_GAVE_UP = object()
+"""``BatchingPersister._prepare``: given up at shutdown."""
+
+
 def _earlier(a: WalPosition | None, b: WalPosition | None) -> WalPosition | None:
     """The earlier position; None (the start of the WAL) is the earliest."""
     if a is None or b is None:
@@ -768,14 +772,9 @@ class BatchingPersister:
                 group = acc.drain(reason)
                 self._in_spark_prepare = group.size_bytes
                 try:
-                    if not group.appends:
-                        table = None  # nothing to write (see _write_wal)
-                    elif self._wal_reader is not None:
-                        spans = [span for w in group.waiters for span in w.spans]
-                        table = await trio.to_thread.run_sync(self._wal_reader.to_table_from_wal, group.appends,
-                                                              self._wal.directory, spans)
-                    else:
-                        table = await trio.to_thread.run_sync(self._sink.to_table, group.appends)
+                    table = await self._prepare(group)
+                    if table is _GAVE_UP:
+                        return
                     await send.send((group, table))
                 except trio.BrokenResourceError:
                     return  # the writer gave up at shutdown; the WAL keeps the rest
@@ -788,6 +787,36 @@ class BatchingPersister:
             deadline = None if waiting_for_writer else acc.linger_deadline_ms()
             with trio.move_on_at(deadline / 1000.0 if deadline is not None else float("inf")):
                 await self._spark_wakeup.wait()
+
+    async def _prepare(self, group: FlushGroup[_SparkWaiter]) -> Any:
+        """Decode one group for its write (the sink may stage files there: ``SparkGroupSink``), retried
+        with backoff as a failed write is (a full or missing table directory fails it too); None for a
+        group with nothing for the table (see ``_write_wal``), ``_GAVE_UP`` if given up at shutdown."""
+        if not group.appends:
+            return None
+        backoff = self._retry_backoff_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if self._wal_reader is not None:
+                    spans = [span for w in group.waiters for span in w.spans]
+                    return await trio.to_thread.run_sync(self._wal_reader.to_table_from_wal, group.appends,
+                                                         self._wal.directory, spans)
+                return await trio.to_thread.run_sync(self._sink.to_table, group.appends)
+            except Exception as exc:  # the records are in the WAL: nothing is lost by waiting
+                self.stats.failed_flushes += 1
+                log.warning("preparing the flush of %d records failed (attempt %d), retrying in %.2f s: %s",
+                            group.records, attempt, backoff, str(exc).splitlines()[0] if str(exc) else exc)
+                if self._closing_since is not None and trio.current_time() - self._closing_since > self._shutdown_grace_s:
+                    log.error("giving up on the table at shutdown: %d records stay in the WAL and are "
+                              "written at the next start", self.buffered_records + group.records)
+                    for waiter in group.waiters:
+                        if waiter.commit is not None:
+                            waiter.commit.resolve(exc)
+                    return _GAVE_UP
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_retry_backoff_s)
 
     async def _spark_writer(self, receive: trio.MemoryReceiveChannel) -> None:
         async with receive:
