@@ -17,6 +17,7 @@ it is tested on a live scrape without a terminal; ``run`` is the loop.
 from __future__ import annotations
 
 import math
+import signal
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -334,6 +335,9 @@ def run(url: str, interval_s: float = 2.0, *, once: bool = False) -> int:
             return 1
         return 0
     previous: Scrape | None = None
+    # Ctrl-C is how the live view ends, also when started where SIGINT is ignored (a background
+    # job of a shell without job control inherits SIG_IGN, and Python then keeps it).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with Live(Text(f"scraping {url} ..."), console=console, auto_refresh=False, screen=False) as live:
             while True:
