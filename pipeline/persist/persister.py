@@ -805,18 +805,27 @@ class BatchingPersister:
                                                          self._wal.directory, spans)
                 return await trio.to_thread.run_sync(self._sink.to_table, group.appends)
             except Exception as exc:  # the records are in the WAL: nothing is lost by waiting
-                self.stats.failed_flushes += 1
-                log.warning("preparing the flush of %d records failed (attempt %d), retrying in %.2f s: %s",
-                            group.records, attempt, backoff, str(exc).splitlines()[0] if str(exc) else exc)
-                if self._closing_since is not None and trio.current_time() - self._closing_since > self._shutdown_grace_s:
-                    log.error("giving up on the table at shutdown: %d records stay in the WAL and are "
-                              "written at the next start", self.buffered_records + group.records)
-                    for waiter in group.waiters:
-                        if waiter.commit is not None:
-                            waiter.commit.resolve(exc)
+                if self._failed_attempt(group, exc, "preparing the flush of", attempt, backoff):
                     return _GAVE_UP
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_retry_backoff_s)
+
+    def _failed_attempt(self, group: FlushGroup[_SparkWaiter], exc: Exception, what: str, attempt: int,
+                        backoff: float) -> bool:
+        """Count and log a failed preparation or write of ``group``; True when it is given up: the
+        persister is closing and its ``shutdown_grace_s`` has passed (the group's Commits resolve
+        with ``exc``; the WAL keeps its records for the next start)."""
+        self.stats.failed_flushes += 1
+        log.warning("%s %d records failed (attempt %d), retrying in %.2f s: %s", what, group.records, attempt,
+                    backoff, str(exc).splitlines()[0] if str(exc) else exc)
+        if self._closing_since is None or trio.current_time() - self._closing_since <= self._shutdown_grace_s:
+            return False
+        log.error("giving up on the table at shutdown: %d records stay in the WAL and are written at the "
+                  "next start", self.buffered_records + group.records)
+        for waiter in group.waiters:
+            if waiter.commit is not None:
+                waiter.commit.resolve(exc)
+        return True
 
     async def _spark_writer(self, receive: trio.MemoryReceiveChannel) -> None:
         async with receive:
@@ -914,16 +923,7 @@ class BatchingPersister:
                         await trio.to_thread.run_sync(self._sink.write, table, exclude)
                     break
                 except Exception as exc:  # Spark raises many types; all mean "not written"
-                    self.stats.failed_flushes += 1
-                    log.warning("Spark flush of %d records failed (attempt %d), retrying in %.2f s: %s",
-                                group.records, attempt, backoff, str(exc).splitlines()[0] if str(exc) else exc)
-                    if (self._closing_since is not None
-                            and trio.current_time() - self._closing_since > self._shutdown_grace_s):
-                        log.error("giving up on Spark at shutdown: %d records stay in the WAL and are "
-                                  "written at the next start", self.buffered_records + group.records)
-                        for waiter in group.waiters:
-                            if waiter.commit is not None:
-                                waiter.commit.resolve(exc)
+                    if self._failed_attempt(group, exc, "Spark flush of", attempt, backoff):
                         return False
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, self._max_retry_backoff_s)
