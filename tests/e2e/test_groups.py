@@ -245,10 +245,16 @@ def test_kafka_python_consumers_and_admin_client(server):
 
     def run(index: int) -> None:
         # kafka-python consumers are not thread-safe: each lives and dies in its own thread.
-        consumer = KafkaConsumer("groups-kp", bootstrap_servers=server.bootstrap, group_id="groups-kp-group",
+        consumer = KafkaConsumer(bootstrap_servers=server.bootstrap, group_id="groups-kp-group",
                                  session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500,
                                  enable_auto_commit=False, auto_offset_reset="earliest")
         try:
+            # The topic's metadata first, then the subscription: kafka-python 3.0.12's range
+            # assignor, when it leads a join before its metadata request is answered, logs "No
+            # partition metadata for topic" and assigns nothing; seen once to stay so for 120 s.
+            wait_for(lambda: consumer.partitions_for_topic("groups-kp") == set(range(6)), 30,
+                     "the topic's partitions in the consumer's metadata")
+            consumer.subscribe(["groups-kp"])
             while not stop.is_set():
                 consumer.poll(timeout_ms=200)
                 assignments[index] = {tp.partition for tp in consumer.assignment()}
