@@ -70,7 +70,12 @@ from pipeline.network.memory_pool import DEFAULT_QUEUED_MAX_REQUEST_BYTES
 from pipeline.security.sasl import DEFAULT_MECHANISMS
 from pipeline.security.tls import DEFAULT_HANDSHAKE_TIMEOUT_MS
 from pipeline.table.catalog import TableConfig, TopicTableConfig
-from pipeline.table.layout import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_COMPACTION_INTERVAL_MS, Granularity
+from pipeline.table.layout import (
+    DEFAULT_COMMIT_IDLE_MS,
+    DEFAULT_COMMIT_INTERVAL_MS,
+    DEFAULT_COMPACTION_INTERVAL_MS,
+    Granularity,
+)
 
 if TYPE_CHECKING:
     from pipeline.persist.persister import AckOn
@@ -159,6 +164,7 @@ class ServerConfig:
     wal_linger_ms: float = 0.0
     spark_remote: str | None = None
     table_commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS    # ack-on wal: linger of a table commit
+    table_commit_idle_ms: int = DEFAULT_COMMIT_IDLE_MS            # ack-on wal: commit once input is quiet; 0: off
     table_compaction_interval_ms: int = DEFAULT_COMPACTION_INTERVAL_MS  # 0: no background compaction
     table: TableConfig = field(default_factory=TableConfig)       # database, file sizes, per-topic settings
     metastore_uris: str | None = None           # [hive.metastore.uris]; None: embedded Derby
@@ -601,6 +607,10 @@ _KEY_LIST: list[Key] = [
     Key("table.commit.interval.ms", ("table_commit_interval_ms",), integer(1),
         "with pipeline.ack.on=wal: commit to the table this often (ms); with spark linger.ms applies",
         "--table-commit-interval-ms", "MS", group="Spark and the table"),
+    Key("table.commit.idle.ms", ("table_commit_idle_ms",), integer(0),
+        "with pipeline.ack.on=wal: also commit once no record has arrived for this long (ms), if at "
+        "least 4 MiB wait; 0: only table.commit.interval.ms", "--table-commit-idle-ms", "MS",
+        group="Spark and the table"),
     Key("table.compaction.interval.ms", ("table_compaction_interval_ms",), integer(0),
         "look for partitions to compact this often (ms); 0: never", "--table-compaction-interval-ms", "MS",
         group="Spark and the table"),

@@ -33,7 +33,7 @@ from pipeline.log.fetch import FetchApis
 from pipeline.requests.txn_apis import TransactionApis
 from pipeline.log.manager import LogManager
 from pipeline.log.state import LogState
-from pipeline.table.layout import TABLES_DIR
+from pipeline.table.layout import COMMIT_IDLE_MIN_BYTES, TABLES_DIR
 from pipeline.table.reader import TableReader
 from pipeline.coordinator.coordinator import GroupConfig
 from pipeline.coordinator.service import GroupCoordinatorService
@@ -283,11 +283,15 @@ class Server:
         commit waits ``table_commit_interval_ms`` (large files, one commit per
         interval); with ``ack_on="spark"`` every produce waits for its commit,
         so it waits only ``linger_ms``. Either way a commit goes early at
-        ``batch_max_records`` / ``batch_max_bytes``.
+        ``batch_max_records`` / ``batch_max_bytes``; with ``ack_on="wal"``
+        also once the input has been quiet for ``table_commit_idle_ms`` with
+        at least ``COMMIT_IDLE_MIN_BYTES`` waiting.
         """
         c = self.config
-        linger = c.table_commit_interval_ms if c.ack_on == "wal" else c.linger_ms
-        return FlushPolicy(c.batch_max_records, c.batch_max_bytes, linger)
+        if c.ack_on == "wal":
+            return FlushPolicy(c.batch_max_records, c.batch_max_bytes, c.table_commit_interval_ms,
+                               idle_ms=c.table_commit_idle_ms, idle_min_bytes=COMMIT_IDLE_MIN_BYTES)
+        return FlushPolicy(c.batch_max_records, c.batch_max_bytes, c.linger_ms)
 
     async def _refresh_catalog(self, on_deleted: Callable[[str], Awaitable[None]]) -> None:
         """In a cluster: take other brokers' topic changes every ``CATALOG_REFRESH_S``; a topic

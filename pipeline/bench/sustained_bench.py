@@ -420,7 +420,7 @@ def run(opts: SustainedBenchOptions, say: Callable[[str], None]) -> dict:
         queue, barrier = ctx.Queue(), ctx.Barrier(opts.producers + 1)
         workers = [ctx.Process(target=_produce, args=(bootstrap, i, n, opts.record_bytes, opts.timeout_s, barrier,
                                                       queue), daemon=True) for i, n in enumerate(per)]
-        sampler = Sampler(server.pid, server.metrics_port)
+        sampler = Sampler(server.pid, None)  # peak RSS only: no /metrics scrapes to count in the server's CPU
         try:
             for w in workers:
                 w.start()

@@ -4,7 +4,10 @@ A Spark write costs 200-300 ms however few rows it carries, so records of many
 produce requests are grouped into one write. When a group is ready follows
 Kafka's producer RecordAccumulator.ready(): the batch is full (records or
 bytes), its linger time has passed since its first record, or the
-accumulator is closing. Time is an argument (ms, any monotonic origin); this
+accumulator is closing; and, when the policy has an idle time, once no
+record has arrived for that long while the group is big enough to be worth
+a commit (the input went quiet: a burst need not wait out a long commit
+interval to become queryable). Time is an argument (ms, any monotonic origin); this
 module never reads a clock.
 
 Each ``append`` carries an opaque ``waiter`` (what to tell when the group
@@ -29,6 +32,7 @@ class FlushReason(enum.Enum):
     FULL_RECORDS = "batch-max-records"
     FULL_BYTES = "batch-max-bytes"
     LINGER = "linger-ms"
+    IDLE = "idle-ms"
     MEMORY = "buffer-memory"
     CLOSING = "closing"
     RECOVERY = "recovery"  # the WAL backlog written once Spark is up (not an accumulator decision)
@@ -44,14 +48,26 @@ class FlushPolicy:
             record batches.
         linger_ms: flush once this many ms have passed since the group's first
             append (0 flushes as soon as the persister is free).
+        idle_ms: also flush once this many ms have passed since the group's
+            last append, if it holds at least ``idle_min_bytes``; 0: never
+            (only linger). Shorter than ``linger_ms`` to be of use.
+        idle_min_bytes: the smallest group an idle flush takes (bytes): a
+            trickle below it keeps waiting for linger, so it is not written
+            as one small file per quiet gap.
+
+    Raises:
+        ValueError: a limit below 1 (records, bytes) or below 0 (times, idle bytes).
     """
 
     max_records: int = 200_000
     max_bytes: int = 64 * 1024 * 1024
     linger_ms: float = 50.0
+    idle_ms: float = 0.0
+    idle_min_bytes: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_records < 1 or self.max_bytes < 1 or self.linger_ms < 0:
+        if (self.max_records < 1 or self.max_bytes < 1 or self.linger_ms < 0 or self.idle_ms < 0
+                or self.idle_min_bytes < 0):
             raise ValueError(f"invalid flush policy {self}")
 
 
@@ -147,13 +163,25 @@ class RecordAccumulator(Generic[W]):
         assert self._first_append_ms is not None
         if now_ms - self._first_append_ms >= self.policy.linger_ms:
             return FlushReason.LINGER
+        idle = self._idle_deadline_ms()
+        if idle is not None and now_ms >= idle:
+            return FlushReason.IDLE
         return None
 
-    def linger_deadline_ms(self) -> float | None:
-        """When the current group's linger expires (ms), or None if it is empty."""
+    def deadline_ms(self) -> float | None:
+        """When the current group becomes ready by time (ms): its linger expires, or its input
+        has been idle for ``idle_ms`` (if it is big enough); None if it is empty."""
         if self._first_append_ms is None or not self._group.waiters:
             return None
-        return self._first_append_ms + self.policy.linger_ms
+        linger = self._first_append_ms + self.policy.linger_ms
+        idle = self._idle_deadline_ms()
+        return linger if idle is None else min(linger, idle)
+
+    def _idle_deadline_ms(self) -> float | None:
+        policy = self.policy
+        if not policy.idle_ms or not self._marks or self._group.size_bytes < policy.idle_min_bytes:
+            return None
+        return self._marks[-1][3] + policy.idle_ms
 
     def drain(self, reason: FlushReason) -> FlushGroup[W]:
         """Take the current group for flushing, at most up to the policy's limits.

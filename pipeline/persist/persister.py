@@ -547,7 +547,7 @@ class BatchingPersister:
                 if acc.closing and acc.pending == 0:
                     return
                 self._wal_wakeup = trio.Event()
-                deadline = acc.linger_deadline_ms()
+                deadline = acc.deadline_ms()
                 with trio.move_on_at(deadline / 1000.0 if deadline is not None else float("inf")):
                     await self._wal_wakeup.wait()
         finally:
@@ -760,7 +760,7 @@ class BatchingPersister:
                 reason = FlushReason.MEMORY
             if reason is None and acc.pending and self._sync_requested:
                 reason = FlushReason.LINGER  # sync_table: go now (once the write in flight is done)
-            waiting_for_writer = reason is FlushReason.LINGER and self._spark_writing
+            waiting_for_writer = reason in (FlushReason.LINGER, FlushReason.IDLE) and self._spark_writing
             if waiting_for_writer:
                 # Group commit: while a write is in flight a lingered group
                 # keeps filling, and goes when the writer is free (or the
@@ -784,7 +784,7 @@ class BatchingPersister:
             if acc.closing and acc.pending == 0:
                 return
             self._spark_wakeup = trio.Event()
-            deadline = None if waiting_for_writer else acc.linger_deadline_ms()
+            deadline = None if waiting_for_writer else acc.deadline_ms()
             with trio.move_on_at(deadline / 1000.0 if deadline is not None else float("inf")):
                 await self._spark_wakeup.wait()
 

@@ -62,6 +62,14 @@ DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
 DEFAULT_COMMIT_INTERVAL_MS = 10_000
 """``table.commit.interval.ms``: with ``--ack-on wal``, how long records wait to be committed to the table."""
 
+DEFAULT_COMMIT_IDLE_MS = 1_000
+"""``table.commit.idle.ms``: with ``--ack-on wal``, a commit also goes once no record has arrived for
+this long (ms) and the records waiting hold at least ``COMMIT_IDLE_MIN_BYTES``; 0: only the interval."""
+
+COMMIT_IDLE_MIN_BYTES = 4 * 1024 * 1024
+"""The smallest commit ``table.commit.idle.ms`` makes (bytes): below it a quiet input's records wait
+for ``table.commit.interval.ms``, so a trickle is not written as one small file per quiet second."""
+
 DEFAULT_COMPACTION_INTERVAL_MS = 300_000
 """``table.compaction.interval.ms``: how often the server looks for partitions to compact."""
 

@@ -15,19 +15,19 @@ def test_empty_is_never_ready():
     assert acc.ready(1e9) is None
     acc.close()
     assert acc.ready(1e9) is None
-    assert acc.linger_deadline_ms() is None
+    assert acc.deadline_ms() is None
 
 
 def test_linger_counts_from_the_first_append():
     acc = RecordAccumulator(FlushPolicy(10, 1000, 5))
     acc.append([append(1, 1)], "a", now_ms=100)
     acc.append([append(1, 1)], "b", now_ms=104)
-    assert acc.linger_deadline_ms() == 105
+    assert acc.deadline_ms() == 105
     assert acc.ready(104.9) is None
     assert acc.ready(105) is FlushReason.LINGER
     group = acc.drain(FlushReason.LINGER)
     assert group.waiters == ["a", "b"] and group.records == 2 and group.size_bytes == 2
-    assert acc.pending == 0 and acc.linger_deadline_ms() is None
+    assert acc.pending == 0 and acc.deadline_ms() is None
 
 
 @pytest.mark.parametrize(
@@ -72,13 +72,13 @@ def test_a_group_that_grew_past_its_limits_is_drained_in_limit_sized_groups():
     assert first.waiters == ["w0", "w1", "w2"] and first.records == 4 and first.size_bytes == 12
     assert len(first.appends) == 6 and first.reason is FlushReason.FULL_BYTES
     assert acc.pending == 3 and acc.records == 5 and acc.size_bytes == 14
-    assert acc.linger_deadline_ms() == 103 + 5
+    assert acc.deadline_ms() == 103 + 5
     second = acc.drain(FlushReason.FULL_BYTES)
     assert second.waiters == ["w3"] and second.records == 3 and second.size_bytes == 12
     assert acc.ready(108.9) is None and acc.ready(109) is FlushReason.LINGER  # w4 appended at 104
     third = acc.drain(FlushReason.LINGER)
     assert third.waiters == ["w4", "w5"] and [a.record_count for a in third.appends] == [1, 0, 1, 0]
-    assert acc.pending == 0 and acc.records == 0 and acc.size_bytes == 0 and acc.linger_deadline_ms() is None
+    assert acc.pending == 0 and acc.records == 0 and acc.size_bytes == 0 and acc.deadline_ms() is None
 
 
 def test_drained_groups_keep_every_append_once_in_order():
@@ -97,3 +97,24 @@ def test_drained_groups_keep_every_append_once_in_order():
     for g in groups[:-1]:  # full, and it would not have been without its last waiter
         assert g.records >= 7 and g.records - per_waiter[g.waiters[-1]] < 7
     assert all(g.records == sum(a.record_count for a in g.appends) for g in groups)
+
+
+def test_an_idle_group_big_enough_goes_before_its_linger():
+    acc = RecordAccumulator(FlushPolicy(max_records=1000, max_bytes=10_000, linger_ms=10_000,
+                                        idle_ms=1000, idle_min_bytes=50))
+    acc.append([append(1, 30)], "a", now_ms=0)
+    assert acc.deadline_ms() == 10_000  # 30 bytes: below idle_min_bytes, only linger applies
+    acc.append([append(1, 30)], "b", now_ms=500)
+    assert acc.deadline_ms() == 1500  # 60 bytes, last append at 500
+    assert acc.ready(1499) is None
+    acc.append([append(1, 30)], "c", now_ms=1400)  # still arriving: not idle
+    assert acc.ready(1500) is None and acc.deadline_ms() == 2400
+    assert acc.ready(2400) is FlushReason.IDLE
+    assert acc.drain(FlushReason.IDLE).waiters == ["a", "b", "c"]
+    assert acc.deadline_ms() is None
+
+
+def test_idle_zero_means_linger_only():
+    acc = RecordAccumulator(FlushPolicy(max_records=1000, max_bytes=10_000, linger_ms=10_000))
+    acc.append([append(1, 30)], "a", now_ms=0)
+    assert acc.ready(9_999) is None and acc.deadline_ms() == 10_000
