@@ -171,14 +171,13 @@ def binary_array(items: list[bytes | None], max_bytes: int = MAX_BINARY_ARRAY_BY
     if nulls:
         present = np.fromiter((item is not None for item in items), dtype=np.bool_, count=n)
         validity = pa.py_buffer(np.packbits(present, bitorder="little"))
-        items = [b"" if item is None else item for item in items]
-    lengths = np.fromiter(map(len, items), dtype=np.int64, count=n)
+    data_items: list[bytes] = [b"" if item is None else item for item in items] if nulls else items  # type: ignore[assignment]
+    lengths = np.fromiter(map(len, data_items), dtype=np.int64, count=n)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] > max_bytes:
-        return pa.array(items if validity is None else [i if ok else None for i, ok in zip(items, present)],
-                        pa.binary())
-    data = b"".join(items)  # TypeError for an item that is not bytes-like
+        return pa.array(items, pa.binary())
+    data = b"".join(data_items)  # TypeError for an item that is not bytes-like
     return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets.astype(np.int32)),
                                                   pa.py_buffer(data)], null_count=nulls)
 
