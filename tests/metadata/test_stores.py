@@ -26,7 +26,7 @@ from pipeline.metadata.producer_ids import ProducerIdManager, ProducerIdStore
 from pipeline.protocol.apis import topic_id_for
 from pipeline.requests.acl_apis import AclApis
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.requests.topic_store import MIGRATIONS as TOPIC_MIGRATIONS, StoredTopic, TopicStore
+from pipeline.requests.topic_store import MIGRATIONS as TOPIC_MIGRATIONS, NoSuchTopicError, StoredTopic, TopicStore
 from pipeline.security.acl import AclOperation, AclPermissionType, Authorizer, PatternType, ResourceType, binding
 from pipeline.security.acl_store import AclStore
 from pipeline.security.users import UserStore
@@ -120,7 +120,7 @@ def test_topic_and_acl_writes_move_their_change_versions_for_other_brokers(metad
             acl_versions.append(acls_b.change_version())
         assert len(set(topic_versions)) == 5 and len(set(acl_versions)) == 3
         # A write that fails changes nothing, so moves nothing.
-        with pytest.raises(Exception):
+        with pytest.raises(NoSuchTopicError):
             topics_a.set_partitions("absent", 3)
         assert topics_b.change_version() == topic_versions[-1]
         assert acls_b.change_version() == acl_versions[-1]  # ACL writes do not move the topics' and back
