@@ -3,8 +3,9 @@ within 1 s (issue 24), with the stores on SQLite files and on a real PostgreSQL 
 
 One cluster per backend (module-scoped, parametrized): the backend is a server-level setting
 (``--metadata-url``), so the two cannot be one server, and no shared server runs three brokers.
-Both clusters' brokers write through the session's Spark Connect server (``--spark-remote``):
-nothing here writes the table, and the supervisor's own Connect JVM would add ~30 s per cluster.
+Both clusters' brokers write through the session's Spark Connect server (``--spark-remote``, a
+catalog database of each cluster's own): nothing here writes the table, and the supervisor's own
+Connect JVM would add ~30 s per cluster.
 
 Real clients make each change through broker 0 (confluent-kafka's AdminClient and Consumer
 bootstrapped on it alone): a topic, an ACL, a SCRAM user, a committed offset. Then every broker
@@ -36,6 +37,7 @@ from kio.serial import entity_reader
 from kio.static.primitive import i8
 
 from pipeline.cluster import Cluster as Placement, ClusterBroker
+from tests.conftest import unique_database
 from tests.e2e import raw_client as rc
 from tests.e2e.cluster_process import Cluster
 
@@ -55,8 +57,9 @@ def cluster(request, tmp_path_factory, connect_server) -> Iterator[tuple[str, Cl
     """``pipeline serve --brokers 3`` with an authorizer (ANONYMOUS a super user, so the plain
     clients may create ACLs), its stores on SQLite or in a fresh PostgreSQL database."""
     backend = request.param
-    args = ["--spark-remote", connect_server.url, "--authorizer-class-name", "pipeline",
-            "--super-users", "User:ANONYMOUS"]
+    # A catalog database of its own: the Connect server's catalog is shared with other tests.
+    args = ["--spark-remote", connect_server.url, "--table-database", unique_database(),
+            "--authorizer-class-name", "pipeline", "--super-users", "User:ANONYMOUS"]
     if backend == "postgresql":
         args += ["--metadata-url", request.getfixturevalue("postgres_server").create_database("cluster")]
     c = Cluster(tmp_path_factory.mktemp(f"cluster-metadata-{backend}") / "data", BROKERS, *args)
