@@ -93,9 +93,13 @@ def cluster_of(c: ServerConfig) -> Cluster | None:
     return None if c.cluster_brokers is None else Cluster(c.cluster_brokers, c.node_id)
 
 
-CATALOG_REFRESH_S = 1.0
-"""In a cluster, how often a broker looks for topic changes other brokers made (s); a name it
-does not know is looked up at once."""
+METADATA_REFRESH_S = 0.25
+"""In a cluster (or on a metadata database), how often a broker looks for topic and ACL changes
+other brokers made (s): one single-row read per store (its change version,
+``pipeline.metadata.database``), a reload only when it moved; so a change made through one broker
+is served by the others within this plus a reload (issue 24: within 1 s). A topic name a broker
+does not know is looked up at once; SCRAM users are read at every authentication and committed
+offsets are served by the group's coordinator alone, so neither waits for this."""
 
 
 def listener_endpoints(c: ServerConfig) -> tuple[Endpoint, ...]:
@@ -293,17 +297,21 @@ class Server:
                                idle_ms=c.table_commit_idle_ms, idle_min_bytes=COMMIT_IDLE_MIN_BYTES)
         return FlushPolicy(c.batch_max_records, c.batch_max_bytes, c.linger_ms)
 
-    async def _refresh_catalog(self, on_deleted: Callable[[str], Awaitable[None]]) -> None:
-        """In a cluster: take other brokers' topic changes every ``CATALOG_REFRESH_S``; a topic
-        another broker deleted has this broker's data of it dropped too (``on_deleted``: what
+    async def _watch_metadata(self, on_deleted: Callable[[str], Awaitable[None]]) -> None:
+        """In a cluster: take other brokers' topic and ACL changes every ``METADATA_REFRESH_S``; a
+        topic another broker deleted has this broker's data of it dropped too (``on_deleted``: what
         remains buffered here is flushed first, then dropped with the topic's rows, so rows
         this broker flushed after the deleting broker dropped the table's do not survive)."""
         while True:
-            await trio.sleep(CATALOG_REFRESH_S)
+            await trio.sleep(METADATA_REFRESH_S)
             try:
                 await trio.to_thread.run_sync(self.catalog.refresh)
             except Exception as exc:  # a busy or briefly locked store: next time
                 log.warning("reading the shared topic store failed: %s", exc)
+            try:
+                await self.acl_apis.refresh()
+            except Exception as exc:
+                log.warning("reading the shared ACL store failed: %s", exc)
             while self.catalog.deleted_elsewhere:
                 topic = self.catalog.deleted_elsewhere[0]
                 if self.catalog.partitions(topic) is None:  # not re-created meanwhile
@@ -435,7 +443,8 @@ class Server:
                                               c.allow_everyone_if_no_acl_found)
             log.info("authorizer on: %d ACL(s), %d super user(s)", len(self.apis.authorizer.acls),
                      len(self.apis.authorizer.super_users))
-        AclApis(self.apis.authorizer, acl_store).register(self.apis)
+        self.acl_apis = AclApis(self.apis.authorizer, acl_store)
+        self.acl_apis.register(self.apis)
         mute = c.mode is Mode.BASELINE
         ordered = c.mode is not Mode.SHARED_UNMUTED
         limits = ConnectionLimits(
@@ -473,7 +482,7 @@ class Server:
             await nursery.start(self.fetch_apis.run)
             await nursery.start(self.sasl_apis.run)
             if self.catalog.shared:
-                nursery.start_soon(self._refresh_catalog, on_delete_topic)
+                nursery.start_soon(self._watch_metadata, on_delete_topic)
             handlers_done = trio.Event()
 
             async def run_handlers() -> None:

@@ -79,6 +79,7 @@ LONGEST_UNITS = (
     "tests/bench/test_security_smoke.py",
     "tests/e2e/test_startup.py",
     "tests/e2e/test_hostile.py",
+    "tests/e2e/test_cluster_metadata.py",
 )
 """The units of work that take longest (50-270 s each on the 2-core machine, summed from the
 junit report of a full ``make test``), longest first. Only a

@@ -20,6 +20,16 @@ in one transaction, under ``BEGIN IMMEDIATE`` on SQLite and a transaction-scoped
 advisory lock on PostgreSQL, so brokers starting together migrate once and never
 see half a schema; a migration already applied is skipped (idempotent).
 
+A broker that keeps a store's contents in memory (the topic catalog, the ACLs of
+the authorizer) learns that another broker changed them from the store's
+**change version**: one row per store in a ``metadata_changes`` table
+(component, version), made beside ``schema_version``, that a store's writing
+transaction bumps with ``record_change`` (so the bump commits or rolls back with
+the change) and a broker polls with ``change_version`` (one single-row read),
+reloading only when it moved. The same on both backends: no LISTEN/NOTIFY, no
+file-system watch, nothing but a committed row (Kafka's brokers follow the
+metadata log's offset the same way, KIP-500).
+
 Every method blocks (file or network I/O): callers in trio run them through
 ``trio.to_thread.run_sync``. One connection per ``Database``, held by one thread
 at a time (a lock), serves every thread.
@@ -153,21 +163,32 @@ class Database:
         back when it raises; yields a ``Cursor``. ``write=False`` for reads (no write lock on SQLite)."""
         raise NotImplementedError
 
-    def data_version(self) -> int:
-        """SQLite's ``PRAGMA data_version`` (changes when another connection committed since the last
-        call). PostgreSQL has none: a store keeps a counter of its own there.
+    def record_change(self, cur: Cursor, component: str) -> None:
+        """Bump ``component``'s change version inside the writing transaction ``cur``: other brokers'
+        ``change_version`` sees it move once that transaction commits, and never if it rolls back.
+        Writers of one component queue on its row (its lock) until they commit: for stores that
+        change rarely (topics, ACLs), not for one written per request."""
+        cur.execute("UPDATE metadata_changes SET version = version + 1 WHERE component = ?", (component,))
+
+    def change_version(self, component: str) -> int:
+        """``component``'s change version: a number that differs from an earlier read once a
+        transaction that changed the store (``record_change``) committed since, from any process
+        or host. One single-row read.
 
         Raises:
-            NotImplementedError: on PostgreSQL.
+            sqlite3.Error, psycopg.Error: the database cannot be read.
         """
-        raise NotImplementedError(f"{self.dialect} has no data_version")
+        with self.transaction(write=False) as cur:
+            row = cur.execute("SELECT version FROM metadata_changes WHERE component = ?", (component,)).fetchone()
+        return 0 if row is None else int(row[0])
 
     def close(self) -> None:
         raise NotImplementedError
 
     def migrate(self, component: str, migrations: Sequence[Migration]) -> int:
         """Apply ``component``'s migrations newer than the stored version, in order, in one
-        transaction under the migration lock; the version now stored.
+        transaction under the migration lock; the version now stored. ``component``'s change
+        version row (``record_change``) is made too, at 0, if missing.
 
         Raises:
             SchemaVersionError: the stored version is newer than the last of ``migrations``.
@@ -191,6 +212,10 @@ class Database:
                 current = migration.version
             cur.execute("INSERT INTO schema_version (component, version) VALUES (?, ?) "
                         "ON CONFLICT (component) DO UPDATE SET version = excluded.version", (component, current))
+            cur.execute("CREATE TABLE IF NOT EXISTS metadata_changes ("
+                        "component TEXT PRIMARY KEY, version BIGINT NOT NULL)")
+            cur.execute("INSERT INTO metadata_changes (component, version) VALUES (?, 0) "
+                        "ON CONFLICT (component) DO NOTHING", (component,))
         return current
 
     def _migration(self) -> Any:
@@ -235,12 +260,6 @@ class _Sqlite(Database):
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
-
-    def data_version(self) -> int:
-        with self._lock:
-            if self._db is None:
-                raise sqlite3.ProgrammingError(f"{self.name}: closed")
-            return int(self._db.execute("PRAGMA data_version").fetchone()[0])
 
     def close(self) -> None:
         with self._lock:

@@ -6,7 +6,10 @@ SECURITY_DISABLED; otherwise DescribeAcls needs CLUSTER Describe, CreateAcls
 and DeleteAcls CLUSTER Alter (CLUSTER_AUTHORIZATION_FAILED). A binding or
 filter Kafka would refuse gets INVALID_REQUEST. Changes are written to the
 ``AclStore`` in a worker thread, then applied in memory, then answered, so
-an answered change survives a restart.
+an answered change survives a restart. Changes other brokers of a cluster made
+reach this broker's authorizer by ``refresh`` (the server calls it every
+``pipeline.server.METADATA_REFRESH_S``): it reloads the store when its change
+version moved, never between a change's write and its apply here.
 
 ``authorize_request`` is the one place a request's principal and host are
 checked and denials are logged (Kafka's ``kafka.authorizer.logger``: INFO
@@ -70,6 +73,29 @@ class AclApis:
         self.authorizer = authorizer
         self.store = store
         self._kafka_apis: Any = None
+        self._version: int | None = None  # the store's change version the authorizer holds; None: unknown
+        self._changing = trio.Lock()  # a reload never lands between a change's store write and its apply
+
+    async def refresh(self) -> bool:
+        """Take the ACL changes other brokers (other processes, other hosts) made: when the store's
+        change version moved since the last look, reload every binding into the authorizer. True if
+        it reloaded. One single-row read otherwise (in a worker thread).
+
+        Raises:
+            sqlite3.Error, psycopg.Error: the store cannot be read (the authorizer is left as it was).
+        """
+        if self.authorizer is None or self.store is None:
+            return False
+        store = self.store
+        async with self._changing:
+            version = await trio.to_thread.run_sync(store.change_version)
+            if version == self._version:
+                return False
+            # Read after the version: a change committed in between moves it again, and is reloaded next time.
+            acls = await trio.to_thread.run_sync(store.load)
+            self.authorizer.replace(acls)
+            self._version = version
+        return True
 
     def register(self, kafka_apis: Any) -> None:
         """Serve DescribeAcls, CreateAcls and DeleteAcls on ``kafka_apis``."""
@@ -148,17 +174,18 @@ class AclApis:
                 valid.append(acl)
                 results.append((ErrorCode.none, None))
             if valid:
-                try:
-                    if self.store is not None:
-                        await trio.to_thread.run_sync(self.store.add, valid)
-                except Exception as exc:  # the disk: nothing of this request is applied
-                    authorizer_log.error("storing ACLs failed: %s", exc)
-                    results = [(ErrorCode.unknown_server_error, "storing the ACLs failed") if e == ErrorCode.none
-                               else (e, m) for e, m in results]
-                else:
-                    for acl in valid:
-                        self.authorizer.add(acl)
-                        authorizer_log.info("ACL created: %s", acl)
+                async with self._changing:
+                    try:
+                        if self.store is not None:
+                            await trio.to_thread.run_sync(self.store.add, valid)
+                    except Exception as exc:  # the disk: nothing of this request is applied
+                        authorizer_log.error("storing ACLs failed: %s", exc)
+                        results = [(ErrorCode.unknown_server_error, "storing the ACLs failed")
+                                   if e == ErrorCode.none else (e, m) for e, m in results]
+                    else:
+                        for acl in valid:
+                            self.authorizer.add(acl)
+                            authorizer_log.info("ACL created: %s", acl)
         response = apis.make(module.CreateAclsResponse, throttle_time=apis.ZERO_MS, results=tuple(
             apis.make(module.AclCreationResult, error_code=e, error_message=m) for e, m in results))
         self._complete(request, response, [int(e) for e, _ in results])
@@ -176,31 +203,32 @@ class AclApis:
         elif not self._cluster_allowed(request, AclOperation.ALTER):
             outcomes = [(ErrorCode.cluster_authorization_failed, None, [])] * len(body.filters)
         else:
-            doomed: dict[AclBinding, None] = {}
-            for f in body.filters:
-                acl_filter = AclBindingFilter.from_wire(
-                    f.resource_type_filter, f.resource_name_filter, getattr(f, "pattern_type_filter", 3),
-                    f.principal_filter, f.host_filter, f.operation, f.permission_type)
-                try:
-                    acl_filter.validate()
-                except InvalidAclError as exc:
-                    outcomes.append((ErrorCode.invalid_request, str(exc), []))
-                    continue
-                matched = self.authorizer.describe(acl_filter)
-                doomed.update(dict.fromkeys(matched))
-                outcomes.append((ErrorCode.none, None, matched))
-            if doomed:
-                try:
-                    if self.store is not None:
-                        await trio.to_thread.run_sync(self.store.remove, list(doomed))
-                except Exception as exc:
-                    authorizer_log.error("deleting stored ACLs failed: %s", exc)
-                    outcomes = [(ErrorCode.unknown_server_error, "deleting the ACLs failed", [])
-                                if e == ErrorCode.none else (e, m, a) for e, m, a in outcomes]
-                else:
-                    self.authorizer.discard(doomed)
-                    for acl in doomed:
-                        authorizer_log.info("ACL deleted: %s", acl)
+            async with self._changing:  # matched and deleted against one version of the ACLs
+                doomed: dict[AclBinding, None] = {}
+                for f in body.filters:
+                    acl_filter = AclBindingFilter.from_wire(
+                        f.resource_type_filter, f.resource_name_filter, getattr(f, "pattern_type_filter", 3),
+                        f.principal_filter, f.host_filter, f.operation, f.permission_type)
+                    try:
+                        acl_filter.validate()
+                    except InvalidAclError as exc:
+                        outcomes.append((ErrorCode.invalid_request, str(exc), []))
+                        continue
+                    matched = self.authorizer.describe(acl_filter)
+                    doomed.update(dict.fromkeys(matched))
+                    outcomes.append((ErrorCode.none, None, matched))
+                if doomed:
+                    try:
+                        if self.store is not None:
+                            await trio.to_thread.run_sync(self.store.remove, list(doomed))
+                    except Exception as exc:
+                        authorizer_log.error("deleting stored ACLs failed: %s", exc)
+                        outcomes = [(ErrorCode.unknown_server_error, "deleting the ACLs failed", [])
+                                    if e == ErrorCode.none else (e, m, a) for e, m, a in outcomes]
+                    else:
+                        self.authorizer.discard(doomed)
+                        for acl in doomed:
+                            authorizer_log.info("ACL deleted: %s", acl)
         results = tuple(
             apis.make(module.DeleteAclsFilterResult, error_code=e, error_message=m, matching_acls=tuple(
                 apis.make(module.DeleteAclsMatchingAcl, error_code=ErrorCode.none, error_message=None,

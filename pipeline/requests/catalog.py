@@ -64,6 +64,7 @@ class TopicCatalog:
         self._busy: set[str] = set()  # being created or deleted
         self._config_lock = trio.Lock()
         legacy = [self._new(name, count) for name, count in (initial or {}).items()]
+        self._version = 0
         if store is None:
             self._topics = {t.name: t for t in legacy}
         else:
@@ -71,15 +72,16 @@ class TopicCatalog:
                 store.import_legacy(legacy)
                 if legacy:
                     log.info("topic store %s: imported %d topics from the checkpoint", store.path, len(legacy))
+            # Read before the load: a change committed in between moves it again, so refresh reloads.
+            self._version = store.change_version()
             self._topics = {t.name: t for t in store.load()}
         self._by_id = {t.topic_id: t.name for t in self._topics.values()}
         self.shared = False
         """The store is shared with other broker processes (a cluster): ``refresh`` takes
         their changes; a name not found is looked up in the store again first."""
-        self._version = store.data_version() if store is not None else 0
         self.deleted_elsewhere: list[str] = []
         """Topics ``refresh`` found deleted by another broker, for the server to drop its
-        own data of (``Server._refresh_catalog``), oldest first."""
+        own data of (``Server._watch_metadata``), oldest first."""
 
     def refresh(self) -> bool:
         """Take the changes other processes made to a shared store (``shared``): topics they
@@ -87,7 +89,7 @@ class TopicCatalog:
         deleting are left alone. True if anything was reloaded. Blocking (one small read)."""
         if not self.shared or self.store is None:
             return False
-        version = self.store.data_version()
+        version = self.store.change_version()
         if version == self._version:
             return False
         self._version = version

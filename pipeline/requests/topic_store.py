@@ -33,8 +33,8 @@ COMPONENT = "topics"
 
 MIGRATIONS = (
     # Version 1 is the schema SQLite files had before schema_version (PRAGMA user_version 1): IF NOT
-    # EXISTS makes it a no-op on them. PostgreSQL has no PRAGMA data_version: a counter every write
-    # bumps (topic_changes) tells other brokers' catalogs to reload.
+    # EXISTS makes it a no-op on them. Its topic_changes counter on PostgreSQL gave way in version 2 to
+    # the change version every store has (Database.record_change), on both backends.
     Migration(1, sqlite="""
 CREATE TABLE IF NOT EXISTS topics (
     name        TEXT PRIMARY KEY,
@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS topic_changes (
 );
 INSERT INTO topic_changes VALUES (1, 0) ON CONFLICT DO NOTHING
 """),
+    Migration(2, sqlite="", postgresql="DROP TABLE IF EXISTS topic_changes"),
 )
 
 
@@ -125,9 +126,8 @@ class TopicStore:
         self._db.close()
 
     def _changed(self, cur: Cursor) -> None:
-        """Bump PostgreSQL's change counter in the writing transaction (SQLite counts by itself)."""
-        if self._pg:
-            cur.execute("UPDATE topic_changes SET version = version + 1 WHERE singleton = 1")
+        """Count the change in the writing transaction (``change_version``)."""
+        self._db.record_change(cur, COMPONENT)
 
     # -- reads -------------------------------------------------------------------
 
@@ -143,14 +143,11 @@ class TopicStore:
                             MappingProxyType(configs.get(name, {})))
                 for name, partitions, topic_id, created_ms in rows]
 
-    def data_version(self) -> int:
-        """A number that changes whenever another connection (another broker process of a cluster)
-        committed a change since the last call: SQLite's ``PRAGMA data_version`` (no I/O beyond the
-        shared-memory index), on PostgreSQL the ``topic_changes`` counter (one small query)."""
-        if not self._pg:
-            return self._db.data_version()
-        with self._db.transaction(write=False) as cur:
-            return int(cur.execute("SELECT version FROM topic_changes WHERE singleton = 1").fetchone()[0])
+    def change_version(self) -> int:
+        """A number that differs from an earlier read once any process (another broker of a cluster,
+        on any host) committed a change to the topics since (``Database.change_version``: one
+        single-row read)."""
+        return self._db.change_version(COMPONENT)
 
     @property
     def legacy_imported(self) -> bool:

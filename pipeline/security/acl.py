@@ -297,6 +297,14 @@ class Authorizer:
         """Every binding."""
         return [acl for by_type in self._acls.values() for acl in by_type]
 
+    def replace(self, acls: Iterable[AclBinding]) -> None:
+        """Make ``acls`` the bindings, in their order (a reload from the store, which validated them
+        when they were created)."""
+        by_type: dict[ResourceType, dict[AclBinding, None]] = {}
+        for acl in acls:
+            by_type.setdefault(acl.resource_type, {})[acl] = None
+        self._acls = by_type
+
     def add(self, acl: AclBinding) -> bool:
         """Add ``acl`` (validated first); False if it was already there (Kafka: creating an existing ACL succeeds).
 

@@ -6,8 +6,9 @@ like its topics (``topics.db``) and group offsets (``groups.db``), in
 ``synchronous=FULL`` by default, the ``acls`` table of the PostgreSQL database
 of ``pipeline.metadata.url`` if set; so a CreateAcls or DeleteAcls answered is
 on disk. The methods block (file I/O): the admin
-handlers call them through ``trio.to_thread.run_sync``; ``load`` runs once
-at start.
+handlers call them through ``trio.to_thread.run_sync``; ``load`` runs at
+start, and again whenever ``change_version`` moved (another broker of a
+cluster changed the ACLs: ``pipeline.requests.acl_apis.AclApis.refresh``).
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ class AclStore:
             rows = cur.execute(f"SELECT {_COLUMNS} FROM acls ORDER BY {order}").fetchall()
         return [binding(*row) for row in rows]
 
+    def change_version(self) -> int:
+        """A number that differs from an earlier read once any process (another broker, on any host)
+        committed an ACL change since (``Database.change_version``: one single-row read)."""
+        return self._database().change_version(COMPONENT)
+
     def add(self, acls: Iterable[AclBinding]) -> None:
         """Store ``acls`` (existing ones are kept as they are) in one transaction."""
         self._apply(f"INSERT INTO acls ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", acls)
@@ -110,8 +116,10 @@ class AclStore:
         rows = [_row(acl) for acl in acls]
         if not rows:
             return
-        with self._database().transaction() as cur:
+        db = self._database()
+        with db.transaction() as cur:
             cur.executemany(statement, rows)
+            db.record_change(cur, COMPONENT)
 
     def close(self) -> None:
         with self._lock:

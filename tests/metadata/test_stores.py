@@ -1,7 +1,9 @@
 """The metadata stores on both backends (``metadata_target``: SQLite files, a real PostgreSQL server).
 
 What one broker writes, another broker's store instance on the same database reads at once
-(issue 24: "within 1 s"; here: on the next read after the write returned). Schemas migrate once,
+(issue 24: "within 1 s"; here: on the next read after the write returned), and the stores a broker
+caches (topics, ACLs) say so through their change version, which a catalog and an authorizer poll
+and reload on. Schemas migrate once,
 also when brokers open them together, and refuse a newer schema. Producer-id blocks never overlap;
 broker leases expire, and a stale epoch is fenced.
 """
@@ -13,6 +15,7 @@ import time
 import uuid
 
 import pytest
+import trio
 
 from pipeline.coordinator.offset_store import CommitOffsets, DeleteOffsets, OffsetStore
 from pipeline.coordinator.transactions import TransactionMetadata, TxnState
@@ -21,8 +24,10 @@ from pipeline.metadata.brokers import BrokerRegistry, DuplicateBrokerError, Fenc
 from pipeline.metadata.database import Migration, SchemaVersionError, open_database, redact_url, store_target
 from pipeline.metadata.producer_ids import ProducerIdManager, ProducerIdStore
 from pipeline.protocol.apis import topic_id_for
-from pipeline.requests.topic_store import StoredTopic, TopicStore
-from pipeline.security.acl import AclOperation, AclPermissionType, PatternType, ResourceType, binding
+from pipeline.requests.acl_apis import AclApis
+from pipeline.requests.catalog import TopicCatalog
+from pipeline.requests.topic_store import MIGRATIONS as TOPIC_MIGRATIONS, NoSuchTopicError, StoredTopic, TopicStore
+from pipeline.security.acl import AclOperation, AclPermissionType, Authorizer, PatternType, ResourceType, binding
 from pipeline.security.acl_store import AclStore
 from pipeline.security.users import UserStore
 
@@ -39,7 +44,7 @@ def test_a_second_broker_sees_topics_acls_users_and_offsets_right_after_the_writ
     users_a, users_b = UserStore(metadata_target("users.db")), UserStore(metadata_target("users.db"))
     groups_a, groups_b = OffsetStore(metadata_target("groups.db")), OffsetStore(metadata_target("groups.db"))
     assert topics_b.load() == [] and acls_b.load() == [] and users_b.users() == {} and groups_b.load() == {}
-    version = topics_b.data_version()
+    version = topics_b.change_version()
 
     topics_a.insert(StoredTopic("orders", 3, topic_id_for("orders"), 1700, {"retention.ms": "1000"}))
     acls_a.add([_acl("orders")])
@@ -47,7 +52,7 @@ def test_a_second_broker_sees_topics_acls_users_and_offsets_right_after_the_writ
     groups_a.write([CommitOffsets("g", "consumer", {("orders", 0): (41, 2, "m"), ("orders", 1): (7, 2, None)},
                                   1800)])
 
-    assert topics_b.data_version() != version  # what tells a catalog to reload
+    assert topics_b.change_version() != version  # what tells a catalog to reload
     [orders] = topics_b.load()
     assert (orders.name, orders.partitions, dict(orders.configs)) == ("orders", 3, {"retention.ms": "1000"})
     assert acls_b.load() == [_acl("orders")]
@@ -65,6 +70,111 @@ def test_a_second_broker_sees_topics_acls_users_and_offsets_right_after_the_writ
     assert groups_a.load() == {"g": ("consumer", {("orders", 0): (50, 3, None)})}
     for store in (topics_a, topics_b, acls_a, acls_b, users_a, users_b, groups_a, groups_b):
         store.close()
+
+
+def test_the_change_version_moves_with_each_committed_change_only(metadata_target):
+    target = metadata_target("notes.db")
+    steps = (Migration(1, sqlite="CREATE TABLE notes (note TEXT)", postgresql="CREATE TABLE notes (note TEXT)"),)
+    writer, reader = open_database(target), open_database(target)
+    try:
+        writer.migrate("notes", steps)
+        reader.migrate("notes", steps)  # already applied: its change version is kept, not reset
+        assert reader.change_version("notes") == 0
+        seen = [reader.change_version("notes")]
+        for note in ("a", "b"):
+            with writer.transaction() as cur:
+                cur.execute("INSERT INTO notes VALUES (?)", (note,))
+                writer.record_change(cur, "notes")
+                assert reader.change_version("notes") == seen[-1]  # not before the commit
+            seen.append(reader.change_version("notes"))
+            assert seen[-1] != seen[-2]  # another connection sees it moved once committed
+        with pytest.raises(RuntimeError), writer.transaction() as cur:
+            cur.execute("INSERT INTO notes VALUES ('c')")
+            writer.record_change(cur, "notes")
+            raise RuntimeError("rolled back")
+        assert reader.change_version("notes") == seen[-1]  # a rolled back change is no change
+        with writer.transaction(write=False) as cur:
+            cur.execute("SELECT note FROM notes").fetchall()
+        assert reader.change_version("notes") == seen[-1]  # nor is a read
+        writer.migrate("other", (Migration(1, sqlite="SELECT 1", postgresql="SELECT 1"),))
+        assert reader.change_version("notes") == seen[-1]  # components count apart
+        assert reader.change_version("other") == 0
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_topic_and_acl_writes_move_their_change_versions_for_other_brokers(metadata_target):
+    topics_a, topics_b = TopicStore(metadata_target("topics.db")), TopicStore(metadata_target("topics.db"))
+    acls_a, acls_b = AclStore(metadata_target("acls.db")), AclStore(metadata_target("acls.db"))
+    try:
+        topic_versions, acl_versions = [topics_b.change_version()], [acls_b.change_version()]
+        for write in (lambda: topics_a.insert(StoredTopic("t", 1, topic_id_for("t"), 1700)),
+                      lambda: topics_a.set_partitions("t", 2),
+                      lambda: topics_a.set_configs("t", {"retention.ms": "5"}),
+                      lambda: topics_a.delete("t")):
+            write()
+            topic_versions.append(topics_b.change_version())
+        for write in (lambda: acls_a.add([_acl("t")]), lambda: acls_a.remove([_acl("t")])):
+            write()
+            acl_versions.append(acls_b.change_version())
+        assert len(set(topic_versions)) == 5 and len(set(acl_versions)) == 3
+        # A write that fails changes nothing, so moves nothing.
+        with pytest.raises(NoSuchTopicError):
+            topics_a.set_partitions("absent", 3)
+        assert topics_b.change_version() == topic_versions[-1]
+        assert acls_b.change_version() == acl_versions[-1]  # ACL writes do not move the topics' and back
+    finally:
+        for store in (topics_a, topics_b, acls_a, acls_b):
+            store.close()
+
+
+def test_topic_schema_1_on_postgresql_drops_its_old_counter_at_version_2(metadata_target):
+    target = metadata_target("topics.db")
+    db = open_database(target)
+    assert db.migrate("topics", TOPIC_MIGRATIONS[:1]) == 1  # a database a broker before the change version made
+    TopicStore(target).close()
+    with db.transaction(write=False) as cur:
+        assert cur.execute("SELECT version FROM schema_version WHERE component = 'topics'").fetchone() == (2,)
+        if db.dialect == "postgresql":
+            assert cur.execute("SELECT to_regclass('topic_changes')").fetchone() == (None,)
+    db.close()
+
+
+def test_a_catalog_and_an_authorizer_reload_what_another_broker_changed_and_nothing_else(metadata_target):
+    """What ``pipeline.server.Server._watch_metadata`` runs every 250 ms on each broker."""
+    # Broker A writes through its stores; broker B has a catalog and an authorizer of its own.
+    topics_a, acls_a = TopicStore(metadata_target("topics.db")), AclStore(metadata_target("acls.db"))
+    topics_b, acls_b = TopicStore(metadata_target("topics.db")), AclStore(metadata_target("acls.db"))
+    catalog_b = TopicCatalog(store=topics_b)
+    catalog_b.shared = True
+    authorizer_b = Authorizer(acls_b.load())
+    apis_b = AclApis(authorizer_b, acls_b)
+
+    async def steps() -> None:
+        assert await apis_b.refresh()  # the first look reloads (the version the load had is unknown)
+        assert not await apis_b.refresh() and not catalog_b.refresh()  # nothing moved: no reload
+        topics_a.insert(StoredTopic("orders", 3, topic_id_for("orders"), 1700, {"retention.ms": "1000"}))
+        acls_a.add([_acl("orders")])
+        assert catalog_b.refresh() and catalog_b.all_topics() == {"orders": 3}
+        assert await apis_b.refresh() and authorizer_b.acls == [_acl("orders")]
+        assert authorizer_b.authorize("User:alice", "10.0.0.1", AclOperation.WRITE, ResourceType.TOPIC, "orders")
+        assert not await apis_b.refresh()
+        topics_a.set_partitions("orders", 6)
+        acls_a.remove([_acl("orders")])
+        assert catalog_b.refresh() and catalog_b.partitions("orders") == 6
+        assert await apis_b.refresh() and authorizer_b.acls == []
+        assert not authorizer_b.authorize("User:alice", "10.0.0.1", AclOperation.WRITE, ResourceType.TOPIC,
+                                          "orders")
+        topics_a.delete("orders")
+        assert catalog_b.refresh() and catalog_b.partitions("orders") is None
+        assert catalog_b.deleted_elsewhere == ["orders"]
+
+    try:
+        trio.run(steps)
+    finally:
+        for store in (topics_a, acls_a, topics_b, acls_b):
+            store.close()
 
 
 def test_transaction_state_round_trips_and_upserts(metadata_target):
