@@ -11,8 +11,8 @@ to be bounded *before* that. Each codec here stops producing output past
   member and nothing after it;
 * snappy (codec 2): Kafka's xerial framing (snappy-java's
   ``SnappyOutputStream``: a 16-byte header, then big-endian int32 block
-  lengths) or one raw block, told apart exactly as the persister's decoder
-  (aiokafka's ``snappy_decode``) does: xerial only when the whole 16-byte v1
+  lengths) or one raw block, told apart exactly as aiokafka's and kafka-python's
+  ``snappy_decode`` do (the consumers' decoders): xerial only when the whole 16-byte v1
   header (magic, version 1, compatible version 1) is there and data follows
   it; every raw block starts with its uncompressed
   length (a uvarint), summed before anything is inflated, then
@@ -93,9 +93,9 @@ def _gzip(data: bytes | memoryview, limit: int) -> bytes:
     if not inflater.eof:
         raise DecompressionError("gzip stream ends early")
     if inflater.unused_data:
-        # The persister's gzip (aiokafka, Python's gzip module) reads on past
-        # the first member: junk there fails it, a second member adds bytes
-        # no record accounts for. Refused here, before it is acknowledged.
+        # Python's gzip module (aiokafka's and kafka-python's consumers) reads
+        # on past the first member: junk there fails it, a second member adds
+        # bytes no record accounts for. Refused here, before it is acknowledged.
         raise DecompressionError(f"{len(inflater.unused_data)} bytes after the gzip stream")
     return out
 
@@ -114,11 +114,12 @@ def _uvarint(view: memoryview, pos: int) -> int:
 
 
 def _snappy(view: memoryview, limit: int) -> bytes:
-    # The persister decodes these bytes again with aiokafka, whose
-    # _detect_xerial_stream wants the exact v1 header *and* more than 16
-    # bytes; anything else is one raw block there, so it must be here too:
-    # a header with another version read as xerial here passed validation
-    # and then failed every flush that held it (fuzzing, issue 8).
+    # Consumers decode these bytes again (aiokafka's and kafka-python's
+    # _detect_xerial_stream want the exact v1 header *and* more than 16
+    # bytes; anything else is one raw block there), so it must be here too;
+    # the persister decodes with this function. A header with another version
+    # read as xerial passed validation and then failed every flush that held
+    # it, when the persister still used aiokafka (fuzzing, issue 8).
     if len(view) <= _XERIAL_HEADER_BYTES or bytes(view[:_XERIAL_HEADER_BYTES]) != _XERIAL_V1_HEADER:
         blocks = [view]
     else:

@@ -13,13 +13,15 @@ cannot be decoded by the persister would stall every flush behind it:
   ``MAX_UNCOMPRESSED_BATCH_BYTES`` (a decompression bomb is refused, never
   inflated); the inflated size is what the persister's memory accounting
   counts (``RecordsInfo.uncompressed_bytes``);
-* every record: each batch is iterated once with aiokafka's RecordBatch v2
-  reader (a C extension), so a record cut short, bytes after the declared
-  count, or a record the persister could not decode are refused here;
-  CreateTime timestamps must fit the table's timestamp column.
+* every record: each batch's records are read once by ``pipeline._records.scan``
+  (C, the same reader the persister's decoding uses), so a record cut short,
+  bytes after the declared count, a header key that is not UTF-8, or a record
+  the persister could not decode are refused here; CreateTime timestamps must
+  fit the table's timestamp column.
 
-Cost (measured on this project's 2-core machine, uncompressed 100-byte
-values): about 0.18 us per record plus one CRC32C per batch.
+Cost (measured on this project's 2-core machine, one uncompressed 8,000-record
+batch of 100-byte values): 0.013 us per record, CRC32C included (0.28 us with
+aiokafka's reader before ``pipeline._records``).
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ import struct
 
 from dataclasses import dataclass
 
-from aiokafka.record.default_records import DefaultRecordBatch as RecordBatchReader
 from crc32c import crc32c as calc_crc32c  # native; kafka.record.util.calc_crc32c wraps the same call
 from kafka.record.default_records import DefaultRecordBatch
 
+from .. import _records
 from .compression import DecompressedTooLargeError
 from .compression import DecompressionError
 from .compression import decompress_bounded
@@ -42,7 +44,7 @@ from .errors import RecordTooLargeError
 from .errors import UnsupportedCompressionTypeError
 from ..fastinit import fast_frozen_init
 
-__all__ = ("RecordsInfo", "has_compressed_batch", "validate_records")
+__all__ = ("BatchRecords", "RecordsInfo", "has_compressed_batch", "record_batches", "validate_records")
 
 _HEADER = DefaultRecordBatch.HEADER_STRUCT  # 61 bytes, big-endian
 _HEADER_SIZE = _HEADER.size
@@ -93,6 +95,60 @@ class RecordsInfo:
     is_transactional: bool
     max_timestamp_ms: int
     uncompressed_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecords:
+    """One RecordBatch v2 of a partition's records, its records ready for ``pipeline._records``.
+
+    ``attributes``, ``first_timestamp`` (ms) and ``count`` are the header's; ``records`` is
+    what follows the 61-byte header, decompressed (a memoryview into the input when the
+    batch is not compressed).
+    """
+
+    attributes: int
+    first_timestamp: int
+    count: int
+    records: bytes | memoryview
+
+    @property
+    def timestamp_type(self) -> int:
+        """0 CreateTime, 1 LogAppendTime (attributes bit 3)."""
+        return 1 if self.attributes & _TIMESTAMP_TYPE_MASK else 0
+
+
+def record_batches(records: bytes | memoryview) -> list[BatchRecords]:
+    """The batches of records that already passed ``validate_records`` (the WAL's, the
+    persister's), in wire order; a truncated trailing batch is left out, as Kafka's
+    ``ByteBufferLogInputStream`` leaves it (the caller's record count then differs).
+
+    :raises InvalidRecordError: a batch is not magic 2.
+    :raises DecompressionError, DecompressedTooLargeError: a compressed batch does not
+        decompress within ``MAX_UNCOMPRESSED_BATCH_BYTES``.
+    """
+    view = memoryview(records)
+    end = len(view)
+    pos = 0
+    out: list[BatchRecords] = []
+    while pos + _LOG_OVERHEAD <= end:
+        (length,) = _LENGTH.unpack_from(view, pos + 8)
+        batch_end = pos + _LOG_OVERHEAD + length
+        if length < 0 or batch_end > end:
+            break
+        magic = view[pos + _MAGIC_OFFSET] if batch_end > pos + _MAGIC_OFFSET else -1
+        if magic != 2:
+            kind = "legacy record batch (magic 0 or 1)" if magic in (0, 1) else f"magic {magic}"
+            raise InvalidRecordError(f"batch at byte {pos}: {kind}, only RecordBatch v2 (magic 2) is supported")
+        if batch_end - pos < _HEADER_SIZE:
+            break
+        fields = _HEADER.unpack_from(view, pos)
+        attributes, first_timestamp, count = fields[5], fields[7], fields[12]
+        body = view[pos + _HEADER_SIZE:batch_end]
+        codec = attributes & _CODEC_MASK
+        out.append(BatchRecords(attributes, first_timestamp, count,
+                                decompress_bounded(codec, body, MAX_UNCOMPRESSED_BATCH_BYTES) if codec else body))
+        pos = batch_end
+    return out
 
 
 def _last_sequence(base_sequence: int, last_offset_delta: int) -> int:
@@ -232,7 +288,7 @@ def validate_records(records: bytes | None, produce_version: int = ZSTD_MIN_PROD
                 f"batch {index} at byte {pos}: producer {producer_id}/{producer_epoch} differs "
                 f"from the first batch's {first[0]}/{first[1]}"
             )
-        uncompressed_bytes += _check_records(view[pos : pos + batch_size], index, pos, count, codec,
+        uncompressed_bytes += _check_records(view[pos : pos + batch_size], index, pos, count, codec, _first_timestamp,
                                              check_timestamps=not attributes & _TIMESTAMP_TYPE_MASK)
         last_sequence = _last_sequence(base_sequence, last_offset_delta)
         record_count += count
@@ -254,7 +310,8 @@ def validate_records(records: bytes | None, produce_version: int = ZSTD_MIN_PROD
     )
 
 
-def _check_records(batch: memoryview, index: int, pos: int, count: int, codec: int, check_timestamps: bool) -> int:
+def _check_records(batch: memoryview, index: int, pos: int, count: int, codec: int, first_timestamp: int,
+                   check_timestamps: bool) -> int:
     """Read every record of one CRC-checked batch, decompressing it if needed.
 
     Returns:
@@ -266,52 +323,37 @@ def _check_records(batch: memoryview, index: int, pos: int, count: int, codec: i
         follow the ``count`` records (Kafka ``DefaultRecord.readFrom``,
         "Incorrect declared batch size, records still remaining").
     :raises InvalidTimestampError: with ``check_timestamps`` (CreateTime), a
-        record timestamp outside ``MIN_TIMESTAMP_MS..MAX_TIMESTAMP_MS``.
+        record timestamp (``first_timestamp`` + its delta, ms) outside
+        ``MIN_TIMESTAMP_MS..MAX_TIMESTAMP_MS``.
 
     ``index`` and ``pos`` (the batch's number and byte position in the
-    partition's records) only name it in error messages.
+    partition's records) only name it in error messages. The records are read
+    by ``pipeline._records.scan`` (C: no Python object per record).
     """
+    records: bytes | memoryview = batch[_HEADER_SIZE:]
     if codec:
         try:
-            records = decompress_bounded(codec, batch[_HEADER_SIZE:], MAX_UNCOMPRESSED_BATCH_BYTES)
+            records = decompress_bounded(codec, records, MAX_UNCOMPRESSED_BATCH_BYTES)
         except DecompressedTooLargeError as exc:
             raise RecordTooLargeError(f"batch {index} at byte {pos}: records {exc}") from None
         except DecompressionError as exc:
             raise CorruptRecordError(f"batch {index} at byte {pos}: cannot decompress (codec {codec}): {exc}") from None
-        # The same batch, uncompressed, for the reader: codec bits cleared,
-        # length fixed (the reader checks neither CRC nor the original size).
-        plain = bytearray(batch[:_HEADER_SIZE])
-        plain += records
-        _LENGTH.pack_into(plain, 8, len(plain) - _LOG_OVERHEAD)
-        (attributes,) = _ATTRIBUTES.unpack_from(plain, _CRC_START)
-        _ATTRIBUTES.pack_into(plain, _CRC_START, attributes & ~_CODEC_MASK)
-        batch = memoryview(plain)
-    timestamps: list[int] = []
-    read = 0
     try:
-        if check_timestamps:
-            for record in RecordBatchReader(batch):
-                timestamps.append(record.timestamp)
-            read = len(timestamps)
-        else:
-            for _record in RecordBatchReader(batch):
-                read += 1
-    except MemoryError:
-        raise
-    except Exception as exc:  # the C reader's CorruptRecordException, bad UTF-8 header keys, ...
-        read = max(read, len(timestamps))
-        message = str(exc)
-        if "unconsumed bytes" in message:
+        _, low, high = _records.scan(records, count)
+    except _records.RecordsError as exc:
+        message, _, read = exc.args
+        if read >= count:
             raise InvalidRecordError(f"batch {index} at byte {pos}: bytes left after the {count} records ({message})") from None
         raise InvalidRecordError(
-            f"batch {index} at byte {pos}: record {read} of {count} is truncated or malformed ({type(exc).__name__}: {message})"
+            f"batch {index} at byte {pos}: record {read} of {count} is truncated or malformed ({message})"
         ) from None
-    if timestamps:
-        low, high = min(timestamps), max(timestamps)
+    if check_timestamps:
+        assert low is not None and high is not None  # count >= 1: checked before
+        low, high = first_timestamp + low, first_timestamp + high
         if low < MIN_TIMESTAMP_MS or high > MAX_TIMESTAMP_MS:
             bad = low if low < MIN_TIMESTAMP_MS else high
             raise InvalidTimestampError(
                 f"batch {index} at byte {pos}: record timestamp {bad} ms is outside what the table can store "
                 f"({MIN_TIMESTAMP_MS}..{MAX_TIMESTAMP_MS} ms, years 1-9999)"
             )
-    return len(batch)
+    return _HEADER_SIZE + len(records)

@@ -35,6 +35,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
+from datetime import date, timedelta
 from typing import Sequence
 
 import pyarrow as pa
@@ -111,6 +112,11 @@ def table_name_for_topic(topic: str) -> str:
     return name
 
 
+_EPOCH = date(1970, 1, 1)
+_US_PER_DAY = 86_400_000_000
+_US_PER_HOUR = 3_600_000_000
+
+
 def add_time_partitions(table: pa.Table, day_topics: frozenset[str] = frozenset()) -> pa.Table:
     """Append the ``date`` (string) and ``hour`` (int32) partition columns to a records table.
 
@@ -124,14 +130,20 @@ def add_time_partitions(table: pa.Table, day_topics: frozenset[str] = frozenset(
         ``YYYY-MM-DD`` and ``hour`` 0-23; both null where the timestamp is
         null or before the epoch (Kafka's -1 means "no timestamp").
     """
-    ts = table.column("timestamp")
-    valid = pc.and_(pc.is_valid(ts), pc.greater_equal(ts.cast(pa.int64()), 0))
-    date = pc.if_else(valid, pc.strftime(ts, format="%Y-%m-%d"), pa.scalar(None, pa.string()))
-    hour = pc.if_else(valid, pc.hour(ts).cast(pa.int32()), pa.scalar(None, pa.int32()))
+    us = table.column("timestamp").cast(pa.int64())
+    valid = pc.and_(pc.is_valid(us), pc.greater_equal(us, 0))
+    # Integer arithmetic on microseconds since the epoch, and one string per distinct day:
+    # ``pc.strftime`` formatted every row (12 % of the decode worker's time at 1 KiB records).
+    day = pc.divide(pc.if_else(valid, us, 0), _US_PER_DAY)  # valid rows are >= 0: floor division
+    days = pc.unique(pc.filter(day, valid))
+    names = pa.array([(_EPOCH + timedelta(days=d)).isoformat() for d in days.to_pylist()], pa.string())
+    dates = pc.if_else(valid, pc.take(names, pc.index_in(day, value_set=days)), pa.scalar(None, pa.string()))
+    hours = pc.subtract(pc.divide(pc.if_else(valid, us, 0), _US_PER_HOUR), pc.multiply(day, 24))
+    hour = pc.if_else(valid, hours.cast(pa.int32()), pa.scalar(None, pa.int32()))
     if day_topics:
         is_day = pc.is_in(table.column("topic"), value_set=pa.array(sorted(day_topics), pa.string()))
         hour = pc.if_else(is_day, pa.scalar(None, pa.int32()), hour)
-    return table.append_column("date", date).append_column("hour", hour)
+    return table.append_column("date", dates).append_column("hour", hour)
 
 
 def partition_spec_sql(values: dict[str, object]) -> str:

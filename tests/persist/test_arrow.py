@@ -15,7 +15,7 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from pipeline.table.arrow import appends_to_table, binary_array
+from pipeline.table.arrow import appends_to_table
 from pipeline.log.batch import PartitionAppend
 from pipeline.table.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
 
@@ -213,20 +213,3 @@ def test_roundtrip_matches_the_records_sent(appends):
     table = appends_to_table(inputs)
     assert [tuple(row.values()) for row in table.to_pylist()] == expected
 
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=60), st.integers(0, 300))
-def test_binary_array_is_pa_array_of_the_same_items(items, max_bytes):
-    """``binary_array`` (one joined buffer, int32 offsets, a validity bitmap when there are nulls)
-    equals ``pa.array(items, pa.binary())``, also past ``max_bytes`` (the chunking fallback)."""
-    expected = pa.array(items, pa.binary())
-    for built in (binary_array(items), binary_array(items, max_bytes=max_bytes)):
-        if isinstance(built, pa.Array):
-            built.validate(full=True)
-        assert built.type == pa.binary() and built.to_pylist() == expected.to_pylist()
-        assert built.null_count == expected.null_count
-
-
-def test_binary_array_refuses_what_is_not_bytes():
-    with pytest.raises(TypeError):
-        binary_array([b"a", "text"])  # type: ignore[list-item]

@@ -5,7 +5,7 @@ headers) through the server's request path (``fuzz_corpus.serve``) and exit
 0 iff only documented exceptions escaped.
 
 A separate process because the failures it also looks for, a native abort
-or segfault in kio, aiokafka's record reader, crc32c or a compression codec,
+or segfault in kio, pipeline._records (our C record reader), crc32c or a compression codec,
 cannot be caught in the process that suffers them. Usable by hand::
 
     python -m tests.protocol.fuzz_child --seed 1 --count 100000

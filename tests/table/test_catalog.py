@@ -11,7 +11,10 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.config import ConfigError, load_config
 from pipeline.table.schema import ARROW_SCHEMA
@@ -57,6 +60,22 @@ def test_time_partitions_are_utc_date_and_hour_and_null_without_a_timestamp():
     out = add_time_partitions(t, frozenset({"d"}))
     assert out.column("date").to_pylist() == ["2026-11-23", "2026-11-24", "2026-11-24", None, None]
     assert out.column("hour").to_pylist() == [23, 0, None, None, None]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(-10**12, 253_402_300_799_999_999)), max_size=40),
+       st.lists(st.sampled_from(["a", "d"]), min_size=40, max_size=40))
+def test_time_partitions_equal_arrows_own_utc_date_and_hour(micros, topics):
+    """Against pyarrow's own calendar (``strftime``, ``hour``) on any timestamp up to year 9999."""
+    ts = pa.array(micros, pa.timestamp("us", tz="UTC"))
+    t = pa.table({"topic": pa.array(topics[:len(micros)], pa.string()), "timestamp": ts})
+    out = add_time_partitions(t, frozenset({"d"}))
+    valid = [m is not None and m >= 0 for m in micros]
+    dates = pc.strftime(ts, format="%Y-%m-%d").to_pylist()
+    hours = pc.hour(ts).to_pylist()
+    assert out.column("date").to_pylist() == [d if ok else None for d, ok in zip(dates, valid)]
+    assert out.column("hour").to_pylist() == [h if ok and topic == "a" else None
+                                              for h, ok, topic in zip(hours, valid, topics)]
 
 
 def test_compaction_plan():
