@@ -47,8 +47,8 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -440,6 +440,118 @@ def container(s: Step) -> Iterator[Path]:
         podman_ok("rm", "-f", "-v", CONTAINER)
 
 
+class Running:
+    """The image's ENTRYPOINT + CMD running from its mounted root ``root`` under ``chroot``, in namespaces of
+    its own (mount, UTS, network, PID), as the image's user, with its ENV, its WORKDIR and a fresh directory
+    under ``scratch`` for each VOLUME; output to ``log_path``. A context manager: leaving it kills whatever is
+    still running (SIGKILL to PID 1 of the namespace)."""
+
+    def __init__(self, root: Path, config: ImageConfig, scratch: Path, log_path: Path) -> None:
+        self.config, self.log_path = config, log_path
+        self.uid, self.gid, home = resolve_user(root, config.user)
+        env = dict(e.split("=", 1) for e in config.env)
+        env.setdefault("HOSTNAME", HOSTNAME)
+        env.setdefault("HOME", home)
+        self.variables = [f"{k}={v}" for k, v in env.items()]
+        # what an engine provides at run time (the base has no /etc/hosts); in the container's own layer
+        (root / "etc/hosts").write_text(f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n127.0.1.1\t{HOSTNAME}\n")
+        setup = [
+            "ip link set lo up",
+            f"hostname {HOSTNAME}",
+            f"mount --rbind /dev {shlex.quote(str(root / 'dev'))}",
+            f"mount --rbind /sys {shlex.quote(str(root / 'sys'))}",
+            f"mount -t proc proc {shlex.quote(str(root / 'proc'))}",  # this PID namespace's
+        ]
+        for i, volume in enumerate(config.volumes):
+            source, target = scratch / f"volume-{i}", root / volume.lstrip("/")
+            target.mkdir(parents=True, exist_ok=True)
+            source.mkdir()
+            os.chown(source, target.stat().st_uid, target.stat().st_gid)  # as a new named volume
+            setup.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(str(target))}")
+        command = ["chroot", f"--userspec={self.uid}:{self.gid}", f"--groups={self.gid}", str(root)]
+        command += ["/usr/bin/env", "-i", f"--chdir={config.workdir}", *self.variables, *config.argv]
+        self.script = "set -e\n" + "\n".join(setup) + "\nexec " + shlex.join(command) + "\n"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None
+        self.started = 0.0
+
+    def __enter__(self) -> Running:
+        namespaces = ["--mount", "--uts", "--net", "--pid", "--fork", "--kill-child"]
+        with self.log_path.open("w") as out:
+            self.proc = subprocess.Popen(["unshare", *namespaces, "sh", "-c", self.script], stdout=out,
+                                         stderr=subprocess.STDOUT)
+        self.started = time.monotonic()
+        try:
+            self.pid = init_pid(self.proc.pid, self.started + 10)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        # SIGKILL to PID 1 of the namespace: the kernel kills every other process in it, and unshare (which
+        # --kill-child makes do the same if it dies first) exits; the namespaces' mounts go with their last
+        # process, before the container's layers are unmounted and removed.
+        for victim in (self.pid, self.proc.pid):
+            if victim is not None:
+                with suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=KILL_S)
+        except subprocess.TimeoutExpired:
+            log(f"unshare (pid {self.proc.pid}) still there {KILL_S} s after SIGKILL")
+
+    def failed(self, why: str) -> CheckFailed:
+        return CheckFailed(f"run: {why}; {self.log_path}:\n{tail(self.log_path)}")
+
+    def inside(self, argv: list[str], timeout: float = PROBE_S) -> subprocess.CompletedProcess[str]:
+        """``argv`` in the server's namespaces and root, as its user, with its ENV (as ``docker exec``).
+
+        Raises:
+            subprocess.TimeoutExpired: past ``timeout`` seconds (the process is killed).
+        """
+        enter = ["nsenter", f"--target={self.pid}", "--mount", "--uts", "--net", "--pid", "--root", "--wd"]
+        enter += [f"--setuid={self.uid}", f"--setgid={self.gid}", "--", "/usr/bin/env", "-i", *self.variables]
+        return subprocess.run([*enter, *argv], capture_output=True, text=True, timeout=timeout)
+
+    def wait_for(self, what: str, done: Callable[[], bool]) -> float:
+        """Call ``done`` every 2 s until it says True; return the seconds since the start.
+
+        Raises:
+            CheckFailed: the command exited first, or ``READY_S`` seconds passed since its start.
+        """
+        assert self.proc is not None
+        while True:
+            if self.proc.poll() is not None:
+                raise self.failed(f"the command exited with {self.proc.returncode} before {what}")
+            if time.monotonic() - self.started > READY_S:
+                raise self.failed(f"no {what} within {READY_S} s of the start")
+            with suppress(subprocess.TimeoutExpired):
+                if done():
+                    return time.monotonic() - self.started
+            time.sleep(2)
+
+    def stop(self) -> float:
+        """Send the image's STOPSIGNAL to PID 1; return the seconds until the exit.
+
+        Raises:
+            CheckFailed: no exit within ``STOP_S``, or an exit status other than 0.
+        """
+        assert self.proc is not None and self.pid is not None
+        name = self.config.stop_signal
+        os.kill(self.pid, int(name) if name.isdigit() else signal.Signals[name])
+        stopping = time.monotonic()
+        try:
+            status = self.proc.wait(timeout=STOP_S)
+        except subprocess.TimeoutExpired:
+            raise self.failed(f"still running {STOP_S} s after {name}") from None
+        if status != 0:
+            raise self.failed(f"exit status {status} after {name} (0 expected)")
+        return time.monotonic() - stopping
+
+
 def serve_from_image() -> None:
     s = step("run")
     config = image_config(s)
@@ -452,112 +564,40 @@ def serve_from_image() -> None:
         raise CheckFailed(f"run: no port in the image's --listen {listen!r}")
     (CACHE / "run").mkdir(parents=True, exist_ok=True)
     with container(s) as root, tempfile.TemporaryDirectory(dir=CACHE / "run") as scratch:
-        uid, gid, home = resolve_user(root, config.user)
-        env = dict(e.split("=", 1) for e in config.env)
-        env.setdefault("HOSTNAME", HOSTNAME)
-        env.setdefault("HOME", home)
-        variables = [f"{k}={v}" for k, v in env.items()]
-        (root / "etc/hosts").write_text(f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n127.0.1.1\t{HOSTNAME}\n")
-        mounts = [
-            "ip link set lo up",
-            f"hostname {HOSTNAME}",
-            f"mount --rbind /dev {shlex.quote(str(root / 'dev'))}",
-            f"mount --rbind /sys {shlex.quote(str(root / 'sys'))}",
-            f"mount -t proc proc {shlex.quote(str(root / 'proc'))}",
-        ]
-        for i, volume in enumerate(config.volumes):
-            source, target = Path(scratch) / f"volume-{i}", root / volume.lstrip("/")
-            target.mkdir(parents=True, exist_ok=True)
-            source.mkdir()
-            os.chown(source, target.stat().st_uid, target.stat().st_gid)
-            mounts.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(str(target))}")
-        command = ["chroot", f"--userspec={uid}:{gid}", f"--groups={gid}", str(root)]
-        command += ["/usr/bin/env", "-i", f"--chdir={config.workdir}", *variables, *config.argv]
-        inner = "set -e\n" + "\n".join(mounts) + "\nexec " + shlex.join(command) + "\n"
-        log(f"running {shlex.join(config.argv)} as {uid}:{gid} in {config.workdir}, chroot {root}")
-        server_log = CACHE / "logs" / "server.log"
-        namespaces = ["--mount", "--uts", "--net", "--pid", "--fork", "--kill-child"]
-        with server_log.open("w") as out:
-            proc = subprocess.Popen(["unshare", *namespaces, "sh", "-c", inner], stdout=out, stderr=subprocess.STDOUT)
-        started = time.monotonic()
-        try:
-            pid = init_pid(proc.pid, started + 10)
-
-            def inside(argv: list[str], timeout: float = PROBE_S) -> subprocess.CompletedProcess[str]:
-                """``argv`` in the server's namespaces and root, as its user, with its ENV (as ``docker exec``)."""
-                enter = ["nsenter", f"--target={pid}", "--mount", "--uts", "--net", "--pid", "--root", "--wd"]
-                enter += [f"--setuid={uid}", f"--setgid={gid}", "--", "/usr/bin/env", "-i", *variables, *argv]
-                return subprocess.run(enter, capture_output=True, text=True, timeout=timeout)
-
+        running = Running(root, config, Path(scratch), CACHE / "logs" / "server.log")
+        log(f"running {shlex.join(config.argv)} as {running.uid}:{running.gid} in {config.workdir}, chroot {root}")
+        with running:
             url = f"http://127.0.0.1:{port}/readyz"
             probe = ["python", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=5)"]
-            while True:
-                if proc.poll() is not None:
-                    raise CheckFailed(f"run: the command exited with {proc.returncode} before /readyz answered "
-                                      f"200; {server_log}:\n{tail(server_log)}")
-                if time.monotonic() - started > READY_S:
-                    raise CheckFailed(f"run: {url} did not answer 200 within {READY_S} s; {server_log}:\n"
-                                      f"{tail(server_log)}")
-                try:
-                    if inside(probe).returncode == 0:
-                        break
-                except subprocess.TimeoutExpired:
-                    pass
-                time.sleep(2)
-            log(f"{url} answered 200 after {time.monotonic() - started:.0f} s")
+            seconds = running.wait_for(f"200 from {url}", lambda: running.inside(probe).returncode == 0)
+            log(f"{url} answered 200 after {seconds:.0f} s")
             if config.healthcheck:
-                done = inside(config.healthcheck)
+                done = running.inside(config.healthcheck)
                 if done.returncode != 0:
-                    raise CheckFailed(f"run: the image's HEALTHCHECK {config.healthcheck} failed "
-                                      f"({done.returncode}): {done.stderr[-2000:]}")
+                    raise running.failed(f"the image's HEALTHCHECK {config.healthcheck} failed ({done.returncode}):"
+                                         f" {done.stderr[-2000:]}")
                 log("the image's HEALTHCHECK passes")
             # Serving, not only ready: records produced with the image's own Kafka client reach the table
             # through the image's Spark and JRE (/readyz is 200 while Spark still starts: ack-on wal).
-            produced = inside(["python", "-c", PRODUCE.format(port=kafka_port, n=RECORDS)], timeout=PRODUCE_S)
+            produced = running.inside(["python", "-c", PRODUCE.format(port=kafka_port, n=RECORDS)], PRODUCE_S)
             if produced.returncode != 0:
-                raise CheckFailed(f"run: producing {RECORDS} records failed ({produced.returncode}): "
-                                  f"{(produced.stdout + produced.stderr)[-2000:]}")
+                raise running.failed(f"producing {RECORDS} records failed ({produced.returncode}): "
+                                     f"{(produced.stdout + produced.stderr)[-2000:]}")
             log(f"{RECORDS} records produced to 127.0.0.1:{kafka_port} and acknowledged")
             metrics = ["python", "-c", FLUSHED.format(url=f"http://127.0.0.1:{port}/metrics")]
-            persisted = 0.0
-            while persisted < RECORDS:
-                if proc.poll() is not None:
-                    raise CheckFailed(f"run: the command exited with {proc.returncode} before the records were "
-                                      f"in the table; {server_log}:\n{tail(server_log)}")
-                if time.monotonic() - started > READY_S:
-                    raise CheckFailed(f"run: {persisted:.0f} of {RECORDS} records in the table after {READY_S} s; "
-                                      f"{server_log}:\n{tail(server_log)}")
-                time.sleep(2)
-                try:
-                    done = inside(metrics)
-                except subprocess.TimeoutExpired:
-                    continue
-                if done.returncode == 0:
-                    persisted = float(done.stdout.strip() or 0)
-            if persisted != RECORDS:
-                raise CheckFailed(f"run: {persisted:.0f} records written to the table, {RECORDS} produced")
-            log(f"{RECORDS} records written to the table by Spark after {time.monotonic() - started:.0f} s")
-            stop = signal.Signals[config.stop_signal] if not config.stop_signal.isdigit() else int(config.stop_signal)
-            os.kill(pid, stop)
-            stopping = time.monotonic()
-            try:
-                status = proc.wait(timeout=STOP_S)
-            except subprocess.TimeoutExpired:
-                raise CheckFailed(f"run: still running {STOP_S} s after {config.stop_signal}; {server_log}:\n"
-                                  f"{tail(server_log)}") from None
-            if status != 0:
-                raise CheckFailed(f"run: exit status {status} after {config.stop_signal} (0 expected); "
-                                  f"{server_log}:\n{tail(server_log)}")
-            log(f"{config.stop_signal}: exit status 0 after {time.monotonic() - stopping:.0f} s")
-        finally:
-            if proc.poll() is None:
-                # SIGKILL to unshare: --kill-child kills PID 1 of the namespace, the kernel every other process
-                # in it; the namespaces' mounts go with their last process.
-                proc.kill()
-                try:
-                    proc.wait(timeout=KILL_S)
-                except subprocess.TimeoutExpired:
-                    log(f"unshare (pid {proc.pid}) still there {KILL_S} s after SIGKILL")
+            flushed: list[float] = [0]
+
+            def all_flushed() -> bool:
+                done = running.inside(metrics)
+                flushed[0] = float(done.stdout.strip() or 0) if done.returncode == 0 else flushed[0]
+                return flushed[0] >= RECORDS
+
+            seconds = running.wait_for(f"{RECORDS} records in the table", all_flushed)
+            if flushed[0] != RECORDS:
+                raise running.failed(f"{flushed[0]:.0f} records written to the table, {RECORDS} produced")
+            log(f"{RECORDS} records written to the table by Spark after {seconds:.0f} s")
+            seconds = running.stop()
+            log(f"{config.stop_signal}: exit status 0 after {seconds:.0f} s")
 
 
 # ------------------------------------------------------------------ main
