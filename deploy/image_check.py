@@ -20,7 +20,9 @@ What it does (issue 24, "The image is built for real"):
    (/dev, /sys, a new /proc, and a fresh directory for each VOLUME, owned as the image's directory is, as a
    new named volume is). It waits until ``/readyz`` on the command's ``--metrics-port`` answers 200 from
    inside (the image's python, as the probes of deploy/ do), runs the image's HEALTHCHECK command the same
-   way, then sends the STOPSIGNAL and expects exit status 0 within ``STOP_S``.
+   way, produces ``RECORDS`` records with the image's confluent-kafka to the port of ``--listen`` and waits
+   until the image's Spark has written them to the table (``pipeline_flush_records_total``), then sends the
+   STOPSIGNAL and expects exit status 0 within ``STOP_S``.
 
 Everything it starts, mounts or creates for a run is stopped, unmounted and removed whatever happens (also on
 SIGTERM or Ctrl-C); every wait is bounded. Exit status 1 with ``image check FAILED: <step>: <why>`` on a
