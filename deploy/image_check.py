@@ -202,7 +202,10 @@ def podman(*args: str, step: Step, timeout: float = 120, attempts: int = 1) -> s
 
 def podman_ok(*args: str, timeout: float = 120) -> bool:
     """``podman ARGS`` exited 0 (for questions such as ``image exists``, and cleanup that may find nothing)."""
-    done = subprocess.run([*PODMAN, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+    try:
+        done = subprocess.run([*PODMAN, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
     return done.returncode == 0
 
 
@@ -339,7 +342,8 @@ def build_image(base: str) -> None:
     started = time.monotonic()
     podman(*common, "-t", IMAGE, str(REPO), step=s, timeout=BUILD_S, attempts=ATTEMPTS)
     # The build stage from the layers just made (seconds), tagged so that the prune keeps it for the next run.
-    if not podman_ok(*common, "--target", BUILD_STAGE, "-t", IMAGE.replace(":latest", ":build"), str(REPO)):
+    if not podman_ok(*common, "--target", BUILD_STAGE, "-t", IMAGE.replace(":latest", ":build"), str(REPO),
+                     timeout=BUILD_S):
         log(f"(no stage {BUILD_STAGE!r} to keep: the next run rebuilds its wheels)")
     podman_ok("image", "prune", "-f", timeout=600)
     log(f"{IMAGE} built in {time.monotonic() - started:.0f} s")
@@ -644,6 +648,9 @@ def main() -> int:
         return 1
     except Interrupted as exc:
         print(f"image check FAILED: interrupted by {exc}", file=sys.stderr)
+        return 1
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"image check FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     log(f"passed in {time.monotonic() - started:.0f} s: deploy/Containerfile builds, and its command serves "
         "from the image's filesystem")
