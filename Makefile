@@ -28,8 +28,8 @@ serve: $(VENV)/.installed
 
 # ruff, the type checker and the import layers, in that order (docs/development.md)
 check: $(VENV)/.installed
-	$(VENV)/bin/ruff check pipeline tests
-	$(VENV)/bin/mypy pipeline
+	$(VENV)/bin/ruff check pipeline tests deploy
+	$(VENV)/bin/mypy pipeline deploy/image_check.py
 	$(VENV)/bin/lint-imports
 
 test: check

@@ -265,6 +265,45 @@ def test_containerfile_is_multi_stage_non_root_and_runs_todays_cli():
     assert env["SPARK_HOME"] == "/opt/spark"
 
 
+def image_check_module():
+    """deploy/image_check.py (the image check .ci/run runs, a script outside the package) as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("image_check", DEPLOY / "image_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_image_check_finds_in_the_containerfile_what_it_runs(tmp_path):
+    """What deploy/image_check.py reads from the image is in the Containerfile: the build stage it keeps,
+    the --metrics-port of /readyz and the Kafka port of --listen, a user in the image's passwd, and a stop
+    bound as long as the longest ordered shutdown. (The check itself builds and runs the image in CI.)"""
+    check = image_check_module()
+    image = containerfile()
+    assert any(rest.endswith(f" AS {check.BUILD_STAGE}") for rest in image.all("FROM"))
+    assert image.last("ARG") == "PYTHON_IMAGE=python:3.11-slim-bookworm" and check.SUITE == "bookworm"
+    argv = [*image.exec_form("ENTRYPOINT"), *image.exec_form("CMD")]
+    config = serve_config(argv)
+    assert int(check.option(argv, "--metrics-port")) == config.metrics_port
+    assert check.option(argv, "--listen").rsplit(":", 1)[-1] == str(config.listen_port)
+    assert image.last("STOPSIGNAL") == "SIGTERM" and check.STOP_S >= SHUTDOWN_BUDGET_S
+
+    # USER uid:gid as the image's passwd and group will have them (the useradd/groupadd of the RUN above)
+    run = " ".join(image.all("RUN"))
+    uid = re.search(r"useradd .*--uid (\d+)", run).group(1)
+    gid = re.search(r"groupadd .*--gid (\d+)", run).group(1)
+    home = re.search(r"--home-dir (\S+)", run).group(1)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/passwd").write_text(f"root:x:0:0:root:/root:/bin/bash\npipeline:x:{uid}:{gid}::{home}:/x\n")
+    (tmp_path / "etc/group").write_text(f"root:x:0:\npipeline:x:{gid}:\n")
+    assert check.resolve_user(tmp_path, image.last("USER")) == (int(uid), int(gid), home)
+    assert check.resolve_user(tmp_path, "pipeline") == (int(uid), int(gid), home)
+    with pytest.raises(check.CheckFailed, match="no such user"):
+        check.resolve_user(tmp_path, "nobody-here")
+
+
 def test_compose_services_run_todays_cli_and_agree_with_each_other():
     services = compose()["services"]
     assert set(services) == {"spark-master", "spark-worker", "spark-connect", "pipeline", "metrics-proxy"}
