@@ -117,6 +117,7 @@ class LeadershipService:
         """The controller epoch this broker holds (None: it is not the controller)."""
         self._live: set[int] = set()
         self._handing_off: set[tuple[str, int, int]] = set()
+        self._loaded_epochs: dict[tuple[str, int], int] = {}  # the leader epoch each loaded partition was taken at
         self._changed = trio.Event()
 
     # -- wiring ----------------------------------------------------------------
@@ -283,7 +284,9 @@ class LeadershipService:
         self._live = {m.node_id for m in members}
         cluster.controller = controller[0] if controller is not None else -1
         cluster.leaders = rows
-        lost = {key for key in cluster.loaded if key not in rows or rows[key].leader_id != me}
+        # A partition that moved away and back between two reads was led by another broker meanwhile.
+        lost = {key for key in cluster.loaded if key not in rows or rows[key].leader_id != me
+                or rows[key].leader_epoch != self._loaded_epochs.get(key)}
         if lost:
             cluster.loaded -= lost
             groups = {p for t, p in lost if t == OFFSETS_TOPIC}
@@ -351,6 +354,7 @@ class LeadershipService:
         taken = {key for key, row in ready.items()
                  if current.get(key) is not None and current[key].leader_epoch == row.leader_epoch}
         cluster.loaded |= taken
+        self._loaded_epochs.update((key, ready[key].leader_epoch) for key in taken)
         if partitions & taken:
             log.info("broker %d leads %d more partition(s) now, continuing at the table's end offsets", me,
                      len(partitions & taken))
