@@ -175,24 +175,29 @@ def preferred_leader(topic: str, partition: int, members: tuple[int, ...]) -> in
     return members[(zlib.crc32(topic.encode()) + partition) % len(members)]
 
 
-def reassign(topics: dict[str, int], live: tuple[int, ...], current: dict[tuple[str, int], Any]
-             ) -> tuple[dict[tuple[str, int], int], list[tuple[str, int]]]:
+def reassign(topics: dict[str, int], live: tuple[int, ...], current: dict[tuple[str, int], Any],
+             members: tuple[int, ...] = ()) -> tuple[dict[tuple[str, int], int], list[tuple[str, int]]]:
     """What the controller changes: (partition -> its new leader, partitions to forget).
 
-    Every partition of ``topics`` (name -> partitions; ``__consumer_offsets`` is added) is led by
-    ``preferred_leader`` over the ``live`` members, so a dead member's partitions spread over the
-    others and a member that comes back gets its own back (leadership rebalances). ``current``:
+    Every partition of ``topics`` (name -> partitions; ``__consumer_offsets`` is added) is led by its
+    preferred leader, ``preferred_leader`` over every registered broker (``members``, live or not; the
+    live ones when not given), when that one is live (Kafka's preferred replica), else by
+    ``preferred_leader`` over the ``live`` members: only a dead member's partitions move, spread over
+    the others, and a member that comes back gets its own back (leadership rebalances). ``current``:
     (topic, partition) -> anything with a ``leader_id`` (``pipeline.metadata.leadership.Leadership``);
     partitions in it of topics no longer in ``topics`` are forgotten. No live member: no change.
     """
     if not live:
         return {}, []
     live = tuple(sorted(live))
+    everyone = tuple(sorted(set(members) | set(live)))
     wanted = {**topics, OFFSETS_TOPIC: OFFSETS_PARTITIONS}
     moves: dict[tuple[str, int], int] = {}
     for topic, count in wanted.items():
         for p in range(count):
-            leader = preferred_leader(topic, p, live)
+            leader = preferred_leader(topic, p, everyone)
+            if leader not in live:
+                leader = preferred_leader(topic, p, live)
             row = current.get((topic, p))
             if row is None or row.leader_id != leader:
                 moves[(topic, p)] = leader

@@ -231,11 +231,11 @@ class LeadershipService:
     async def _reassign(self, store: LeadershipStore, controller_epoch: int) -> None:
         assert self.epoch is not None
 
-        def read() -> tuple[set[int], dict[tuple[str, int], Leadership]]:
-            return {m.node_id for m in store.registry.live_members()}, store.assignment()
+        def read() -> tuple[set[int], tuple[int, ...], dict[tuple[str, int], Leadership]]:
+            return {m.node_id for m in store.registry.live_members()}, store.members(), store.assignment()
 
-        live, current = await trio.to_thread.run_sync(read)
-        moves, gone = reassign(self.topics(), tuple(live), current)
+        live, members, current = await trio.to_thread.run_sync(read)
+        moves, gone = reassign(self.topics(), tuple(live), current, members)
         if not moves and not gone:
             return
         # A prior leader that is not a live member has nothing more to write: no hand-off to wait for.
@@ -312,7 +312,7 @@ class LeadershipService:
             assert self.store is not None
             await trio.to_thread.run_sync(self.store.hand_off, topic, partition, self.cluster.node_id,
                                           row.leader_epoch)
-            log.info("broker %d: %s-%d handed off to broker %d (leader epoch %d)", self.cluster.node_id, topic,
+            log.debug("broker %d: %s-%d handed off to broker %d (leader epoch %d)", self.cluster.node_id, topic,
                      partition, row.leader_id, row.leader_epoch)
         except Exception as exc:
             log.warning("handing off %s-%d failed (retried): %s", topic, partition, exc)

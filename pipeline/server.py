@@ -260,6 +260,7 @@ class Server:
         """Replay the WAL into the table and rebuild offsets and producer state (blocking; the sink started).
         With leadership through the database there is nothing to replay (``discard_unacknowledged``)."""
         if self.dynamic:
+            self.wal.open(None, self.logs.index_wal_entry)  # empty: discard_unacknowledged
             self.recovered = Recovered(Checkpoint())
             self._attach_table()
             return self.recovered

@@ -158,6 +158,11 @@ class LeadershipStore:
 
     # -- partition leaders ---------------------------------------------------
 
+    def members(self) -> tuple[int, ...]:
+        """Every broker ever registered (live or not), by node id: where partitions prefer to be led."""
+        with self._db.transaction(write=False) as cur:
+            return tuple(int(r[0]) for r in cur.execute("SELECT node_id FROM brokers ORDER BY node_id").fetchall())
+
     def assignment(self) -> dict[tuple[str, int], Leadership]:
         """Every partition's row: (topic, partition) -> Leadership."""
         with self._db.transaction(write=False) as cur:

@@ -105,12 +105,12 @@ def test_reassign_spreads_over_live_members_moves_a_dead_ones_and_gives_them_bac
     rows = {key: Leadership(leader, 1) for key, leader in first.items()}
     assert reassign(topics, (0, 1, 2), rows) == ({}, [])
 
-    moves, _ = reassign(topics, (0, 2), rows)  # broker 1 died
-    assert moves and set(moves.values()) <= {0, 2}
-    assert all(rows[key].leader_id == 1 or key in moves for key in rows if rows[key].leader_id == 1)
+    moves, _ = reassign(topics, (0, 2), rows, (0, 1, 2))  # broker 1 died: only its partitions move
+    assert set(moves) == {key for key, row in rows.items() if row.leader_id == 1}
+    assert set(moves.values()) == {0, 2}
     after = {**rows, **{key: Leadership(leader, 2, rows[key].leader_id, False) for key, leader in moves.items()}}
     assert all(row.leader_id != 1 for row in after.values())
-    back, _ = reassign(topics, (0, 1, 2), after)  # it came back: leadership rebalances
+    back, _ = reassign(topics, (0, 1, 2), after, (0, 1, 2))  # it came back: leadership rebalances
     assert {key for key, leader in back.items() if leader == 1} == {key for key, row in rows.items()
                                                                     if row.leader_id == 1}
     assert reassign({}, (0, 1, 2), rows)[1] == [("orders", p) for p in range(6)]  # the topic was deleted
