@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.network.listeners import parse_host_port
 
@@ -147,3 +148,134 @@ class Cluster:
     def producer_id(self, k: int) -> int:
         """The ``k``-th producer id of this broker: ``k * N + index``, disjoint across brokers."""
         return k * len(self.brokers) + self.index
+
+
+# -- leadership through the metadata database (pipeline.cluster.leadership = database) ----------------
+
+OFFSETS_TOPIC = "__consumer_offsets"
+"""The partitions that say which broker coordinates which groups (Kafka's internal topic of that name)."""
+OFFSETS_PARTITIONS = 50
+"""Its partitions (Kafka ``offsets.topic.num.partitions``); group ``g`` is on ``crc32(g) % 50``."""
+
+
+def offsets_partition(group_id: str) -> int:
+    """The ``__consumer_offsets`` partition of group ``group_id`` (Kafka: ``abs(hash(g)) % 50``)."""
+    return zlib.crc32(group_id.encode()) % OFFSETS_PARTITIONS
+
+
+def preferred_leader(topic: str, partition: int, members: tuple[int, ...]) -> int:
+    """The leader today's static rule gives ``topic``-``partition`` over ``members`` (node ids, sorted):
+    ``members[(crc32(topic) + partition) % len(members)]``.
+
+    Raises:
+        ValueError: no members.
+    """
+    if not members:
+        raise ValueError("no members to lead")
+    return members[(zlib.crc32(topic.encode()) + partition) % len(members)]
+
+
+def reassign(topics: dict[str, int], live: tuple[int, ...], current: dict[tuple[str, int], Any],
+             members: tuple[int, ...] = ()) -> tuple[dict[tuple[str, int], int], list[tuple[str, int]]]:
+    """What the controller changes: (partition -> its new leader, partitions to forget).
+
+    Every partition of ``topics`` (name -> partitions; ``__consumer_offsets`` is added) is led by its
+    preferred leader, ``preferred_leader`` over every registered broker (``members``, live or not; the
+    live ones when not given), when that one is live (Kafka's preferred replica), else by
+    ``preferred_leader`` over the ``live`` members: only a dead member's partitions move, spread over
+    the others, and a member that comes back gets its own back (leadership rebalances). ``current``:
+    (topic, partition) -> anything with a ``leader_id`` (``pipeline.metadata.leadership.Leadership``);
+    partitions in it of topics no longer in ``topics`` are forgotten. No live member: no change.
+    """
+    if not live:
+        return {}, []
+    live = tuple(sorted(live))
+    everyone = tuple(sorted(set(members) | set(live)))
+    wanted = {**topics, OFFSETS_TOPIC: OFFSETS_PARTITIONS}
+    moves: dict[tuple[str, int], int] = {}
+    for topic, count in wanted.items():
+        for p in range(count):
+            leader = preferred_leader(topic, p, everyone)
+            if leader not in live:
+                leader = preferred_leader(topic, p, live)
+            row = current.get((topic, p))
+            if row is None or row.leader_id != leader:
+                moves[(topic, p)] = leader
+    gone = [key for key in current if key[1] >= wanted.get(key[0], 0)]
+    return moves, sorted(gone)
+
+
+class DynamicCluster:
+    """A broker's view of a cluster whose membership and leadership are in the metadata database
+    (``pipeline.leadership`` keeps it current); sans-I/O, with ``Cluster``'s interface.
+
+    A partition is served here (``leads``) only once this broker is a live member, the partition's
+    row names it leader, and it has loaded the partition (``loaded``: offsets from the table's end,
+    producer state from the database). A partition without a row yet (a new topic, before the
+    controller's next pass) is reported at ``preferred_leader`` over the live members.
+    """
+
+    def __init__(self, node_id: int, host: str = "", port: int = 0) -> None:
+        self.node_id = node_id
+        self.me = ClusterBroker(node_id, host, port)
+        self.members: tuple[ClusterBroker, ...] = ()
+        """The live members (their registrations' first endpoints), by id."""
+        self.member = False
+        """This broker holds a live registration."""
+        self.controller: int = -1
+        """The node id of the live controller (-1: none known)."""
+        self.leaders: dict[tuple[str, int], Any] = {}
+        """(topic, partition) -> ``Leadership`` row."""
+        self.loaded: set[tuple[str, int]] = set()
+        """Partitions (``__consumer_offsets``'s too) this broker has loaded and serves."""
+
+    @property
+    def brokers(self) -> tuple[ClusterBroker, ...]:
+        """The live members, this broker always among them (clients reach it through Metadata)."""
+        if any(b.node_id == self.node_id for b in self.members):
+            return self.members
+        return tuple(sorted((*self.members, self.me), key=lambda b: b.node_id))
+
+    @property
+    def size(self) -> int:
+        return len(self.brokers)
+
+    @property
+    def controller_id(self) -> int:
+        return self.controller if self.controller >= 0 else self.brokers[0].node_id
+
+    def leader(self, topic: str, partition: int) -> int:
+        """Node id of the leader of ``topic``-``partition`` (see the class docstring)."""
+        row = self.leaders.get((topic, partition))
+        if row is not None:
+            return int(row.leader_id)
+        return preferred_leader(topic, partition, tuple(b.node_id for b in self.brokers))
+
+    def leads(self, topic: str, partition: int) -> bool:
+        """Whether this broker serves ``topic``-``partition`` now."""
+        return self.member and (topic, partition) in self.loaded and self.leader(topic, partition) == self.node_id
+
+    def coordinator(self, group_id: str) -> int:
+        """Node id of the coordinator of ``group_id``: the leader of its ``__consumer_offsets`` partition."""
+        return self.leader(OFFSETS_TOPIC, offsets_partition(group_id))
+
+    def coordinates(self, group_id: str) -> bool:
+        """Whether this broker coordinates ``group_id`` now (its groups' offsets loaded)."""
+        return self.leads(OFFSETS_TOPIC, offsets_partition(group_id))
+
+    def loading(self, group_id: str) -> bool:
+        """This broker is the group's coordinator but has not loaded its offsets yet
+        (Kafka COORDINATOR_LOAD_IN_PROGRESS)."""
+        return (self.member and self.coordinator(group_id) == self.node_id
+                and (OFFSETS_TOPIC, offsets_partition(group_id)) not in self.loaded)
+
+    def broker(self, node_id: int) -> ClusterBroker:
+        """The live member with ``node_id``.
+
+        Raises:
+            KeyError: no such live member.
+        """
+        for b in self.brokers:
+            if b.node_id == node_id:
+                return b
+        raise KeyError(node_id)

@@ -175,6 +175,9 @@ class ServerConfig:
     cluster_brokers: tuple[ClusterBroker, ...] | None = None  # [pipeline.cluster.brokers]; None: alone
     brokers: int = 1                            # `serve --brokers N`: a supervisor of N brokers
     cluster_id: str = "pipeline"
+    cluster_leadership: str = "static"          # [pipeline.cluster.leadership]: static | database
+    broker_session_timeout_ms: int = 9000       # [broker.session.timeout.ms] (Kafka KRaft's default)
+    broker_heartbeat_interval_ms: int = 2000    # [broker.heartbeat.interval.ms] (Kafka KRaft's default)
     sasl_enabled_mechanisms: str = ",".join(DEFAULT_MECHANISMS)  # [sasl.enabled.mechanisms]
     listener_overrides: tuple = ()              # [listener.name.<name>.ssl.*/sasl.enabled.mechanisms], KIP-103:
     # ((listener name lower case, ((ServerConfig field, value), ...)), ...); see listener_config()
@@ -482,6 +485,18 @@ _KEY_LIST: list[Key] = [
     Key("pipeline.cluster.id", ("cluster_id",), string,
         "the cluster id in Metadata (Kafka keeps it in meta.properties, not a property)",
         "--cluster-id", "ID", group="listener"),
+    Key("pipeline.cluster.leadership", ("cluster_leadership",), choice("static", "database"),
+        "static: partition leaders and group coordinators follow the broker list (pipeline.cluster.brokers), "
+        "a dead broker's partitions wait for it; database: brokers register with leases in the metadata "
+        "database (pipeline.metadata.url, else SQLite under DATA_DIR), one of them is the controller and "
+        "moves a dead broker's partitions and groups to live ones (needs pipeline.ack.on=spark)",
+        "--cluster-leadership", "static|database", group="listener"),
+    Key("broker.session.timeout.ms", ("broker_session_timeout_ms",), integer(1),
+        "with pipeline.cluster.leadership=database: a broker whose heartbeats stop this long loses its "
+        "membership, and its partitions move (ms)", "--broker-session-timeout-ms", "MS", group="listener"),
+    Key("broker.heartbeat.interval.ms", ("broker_heartbeat_interval_ms",), integer(1),
+        "with pipeline.cluster.leadership=database: how often a broker renews its membership (ms)",
+        "--broker-heartbeat-interval-ms", "MS", group="listener"),
     # -- the request path
     Key("pipeline.mode", ("mode",), choice(*_MODES, convert=_mode),
         "multiqueue: N queues routed by crc32(connection id) % N, one handler each (AutoMQ); "
@@ -972,6 +987,14 @@ def resolve(config_file: str | Path | None = None, environ: Mapping[str, str] | 
         if values["pipeline.brokers"] > 1:
             raise ConfigError(f"pipeline.brokers ({sources['pipeline.brokers']}) and pipeline.cluster.brokers "
                               f"({sources['pipeline.cluster.brokers']}) are both set: --brokers N makes the list itself")
+    if values["pipeline.cluster.leadership"] == "database":
+        if values["pipeline.ack.on"] != "spark":
+            raise ConfigError(f"pipeline.cluster.leadership=database ({sources['pipeline.cluster.leadership']}) "
+                              f"needs pipeline.ack.on=spark ({sources['pipeline.ack.on']}): a moved partition "
+                              "continues from the table, which must hold everything acknowledged")
+        if values["broker.heartbeat.interval.ms"] >= values["broker.session.timeout.ms"]:
+            raise ConfigError(f"broker.heartbeat.interval.ms ({sources['broker.heartbeat.interval.ms']}) must be "
+                              f"below broker.session.timeout.ms ({sources['broker.session.timeout.ms']})")
     if values["pipeline.brokers"] > 1 and values["listeners"][2] and len(values["listeners"][2]) > 1:
         raise ConfigError(f"{sources['listeners']}: listeners: --brokers N gives each broker one listener")
     if values["spark.remote"] is not None and sources["spark.master"] != DEFAULT_SOURCE:

@@ -27,7 +27,9 @@ import trio
 from pipeline.admin.apis import AdminApis, broker_configs
 from pipeline.config import Mode, ServerConfig
 from pipeline.requests.topic_store import FILE as TOPIC_STORE_FILE, TopicStore
-from pipeline.cluster import Cluster
+from pipeline.cluster import Cluster, DynamicCluster
+from pipeline.leadership import LeadershipService
+from pipeline.log.checkpoint import Checkpoint
 from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
 from pipeline.log.fetch import FetchApis
 from pipeline.requests.txn_apis import TransactionApis
@@ -85,13 +87,33 @@ def state_dir(c: ServerConfig) -> Path:
     alone; ``DATA_DIR/_pipeline/broker-<node.id>`` as a member of a cluster, whose brokers
     share the data directory's stores (topics, groups, users, ACLs) and tables."""
     base = Path(c.data_dir) / "_pipeline"
-    return base if c.cluster_brokers is None else base / f"broker-{c.node_id}"
+    alone = c.cluster_brokers is None and c.cluster_leadership == "static"
+    return base if alone else base / f"broker-{c.node_id}"
+
+
+def discard_unacknowledged(c: ServerConfig) -> None:
+    """With leadership through the database: a broker starts with no WAL and no checkpoint of its own.
+    With ``--ack-on spark`` neither holds anything acknowledged that the table lacks, and a partition
+    may have moved to another broker meanwhile, whose offsets a replay of this WAL would collide with;
+    each partition is taken over from the table when this broker leads it (``pipeline.leadership``)."""
+    own = state_dir(c)
+    wal = own / "wal"
+    if wal.is_dir():
+        for f in wal.iterdir():
+            if f.is_file():
+                f.unlink()
+    (own / StateStore.FILE).unlink(missing_ok=True)
 
 
 def cluster_of(c: ServerConfig) -> Cluster | None:
     """The cluster this broker is a member of (``pipeline.cluster.brokers``); None: alone."""
     return None if c.cluster_brokers is None else Cluster(c.cluster_brokers, c.node_id)
 
+
+CLUSTER_STORE_FILE = "cluster.db"
+"""SQLite file of the brokers' registrations and partition leaders without ``pipeline.metadata.url``."""
+PRODUCER_ID_STORE_FILE = "producer_ids.db"
+"""SQLite file of the producer-id blocks without ``pipeline.metadata.url``."""
 
 METADATA_REFRESH_S = 0.25
 """In a cluster (or on a metadata database), how often a broker looks for topic and ACL changes
@@ -207,6 +229,11 @@ class Server:
         """The sink is started (the table side writes and serves reads)."""
         own = state_dir(config)
         self.cluster = cluster_of(config)
+        self.dynamic = config.cluster_leadership == "database"
+        """Leadership through the metadata database (``pipeline.leadership``)."""
+        if self.dynamic:
+            discard_unacknowledged(config)
+        self.leadership: LeadershipService | None = None
         self.wal = WriteAheadLog(own / "wal", segment_bytes=config.log_segment_bytes)
         self.store = StateStore(own)
         self.logs = LogManager(wal=self.wal,
@@ -230,7 +257,13 @@ class Server:
         """The event loop's time waiting for I/O while serving (NetworkProcessorAvgIdlePercent)."""
 
     def recover(self) -> Recovered:
-        """Replay the WAL into the table and rebuild offsets and producer state (blocking; the sink started)."""
+        """Replay the WAL into the table and rebuild offsets and producer state (blocking; the sink started).
+        With leadership through the database there is nothing to replay (``discard_unacknowledged``)."""
+        if self.dynamic:
+            self.wal.open(None, self.logs.index_wal_entry)  # empty: discard_unacknowledged
+            self.recovered = Recovered(Checkpoint())
+            self._attach_table()
+            return self.recovered
         self.recovered = recover(self.sink, self.wal, self.store, visit=self.logs.index_wal_entry,
                                  policy=self.commit_policy())
         self._attach_table()
@@ -263,6 +296,14 @@ class Server:
         if catalog is not None:
             # Offsets whose WAL segments retention deleted are read from the tables.
             self.logs.table = TableReader(catalog.spark, catalog, warm=True)
+
+    def _table_end_offsets(self) -> dict[tuple[str, int], int]:
+        """The table's (topic, partition) -> end offset, as other brokers left it (blocking)."""
+        catalog = getattr(self.sink, "catalog", None)
+        if catalog is not None:
+            for owned in catalog.tables():  # another broker's commits: not in this session's file listing yet
+                catalog.spark.catalog.refreshTable(owned.name)
+        return self.sink.end_offsets()
 
     def table_started(self) -> None:
         """The sink is started (call it in the trio thread): reads of offsets only the table holds
@@ -347,13 +388,20 @@ class Server:
         host, port = bound[0][1:]
         self.address = (host, port)
         endpoints = advertised_endpoints(c, bound)
+        cluster: Cluster | DynamicCluster | None = self.cluster
+        if self.dynamic:
+            cluster = DynamicCluster(c.node_id, endpoints[0][1], endpoints[0][2])
+            self.leadership = LeadershipService(
+                cluster, store_target(c.metadata_url, c.data_dir, CLUSTER_STORE_FILE), endpoints,
+                session_ms=c.broker_session_timeout_ms, heartbeat_ms=c.broker_heartbeat_interval_ms,
+                logs=self.logs, end_offsets=self._table_end_offsets, topics=lambda: self.catalog.all_topics())
         broker = BrokerInfo(
             node_id=c.node_id,
             host=endpoints[0][1],
             port=endpoints[0][2],
             cluster_id=c.cluster_id,
             endpoints=endpoints,
-            cluster=self.cluster,
+            cluster=cluster,
         )
         recovered = self.recovered or (self.recover() if self.table_ready else self.recover_log())
         checkpoint = recovered.checkpoint
@@ -366,9 +414,12 @@ class Server:
             ack_on=c.ack_on,
             max_buffer_bytes=c.buffer_memory,
             # In a cluster one broker (the controller, lowest id) compacts and applies retention.
+            # Leadership through the database: node 0 (table maintenance is not moved yet).
             maintenance_interval_s=c.table_compaction_interval_ms / 1000.0 if c.table_compaction_interval_ms and (
-                self.cluster is None or self.cluster.controller_id == c.node_id) else None,
+                self.cluster is None or self.cluster.controller_id == c.node_id) and (
+                not self.dynamic or c.node_id == 0) else None,
             log_listener=self.logs,
+            before_table_write=self.leadership.before_table_write if self.leadership is not None else None,
         )
         self.persister = persister
         request_channel, handler_count = self._build_request_channel()
@@ -380,11 +431,12 @@ class Server:
                                     store=TopicStore(store_target(c.metadata_url, c.data_dir, TOPIC_STORE_FILE)),
                                     retention_defaults=(c.log_retention_ms, c.log_retention_bytes))
         # With a metadata database, brokers on other hosts may change topics at any time.
-        self.catalog.shared = self.cluster is not None and self.cluster.size > 1 or bool(c.metadata_url)
+        self.catalog.shared = self.cluster is not None and self.cluster.size > 1 or bool(c.metadata_url) or self.dynamic
         # Producer ids: from the wall clock on one machine; with a metadata database, blocks claimed
         # from it (Kafka's ProducerIdManager), so no two brokers on any hosts hand out the same id.
-        producer_ids = (ProducerIdManager(ProducerIdStore(c.metadata_url), c.node_id) if c.metadata_url
-                        else None)
+        producer_ids = (ProducerIdManager(ProducerIdStore(store_target(c.metadata_url, c.data_dir,
+                                                                       PRODUCER_ID_STORE_FILE)), c.node_id)
+                        if c.metadata_url or self.dynamic else None)
         self.apis = KafkaApis(
             broker,
             self.catalog,
@@ -405,7 +457,7 @@ class Server:
         # Transactions (KIP-98): state in DATA_DIR/_pipeline/transactions.db. One broker only: a
         # cluster's brokers would have to write markers into each other's partitions.
         self.transactions: TransactionApis | None = None
-        if self.cluster is None or self.cluster.size == 1:
+        if (self.cluster is None or self.cluster.size == 1) and not self.dynamic:
             self.transactions = TransactionApis.for_data_dir(self.apis, self.coordinator, c.data_dir,
                                                              c.transaction_max_timeout_ms, c.metadata_url)
             self.transactions.register()
@@ -473,6 +525,9 @@ class Server:
         # Removed when the run ends if serving ends by an exception or a second signal.
         trio.lowlevel.add_instrument(self.io_wait)
         async with trio.open_nursery() as nursery:
+            if self.leadership is not None:
+                self.leadership.persister, self.leadership.coordinator = persister, self.coordinator
+                await nursery.start(self.leadership.run)
             await nursery.start(persister.run)
             await nursery.start(self.apis.run_timeouts)
             await nursery.start(self.coordinator.run)
@@ -542,6 +597,12 @@ class Server:
             log.info("shutting down: flushing %d buffered records", persister.buffered_records)
             persister.close()
             await persister.wait_closed()
+            if self.leadership is not None:
+                # After the flush: a new leader must not read the table's end before it holds ours.
+                try:
+                    await self.leadership.unregister()
+                except Exception as exc:
+                    log.warning("ending this broker's membership failed (its lease runs out): %s", exc)
             log.info("shutting down: writing last responses")
             with trio.move_on_after(30):
                 await processors_done.wait()

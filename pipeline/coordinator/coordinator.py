@@ -675,6 +675,24 @@ class GroupCoordinator:
                     member.sync_waiter = None
         return replies
 
+    def unload(self, group_ids: list[str]) -> list[Reply]:
+        """Another broker coordinates these groups now (Kafka GroupMetadataManager.removeGroupsForPartition):
+        their pending JoinGroup and SyncGroup answer NOT_COORDINATOR and their state is dropped (a later
+        ``load`` takes their committed offsets from the store again)."""
+        replies: list[Reply] = []
+        for group_id in group_ids:
+            group = self.groups.pop(group_id, None)
+            if group is None:
+                continue
+            for member in group.members.values():
+                if member.join_waiter is not None:
+                    replies.append((member.join_waiter, JoinResult(NOT_COORDINATOR, member.member_id)))
+                    member.join_waiter = None
+                if member.sync_waiter is not None:
+                    replies.append((member.sync_waiter, SyncResult(NOT_COORDINATOR)))
+                    member.sync_waiter = None
+        return replies
+
     # ------------------------------------------------------------------ offsets
 
     def validate_commit(self, now_ms: float, *, group_id: str, generation_id: int, member_id: str,

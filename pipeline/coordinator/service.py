@@ -82,6 +82,7 @@ WRITE_QUEUE_SIZE = 1024
 WRITE_BATCH_MAX = 512
 """Most queued writes taken into one transaction."""
 INVALID_REQUEST = 42
+COORDINATOR_LOAD_IN_PROGRESS = 14
 OFFSET_METADATA_TOO_LARGE = 12
 UNSTABLE_OFFSET_COMMIT = 88
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
@@ -310,6 +311,41 @@ class GroupCoordinatorService:
         cluster = self.apis.broker.cluster
         return cluster is None or cluster.coordinates(group_id)
 
+    def _not_coordinating(self, group_id: str) -> int:
+        """The error for a group this broker does not serve now: COORDINATOR_LOAD_IN_PROGRESS while it
+        loads the group's offsets after becoming its coordinator (the client retries here), else
+        NOT_COORDINATOR (Kafka GroupCoordinator.validateGroupStatus)."""
+        loading = getattr(self.apis.broker.cluster, "loading", None)
+        return COORDINATOR_LOAD_IN_PROGRESS if loading is not None and loading(group_id) else gc.NOT_COORDINATOR
+
+    async def load_groups(self, in_partition: Callable[[str], bool]) -> int:
+        """This broker now coordinates the groups ``in_partition`` accepts (``pipeline.leadership``):
+        their state is dropped and their committed offsets read from the store again (Kafka
+        GroupMetadataManager.loadGroupsForPartition); the groups loaded."""
+        self._deliver(self.state.unload([g for g in list(self.state.groups) if in_partition(g)]))
+        store = self._store
+        if store is None:  # not running yet: ``run`` loads every group
+            return 0
+        loaded = await trio.to_thread.run_sync(store.load)
+        count = 0
+        for group_id, (protocol_type, offsets) in loaded.items():
+            if in_partition(group_id):
+                self.state.load(group_id, protocol_type, offsets)
+                count += 1
+        return count
+
+    async def sync_writes(self) -> None:
+        """Return once every offset write queued before this call is durable or failed (a barrier: what a
+        coordinator handing its groups to another broker waits for)."""
+        done = trio.Event()
+        await self._write([], lambda ok: done.set())
+        await done.wait()
+
+    def unload_groups(self, in_partition: Callable[[str], bool]) -> None:
+        """Another broker coordinates the groups ``in_partition`` accepts now: their pending JoinGroup and
+        SyncGroup answer NOT_COORDINATOR and their state goes (Kafka GroupCoordinator.onResignation)."""
+        self._deliver(self.state.unload([g for g in list(self.state.groups) if in_partition(g)]))
+
     def _allowed(self, request: Request, operation: AclOperation, resource_type: ResourceType, name: str,
                  log_denied: bool = True) -> bool:
         """``KafkaApis.authorize`` (True for everything when no authorizer is configured)."""
@@ -338,7 +374,10 @@ class GroupCoordinatorService:
                 found.append((key, GROUP_AUTHORIZATION_FAILED, None, -1, "", -1))
             elif key_type == GROUP_KEY_TYPE and not self._closing:
                 node = broker.node_id if broker.cluster is None else broker.cluster.coordinator(key)
-                found.append((key, gc.NONE, None, node, *broker.address_of(node)))
+                try:
+                    found.append((key, gc.NONE, None, node, *broker.address_of(node)))
+                except KeyError:  # its broker is not a live member (moving to another one)
+                    found.append((key, gc.COORDINATOR_NOT_AVAILABLE, "the coordinator is moving", -1, "", -1))
             elif key_type == GROUP_KEY_TYPE:
                 found.append((key, gc.COORDINATOR_NOT_AVAILABLE, "the broker is shutting down", -1, "", -1))
             elif key_type == TRANSACTION_KEY_TYPE and not self.transactions_served:
@@ -378,7 +417,7 @@ class GroupCoordinatorService:
             return
         if not self._coordinates(body.group_id):
             request.connection.complete(request.token, self._join_response(
-                request, JoinResult(gc.NOT_COORDINATOR, member_id=body.member_id)))
+                request, JoinResult(self._not_coordinating(body.group_id), member_id=body.member_id)))
             return
         session_ms = _ms(body.session_timeout)
         instance_id = getattr(body, "group_instance_id", None)
@@ -402,7 +441,7 @@ class GroupCoordinatorService:
                 request, SyncResult(GROUP_AUTHORIZATION_FAILED)))
             return
         if not self._coordinates(body.group_id):
-            request.connection.complete(request.token, self._sync_response(request, SyncResult(gc.NOT_COORDINATOR)))
+            request.connection.complete(request.token, self._sync_response(request, SyncResult(self._not_coordinating(body.group_id))))
             return
         replies = self.state.sync(
             _Waiter(request), self._now_ms(), group_id=body.group_id, generation_id=int(body.generation_id),
@@ -419,7 +458,7 @@ class GroupCoordinatorService:
         if not self._allowed(request, READ, GROUP, body.group_id):
             error = GROUP_AUTHORIZATION_FAILED
         elif not self._coordinates(body.group_id):
-            error = gc.NOT_COORDINATOR
+            error = self._not_coordinating(body.group_id)
         else:
             error = self.state.heartbeat(self._now_ms(), group_id=body.group_id,
                                          generation_id=int(body.generation_id), member_id=body.member_id,
@@ -446,7 +485,7 @@ class GroupCoordinatorService:
         if not self._allowed(request, READ, GROUP, body.group_id):
             error, member_errors, leaving = GROUP_AUTHORIZATION_FAILED, [], []
         elif not self._coordinates(body.group_id):
-            error, member_errors, leaving = gc.NOT_COORDINATOR, [], []
+            error, member_errors, leaving = self._not_coordinating(body.group_id), [], []
         else:
             error, member_errors, replies = self.state.leave(self._now_ms(), body.group_id, leaving)
             self._deliver(replies)
@@ -493,7 +532,7 @@ class GroupCoordinatorService:
             return
         if not self._coordinates(group_id):
             request.connection.complete(request.token, self._offset_commit_response(request, [
-                (t.name, int(p.partition_index), gc.NOT_COORDINATOR) for t in body.topics for p in t.partitions]))
+                (t.name, int(p.partition_index), self._not_coordinating(group_id)) for t in body.topics for p in t.partitions]))
             return
         readable = self._readable_topics(request, body.topics)
         group_error = self.state.validate_commit(
@@ -576,7 +615,7 @@ class GroupCoordinatorService:
                 groups.append((group_id, gc.COORDINATOR_NOT_AVAILABLE, []))
                 continue
             if not self._coordinates(group_id):
-                groups.append((group_id, gc.NOT_COORDINATOR, []))
+                groups.append((group_id, self._not_coordinating(group_id), []))
                 continue
             partitions = None if topics is None else [(t.name, int(p)) for t in topics for p in t.partition_indexes]
             # KIP-447: a consumer asking for stable offsets (read_committed) waits while an open
@@ -624,7 +663,7 @@ class GroupCoordinatorService:
         groups = []
         for group_id in body.groups:
             if not self._coordinates(group_id):
-                s = gc.GroupSummary(gc.NOT_COORDINATOR, "", "", "", ())
+                s = gc.GroupSummary(self._not_coordinating(group_id), "", "", "", ())
             elif self._allowed(request, DESCRIBE, GROUP, group_id):
                 s = self.state.describe(group_id)
             else:
@@ -666,7 +705,7 @@ class GroupCoordinatorService:
         body = apis.decode_request(header, request.frame)
         mod = apis.response_module(DELETE_GROUPS, header.api_version)
         results = [(g, GROUP_AUTHORIZATION_FAILED if not self._allowed(request, DELETE, GROUP, g)
-                    else gc.NOT_COORDINATOR if not self._coordinates(g) else self.state.delete_group(g))
+                    else self._not_coordinating(g) if not self._coordinates(g) else self.state.delete_group(g))
                    for g in body.groups_names]
         deleting = [g for g, e in results if e == gc.NONE]
 
@@ -704,7 +743,7 @@ class GroupCoordinatorService:
         if not self._allowed(request, DELETE, GROUP, group_id):
             group_error, subscribed, readable = GROUP_AUTHORIZATION_FAILED, set(), {}
         elif not self._coordinates(group_id):
-            group_error, subscribed, readable = gc.NOT_COORDINATOR, set(), {}
+            group_error, subscribed, readable = self._not_coordinating(group_id), set(), {}
         else:
             readable = self._readable_topics(request, body.topics)
             group_error, subscribed = self.state.check_offset_delete(

@@ -177,6 +177,22 @@ class LogManager:
             members.difference_update({k for k in members if k[0] == topic})
         self.state.forget_topic(topic)
 
+    def reset_partition(self, topic: str, partition: int, end_offset: int,
+                        batches: Iterable[tuple[int, int, int, int, int]] = ()) -> None:
+        """This broker leads ``topic``-``partition`` after another one did (``pipeline.leadership``): its log
+        continues at ``end_offset`` (the table's end: every offset below it is read from the table), its
+        idempotent producers' state is ``batches`` ((producer id, epoch, first seq, last seq, base offset),
+        oldest first); what this broker knew of it before is forgotten and its waiting fetches wake."""
+        key = (topic, partition)
+        self._logs[key] = PartitionLog(topic, partition, end_offset)
+        for event in self._waiters.pop(key, ()):
+            event.set()
+        self.state.offsets.restore(topic, partition, end_offset)
+        producers = self.state.producers
+        producers.forget_partition(topic, partition)
+        for pid, epoch, first_seq, last_seq, base_offset in batches:
+            producers.update(pid, epoch, topic, partition, first_seq, last_seq, base_offset)
+
     # -- told by recovery and the persister (LogListener) -------------------
 
     def index_wal_entry(self, position: WalPosition, start: int, payload: memoryview) -> None:

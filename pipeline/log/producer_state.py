@@ -170,6 +170,11 @@ class ProducerStateManager:
         for key in [k for k in self._entries if k[1] == topic]:
             del self._entries[key]
 
+    def forget_partition(self, topic: str, partition: int) -> None:
+        """Drop one partition's state (its new state comes from elsewhere: a leadership move)."""
+        for key in [k for k in self._entries if k[1] == topic and k[2] == partition]:
+            del self._entries[key]
+
     def snapshot(self) -> list[list]:
         """JSON-ready rows ``[pid, epoch, topic, partition, first_seq, last_seq, base_offset]``."""
         rows = []

@@ -85,6 +85,8 @@ class BrokerRegistry:
     def __init__(self, target: Target) -> None:
         self._db = open_database(target)
         self._db.migrate(COMPONENT, MIGRATIONS)
+        self.db = self._db
+        """The database (stores that write on behalf of a member share it: ``fenced``)."""
         self._for_update = " FOR UPDATE" if self._db.dialect == "postgresql" else ""
 
     def close(self) -> None:

@@ -298,6 +298,9 @@ class BatchingPersister:
             written to the table before anything appended here; ``checkpoint`` is then the
             stored one (what the table is known to hold), not the state after the backlog.
         table_ready: the sink is started; False: the Spark stage waits for ``mark_table_ready``.
+        before_table_write: called (in a worker thread) with a commit's appends before each try of
+            its table write; raising fails that try (leadership through the database writes the
+            commit's idempotent producer state first, fenced by the broker's membership).
 
     Raises:
         ValueError: ``ack_on`` is neither "wal" nor "spark", or ``maintenance_interval_s``
@@ -322,6 +325,7 @@ class BatchingPersister:
         log_listener: LogListener | None = None,
         backlog: Sequence[tuple[WalPosition, Sequence[PartitionAppend]]] = (),
         table_ready: bool = True,
+        before_table_write: Callable[[Sequence[PartitionAppend]], None] | None = None,
     ) -> None:
         if ack_on not in ("wal", "spark"):
             raise ValueError(f"ack_on must be 'wal' or 'spark', got {ack_on!r}")
@@ -357,6 +361,7 @@ class BatchingPersister:
         self._committed = LogState.from_checkpoint(checkpoint)
         self._topics = dict(checkpoint.topics)
         self._listener = log_listener
+        self._before_table_write = before_table_write
         self._checkpointed_position = checkpoint.wal_position  # of the last checkpoint saved
         self._checkpoint_lock = trio.Lock()
         self._appended_seq = 0     # appends accepted (numbered from 1)
@@ -919,6 +924,8 @@ class BatchingPersister:
                         # The failed try may have landed some rows: never twice.
                         exclude = await trio.to_thread.run_sync(
                             self._sink.present_offsets, offset_ranges(group.appends))
+                    if self._before_table_write is not None:
+                        await trio.to_thread.run_sync(self._before_table_write, group.appends)
                     if table is not None:
                         await trio.to_thread.run_sync(self._sink.write, table, exclude)
                     break

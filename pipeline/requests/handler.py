@@ -302,7 +302,14 @@ class KafkaApis:
 
         deadline = request.received_at + max(view.timeout_ms, MIN_PRODUCE_TIMEOUT_MS) / 1000.0
         # has_capacity first: the usual case, without a coroutine per request.
-        if checked and not self.persister.has_capacity and not await self.persister.wait_for_capacity(deadline):
+        if checked and not self.persister.has_capacity and await self.persister.wait_for_capacity(deadline):
+            # Leadership may have moved while this waited (pipeline.leadership): not sequenced here then.
+            for index, part, _info in checked:
+                if not self.broker.leads(part.topic, part.partition):
+                    results[index] = PartitionResult(part.topic, part.partition,
+                                                     ErrorCode.not_leader_or_follower.value)
+            checked = [c for c in checked if not results[c[0]].error_code]
+        elif checked and not self.persister.has_capacity:
             # Persistence is stalled (Spark down, buffer.memory full): answer
             # within the request's timeout rather than hold it (Kafka
             # REQUEST_TIMED_OUT); nothing of it was sequenced or stored.

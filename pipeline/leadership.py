@@ -1,0 +1,360 @@
+"""Membership, the controller and partition leadership through the metadata database (a broker's trio tasks).
+
+With ``pipeline.cluster.leadership = "database"`` a broker does not compute who
+leads what from a fixed list (``pipeline.cluster.Cluster``); it takes part in a
+cluster whose state is in the shared metadata database (issue 24: an existing
+database, no home-made consensus), as KRaft brokers do with their controller
+(KIP-500, KIP-631):
+
+1. **Membership.** The broker registers (``pipeline.metadata.brokers``: a new
+   broker epoch, a lease of ``broker.session.timeout.ms`` on the database's
+   clock) and heartbeats every ``broker.heartbeat.interval.ms``. A broker that is
+   fenced (its lease ran out: it was too slow, or the database was unreachable
+   for a session) stops serving at once and ends its process with status
+   ``FENCED_STATUS``: what it accepted but did not commit may never reach the
+   table, and only a new incarnation (its supervisor restarts it) is sure of
+   that; the new one registers again.
+2. **The controller.** Every member tries to claim the controller row
+   (``pipeline.metadata.leadership``) every ``CONTROLLER_INTERVAL_S``; one holds it.
+   It assigns every partition (and each ``__consumer_offsets`` partition, which
+   names a group's coordinator) to ``preferred_leader`` over the live members
+   (``pipeline.cluster.reassign``), so a dead member's partitions move to live
+   ones and a member that comes back gets its own back. Each move bumps the
+   partition's leader epoch; every write is fenced by the controller epoch.
+3. **Leaders.** Every broker polls the store's change version every
+   ``METADATA_REFRESH_S`` and follows the rows (``pipeline.cluster.DynamicCluster``):
+   - a partition it no longer leads stops being served at once
+     (NOT_LEADER_OR_FOLLOWER; a group's requests NOT_COORDINATOR); as its *prior*
+     leader it then waits until everything it accepted is in the table
+     (``BatchingPersister.sync_table``; a group coordinator: its queued offset
+     writes) and **hands off**;
+   - a partition it now leads is served once the prior leader handed off or is
+     no longer a live member (a dead broker has nothing more to write): its log
+     continues at the table's end offset (with ``--ack-on spark`` the table holds
+     exactly what was acknowledged) and its idempotent producers' state is taken
+     from the database (written before each table commit,
+     ``LeadershipStore.record_producers``), so a producer's retry of a batch the
+     table holds is answered as a duplicate; a group coordinator loads the
+     groups' committed offsets (COORDINATOR_LOAD_IN_PROGRESS meanwhile).
+
+Not covered yet (issue 24's other steps): ``--ack-on wal`` (the dead broker's WAL
+must be replayed first), and fencing the table commit itself: a broker fenced
+while alive cannot commit after the database write of its producer state
+(``before_table_write`` is fenced), but a commit already past that point when
+the lease ran out can land after the new leader read the table's end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from pipeline.cluster import OFFSETS_TOPIC, ClusterBroker, DynamicCluster, offsets_partition, reassign
+from pipeline.coordinator.service import GroupCoordinatorService
+from pipeline.log.batch import PartitionAppend
+from pipeline.log.manager import LogManager
+from pipeline.metadata.brokers import DuplicateBrokerError, Endpoint, FencedBrokerError
+from pipeline.metadata.database import Target
+from pipeline.metadata.leadership import Leadership, LeadershipStore, NotControllerError, ProducerBatch
+from pipeline.persist.persister import BatchingPersister
+
+log = logging.getLogger(__name__)
+
+METADATA_REFRESH_S = 0.25
+"""How often a broker looks for leadership changes (one single-row read, ``change_version``)."""
+MEMBERS_REFRESH_S = 1.0
+"""How often a broker re-reads the live members and the controller whatever the change version says
+(leases run out without a write)."""
+CONTROLLER_INTERVAL_S = 0.5
+"""How often a member claims or renews the controller row and, as controller, reassigns."""
+TRIM_INTERVAL_S = 30.0
+"""How often the controller trims the producer states kept in the database."""
+FENCED_STATUS = 3
+"""``pipeline serve``'s exit status when its membership was fenced (its supervisor restarts it)."""
+
+
+class LeadershipService:
+    """A broker's part in a cluster led through the database (see the module docstring).
+
+    Args:
+        cluster: the broker's view, kept current here (``BrokerInfo.cluster``).
+        target: the metadata database (a PostgreSQL URL, or a SQLite file every broker shares).
+        endpoints: (listener, host, port) clients reach this broker at (its registration).
+        session_ms, heartbeat_ms: ``broker.session.timeout.ms``, ``broker.heartbeat.interval.ms``.
+        logs: the partitions' logs (reset when a partition is taken over).
+        end_offsets: blocking; the table's (topic, partition) -> end offset.
+        topics: the existing topics (name -> partitions), for the controller.
+        on_fenced: called when this broker's membership is fenced; default: end the process
+            (``os._exit(FENCED_STATUS)``).
+    """
+
+    def __init__(self, cluster: DynamicCluster, target: Target, endpoints: Sequence[Endpoint], *,
+                 session_ms: int, heartbeat_ms: int, logs: LogManager,
+                 end_offsets: Callable[[], dict[tuple[str, int], int]],
+                 topics: Callable[[], dict[str, int]],
+                 on_fenced: Callable[[], None] | None = None) -> None:
+        self.cluster = cluster
+        self.target = target
+        self.endpoints = tuple(endpoints)
+        self.session_ms = session_ms
+        self.heartbeat_ms = heartbeat_ms
+        self.logs = logs
+        self.end_offsets = end_offsets
+        self.topics = topics
+        self.on_fenced = on_fenced or (lambda: os._exit(FENCED_STATUS))
+        self.persister: BatchingPersister | None = None
+        self.coordinator: GroupCoordinatorService | None = None
+        self.store: LeadershipStore | None = None
+        self.incarnation = uuid.uuid4()
+        self.epoch: int | None = None
+        """This broker's epoch (None: not registered yet)."""
+        self.controller_epoch: int | None = None
+        """The controller epoch this broker holds (None: it is not the controller)."""
+        self._live: set[int] = set()
+        self._handing_off: set[tuple[str, int, int]] = set()
+        self._loaded_epochs: dict[tuple[str, int], int] = {}  # the leader epoch each loaded partition was taken at
+        self._changed = trio.Event()
+
+    # -- wiring ----------------------------------------------------------------
+
+    def before_table_write(self, appends: Sequence[PartitionAppend]) -> None:
+        """``BatchingPersister(before_table_write=...)``: write the commit's idempotent batches to the
+        database, fenced by this broker's membership (blocking).
+
+        Raises:
+            FencedBrokerError: not a member (any more): the commit must not happen.
+        """
+        store, epoch = self.store, self.epoch
+        if store is None or epoch is None:
+            raise FencedBrokerError(f"broker {self.cluster.node_id} is not registered")
+        batches = [ProducerBatch(a.topic, a.partition, a.producer_id, a.producer_epoch, a.base_sequence,
+                                 (a.base_sequence + a.record_count - 1) % 2**31, a.base_offset)
+                   for a in appends if a.producer_id >= 0 and a.base_sequence >= 0]
+        if batches:
+            store.record_producers(self.cluster.node_id, epoch, batches)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Open the store, then membership, the controller and the leadership watch until cancelled."""
+        self.store = await trio.to_thread.run_sync(LeadershipStore, self.target)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._membership)
+                nursery.start_soon(self._controller)
+                nursery.start_soon(self._watch, nursery)
+                task_status.started()
+        finally:
+            store, self.store = self.store, None
+            await trio.to_thread.run_sync(store.close)
+
+    async def unregister(self) -> None:
+        """A controlled shutdown: end this broker's lease now, so its partitions move at once."""
+        if self.store is not None and self.epoch is not None:
+            self.cluster.member = False
+            await trio.to_thread.run_sync(self.store.registry.unregister, self.cluster.node_id, self.epoch)
+
+    # -- membership --------------------------------------------------------------
+
+    async def _membership(self) -> None:
+        store = self.store
+        assert store is not None
+        node = self.cluster.node_id
+        while True:
+            try:
+                self.epoch = await trio.to_thread.run_sync(store.registry.register, node, self.incarnation,
+                                                           self.endpoints, self.session_ms)
+                break
+            except DuplicateBrokerError:  # our previous incarnation's lease has not run out yet
+                log.info("broker %d: waiting for the previous registration's lease to run out", node)
+            except Exception as exc:
+                log.warning("broker %d: registering failed: %s", node, exc)
+            await trio.sleep(self.heartbeat_ms / 1000.0)
+        self.cluster.member = True
+        log.info("broker %d registered at epoch %d (session %d ms)", node, self.epoch, self.session_ms)
+        self._changed.set()
+        renewed = trio.current_time()
+        while True:
+            await trio.sleep(self.heartbeat_ms / 1000.0)
+            try:
+                await trio.to_thread.run_sync(store.registry.heartbeat, node, self.epoch, self.session_ms)
+                renewed = trio.current_time()
+            except FencedBrokerError:
+                self._fenced("its lease ran out")
+                return
+            except Exception as exc:
+                log.warning("broker %d: heartbeat failed: %s", node, exc)
+                if trio.current_time() - renewed > self.session_ms / 1000.0:
+                    self._fenced("no heartbeat reached the database for a session")
+                    return
+
+    def _fenced(self, why: str) -> None:
+        log.error("broker %d at epoch %s is fenced (%s): it stops serving and ends (status %d)",
+                  self.cluster.node_id, self.epoch, why, FENCED_STATUS)
+        self.cluster.member = False
+        self.cluster.loaded.clear()
+        self.on_fenced()
+
+    # -- the controller ------------------------------------------------------------
+
+    async def _controller(self) -> None:
+        store = self.store
+        assert store is not None
+        node = self.cluster.node_id
+        next_trim = trio.current_time() + TRIM_INTERVAL_S
+        while True:
+            await trio.sleep(CONTROLLER_INTERVAL_S)
+            if not self.cluster.member or self.epoch is None:
+                continue
+            try:
+                held = await trio.to_thread.run_sync(store.claim_controller, node, self.epoch, self.session_ms)
+                if held != self.controller_epoch:
+                    if held is not None:
+                        log.info("broker %d is the controller (controller epoch %d)", node, held)
+                    self.controller_epoch = held
+                if held is None:
+                    continue
+                await self._reassign(store, held)
+                if trio.current_time() >= next_trim:
+                    next_trim = trio.current_time() + TRIM_INTERVAL_S
+                    await trio.to_thread.run_sync(store.trim_producers)
+            except FencedBrokerError:
+                continue  # the membership task ends the broker
+            except NotControllerError:
+                self.controller_epoch = None
+            except Exception as exc:
+                log.warning("controller: %s", exc)
+
+    async def _reassign(self, store: LeadershipStore, controller_epoch: int) -> None:
+        assert self.epoch is not None
+
+        def read() -> tuple[set[int], tuple[int, ...], dict[tuple[str, int], Leadership]]:
+            return {m.node_id for m in store.registry.live_members()}, store.members(), store.assignment()
+
+        live, members, current = await trio.to_thread.run_sync(read)
+        moves, gone = reassign(self.topics(), tuple(live), current, members)
+        if not moves and not gone:
+            return
+        # A prior leader that is not a live member has nothing more to write: no hand-off to wait for.
+        changes = {key: (leader, key not in current or current[key].leader_id not in live)
+                   for key, leader in moves.items()}
+        await trio.to_thread.run_sync(store.write_assignment, self.cluster.node_id, self.epoch, controller_epoch,
+                                      changes, gone)
+        moved = sum(1 for key in moves if key in current)
+        if moved or gone:
+            log.info("controller: %d partition(s) moved, %d assigned, %d removed over live brokers %s", moved,
+                     len(moves) - moved, len(gone), sorted(live))
+
+    # -- following the assignment ---------------------------------------------------
+
+    async def _watch(self, nursery: trio.Nursery) -> None:
+        store = self.store
+        assert store is not None
+        seen = -1
+        next_members = 0.0
+        while True:
+            with trio.move_on_after(METADATA_REFRESH_S):
+                await self._changed.wait()
+            self._changed = trio.Event()
+            try:
+                version = await trio.to_thread.run_sync(store.change_version)
+                if version == seen and trio.current_time() < next_members:
+                    continue
+                next_members = trio.current_time() + MEMBERS_REFRESH_S
+
+                def read() -> tuple[list[Any], tuple[int, int] | None, dict[tuple[str, int], Leadership]]:
+                    return store.registry.live_members(), store.controller(), store.assignment()
+
+                members, controller, rows = await trio.to_thread.run_sync(read)
+                seen = version
+            except Exception as exc:
+                log.warning("reading the cluster's leadership failed: %s", exc)
+                continue
+            self._follow(members, controller, rows, nursery)
+            await self._load(rows)
+
+    def _follow(self, members: list[Any], controller: tuple[int, int] | None,
+                rows: dict[tuple[str, int], Leadership], nursery: trio.Nursery) -> None:
+        cluster, me = self.cluster, self.cluster.node_id
+        cluster.members = tuple(ClusterBroker(m.node_id, m.endpoints[0][1], m.endpoints[0][2])
+                                for m in members if m.endpoints)
+        self._live = {m.node_id for m in members}
+        cluster.controller = controller[0] if controller is not None else -1
+        cluster.leaders = rows
+        # A partition that moved away and back between two reads was led by another broker meanwhile.
+        lost = {key for key in cluster.loaded if key not in rows or rows[key].leader_id != me
+                or rows[key].leader_epoch != self._loaded_epochs.get(key)}
+        if lost:
+            cluster.loaded -= lost
+            groups = {p for t, p in lost if t == OFFSETS_TOPIC}
+            if groups and self.coordinator is not None:
+                self.coordinator.unload_groups(lambda g: offsets_partition(g) in groups)
+            log.info("broker %d: %d partition(s) moved to other brokers", me, len(lost))
+        for key, row in rows.items():
+            handoff = (key[0], key[1], row.leader_epoch)
+            if row.prior_id == me and not row.handed_off and handoff not in self._handing_off:
+                self._handing_off.add(handoff)
+                nursery.start_soon(self._hand_off, key, row)
+
+    async def _hand_off(self, key: tuple[str, int], row: Leadership) -> None:
+        """As the prior leader of ``key``: once everything accepted for it is in the table (or, for a
+        ``__consumer_offsets`` partition, every queued offset write is durable), let the new leader serve."""
+        topic, partition = key
+        try:
+            if topic == OFFSETS_TOPIC:
+                if self.coordinator is not None:
+                    await self.coordinator.sync_writes()
+            elif self.persister is not None:
+                await self.persister.sync_table()
+            assert self.store is not None
+            await trio.to_thread.run_sync(self.store.hand_off, topic, partition, self.cluster.node_id,
+                                          row.leader_epoch)
+            log.debug("broker %d: %s-%d handed off to broker %d (leader epoch %d)", self.cluster.node_id, topic,
+                     partition, row.leader_id, row.leader_epoch)
+        except Exception as exc:
+            log.warning("handing off %s-%d failed (retried): %s", topic, partition, exc)
+            self._handing_off.discard((topic, partition, row.leader_epoch))
+
+    async def _load(self, rows: dict[tuple[str, int], Leadership]) -> None:
+        """Take over the partitions this broker leads and may serve now (see the module docstring)."""
+        cluster, me = self.cluster, self.cluster.node_id
+        if not cluster.member:
+            return
+        ready = {key: row for key, row in rows.items() if row.leader_id == me and key not in cluster.loaded
+                 and (row.handed_off or row.prior_id not in self._live or row.prior_id < 0)}
+        if not ready:
+            return
+        store = self.store
+        assert store is not None
+        partitions = {key for key in ready if key[0] != OFFSETS_TOPIC}
+        groups = {p for t, p in ready if t == OFFSETS_TOPIC}
+        try:
+            if partitions:
+                ends_all = await trio.to_thread.run_sync(self.end_offsets)
+                ends = {key: ends_all.get(key, 0) for key in partitions}
+                batches = await trio.to_thread.run_sync(store.producers, ends)
+                by_partition: dict[tuple[str, int], list[tuple[int, int, int, int, int]]] = {}
+                for b in batches:
+                    by_partition.setdefault((b.topic, b.partition), []).append(
+                        (b.producer_id, b.producer_epoch, b.first_seq, b.last_seq, b.base_offset))
+                for key in partitions:
+                    self.logs.reset_partition(key[0], key[1], ends[key], by_partition.get(key, ()))
+                    if self.logs.table is not None:
+                        self.logs.table.invalidate(key[0], key[1])
+            if groups and self.coordinator is not None:
+                await self.coordinator.load_groups(lambda g: offsets_partition(g) in groups)
+        except Exception as exc:
+            log.warning("taking over %d partition(s) failed (retried): %s", len(ready), exc)
+            return
+        # Serve only what still is ours at the epoch loaded (the rows may have moved meanwhile).
+        current = cluster.leaders
+        taken = {key for key, row in ready.items()
+                 if current.get(key) is not None and current[key].leader_epoch == row.leader_epoch}
+        cluster.loaded |= taken
+        self._loaded_epochs.update((key, ready[key].leader_epoch) for key in taken)
+        if partitions & taken:
+            log.info("broker %d leads %d more partition(s) now, continuing at the table's end offsets", me,
+                     len(partitions & taken))

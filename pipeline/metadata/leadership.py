@@ -1,0 +1,266 @@
+"""The controller, partition leaders and idempotent producers' state in the metadata database (blocking calls).
+
+Kafka's KRaft controller is elected by its quorum and writes partition
+leadership (``PartitionRecord``/``PartitionChangeRecord``: leader, leader epoch)
+to the metadata log. Here the shared database plays both parts, with no
+home-made consensus (issue 24):
+
+- **controller**: one row holds the controller's node id, its broker epoch
+  (``pipeline.metadata.brokers``), a **controller epoch** and a lease on the
+  database's clock. ``claim_controller`` takes it when it is free, its lease ran
+  out or its holder is no longer a live member, and renews it for its holder;
+  every write a controller makes checks, in the same transaction, that it still
+  holds the row at its controller epoch and is still a live member
+  (``NotControllerError``, ``FencedBrokerError``), so a deposed controller's
+  late write never lands.
+- **partition leaders**: one row per partition (``__consumer_offsets``'s
+  partitions say who coordinates which groups, as in Kafka): the leader, its
+  **leader epoch** (+1 per move), the previous leader (``prior_id``) and whether
+  that one has **handed off** (everything it accepted is in the table). A new
+  leader serves once the prior leader handed off or is not a live member any
+  more (pipeline.leadership).
+- **producer states**: each idempotent producer batch a leader commits to the
+  table is written here first (``record_producers``), with its base offset. A
+  new leader takes the rows below the table's end offset (what the table holds)
+  and drops the others (a commit that never happened), so a producer's retry of
+  a batch the table already holds is answered as a duplicate after a move
+  (exactly once across the move, KIP-98's sequence rules).
+
+Every write bumps this store's change version (``Database.record_change``) only
+when leadership changed, which brokers poll (pipeline.leadership).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pipeline.metadata.brokers import BrokerRegistry
+from pipeline.metadata.database import Migration, Target
+
+__all__ = ("COMPONENT", "Leadership", "LeadershipStore", "NotControllerError", "ProducerBatch")
+
+COMPONENT = "leadership"
+"""The store's name in ``schema_version`` and ``metadata_changes``."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS controller (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    node_id INTEGER NOT NULL,
+    broker_epoch BIGINT NOT NULL,
+    controller_epoch BIGINT NOT NULL,
+    lease_expiry_ms BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS partition_leaders (
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    leader_id INTEGER NOT NULL,
+    leader_epoch BIGINT NOT NULL,
+    prior_id INTEGER NOT NULL,
+    handed_off INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition)
+);
+CREATE TABLE IF NOT EXISTS producer_states (
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    producer_id BIGINT NOT NULL,
+    producer_epoch INTEGER NOT NULL,
+    first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL,
+    base_offset BIGINT NOT NULL,
+    PRIMARY KEY (topic, partition, producer_id, base_offset)
+)"""
+
+MIGRATIONS = (Migration(1, sqlite=_SCHEMA, postgresql=_SCHEMA),)
+
+BATCHES_KEPT = 5
+"""Producer batches kept per (partition, producer) (Kafka ProducerStateEntry.NumBatchesToRetain)."""
+
+
+class NotControllerError(RuntimeError):
+    """The writer does not hold the controller row at the controller epoch it claims (a newer controller
+    took over; Kafka's NOT_CONTROLLER)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leadership:
+    """One partition's row: its leader, leader epoch (1 the first time), the leader before (-1: none) and
+    whether that one handed off (everything it accepted for the partition is in the table)."""
+
+    leader_id: int
+    leader_epoch: int
+    prior_id: int = -1
+    handed_off: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerBatch:
+    """An idempotent producer's batch on a partition (``pipeline.log.producer_state.BatchMetadata``'s fields)."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    first_seq: int
+    last_seq: int
+    base_offset: int
+
+
+class LeadershipStore:
+    """The controller row, partition leaders and producer states of ``target`` (a SQLite file or a
+    PostgreSQL URL), with the broker registry of the same database. See the module docstring.
+
+    Raises (any method): sqlite3.Error, psycopg.Error when the database cannot be reached.
+    """
+
+    def __init__(self, target: Target) -> None:
+        self.registry = BrokerRegistry(target)
+        self._db = self.registry.db
+        self._db.migrate(COMPONENT, MIGRATIONS)
+        self._for_update = " FOR UPDATE" if self._db.dialect == "postgresql" else ""
+
+    def close(self) -> None:
+        self.registry.close()
+
+    def change_version(self) -> int:
+        """Moves whenever a leadership change commits (``Database.change_version``)."""
+        return self._db.change_version(COMPONENT)
+
+    # -- the controller ------------------------------------------------------
+
+    def claim_controller(self, node_id: int, broker_epoch: int, lease_ms: int) -> int | None:
+        """Become or stay the controller for ``lease_ms`` ms: the controller epoch held, or None when another
+        live member holds it.
+
+        Raises:
+            FencedBrokerError: ``node_id`` at ``broker_epoch`` is not a live member.
+        """
+        now = self._db.now_ms
+        with self.registry.fenced(node_id, broker_epoch) as cur:
+            mine = "controller.node_id = excluded.node_id AND controller.broker_epoch = excluded.broker_epoch"
+            row = cur.execute(
+                f"INSERT INTO controller VALUES (1, ?, ?, 1, {now} + ?) ON CONFLICT (singleton) DO UPDATE SET "
+                "node_id = excluded.node_id, broker_epoch = excluded.broker_epoch, "
+                f"controller_epoch = CASE WHEN {mine} THEN controller.controller_epoch "
+                "ELSE controller.controller_epoch + 1 END, lease_expiry_ms = excluded.lease_expiry_ms "
+                f"WHERE ({mine}) OR controller.lease_expiry_ms <= {now} OR NOT EXISTS (SELECT 1 FROM brokers b "
+                "WHERE b.node_id = controller.node_id AND b.epoch = controller.broker_epoch "
+                f"AND b.lease_expiry_ms > {now}) RETURNING controller_epoch",
+                (node_id, broker_epoch, lease_ms)).fetchone()
+        return None if row is None else int(row[0])
+
+    def controller(self) -> tuple[int, int] | None:
+        """(node id, controller epoch) of the live controller, or None."""
+        with self._db.transaction(write=False) as cur:
+            row = cur.execute(f"SELECT node_id, controller_epoch FROM controller WHERE lease_expiry_ms > "
+                              f"{self._db.now_ms}").fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
+
+    # -- partition leaders ---------------------------------------------------
+
+    def members(self) -> tuple[int, ...]:
+        """Every broker ever registered (live or not), by node id: where partitions prefer to be led."""
+        with self._db.transaction(write=False) as cur:
+            return tuple(int(r[0]) for r in cur.execute("SELECT node_id FROM brokers ORDER BY node_id").fetchall())
+
+    def assignment(self) -> dict[tuple[str, int], Leadership]:
+        """Every partition's row: (topic, partition) -> Leadership."""
+        with self._db.transaction(write=False) as cur:
+            rows = cur.execute("SELECT topic, partition, leader_id, leader_epoch, prior_id, handed_off "
+                               "FROM partition_leaders").fetchall()
+        return {(t, int(p)): Leadership(int(leader), int(epoch), int(prior), bool(done))
+                for t, p, leader, epoch, prior, done in rows}
+
+    def write_assignment(self, node_id: int, broker_epoch: int, controller_epoch: int,
+                         moves: Mapping[tuple[str, int], tuple[int, bool]],
+                         deleted: Iterable[tuple[str, int]] = ()) -> None:
+        """As the controller at ``controller_epoch``: give each partition of ``moves`` its new leader
+        (leader epoch + 1; ``handed_off`` False: the leader before must hand off first) and remove the rows
+        of ``deleted`` partitions (their topic is gone). One transaction.
+
+        A partition whose previous move is not handed off yet keeps that move's prior leader (it still
+        has to hand off), whoever leads it now.
+
+        Raises:
+            FencedBrokerError: ``node_id`` at ``broker_epoch`` is not a live member.
+            NotControllerError: it does not hold the controller row at ``controller_epoch``.
+        """
+        with self.registry.fenced(node_id, broker_epoch) as cur:
+            row = cur.execute(f"SELECT 1 FROM controller WHERE singleton = 1 AND node_id = ? AND broker_epoch = ? "
+                              f"AND controller_epoch = ?{self._for_update}",
+                              (node_id, broker_epoch, controller_epoch)).fetchone()
+            if row is None:
+                raise NotControllerError(f"broker {node_id} is not the controller at epoch {controller_epoch}")
+            cur.executemany(
+                "INSERT INTO partition_leaders VALUES (?, ?, ?, 1, -1, 1) ON CONFLICT (topic, partition) DO UPDATE "
+                "SET leader_epoch = partition_leaders.leader_epoch + 1, "
+                "prior_id = CASE WHEN partition_leaders.handed_off = 1 THEN partition_leaders.leader_id "
+                "ELSE partition_leaders.prior_id END, "
+                "handed_off = CASE WHEN partition_leaders.handed_off = 1 THEN ? ELSE 0 END, "
+                "leader_id = excluded.leader_id",
+                [(t, p, leader, 1 if done else 0) for (t, p), (leader, done) in sorted(moves.items())])
+            cur.executemany("DELETE FROM partition_leaders WHERE topic = ? AND partition = ?", sorted(deleted))
+            self._db.record_change(cur, COMPONENT)
+
+    def hand_off(self, topic: str, partition: int, prior_id: int, leader_epoch: int) -> bool:
+        """``prior_id`` has everything it accepted for ``topic``-``partition`` in the table: the leader at
+        ``leader_epoch`` may serve it. False: the row moved on meanwhile (nothing written)."""
+        with self._db.transaction() as cur:
+            done = cur.execute("UPDATE partition_leaders SET handed_off = 1 WHERE topic = ? AND partition = ? "
+                               "AND prior_id = ? AND leader_epoch = ? AND handed_off = 0",
+                               (topic, partition, prior_id, leader_epoch)).rowcount > 0
+            if done:
+                self._db.record_change(cur, COMPONENT)
+        return done
+
+    # -- idempotent producers --------------------------------------------------
+
+    def record_producers(self, node_id: int, broker_epoch: int, batches: Sequence[ProducerBatch]) -> None:
+        """Before a table commit: the commit's idempotent batches, written by ``node_id`` at ``broker_epoch``.
+
+        Raises:
+            FencedBrokerError: ``node_id`` is not a live member at ``broker_epoch`` (nothing written: the
+                caller must not commit).
+        """
+        with self.registry.fenced(node_id, broker_epoch) as cur:
+            cur.executemany("INSERT INTO producer_states VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
+                            "(topic, partition, producer_id, base_offset) DO NOTHING",
+                            [(b.topic, b.partition, b.producer_id, b.producer_epoch, b.first_seq, b.last_seq,
+                              b.base_offset) for b in batches])
+
+    def producers(self, ends: Mapping[tuple[str, int], int]) -> list[ProducerBatch]:
+        """For a new leader of each partition of ``ends`` ((topic, partition) -> the table's end offset):
+        the batches below the end, oldest first, the last ``BATCHES_KEPT`` per producer. Rows at or above
+        the end (a commit that never happened) and older ones are deleted."""
+        out: list[ProducerBatch] = []
+        with self._db.transaction() as cur:
+            for (topic, partition), end in sorted(ends.items()):
+                cur.execute("DELETE FROM producer_states WHERE topic = ? AND partition = ? AND base_offset >= ?",
+                            (topic, partition, end))
+                rows = cur.execute("SELECT producer_id, producer_epoch, first_seq, last_seq, base_offset FROM "
+                                   "producer_states WHERE topic = ? AND partition = ? ORDER BY base_offset",
+                                   (topic, partition)).fetchall()
+                kept: dict[int, list[ProducerBatch]] = {}
+                for pid, epoch, first, last, base in rows:
+                    kept.setdefault(int(pid), []).append(ProducerBatch(topic, partition, int(pid), int(epoch),
+                                                                       int(first), int(last), int(base)))
+                for pid, batches in kept.items():
+                    for old in batches[:-BATCHES_KEPT]:
+                        cur.execute("DELETE FROM producer_states WHERE topic = ? AND partition = ? AND "
+                                    "producer_id = ? AND base_offset = ?", (topic, partition, pid, old.base_offset))
+                    out += batches[-BATCHES_KEPT:]
+        return sorted(out, key=lambda b: (b.topic, b.partition, b.base_offset))
+
+    def trim_producers(self) -> int:
+        """Delete every batch older than its producer's last ``BATCHES_KEPT`` on its partition; the rows deleted."""
+        with self._db.transaction() as cur:
+            return cur.execute(
+                "DELETE FROM producer_states WHERE (SELECT COUNT(*) FROM producer_states n WHERE "
+                "n.topic = producer_states.topic AND n.partition = producer_states.partition AND "
+                "n.producer_id = producer_states.producer_id AND n.base_offset > producer_states.base_offset) "
+                f">= {BATCHES_KEPT}").rowcount
+
+    def forget_topic(self, topic: str) -> None:
+        """A deleted topic's producer states (its re-created partitions start from offset 0)."""
+        with self._db.transaction() as cur:
+            cur.execute("DELETE FROM producer_states WHERE topic = ?", (topic,))

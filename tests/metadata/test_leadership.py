@@ -1,0 +1,133 @@
+"""The controller row, partition leaders and producer states on both backends (``metadata_target``), and the
+sans-I/O rules a controller and a broker follow (``pipeline.cluster.reassign``, ``DynamicCluster``).
+
+Two "brokers" are two store instances on one database (or file), as in tests/metadata/test_stores.py.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from pipeline.cluster import OFFSETS_PARTITIONS, OFFSETS_TOPIC, DynamicCluster, offsets_partition, preferred_leader, reassign
+from pipeline.metadata.brokers import FencedBrokerError
+from pipeline.metadata.leadership import Leadership, LeadershipStore, NotControllerError, ProducerBatch
+
+ENDPOINT = (("PLAINTEXT", "127.0.0.1", 9092),)
+
+
+def _register(store: LeadershipStore, node: int, lease_ms: int = 60_000) -> int:
+    return store.registry.register(node, uuid.uuid4(), ENDPOINT, lease_ms)
+
+
+def test_one_controller_at_a_time_and_a_deposed_one_cannot_write(metadata_target):
+    a, b = LeadershipStore(metadata_target("cluster.db")), LeadershipStore(metadata_target("cluster.db"))
+    try:
+        epoch_a, epoch_b = _register(a, 0, lease_ms=1500), _register(b, 1)
+        first = a.claim_controller(0, epoch_a, 60_000)
+        assert first == 1 and b.claim_controller(1, epoch_b, 60_000) is None
+        assert a.claim_controller(0, epoch_a, 60_000) == first  # renewed, same epoch
+        assert b.controller() == (0, first)
+        a.write_assignment(0, epoch_a, first, {("t", 0): (0, True), ("t", 1): (1, True)})
+        assert b.assignment() == {("t", 0): Leadership(0, 1), ("t", 1): Leadership(1, 1)}
+
+        time.sleep(1.6)  # broker 0's lease runs out: its controller row may be taken at once
+        second = b.claim_controller(1, epoch_b, 60_000)
+        assert second == first + 1
+        with pytest.raises(FencedBrokerError):
+            a.write_assignment(0, epoch_a, first, {("t", 0): (1, True)})
+        epoch_a2 = _register(a, 0)
+        with pytest.raises(NotControllerError):
+            a.write_assignment(0, epoch_a2, first, {("t", 0): (1, True)})
+        assert a.claim_controller(0, epoch_a2, 60_000) is None  # broker 1 holds it, alive
+        assert b.assignment()[("t", 0)] == Leadership(0, 1)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_move_waits_for_the_prior_leaders_hand_off_and_bumps_the_leader_epoch(metadata_target):
+    store = LeadershipStore(metadata_target("cluster.db"))
+    try:
+        epoch = _register(store, 0)
+        _register(store, 1)
+        controller = store.claim_controller(0, epoch, 60_000)
+        assert controller is not None
+        store.write_assignment(0, epoch, controller, {("t", 0): (0, True)})
+        version = store.change_version()
+        store.write_assignment(0, epoch, controller, {("t", 0): (1, False)})  # 0 is alive: it hands off
+        assert store.change_version() != version
+        assert store.assignment()[("t", 0)] == Leadership(1, 2, prior_id=0, handed_off=False)
+        # Moved again before the hand-off: broker 0 still has to hand off.
+        store.write_assignment(0, epoch, controller, {("t", 0): (2, False)})
+        assert store.assignment()[("t", 0)] == Leadership(2, 3, prior_id=0, handed_off=False)
+        assert not store.hand_off("t", 0, 0, 2)  # an older epoch's hand-off changes nothing
+        assert store.hand_off("t", 0, 0, 3)
+        assert store.assignment()[("t", 0)] == Leadership(2, 3, prior_id=0, handed_off=True)
+        store.write_assignment(0, epoch, controller, {}, [("t", 0)])
+        assert store.assignment() == {}
+    finally:
+        store.close()
+
+
+def test_producer_states_below_the_tables_end_are_kept_the_rest_dropped(metadata_target):
+    writer, reader = LeadershipStore(metadata_target("cluster.db")), LeadershipStore(metadata_target("cluster.db"))
+    try:
+        epoch = _register(writer, 0)
+        batches = [ProducerBatch("t", 0, 7, 0, seq * 10, seq * 10 + 9, seq * 10) for seq in range(8)]
+        writer.record_producers(0, epoch, batches)
+        writer.record_producers(0, epoch, batches[-1:])  # a retried write: no second row
+        writer.record_producers(0, epoch, [ProducerBatch("t", 1, 7, 0, 0, 4, 0)])
+        # The table ends at 70: the batch at 70 was never committed.
+        got = reader.producers({("t", 0): 70})
+        assert got == batches[2:7]  # the last 5 below the end, oldest first
+        assert reader.producers({("t", 0): 80}) == batches[2:7]  # the dropped row does not come back
+        assert reader.producers({("t", 1): 5}) == [ProducerBatch("t", 1, 7, 0, 0, 4, 0)]
+        writer.record_producers(0, epoch, [ProducerBatch("t", 0, 8, 1, s, s, 70 + s) for s in range(7)])
+        assert writer.trim_producers() == 2
+        assert [b.base_offset for b in reader.producers({("t", 0): 100}) if b.producer_id == 8] == [72, 73, 74, 75, 76]
+        writer.registry.fence(0)
+        with pytest.raises(FencedBrokerError):
+            writer.record_producers(0, epoch, batches[:1])
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_reassign_spreads_over_live_members_moves_a_dead_ones_and_gives_them_back():
+    topics = {"orders": 6}
+    first, gone = reassign(topics, (0, 1, 2), {})
+    assert gone == [] and len(first) == 6 + OFFSETS_PARTITIONS
+    assert {first[("orders", p)] for p in range(6)} == {0, 1, 2}
+    assert all(first[("orders", p)] == preferred_leader("orders", p, (0, 1, 2)) for p in range(6))
+    rows = {key: Leadership(leader, 1) for key, leader in first.items()}
+    assert reassign(topics, (0, 1, 2), rows) == ({}, [])
+
+    moves, _ = reassign(topics, (0, 2), rows, (0, 1, 2))  # broker 1 died: only its partitions move
+    assert set(moves) == {key for key, row in rows.items() if row.leader_id == 1}
+    assert set(moves.values()) == {0, 2}
+    after = {**rows, **{key: Leadership(leader, 2, rows[key].leader_id, False) for key, leader in moves.items()}}
+    assert all(row.leader_id != 1 for row in after.values())
+    back, _ = reassign(topics, (0, 1, 2), after, (0, 1, 2))  # it came back: leadership rebalances
+    assert {key for key, leader in back.items() if leader == 1} == {key for key, row in rows.items()
+                                                                    if row.leader_id == 1}
+    assert reassign({}, (0, 1, 2), rows)[1] == [("orders", p) for p in range(6)]  # the topic was deleted
+    assert reassign(topics, (), rows) == ({}, [])
+
+
+def test_a_dynamic_cluster_serves_only_loaded_partitions_it_leads_as_a_member():
+    view = DynamicCluster(1, "127.0.0.1", 9093)
+    group = "g"
+    gp = offsets_partition(group)
+    view.leaders = {("t", 0): Leadership(1, 2), (OFFSETS_TOPIC, gp): Leadership(1, 1)}
+    assert view.leader("t", 0) == 1 and not view.leads("t", 0)  # not a member yet
+    view.member = True
+    assert not view.leads("t", 0) and view.loading(group) and not view.coordinates(group)
+    view.loaded = {("t", 0), (OFFSETS_TOPIC, gp)}
+    assert view.leads("t", 0) and view.coordinates(group) and not view.loading(group)
+    assert [b.node_id for b in view.brokers] == [1]  # itself, before reading the members
+    view.leaders = {("t", 0): Leadership(2, 3, 1, False)}
+    assert not view.leads("t", 0) and view.leader("t", 0) == 2
+    assert view.leader("t", 1) == 1  # no row yet: the rule over the live members (itself)
