@@ -302,23 +302,24 @@ class KafkaApis:
 
         deadline = request.received_at + max(view.timeout_ms, MIN_PRODUCE_TIMEOUT_MS) / 1000.0
         # has_capacity first: the usual case, without a coroutine per request.
-        if checked and not self.persister.has_capacity and await self.persister.wait_for_capacity(deadline):
-            # Leadership may have moved while this waited (pipeline.leadership): not sequenced here then.
-            for index, part, _info in checked:
-                if not self.broker.leads(part.topic, part.partition):
-                    results[index] = PartitionResult(part.topic, part.partition,
-                                                     ErrorCode.not_leader_or_follower.value)
-            checked = [c for c in checked if not results[c[0]].error_code]
-        elif checked and not self.persister.has_capacity:
-            # Persistence is stalled (Spark down, buffer.memory full): answer
-            # within the request's timeout rather than hold it (Kafka
-            # REQUEST_TIMED_OUT); nothing of it was sequenced or stored.
-            log.warning("connection %s: produce timed out waiting for persister memory (buffer.memory full)",
-                        request.connection.connection_id)  # the correlation id is on the line (pipeline.logs)
-            for index, part, _info in checked:
-                results[index] = PartitionResult(part.topic, part.partition, ErrorCode.request_timed_out.value,
-                                                 error_message="persistence stalled: buffer.memory full")
-            checked = []
+        if checked and not self.persister.has_capacity:
+            if await self.persister.wait_for_capacity(deadline):
+                # Leadership may have moved while this waited (pipeline.leadership): not sequenced here then.
+                for index, part, _info in checked:
+                    if not self.broker.leads(part.topic, part.partition):
+                        results[index] = PartitionResult(part.topic, part.partition,
+                                                         ErrorCode.not_leader_or_follower.value)
+                checked = [c for c in checked if not results[c[0]].error_code]
+            else:
+                # Persistence is stalled (Spark down, buffer.memory full): answer
+                # within the request's timeout rather than hold it (Kafka
+                # REQUEST_TIMED_OUT); nothing of it was sequenced or stored.
+                log.warning("connection %s: produce timed out waiting for persister memory (buffer.memory full)",
+                            request.connection.connection_id)  # the correlation id is on the line (pipeline.logs)
+                for index, part, _info in checked:
+                    results[index] = PartitionResult(part.topic, part.partition, ErrorCode.request_timed_out.value,
+                                                     error_message="persistence stalled: buffer.memory full")
+                checked = []
         # From here to persister.append: no await, so offsets, producer state
         # and the persister's groups all see requests in the same order.
         appends: list[PartitionAppend] = []
