@@ -68,6 +68,8 @@ LONGEST_UNITS = (
     "tests/persist/test_spark_cluster.py",
     "tests/e2e/test_transactions.py",
     "tests/e2e/test_brokers.py",
+    "tests/e2e/test_failover.py",
+    "tests/e2e/test_cluster_metadata.py",
     "tests/e2e/test_config_and_logs.py",
     "tests/bench/test_consume_smoke.py",
     "tests/deploy/test_deploy.py",
@@ -79,7 +81,6 @@ LONGEST_UNITS = (
     "tests/bench/test_security_smoke.py",
     "tests/e2e/test_startup.py",
     "tests/e2e/test_hostile.py",
-    "tests/e2e/test_cluster_metadata.py",
 )
 """The units of work that take longest (50-270 s each on the 2-core machine, summed from the
 junit report of a full ``make test``), longest first. Only a
