@@ -666,13 +666,7 @@ class GroupCoordinator:
         self.closed = True
         replies: list[Reply] = []
         for group in self.groups.values():
-            for member in group.members.values():
-                if member.join_waiter is not None:
-                    replies.append((member.join_waiter, JoinResult(NOT_COORDINATOR, member.member_id)))
-                    member.join_waiter = None
-                if member.sync_waiter is not None:
-                    replies.append((member.sync_waiter, SyncResult(NOT_COORDINATOR)))
-                    member.sync_waiter = None
+            _not_coordinator(group, replies)
         return replies
 
     def unload(self, group_ids: list[str]) -> list[Reply]:
@@ -682,15 +676,8 @@ class GroupCoordinator:
         replies: list[Reply] = []
         for group_id in group_ids:
             group = self.groups.pop(group_id, None)
-            if group is None:
-                continue
-            for member in group.members.values():
-                if member.join_waiter is not None:
-                    replies.append((member.join_waiter, JoinResult(NOT_COORDINATOR, member.member_id)))
-                    member.join_waiter = None
-                if member.sync_waiter is not None:
-                    replies.append((member.sync_waiter, SyncResult(NOT_COORDINATOR)))
-                    member.sync_waiter = None
+            if group is not None:
+                _not_coordinator(group, replies)
         return replies
 
     # ------------------------------------------------------------------ offsets
@@ -842,3 +829,14 @@ class GroupCoordinator:
         wanted = {s.lower() for s in states}
         return [(g.group_id, g.protocol_type or "", g.state.value) for g in self.groups.values()
                 if g.state is not GroupState.DEAD and (not wanted or g.state.value.lower() in wanted)]
+
+
+def _not_coordinator(group: Group, replies: list[Reply]) -> None:
+    """Answer the group's pending JoinGroup and SyncGroup NOT_COORDINATOR (into ``replies``)."""
+    for member in group.members.values():
+        if member.join_waiter is not None:
+            replies.append((member.join_waiter, JoinResult(NOT_COORDINATOR, member.member_id)))
+            member.join_waiter = None
+        if member.sync_waiter is not None:
+            replies.append((member.sync_waiter, SyncResult(NOT_COORDINATOR)))
+            member.sync_waiter = None
