@@ -33,7 +33,9 @@ _archive_maker: threading.Thread | None = None
 
 def pytest_configure(config) -> None:
     """Append ``TEST_JVM_OPTIONS`` to ``SPARK_SUBMIT_OPTS`` for every process the run starts, and
-    ``-XX:SharedArchiveFile`` of the suite's class-data archive (``tests.jvm_archive``).
+    ``-XX:SharedArchiveFile`` of the drivers' class-data archive (``pipeline.persist.jvm_archive``:
+    ``make test`` makes it after installing; this covers a plain ``pytest`` and the JVMs that
+    ``build_spark_session`` does not start, e.g. the Connect server's).
 
     In the main process only (pytest-xdist's workers inherit its environment): the archive's
     path is set before it exists, and a missing archive is made in a thread beside the run.
@@ -43,7 +45,7 @@ def pytest_configure(config) -> None:
     global _archive_maker
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    from tests.jvm_archive import archive_path, ensure_archive
+    from pipeline.persist.jvm_archive import archive_path, ensure_archive
 
     options = TEST_JVM_OPTIONS
     try:

@@ -30,6 +30,7 @@ from typing import Any, TypedDict, cast
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+from pipeline.persist.jvm_archive import existing_archive
 from pipeline.table.schema import COLUMNS
 from pipeline.table.catalog import TableCatalog, TableConfig, catalog_conf
 from pipeline.table.layout import DEFAULT_DATABASE, RECORDS_TABLE
@@ -90,7 +91,9 @@ def build_spark_session(
             fallback and without LocalRelation, 100k-row Arrow batches, 4
             shuffle partitions, UTC session time zone, partition type
             inference off). Sets ``SPARK_LOCAL_IP=127.0.0.1`` in the
-            environment unless already set.
+            environment unless already set. A local driver also maps the
+            class-data archive of ``pipeline.persist.jvm_archive`` when it has
+            been made (~5 s less to start).
         remote: a Spark Connect URL, ``sc://host:port``, instead of a master:
             the session is a Connect client (no local JVM); only the
             ``spark.sql.*`` defaults above that Connect knows and ``conf`` are
@@ -121,9 +124,13 @@ def build_spark_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master or DEFAULT_MASTER).appName(app_name)
     merged = {**_DEFAULT_CONF, **(conf or {})}
+    java_options = _DEFAULT_CONF["spark.driver.extraJavaOptions"]
+    archive = existing_archive()
+    if archive is not None:  # the classes of a past driver, mapped instead of loaded (jvm_archive)
+        java_options += f" -XX:SharedArchiveFile={archive}"
     if conf and "spark.driver.extraJavaOptions" in conf:  # both sets of JVM options, ours first
-        merged["spark.driver.extraJavaOptions"] = (
-            f"{_DEFAULT_CONF['spark.driver.extraJavaOptions']} {conf['spark.driver.extraJavaOptions']}")
+        java_options += f" {conf['spark.driver.extraJavaOptions']}"
+    merged["spark.driver.extraJavaOptions"] = java_options
     for key, value in merged.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
