@@ -348,6 +348,8 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             ends[p] = max(ends[p], o + 1)
         group.wait_for(ends, 180)
         group.stop()
+        producers.clear()  # destroyed with the admin client: no reconnect attempts to the brokers stopping now
+        admin = None
 
         for b in brokers:
             assert b.stop() == 0, logs()
