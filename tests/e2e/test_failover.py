@@ -213,9 +213,19 @@ class ConsumerGroup:
         return self.log_path.read_text(errors="replace")[-3000:]
 
 
-def _leaders(admin, topic: str) -> dict[int, int]:
-    md = admin.list_topics(topic, timeout=10)
-    return {p: m.leader for p, m in md.topics[topic].partitions.items()}
+def _leaders(admin, topic: str, timeout_s: float = 60.0) -> dict[int, int]:
+    """Each partition's leader, from a Metadata answer; asked again while a request goes to the dead
+    host and times out (``socket.timeout.ms``)."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            md = admin.list_topics(topic, timeout=10)
+            return {p: m.leader for p, m in md.topics[topic].partitions.items()}
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
 
 
 def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_record_once(tmp_path, hosts,
@@ -234,6 +244,8 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
                             timeout_s=300.0, die_with_parent=True)
     brokers = [HostBroker(host, i, data_dir, brokers_url, "") for i, host in enumerate(hosts)]
     group: ConsumerGroup | None = None
+    admin = None
+    producers: list = []
     try:
         connect.start()
         for b in brokers:
@@ -242,7 +254,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         for b in brokers:
             b.wait_listening()
         bootstrap = ",".join(b.address for b in brokers)
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
         for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
             future.result(60)
         group = ConsumerGroup(node_modules, bootstrap, tmp_path / "kafkajs.log")
@@ -266,7 +278,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         # (then the producer reconnects, refreshes its metadata and finds the new leader), well within
         # the 15 s the moved partitions have; an idempotent retry of a batch that did land is answered
         # as a duplicate, with its offset.
-        producers = [confluent_kafka.Producer({
+        producers += [confluent_kafka.Producer({
             "bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
             "message.timeout.ms": 300_000, "batch.num.messages": 100, "request.timeout.ms": 5000,
             "socket.timeout.ms": 5000}) for _ in range(PRODUCERS)]
@@ -355,6 +367,10 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         for b in brokers:
             assert b.stop() == 0, logs()
     finally:
+        # The clients go first, even on a failure (the traceback keeps this frame): once the namespaces
+        # are removed their addresses would be looked for off this machine.
+        producers.clear()
+        admin = None
         if group is not None:
             group.stop()
         for b in brokers:
