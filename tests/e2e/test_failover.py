@@ -71,19 +71,19 @@ BROKER_ARGS = ("--ack-on", "spark", "--linger-ms", "20", "--cluster-leadership",
 
 
 @pytest.fixture
-def hosts():
+def network():
     """Three hosts (network namespaces on one bridge), removed after the test whatever happens."""
     reason = netns.unavailable()
     if reason is not None:
         if os.environ.get("CI"):
             pytest.fail(f"network namespaces are needed under CI: {reason}")
         pytest.skip(reason)
-    with netns.hosts(BROKERS) as made:
+    with netns.network(BROKERS) as made:
         yield made
 
 
 @pytest.fixture
-def bridge_postgres(hosts):
+def bridge_postgres(network):
     """A PostgreSQL server listening on 127.0.0.1 and the bridge's address, trusting the hosts' subnet.
 
     A server of its own: the session's (``postgres_server``) listens on 127.0.0.1 only, and the
@@ -93,7 +93,7 @@ def bridge_postgres(hosts):
         if os.environ.get("CI"):
             pytest.fail("PostgreSQL's initdb is missing (.ci/run installs Debian's postgresql)")
         pytest.skip("PostgreSQL's initdb is missing (apt-get install postgresql)")
-    server = PostgresServer(bin_dir, listen=("127.0.0.1", netns.BRIDGE_ADDRESS), clients=(netns.SUBNET,))
+    server = PostgresServer(bin_dir, listen=("127.0.0.1", network.bridge_address), clients=(network.subnet,))
     try:
         server.start()
         yield server
@@ -228,7 +228,7 @@ def _leaders(admin, topic: str, timeout_s: float = 60.0) -> dict[int, int]:
                 raise
 
 
-def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_record_once(tmp_path, hosts,
+def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_record_once(tmp_path, network,
                                                                                          bridge_postgres):
     import confluent_kafka
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -239,8 +239,9 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
     node_modules = kafkajs_modules()  # before anything starts: a missing one fails at once
     data_dir = tmp_path / "data"  # the shared volume: every host's broker, one directory
     url = bridge_postgres.create_database("failover")
-    brokers_url = url.replace("@127.0.0.1:", f"@{netns.BRIDGE_ADDRESS}:")
-    connect = ConnectServer(tmp_path / "spark-connect", conf=catalog_conf(data_dir), host=netns.BRIDGE_ADDRESS,
+    hosts = network.hosts
+    brokers_url = url.replace("@127.0.0.1:", f"@{network.bridge_address}:")
+    connect = ConnectServer(tmp_path / "spark-connect", conf=catalog_conf(data_dir), host=network.bridge_address,
                             timeout_s=300.0, die_with_parent=True)
     brokers = [HostBroker(host, i, data_dir, brokers_url, "") for i, host in enumerate(hosts)]
     group: ConsumerGroup | None = None
