@@ -415,6 +415,8 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         first[(p, o)] = index
         next_offset[p] = o + 1
     assert set(first) == set(table), "the group did not consume every record of the table"
-    print(f"moved partitions served {max(moved_after.values()):.1f} s after the kill; kafkajs group: {len(first)} records, {redelivered} re-delivered after a rebalance, "
+    crashes = sorted({line["crash"][:80] for _, line in group.lines if "crash" in line})
+    print(f"moved partitions served {max(moved_after.values()):.1f} s after the kill; kafkajs group: "
+          f"{len(first)} records, {redelivered} re-delivered after a rebalance, "
           f"{sum(1 for _, line in group.lines if 'join' in line)} joins, "
-          f"{sum(1 for _, line in group.lines if 'crash' in line)} crashes")
+          f"{sum(1 for _, line in group.lines if 'crash' in line)} crashes {crashes}")
