@@ -30,6 +30,7 @@ starts again (a new incarnation), registers, and gets its partitions back.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -43,6 +44,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pipeline.lifecycle import die_with_parent
 from tests.e2e import netns
 from tests.e2e.server_process import reap
 from tests.e2e.table_reader import read_table
@@ -121,8 +123,10 @@ class HostBroker:
     def start(self) -> None:
         self.listening = listening = threading.Event()
         with open(self.log_path, "ab") as log:
+            # No orphans: SIGKILL when the test process dies (PR_SET_PDEATHSIG, kept across ip netns exec's exec).
             self.proc = proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, process_group=0)
+                                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, process_group=0,
+                                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
 
         def read() -> None:
             for raw in iter(proc.stdout.readline, b""):
@@ -175,7 +179,8 @@ class ConsumerGroup:
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(["node", str(script), str(node_modules), bootstrap, GROUP, TOPIC, "2"],
-                                         stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+                                         stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                                         preexec_fn=functools.partial(die_with_parent, os.getpid()))
         self.lines: list[tuple[float, dict]] = []
         self.seen: dict[int, set[int]] = defaultdict(set)
         self._changed = threading.Condition()
