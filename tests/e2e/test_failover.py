@@ -400,7 +400,9 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             mine = [i for _, jj, i in entries if jj == j]
             assert mine == sorted(mine), f"partition {p}: producer {j}'s records out of order"
 
-    # The consumer group, from its lines in the order they happened.
+    # The consumer group, from its lines in the order they happened (kept beside the brokers' logs).
+    with open(tmp_path / "kafkajs-lines.jsonl", "w") as f:
+        f.writelines(json.dumps({"t": round(t - killed_at, 3), **line}) + "\n" for t, line in group.lines)
     first: dict[tuple[int, int], int] = {}  # (partition, offset) -> index of its first delivery
     next_offset: dict[int, int] = defaultdict(int)
     last_join = -1
