@@ -475,7 +475,11 @@ def _group_sink(config: ServerConfig) -> SparkGroupSink:
     from pipeline.server import state_dir
 
     return SparkGroupSink(config.data_dir, config.spark_master, config.spark_remote,
-                          state_dir=state_dir(config), shared_table=config.cluster_brokers is not None,
+                          # A broker of a cluster shares the tables: a supervisor's (cluster_brokers set), or
+                          # one started alone with leadership through the database (another host's broker,
+                          # or one per network namespace in tests/e2e/test_failover.py, on one shared volume).
+                          state_dir=state_dir(config),
+                          shared_table=config.cluster_brokers is not None or config.cluster_leadership == "database",
                           table_config=config.table, metastore_uris=config.metastore_uris,
                           connect_port=config.spark_connect_port or None if not config.spark_remote else None,
                           thrift_port=config.thrift_port or None if not config.spark_remote else None,

@@ -119,6 +119,8 @@ class LeadershipService:
         self._handing_off: set[tuple[str, int, int]] = set()
         self._loaded_epochs: dict[tuple[str, int], int] = {}  # the leader epoch each loaded partition was taken at
         self._changed = trio.Event()
+        self._leaving = False
+        """``unregister`` ended the lease: a heartbeat refused from then on is the clean stop's, not a fence."""
 
     # -- wiring ----------------------------------------------------------------
 
@@ -155,6 +157,7 @@ class LeadershipService:
         """A controlled shutdown: end this broker's lease now, so its partitions move at once."""
         if self.store is not None and self.epoch is not None:
             self.cluster.member = False
+            self._leaving = True  # the heartbeat then refused (or one in flight) does not end the process
             await trio.to_thread.run_sync(self.store.registry.unregister, self.cluster.node_id, self.epoch)
 
     # -- membership --------------------------------------------------------------
@@ -183,11 +186,12 @@ class LeadershipService:
                 await trio.to_thread.run_sync(store.registry.heartbeat, node, self.epoch, self.session_ms)
                 renewed = trio.current_time()
             except FencedBrokerError:
-                self._fenced("its lease ran out")
+                if not self._leaving:
+                    self._fenced("its lease ran out")
                 return
             except Exception as exc:
                 log.warning("broker %d: heartbeat failed: %s", node, exc)
-                if trio.current_time() - renewed > self.session_ms / 1000.0:
+                if not self._leaving and trio.current_time() - renewed > self.session_ms / 1000.0:
                     self._fenced("no heartbeat reached the database for a session")
                     return
 

@@ -37,10 +37,18 @@ def binaries() -> Path | None:
 
 
 class PostgresServer:
-    """One ``postgres`` process (``start``/``stop``); ``url(db)`` names a database on it."""
+    """One ``postgres`` process (``start``/``stop``); ``url(db)`` names a database on it.
 
-    def __init__(self, bin_dir: Path) -> None:
+    ``listen``: the addresses it listens on, 127.0.0.1 first (its own checks and ``url``'s
+    default use that one); the multi-host failover test adds its bridge's address, which
+    brokers in network namespaces reach (``url(db, host=...)``). ``clients``: networks
+    (CIDR) besides loopback whose connections ``pg_hba.conf`` trusts (that test's subnet).
+    """
+
+    def __init__(self, bin_dir: Path, listen: tuple[str, ...] = ("127.0.0.1",), clients: tuple[str, ...] = ()) -> None:
         self.bin_dir = bin_dir
+        self.listen = listen
+        self.clients = clients
         self.dir = Path(tempfile.mkdtemp(prefix="pipeline-pg-"))
         self.data = self.dir / "data"
         self.port = 0
@@ -67,12 +75,15 @@ class PostgresServer:
                               capture_output=True, text=True, cwd=self.dir, **self._run_as())
         if init.returncode != 0:
             raise RuntimeError(f"initdb failed: {init.stderr[-2000:]}")
+        if self.clients:
+            with open(self.data / "pg_hba.conf", "a") as hba:
+                hba.writelines(f"host all all {network} trust\n" for network in self.clients)
         for _attempt in range(3):  # a free port can be taken between the pick and the bind
             self.port = free_port()
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(
                     [str(self.bin_dir / "postgres"), "-D", str(self.data), "-p", str(self.port),
-                     "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
+                     "-c", f"listen_addresses={','.join(self.listen)}", "-c", f"unix_socket_directories={self.dir}",
                      "-c", "max_connections=200"],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.dir,
                     **self._run_as())
@@ -100,9 +111,10 @@ class PostgresServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
 
-    def url(self, database: str) -> str:
-        """``postgresql://postgres@127.0.0.1:PORT/<database>`` (trust authentication: no password)."""
-        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str, host: str | None = None) -> str:
+        """``postgresql://postgres@HOST:PORT/<database>`` (trust authentication: no password); HOST
+        is the first of ``listen`` unless given."""
+        return f"postgresql://{SUPERUSER}@{host or self.listen[0]}:{self.port}/{database}"
 
     def create_database(self, prefix: str = "t") -> str:
         """A new empty database; its URL."""

@@ -318,10 +318,14 @@ class ConnectServer(_OneProcessService):
         die_with_parent: the JVM gets SIGKILL when the thread that started it dies
             (``PR_SET_PDEATHSIG``): start it from the main thread. Otherwise it
             outlives a SIGKILLed parent (its own process group).
+        host: the address the gRPC server binds (default 127.0.0.1); the
+            multi-host failover test binds its bridge's address, which the
+            brokers in their network namespaces reach. The driver stays on
+            127.0.0.1.
 
     Attributes:
         bound_port: the port the server listens on, once started.
-        url: ``sc://127.0.0.1:PORT``, for ``SparkSession.builder.remote``.
+        url: ``sc://HOST:PORT``, for ``SparkSession.builder.remote``.
 
     Raises (from ``start``/``__enter__``):
         SparkProcessError: the server exited or did not listen in time; it is stopped.
@@ -336,8 +340,9 @@ class ConnectServer(_OneProcessService):
     def __init__(self, work_dir: str | os.PathLike[str], master: str = "local[*]",
                  port: int | None = None, driver_memory: str = "2g",
                  conf: dict[str, str] | None = None, timeout_s: float = 120.0,
-                 die_with_parent: bool = False) -> None:
+                 die_with_parent: bool = False, host: str = LOOPBACK) -> None:
         self.die_with_parent = die_with_parent
+        self.host = host
         self.work_dir = Path(work_dir).resolve()
         self.master = master
         self.port = port
@@ -351,12 +356,12 @@ class ConnectServer(_OneProcessService):
     def url(self) -> str:
         if self.bound_port is None:
             raise RuntimeError("ConnectServer is not started")
-        return f"sc://{LOOPBACK}:{self.bound_port}"
+        return f"sc://{self.host}:{self.bound_port}"
 
     def start(self) -> "ConnectServer":
         conf = {
             **self.conf,
-            "spark.connect.grpc.binding.address": LOOPBACK,
+            "spark.connect.grpc.binding.address": self.host,
             "spark.connect.grpc.binding.port": str(self.port or 0),
         }
         cmd = [str(spark_home() / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS,
@@ -378,10 +383,10 @@ class ConnectServer(_OneProcessService):
                 if m is None:
                     return False
                 self.bound_port = int(m.group(1))
-            return port_open(LOOPBACK, self.bound_port)
+            return port_open(self.host, self.bound_port)
 
         try:
-            _wait_for(process, listening, f"listen on {LOOPBACK}", self.timeout_s)
+            _wait_for(process, listening, f"listen on {self.host}", self.timeout_s)
         except BaseException:
             self.stop()
             raise

@@ -1,34 +1,61 @@
-"""End to end: leadership through PostgreSQL (``--cluster-leadership database``), ``--ack-on spark``, a broker
-killed with SIGKILL while idempotent producers run.
+"""End to end: three broker hosts, leadership through PostgreSQL (``--cluster-leadership database``),
+``--ack-on spark``, one host killed while idempotent producers and a consumer group run (issue 24).
 
-Its own cluster (``pipeline serve --brokers 3``): no shared server runs with leadership through a database.
-The supervisor restarts the killed broker by itself (1 s later); its new incarnation cannot register before
-the old one's lease ran out (``broker.session.timeout.ms``, 5 s here), so the controller moves the dead
-broker's partitions to the live ones first, then gives them back once it registers again.
+The hosts are Linux network namespaces on one bridge (``tests.e2e.netns``): each broker is its own
+``pipeline serve --node-id I`` in its namespace, listening on that namespace's address, as on a
+separate machine, with its own state directory (``DATA_DIR/_pipeline/broker-I``) on the one shared
+data directory (the shared volume). The services every host reaches listen on the bridge's
+address, on the machine's side: this test's own PostgreSQL (the session's listens on 127.0.0.1
+only, which a namespace does not reach) and one Spark Connect server on the data directory's
+catalog (the Spark cluster the brokers write through; it replaces the one ``serve --brokers 3``
+started, so the run starts no more JVMs than before). The clients run on the machine's side and
+reach the brokers through the bridge.
+
+The kill: the victim's link goes down, then its process tree gets SIGKILL (the broker and its
+decode worker); nothing restarts it until the test does. Its lease runs out
+(``broker.session.timeout.ms``, 5 s here) and the controller moves its partitions and group
+coordinators to the live brokers; once they were seen served elsewhere, its link comes up and it
+starts again (a new incarnation), registers, and gets its partitions back.
 
 * the partitions the killed broker led accept produce again (a record sent to each after the kill is
-  acknowledged) within 15 s of the kill (issue 24);
-* the killed broker rejoins (a new process) and leads partitions again (leadership rebalances);
+  acknowledged) within 15 s of the kill;
+* the killed broker rejoins and leads partitions again (leadership rebalances);
 * afterwards every acknowledged record is in the table exactly once, at the offset its producer was told,
-  offsets 0..n-1 per partition in send order per producer, nothing else in the table.
+  offsets 0..n-1 per partition in send order per producer, nothing else in the table;
+* a kafkajs consumer group of two members, consuming the whole time, read every record of the table
+  in offset order per partition: the first delivery of each offset follows the first delivery of
+  the one before it (nothing skipped), and a record is delivered again only to a member that a
+  rebalance gave its partition since that member last read from it (a re-delivery from the
+  committed offset after a rebalance).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.e2e.cluster_process import Cluster
+from pipeline.lifecycle import die_with_parent
+from tests.e2e import netns
+from tests.e2e.server_process import reap
 from tests.e2e.table_reader import read_table
+from tests.e2e.test_transactions import kafkajs_modules
+from tests.postgres import PostgresServer, binaries
 
 pytestmark = pytest.mark.slow
 
 TOPIC = "failover-orders"
+GROUP = "failover-readers"
 PARTITIONS = 6
 PRODUCERS = 2
 PER_PRODUCER = 1500
@@ -36,29 +63,208 @@ PER_PRODUCER = 1500
 the victim rejoined."""
 MOVE_DEADLINE_S = 15.0
 """Issue 24: the moved partitions accept produce again within this long after the kill."""
+BROKERS = 3
 VICTIM = 1
+PORT = 9092
+"""Every broker's port, on its own host's address."""
+START_TIMEOUT_S = 300.0
+"""A broker's start on a loaded 2-core runner (Python, the Connect client, leadership)."""
+BROKER_ARGS = ("--ack-on", "spark", "--linger-ms", "20", "--cluster-leadership", "database",
+               "--broker-session-timeout-ms", "5000", "--broker-heartbeat-interval-ms", "1000")
 
 
-def _leaders(admin, topic: str) -> dict[int, int]:
-    md = admin.list_topics(topic, timeout=10)
-    return {p: m.leader for p, m in md.topics[topic].partitions.items()}
+@pytest.fixture
+def network():
+    """Three hosts (network namespaces on one bridge), removed after the test whatever happens."""
+    reason = netns.unavailable()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"network namespaces are needed under CI: {reason}")
+        pytest.skip(reason)
+    with netns.network(BROKERS) as made:
+        yield made
 
 
-def test_a_killed_brokers_partitions_move_and_come_back_with_every_acknowledged_record_once(tmp_path,
-                                                                                           postgres_server):
+@pytest.fixture
+def bridge_postgres(network):
+    """A PostgreSQL server listening on 127.0.0.1 and the bridge's address, trusting the hosts' subnet.
+
+    A server of its own: the session's (``postgres_server``) listens on 127.0.0.1 only, and the
+    bridge does not exist when it starts."""
+    bin_dir = binaries()
+    if bin_dir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL's initdb is missing (.ci/run installs Debian's postgresql)")
+        pytest.skip("PostgreSQL's initdb is missing (apt-get install postgresql)")
+    server = PostgresServer(bin_dir, listen=("127.0.0.1", network.bridge_address), clients=(network.subnet,))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+class HostBroker:
+    """``pipeline serve --node-id I`` in host I's namespace; ``start`` again after a kill (a new incarnation)."""
+
+    def __init__(self, host: netns.Host, node_id: int, data_dir: Path, metadata_url: str, spark_remote: str) -> None:
+        self.host = host
+        self.node_id = node_id
+        self.cmd = host.command(sys.executable, "-m", "pipeline.cli", "serve", "--node-id", str(node_id),
+                                "--listen", f"{host.address}:{PORT}", "--data-dir", str(data_dir),
+                                "--metadata-url", metadata_url, "--spark-remote", spark_remote, *BROKER_ARGS)
+        self.log_path = data_dir.parent / f"broker-{node_id}.log"
+        self.proc: subprocess.Popen | None = None
+        self.listening = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host.address}:{PORT}"
+
+    def start(self) -> None:
+        self.listening = listening = threading.Event()
+        with open(self.log_path, "ab") as log:
+            # No orphans: SIGKILL when the test process dies (PR_SET_PDEATHSIG, kept across ip netns exec's exec).
+            self.proc = proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, process_group=0,
+                                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
+
+        def read() -> None:
+            for raw in iter(proc.stdout.readline, b""):
+                if b"listening on" in raw:
+                    listening.set()
+
+        threading.Thread(target=read, daemon=True, name=f"broker-{self.node_id}-stdout").start()
+
+    def wait_listening(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.listening.wait(1.0):
+            assert self.proc.poll() is None, f"broker {self.node_id} exited with {self.proc.returncode}:\n{self.log()}"
+            assert time.monotonic() < deadline, f"broker {self.node_id} not listening in {START_TIMEOUT_S} s\n{self.log()}"
+
+    def tree(self) -> list[psutil.Process]:
+        """The broker and every process under it (its decode worker)."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        """SIGKILL to the whole process tree at once (a host that dies takes everything on it)."""
+        for process in self.tree():
+            try:
+                process.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        self.proc.wait(30)
+
+    def stop(self, timeout_s: float = 120.0) -> int:
+        """SIGTERM (drain, flush, end the lease); the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-15000:]
+        except OSError:
+            return ""
+
+
+class ConsumerGroup:
+    """``tests/e2e/group_kafkajs.js``: two kafkajs consumers of one group; every line it prints, in order,
+    with the time it arrived (monotonic s)."""
+
+    def __init__(self, node_modules: Path, bootstrap: str, log_path: Path) -> None:
+        script = Path(__file__).with_name("group_kafkajs.js")
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(["node", str(script), str(node_modules), bootstrap, GROUP, TOPIC, "2"],
+                                         stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                                         preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        self.lines: list[tuple[float, dict]] = []
+        self.seen: dict[int, set[int]] = defaultdict(set)
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True, name="kafkajs-group-stdout").start()
+
+    def _read(self) -> None:
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = json.loads(raw)
+            with self._changed:
+                self.lines.append((time.monotonic(), line))
+                if "o" in line:
+                    self.seen[line["p"]].add(int(line["o"]))
+                self._changed.notify_all()
+
+    def wait_for(self, ends: dict[int, int], timeout_s: float) -> None:
+        """Until every offset below ``ends[p]`` of each partition ``p`` was consumed."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while any(len(self.seen[p]) < end for p, end in ends.items()):
+                assert self.proc.poll() is None, f"kafkajs exited with {self.proc.returncode}: {self.stderr()}"
+                missing = {p: end - len(self.seen[p]) for p, end in ends.items()}
+                assert time.monotonic() < deadline, f"kafkajs group still misses {missing} records: {self.stderr()}"
+                self._changed.wait(1.0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def stderr(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+
+def _leaders(admin, topic: str, timeout_s: float = 60.0) -> dict[int, int]:
+    """Each partition's leader, from a Metadata answer; asked again while a request goes to the dead
+    host and times out (``socket.timeout.ms``)."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            md = admin.list_topics(topic, timeout=10)
+            return {p: m.leader for p, m in md.topics[topic].partitions.items()}
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+
+
+def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_record_once(tmp_path, network,
+                                                                                         bridge_postgres):
     import confluent_kafka
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    url = postgres_server.create_database("failover")
-    cluster = Cluster(tmp_path / "data", 3, "--metadata-url", url, "--ack-on", "spark", "--linger-ms", "20",
-                      "--cluster-leadership", "database", "--broker-session-timeout-ms", "5000",
-                      "--broker-heartbeat-interval-ms", "1000")
+    from pipeline.persist.spark_cluster import ConnectServer
+    from pipeline.table.catalog import catalog_conf
+
+    node_modules = kafkajs_modules()  # before anything starts: a missing one fails at once
+    data_dir = tmp_path / "data"  # the shared volume: every host's broker, one directory
+    url = bridge_postgres.create_database("failover")
+    hosts = network.hosts
+    brokers_url = url.replace("@127.0.0.1:", f"@{network.bridge_address}:")
+    connect = ConnectServer(tmp_path / "spark-connect", conf=catalog_conf(data_dir), host=network.bridge_address,
+                            timeout_s=300.0, die_with_parent=True)
+    brokers = [HostBroker(host, i, data_dir, brokers_url, "") for i, host in enumerate(hosts)]
+    group: ConsumerGroup | None = None
+    admin = None
+    producers: list = []
     try:
-        cluster.start()
-        bootstrap = cluster.bootstrap()
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        connect.start()
+        for b in brokers:
+            b.cmd[b.cmd.index("--spark-remote") + 1] = connect.url
+            b.start()
+        for b in brokers:
+            b.wait_listening()
+        bootstrap = ",".join(b.address for b in brokers)
+        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
         for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
             future.result(60)
+        group = ConsumerGroup(node_modules, bootstrap, tmp_path / "kafkajs.log")
 
         acked: dict[tuple[int, int], tuple[int, int, float]] = {}  # (producer, i) -> (partition, offset, when)
         errors: list[str] = []
@@ -75,9 +281,14 @@ def test_a_killed_brokers_partitions_move_and_come_back_with_every_acknowledged_
                 else:
                     acked[(j, i)] = (msg.partition(), msg.offset(), time.monotonic())
 
-        producers = [confluent_kafka.Producer({
+        # A host whose link is down answers nothing: a request to it times out after request.timeout.ms
+        # (then the producer reconnects, refreshes its metadata and finds the new leader), well within
+        # the 15 s the moved partitions have; an idempotent retry of a batch that did land is answered
+        # as a duplicate, with its offset.
+        producers += [confluent_kafka.Producer({
             "bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
-            "message.timeout.ms": 300_000, "batch.num.messages": 100}) for _ in range(PRODUCERS)]
+            "message.timeout.ms": 300_000, "batch.num.messages": 100, "request.timeout.ms": 5000,
+            "socket.timeout.ms": 5000}) for _ in range(PRODUCERS)]
 
         def send(j: int, i: int, partition: int | None = None) -> None:
             extra = {} if partition is None else {"partition": partition}
@@ -90,9 +301,12 @@ def test_a_killed_brokers_partitions_move_and_come_back_with_every_acknowledged_
                     producers[j].poll(0.05)
             producers[j].poll(0)
 
+        def logs() -> str:
+            return "\n".join(f"--- broker {b.node_id}\n{b.log()}" for b in brokers)
+
         def flush(timeout_s: float) -> None:
             for p in producers:
-                assert p.flush(timeout_s) == 0, f"undelivered; errors {errors[:5]}\n{cluster.log_text()}"
+                assert p.flush(timeout_s) == 0, f"undelivered; errors {errors[:5]}\n{logs()}"
 
         third = PER_PRODUCER // 3
         sent = [0] * PRODUCERS
@@ -105,14 +319,13 @@ def test_a_killed_brokers_partitions_move_and_come_back_with_every_acknowledged_
         led_by_victim = [p for p, leader in _leaders(admin, TOPIC).items() if leader == VICTIM]
         assert led_by_victim, "the victim leads no partition"
 
-        killed_pid = cluster.broker_pid(VICTIM)
-        # The supervisor would restart the victim 1 s after the kill, and its new incarnation may register
-        # as soon as the old lease ran out, when the controller moves the partitions: paused (SIGSTOP), it
-        # restarts nothing until the move is seen, so the test sees the partitions served elsewhere first.
-        # Its brokers' output waits in their pipes meanwhile (a few lines).
-        os.kill(cluster.proc.pid, signal.SIGSTOP)
-        os.kill(killed_pid, signal.SIGKILL)
+        victim = brokers[VICTIM]
+        killed = victim.tree()
+        assert len(killed) > 1, f"the victim's decode worker is not running: {killed}"
+        hosts[VICTIM].set_link(False)  # first: the clients get no reset from the dying host
+        victim.kill()
         killed_at = time.monotonic()
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in killed), killed
         # One record per moved partition right after the kill, then the second third in the background.
         probes = {p: (0, sent[0] + k) for k, p in enumerate(led_by_victim)}
         for p, (j, i) in probes.items():
@@ -130,13 +343,14 @@ def test_a_killed_brokers_partitions_move_and_come_back_with_every_acknowledged_
         moved = _leaders(admin, TOPIC)
         assert all(moved[p] not in (VICTIM, -1) for p in led_by_victim), moved
 
-        os.kill(cluster.proc.pid, signal.SIGCONT)
-        # The supervisor restarted the victim; once registered it gets its partitions back.
-        cluster.wait_listening(4, 240)
-        assert cluster.broker_pid(VICTIM) != killed_pid
+        # The host comes back: link up, a new incarnation of its broker; once registered it gets its
+        # partitions back.
+        hosts[VICTIM].set_link(True)
+        victim.start()
+        victim.wait_listening()
         deadline = time.monotonic() + 120
         while VICTIM not in _leaders(admin, TOPIC).values():
-            assert time.monotonic() < deadline, f"leadership did not rebalance\n{cluster.log_text()}"
+            assert time.monotonic() < deadline, f"leadership did not rebalance\n{logs()}"
             time.sleep(0.5)
         for _ in range(third):
             for j in range(PRODUCERS):
@@ -149,14 +363,30 @@ def test_a_killed_brokers_partitions_move_and_come_back_with_every_acknowledged_
         rejoined = [p for p, leader in _leaders(admin, TOPIC).items() if leader == VICTIM]
         assert rejoined and any(acked[k][0] in rejoined and acked[k][2] > killed_at for k in acked)
 
-        assert cluster.stop() == 0, cluster.log_text()
-    finally:
-        if cluster.proc is not None and cluster.proc.poll() is None:
-            os.kill(cluster.proc.pid, signal.SIGCONT)
-        cluster.kill_all()
+        ends: dict[int, int] = defaultdict(int)
+        for p, o, _ in acked.values():
+            ends[p] = max(ends[p], o + 1)
+        group.wait_for(ends, 180)
+        group.stop()
+        producers.clear()  # destroyed with the admin client: no reconnect attempts to the brokers stopping now
+        admin = None
 
-    rows = read_table(cluster.data_dir, f"SELECT partition, offset, CAST(value AS STRING) AS v FROM records "
-                                        f"WHERE topic = '{TOPIC}'")
+        for b in brokers:
+            assert b.stop() == 0, logs()
+    finally:
+        # The clients go first, even on a failure (the traceback keeps this frame): once the namespaces
+        # are removed their addresses would be looked for off this machine.
+        producers.clear()
+        admin = None
+        if group is not None:
+            group.stop()
+        for b in brokers:
+            if b.proc is not None and b.proc.poll() is None:
+                reap(b.tree(), 0)
+        connect.stop()
+
+    rows = read_table(data_dir, f"SELECT partition, offset, CAST(value AS STRING) AS v FROM records "
+                                f"WHERE topic = '{TOPIC}'")
     table = {(r["partition"], r["offset"]): r["v"] for r in rows}
     assert len(rows) == len(table), "an offset is written twice"
     assert table == {(p, o): f"{j}:{i}" for (j, i), (p, o, _) in acked.items()}, "a record missing or extra"
@@ -170,3 +400,38 @@ def test_a_killed_brokers_partitions_move_and_come_back_with_every_acknowledged_
         for j in range(PRODUCERS):
             mine = [i for _, jj, i in entries if jj == j]
             assert mine == sorted(mine), f"partition {p}: producer {j}'s records out of order"
+
+    # The consumer group, from its lines in the order they happened (kept beside the brokers' logs).
+    with open(tmp_path / "kafkajs-lines.jsonl", "w") as f:
+        f.writelines(json.dumps({"t": round(t - killed_at, 3), **line}) + "\n" for t, line in group.lines)
+    first: dict[tuple[int, int], int] = {}  # (partition, offset) -> index of its first delivery
+    next_offset: dict[int, int] = defaultdict(int)
+    assigned: dict[tuple[int, int], int] = {}  # (member, partition) -> index of the join that gave it the partition
+    last_read: dict[tuple[int, int], int] = {}  # (member, partition) -> index of its last delivery from it
+    redelivered = 0
+    for index, (_, line) in enumerate(group.lines):
+        if "join" in line:
+            for p in line["join"]:
+                assigned[(line["m"], p)] = index
+        if "o" not in line:
+            continue
+        m, p, o = line["m"], line["p"], int(line["o"])
+        assert table.get((p, o)) == line["v"], f"consumed {p}/{o} = {line['v']!r}, the table has {table.get((p, o))!r}"
+        if (p, o) in first:
+            # A re-delivery comes from the committed offset, to a member the partition was (re)assigned to
+            # by a rebalance since it last read it; the member that had it may have read on meanwhile,
+            # until its next heartbeat told it of the rebalance (Kafka's at-least-once across a rebalance).
+            assert assigned.get((m, p), -1) > last_read.get((m, p), -1), (
+                f"{p}/{o} delivered again to member {m} without a rebalance giving it partition {p}")
+            redelivered += 1
+        else:
+            assert o == next_offset[p], f"partition {p}: offset {o} consumed before {next_offset[p]} (skipped)"
+            first[(p, o)] = index
+            next_offset[p] = o + 1
+        last_read[(m, p)] = index
+    assert set(first) == set(table), "the group did not consume every record of the table"
+    crashes = sorted({line["crash"][:80] for _, line in group.lines if "crash" in line})
+    print(f"moved partitions served {max(moved_after.values()):.1f} s after the kill; kafkajs group: "
+          f"{len(first)} records, {redelivered} re-delivered after a rebalance, "
+          f"{sum(1 for _, line in group.lines if 'join' in line)} joins, "
+          f"{sum(1 for _, line in group.lines if 'crash' in line)} crashes {crashes}")

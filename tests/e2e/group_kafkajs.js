@@ -1,0 +1,40 @@
+// A kafkajs consumer group of MEMBERS consumers in one process, for tests/e2e/test_failover.py:
+//   node group_kafkajs.js NODE_MODULES BOOTSTRAP GROUP TOPIC MEMBERS
+// Each member consumes TOPIC from the beginning (auto-commit) and prints one JSON line on stdout per
+// record, {"m": MEMBER, "p": PARTITION, "o": "OFFSET", "v": VALUE}, and one per group join,
+// {"m": MEMBER, "join": [ASSIGNED PARTITIONS]}; lines from both members go out in the order
+// they happened (one process, one stdout). A crash of a member ({"m": MEMBER, "crash": ERROR}) is
+// followed by kafkajs' own restart (restartOnFailure). SIGTERM: disconnect every member, exit 0.
+"use strict";
+const path = require("path");
+
+const { Kafka, logLevel } = require(path.join(process.argv[2], "kafkajs"));
+const [bootstrap, groupId, topic, members] = process.argv.slice(3);
+
+// Short timeouts: a broker host whose link is down answers nothing (no reset), and the group
+// must notice and rebalance within the test's wait.
+const kafka = new Kafka({ clientId: "test-failover-kafkajs", brokers: bootstrap.split(","),
+                          logLevel: logLevel.NOTHING, connectionTimeout: 3000, requestTimeout: 15000,
+                          retry: { retries: 30, initialRetryTime: 300, maxRetryTime: 3000 } });
+const out = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
+const consumers = [];
+
+async function member(m) {
+  const consumer = kafka.consumer({ groupId, sessionTimeout: 10000, heartbeatInterval: 1000,
+                                    rebalanceTimeout: 20000, retry: { retries: 30 } });
+  consumers.push(consumer);
+  consumer.on(consumer.events.GROUP_JOIN, (e) => out({ m, join: (e.payload.memberAssignment || {})[topic] || [] }));
+  consumer.on(consumer.events.CRASH, (e) => out({ m, crash: String(e.payload.error) }));
+  await consumer.connect();
+  await consumer.subscribe({ topic, fromBeginning: true });
+  await consumer.run({ eachMessage: async ({ partition, message }) =>
+    out({ m, p: partition, o: message.offset, v: message.value.toString() }) });
+}
+
+process.on("SIGTERM", async () => {
+  await Promise.allSettled(consumers.map((c) => c.disconnect()));
+  process.exit(0);
+});
+Promise.all(Array.from({ length: Number(members) }, (_, m) => member(m)))
+  .then(() => out({ ready: true }))
+  .catch((e) => { process.stderr.write(String(e.stack || e) + "\n"); process.exit(1); });
