@@ -26,7 +26,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.e2e.server_process import free_port
 import yaml
 
 from pipeline.cli import STOP_TIMEOUT_S, build_parser
@@ -480,10 +481,6 @@ def test_the_same_probe_command_everywhere():
 # ------------------------------------------------- running the command lines
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Localizer:

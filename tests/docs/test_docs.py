@@ -28,7 +28,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -39,6 +38,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.e2e.server_process import free_port
 
 from tests.docs.blocks import ROOT, Block, all_blocks, commands, find
 
@@ -91,10 +92,6 @@ def block(path: str, contains: str) -> Block:
 # README's snippets (PLAINTEXT, no credentials) run on the same server.
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
