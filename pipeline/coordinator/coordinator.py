@@ -460,12 +460,7 @@ class GroupCoordinator:
     def _drop_member(self, group: Group, member: Member, replies: list[Reply]) -> None:
         """Remove a member, answering what it waits for with UNKNOWN_MEMBER_ID (so a live
         client rejoins; Kafka removeMemberAndUpdateGroup's maybeInvokeJoinCallback)."""
-        if member.join_waiter is not None:
-            replies.append((member.join_waiter, JoinResult(UNKNOWN_MEMBER_ID, member.member_id)))
-            member.join_waiter = None
-        if member.sync_waiter is not None:
-            replies.append((member.sync_waiter, SyncResult(UNKNOWN_MEMBER_ID)))
-            member.sync_waiter = None
+        _answer_waiters(member, UNKNOWN_MEMBER_ID, replies)
         group.remove(member.member_id)
 
     def _remove_member_and_update_group(self, group: Group, member: Member, now_ms: float,
@@ -834,9 +829,14 @@ class GroupCoordinator:
 def _not_coordinator(group: Group, replies: list[Reply]) -> None:
     """Answer the group's pending JoinGroup and SyncGroup NOT_COORDINATOR (into ``replies``)."""
     for member in group.members.values():
-        if member.join_waiter is not None:
-            replies.append((member.join_waiter, JoinResult(NOT_COORDINATOR, member.member_id)))
-            member.join_waiter = None
-        if member.sync_waiter is not None:
-            replies.append((member.sync_waiter, SyncResult(NOT_COORDINATOR)))
-            member.sync_waiter = None
+        _answer_waiters(member, NOT_COORDINATOR, replies)
+
+
+def _answer_waiters(member: Member, error: int, replies: list[Reply]) -> None:
+    """Answer the member's pending JoinGroup and SyncGroup with ``error`` (into ``replies``)."""
+    if member.join_waiter is not None:
+        replies.append((member.join_waiter, JoinResult(error, member.member_id)))
+        member.join_waiter = None
+    if member.sync_waiter is not None:
+        replies.append((member.sync_waiter, SyncResult(error)))
+        member.sync_waiter = None
