@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import trio
@@ -87,7 +87,8 @@ class LeadershipService:
         endpoints: (listener, host, port) clients reach this broker at (its registration).
         session_ms, heartbeat_ms: ``broker.session.timeout.ms``, ``broker.heartbeat.interval.ms``.
         logs: the partitions' logs (reset when a partition is taken over).
-        end_offsets: blocking; the table's (topic, partition) -> end offset.
+        end_offsets: blocking; the table's (topic, partition) -> end offset over the rows of the
+            topics given.
         topics: the existing topics (name -> partitions), for the controller.
         on_fenced: called when this broker's membership is fenced; default: end the process
             (``os._exit(FENCED_STATUS)``).
@@ -95,7 +96,7 @@ class LeadershipService:
 
     def __init__(self, cluster: DynamicCluster, target: Target, endpoints: Sequence[Endpoint], *,
                  session_ms: int, heartbeat_ms: int, logs: LogManager,
-                 end_offsets: Callable[[], dict[tuple[str, int], int]],
+                 end_offsets: Callable[[Collection[str]], dict[tuple[str, int], int]],
                  topics: Callable[[], dict[str, int]],
                  on_fenced: Callable[[], None] | None = None) -> None:
         self.cluster = cluster
@@ -337,7 +338,7 @@ class LeadershipService:
         groups = {p for t, p in ready if t == OFFSETS_TOPIC}
         try:
             if partitions:
-                ends_all = await trio.to_thread.run_sync(self.end_offsets)
+                ends_all = await trio.to_thread.run_sync(self.end_offsets, {t for t, _ in partitions})
                 ends = {key: ends_all.get(key, 0) for key in partitions}
                 batches = await trio.to_thread.run_sync(store.producers, ends)
                 by_partition: dict[tuple[str, int], list[tuple[int, int, int, int, int]]] = {}

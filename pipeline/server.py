@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Awaitable, Callable, Protocol
+from typing import Awaitable, Callable, Collection, Protocol
 
 import trio
 
@@ -297,13 +297,14 @@ class Server:
             # Offsets whose WAL segments retention deleted are read from the tables.
             self.logs.table = TableReader(catalog.spark, catalog, warm=True)
 
-    def _table_end_offsets(self) -> dict[tuple[str, int], int]:
-        """The table's (topic, partition) -> end offset, as other brokers left it (blocking)."""
+    def _table_end_offsets(self, topics: Collection[str]) -> dict[tuple[str, int], int]:
+        """The table's (topic, partition) -> end offset over the rows of ``topics``, as other
+        brokers left it (blocking)."""
         catalog = getattr(self.sink, "catalog", None)
         if catalog is not None:
-            for owned in catalog.tables():  # another broker's commits: not in this session's file listing yet
+            for owned in catalog.tables(topics):  # another broker's commits: not in this session's file listing yet
                 catalog.spark.catalog.refreshTable(owned.name)
-        return self.sink.end_offsets()
+        return self.sink.end_offsets(topics)
 
     def table_started(self) -> None:
         """The sink is started (call it in the trio thread): reads of offsets only the table holds

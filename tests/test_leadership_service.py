@@ -19,7 +19,7 @@ ENDPOINT = (("PLAINTEXT", "127.0.0.1", 9092),)
 
 def _service(tmp_path, fenced: list[str]) -> LeadershipService:
     return LeadershipService(DynamicCluster(0, "127.0.0.1", 9092), tmp_path / "cluster.db", ENDPOINT,
-                             session_ms=1000, heartbeat_ms=50, logs=LogManager(), end_offsets=dict, topics=dict,
+                             session_ms=1000, heartbeat_ms=50, logs=LogManager(), end_offsets=lambda topics: {}, topics=dict,
                              on_fenced=lambda: fenced.append("fenced"))
 
 

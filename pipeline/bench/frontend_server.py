@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import pickle
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Collection, Sequence
 
 import trio
 
@@ -55,7 +55,7 @@ class NullSink:
     def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
         return set()
 
-    def end_offsets(self) -> dict[tuple[str, int], int]:
+    def end_offsets(self, topics: Collection[str] | None = None) -> dict[tuple[str, int], int]:
         return {}
 
     def drop_topic(self, topic: str) -> int:

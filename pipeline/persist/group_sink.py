@@ -31,7 +31,7 @@ import os
 import shutil
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Collection, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -278,9 +278,9 @@ class SparkGroupSink:
         """Rows already in the table within [start, end) of each (topic, partition)."""
         return present_offsets(self._sink.catalog.read_positions(), ranges)
 
-    def end_offsets(self) -> dict[tuple[str, int], int]:
-        """(topic, partition) -> max(offset) + 1 over the whole table."""
-        return end_offsets(self._sink.catalog.read_positions())
+    def end_offsets(self, topics: Collection[str] | None = None) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> max(offset) + 1 over the whole table, or over the rows of ``topics``."""
+        return end_offsets(self._sink.catalog.read_positions(topics))
 
     def drop_topic(self, topic: str) -> int:
         """Remove every row of a deleted topic from the tables (``TableCatalog.drop_topic``);

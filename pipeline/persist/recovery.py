@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Collection, Protocol
 
 from pipeline.persist.accumulator import FlushPolicy
 from pipeline.log.batch import PartitionAppend
@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 class TableSink(GroupSink, Protocol):
     """A GroupSink that can also tell each partition's end offset (recovery without a checkpoint)."""
 
-    def end_offsets(self) -> dict[tuple[str, int], int]:
-        """(topic, partition) -> max(offset) + 1 over the whole table."""
+    def end_offsets(self, topics: Collection[str] | None = None) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> max(offset) + 1 over the whole table, or over the rows of ``topics``."""
 
 
 Backlog = list[tuple[WalPosition, list[PartitionAppend]]]

@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -484,21 +485,34 @@ class TableCatalog:
         else:
             df.write.insertInto(owned.name)
 
-    def tables(self) -> list[OwnedTable]:
-        """The tables that exist: records, typed topics' tables, dead letters."""
+    def tables(self, topics: Collection[str] | None = None) -> list[OwnedTable]:
+        """The tables that exist: records, typed topics' tables, dead letters.
+
+        Args:
+            topics: only the tables that may hold rows of these topics (None: every table).
+        """
         out = [self.records]
         for owned in [*self.typed_tables.values(), self.dead_letters]:
+            if topics is not None and owned.topic is not None and owned.topic not in topics:
+                continue
             if self.spark.catalog.tableExists(owned.name):
                 out.append(owned)
         return out
 
-    def read_positions(self) -> DataFrame:
-        """(topic, partition, offset) of every row of every table (records, typed, dead letters)."""
+    def read_positions(self, topics: Collection[str] | None = None) -> DataFrame:
+        """(topic, partition, offset) of every row of every table (records, typed, dead letters).
+
+        Args:
+            topics: only the rows of these topics (None: every row); ``topic`` is the records
+                table's first partition column, so the others' directories are not listed.
+        """
         frames = []
-        for owned in self.tables():
+        for owned in self.tables(topics):
             df = self.spark.table(owned.name)
             if owned.topic is not None:
                 df = df.withColumn("topic", _functions(self.spark).lit(owned.topic))
+            elif topics is not None:
+                df = df.where(_functions(self.spark).col("topic").isin(sorted(topics)))
             frames.append(df.select("topic", "partition", "offset"))
         out = frames[0]
         for df in frames[1:]:

@@ -80,6 +80,11 @@ def test_recovery_after_a_crash_between_table_commit_and_checkpoint_writes_every
         sink.catalog.dead_letters.name
     assert set(positions(spark, records)) == {(RAW, 0, o) for o in range(9)}  # the crash's state, for real
     assert set(positions(spark, dead)) == {(TYPED, 0, 1), (TYPED, 0, 4)}
+    # A new leader's take-over reads the end offsets of the topics it takes only (the typed
+    # topic's rows are in its own table and the dead letters').
+    assert sink.end_offsets({RAW}) == {(RAW, 0): 9}
+    assert sink.end_offsets({TYPED}) == {(TYPED, 0): 9}
+    assert sink.end_offsets() == {(RAW, 0): 9, (TYPED, 0): 9}
 
     # The restart: recovery on the same data directory and WAL.
     result = recover(sink, WriteAheadLog(tmp_path / "wal", fsync=False), store)

@@ -17,7 +17,7 @@ class CountingSink:
         self.present = present
         self.writes: list[list[PartitionAppend]] = []
 
-    def end_offsets(self) -> dict[tuple[str, int], int]:
+    def end_offsets(self, topics=None) -> dict[tuple[str, int], int]:
         return {}
 
     def present_offsets(self, ranges):
