@@ -489,7 +489,8 @@ _KEY_LIST: list[Key] = [
         "static: partition leaders and group coordinators follow the broker list (pipeline.cluster.brokers), "
         "a dead broker's partitions wait for it; database: brokers register with leases in the metadata "
         "database (pipeline.metadata.url, else SQLite under DATA_DIR), one of them is the controller and "
-        "moves a dead broker's partitions and groups to live ones (needs pipeline.ack.on=spark)",
+        "moves a dead broker's partitions and groups to live ones (with pipeline.ack.on=wal, once its WAL, "
+        "on the shared data directory, is drained into the table)",
         "--cluster-leadership", "static|database", group="listener"),
     Key("broker.session.timeout.ms", ("broker_session_timeout_ms",), integer(1),
         "with pipeline.cluster.leadership=database: a broker whose heartbeats stop this long loses its "
@@ -988,10 +989,6 @@ def resolve(config_file: str | Path | None = None, environ: Mapping[str, str] | 
             raise ConfigError(f"pipeline.brokers ({sources['pipeline.brokers']}) and pipeline.cluster.brokers "
                               f"({sources['pipeline.cluster.brokers']}) are both set: --brokers N makes the list itself")
     if values["pipeline.cluster.leadership"] == "database":
-        if values["pipeline.ack.on"] != "spark":
-            raise ConfigError(f"pipeline.cluster.leadership=database ({sources['pipeline.cluster.leadership']}) "
-                              f"needs pipeline.ack.on=spark ({sources['pipeline.ack.on']}): a moved partition "
-                              "continues from the table, which must hold everything acknowledged")
         if values["broker.heartbeat.interval.ms"] >= values["broker.session.timeout.ms"]:
             raise ConfigError(f"broker.heartbeat.interval.ms ({sources['broker.heartbeat.interval.ms']}) must be "
                               f"below broker.session.timeout.ms ({sources['broker.session.timeout.ms']})")

@@ -37,8 +37,14 @@ database, no home-made consensus), as KRaft brokers do with their controller
      table holds is answered as a duplicate; a group coordinator loads the
      groups' committed offsets (COORDINATOR_LOAD_IN_PROGRESS meanwhile).
 
-Not covered yet (issue 24's other steps): ``--ack-on wal`` (the dead broker's WAL
-must be replayed first), and fencing the table commit itself: a broker fenced
+4. **A dead broker's WAL** (``--ack-on wal``): each incarnation registers its WAL
+   directory (``wal_path``, on the shared data directory) before it serves
+   anything; the controller claims the WAL of each incarnation that is no longer
+   a live member, writes what the table lacks of it (``drain_wal``) and marks it
+   drained with its idempotent batches. No partition is taken over while a dead
+   WAL is undrained: its acknowledged records may belong to it.
+
+Not covered yet (issue 24's other steps): fencing the table commit itself: a broker fenced
 while alive cannot commit after the database write of its producer state
 (``before_table_write`` is fenced), but a commit already past that point when
 the lease ran out can land after the new leader read the table's end.
@@ -48,8 +54,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -60,10 +68,17 @@ from pipeline.log.batch import PartitionAppend
 from pipeline.log.manager import LogManager
 from pipeline.metadata.brokers import DuplicateBrokerError, Endpoint, FencedBrokerError
 from pipeline.metadata.database import Target
-from pipeline.metadata.leadership import Leadership, LeadershipStore, NotControllerError, ProducerBatch
+from pipeline.metadata.leadership import BrokerWal, Leadership, LeadershipStore, NotControllerError, ProducerBatch
 from pipeline.persist.persister import BatchingPersister
 
 log = logging.getLogger(__name__)
+
+
+def producer_batches(appends: Sequence[PartitionAppend]) -> list[ProducerBatch]:
+    """The idempotent producers' batches among ``appends`` (producer id and base sequence set)."""
+    return [ProducerBatch(a.topic, a.partition, a.producer_id, a.producer_epoch, a.base_sequence,
+                          (a.base_sequence + a.record_count - 1) % 2**31, a.base_offset)
+            for a in appends if a.producer_id >= 0 and a.base_sequence >= 0]
 
 METADATA_REFRESH_S = 0.25
 """How often a broker looks for leadership changes (one single-row read, ``change_version``)."""
@@ -92,14 +107,28 @@ class LeadershipService:
         topics: the existing topics (name -> partitions), for the controller.
         on_fenced: called when this broker's membership is fenced; default: end the process
             (``os._exit(FENCED_STATUS)``).
+        incarnation: this process's incarnation id (its registration's; default: a new one).
+        data_dir: the shared data directory (``wal_path`` and other brokers' WALs are relative to it).
+        wal_path: with ``--ack-on wal``: this incarnation's WAL directory, relative to ``data_dir``,
+            registered before the broker serves anything; None (``--ack-on spark``): the table holds
+            everything acknowledged, no WAL is drained and none waited for.
+        drain_wal: with ``wal_path``: blocking; writes what the table lacks of the WAL in the directory
+            given (a dead broker's) and returns the appends it held after its checkpoint.
     """
 
     def __init__(self, cluster: DynamicCluster, target: Target, endpoints: Sequence[Endpoint], *,
                  session_ms: int, heartbeat_ms: int, logs: LogManager,
                  end_offsets: Callable[[Collection[str]], dict[tuple[str, int], int]],
                  topics: Callable[[], dict[str, int]],
-                 on_fenced: Callable[[], None] | None = None) -> None:
+                 on_fenced: Callable[[], None] | None = None, incarnation: uuid.UUID | None = None,
+                 data_dir: Path | None = None, wal_path: str | None = None,
+                 drain_wal: Callable[[Path], Sequence[PartitionAppend]] | None = None) -> None:
+        if wal_path is not None and (data_dir is None or drain_wal is None):
+            raise ValueError("wal_path needs data_dir and drain_wal")
         self.cluster = cluster
+        self.data_dir = data_dir
+        self.wal_path = wal_path
+        self.drain_wal = drain_wal
         self.target = target
         self.endpoints = tuple(endpoints)
         self.session_ms = session_ms
@@ -111,12 +140,14 @@ class LeadershipService:
         self.persister: BatchingPersister | None = None
         self.coordinator: GroupCoordinatorService | None = None
         self.store: LeadershipStore | None = None
-        self.incarnation = uuid.uuid4()
+        self.incarnation = incarnation or uuid.uuid4()
         self.epoch: int | None = None
         """This broker's epoch (None: not registered yet)."""
         self.controller_epoch: int | None = None
         """The controller epoch this broker holds (None: it is not the controller)."""
         self._live: set[int] = set()
+        self._undrained: list[BrokerWal] = []
+        """Dead brokers' WALs not drained yet (``--ack-on wal``): no partition is taken over meanwhile."""
         self._handing_off: set[tuple[str, int, int]] = set()
         self._loaded_epochs: dict[tuple[str, int], int] = {}  # the leader epoch each loaded partition was taken at
         self._changed = trio.Event()
@@ -135,9 +166,7 @@ class LeadershipService:
         store, epoch = self.store, self.epoch
         if store is None or epoch is None:
             raise FencedBrokerError(f"broker {self.cluster.node_id} is not registered")
-        batches = [ProducerBatch(a.topic, a.partition, a.producer_id, a.producer_epoch, a.base_sequence,
-                                 (a.base_sequence + a.record_count - 1) % 2**31, a.base_offset)
-                   for a in appends if a.producer_id >= 0 and a.base_sequence >= 0]
+        batches = producer_batches(appends)
         if batches:
             store.record_producers(self.cluster.node_id, epoch, batches)
 
@@ -177,6 +206,19 @@ class LeadershipService:
             except Exception as exc:
                 log.warning("broker %d: registering failed: %s", node, exc)
             await trio.sleep(self.heartbeat_ms / 1000.0)
+        if self.wal_path is not None:
+            while True:  # before anything is served: a WAL that may hold acknowledged records is known
+                try:
+                    await trio.to_thread.run_sync(store.register_wal, node, self.epoch, str(self.incarnation),
+                                                  self.wal_path)
+                    break
+                except FencedBrokerError:
+                    self._fenced("its lease ran out while registering its WAL")
+                    return
+                except Exception as exc:
+                    log.warning("broker %d: registering its WAL failed: %s", node, exc)
+                await trio.sleep(self.heartbeat_ms / 1000.0)
+            await trio.to_thread.run_sync(self._delete_drained_wals, store)
         self.cluster.member = True
         log.info("broker %d registered at epoch %d (session %d ms)", node, self.epoch, self.session_ms)
         self._changed.set()
@@ -195,6 +237,17 @@ class LeadershipService:
                 if not self._leaving and trio.current_time() - renewed > self.session_ms / 1000.0:
                     self._fenced("no heartbeat reached the database for a session")
                     return
+
+    def _delete_drained_wals(self, store: LeadershipStore) -> None:
+        """This node's earlier incarnations' WAL directories whose records are all in the table (blocking)."""
+        assert self.data_dir is not None
+        try:
+            for wal in store.drained_wals(self.cluster.node_id):
+                if wal.incarnation_id != str(self.incarnation):
+                    shutil.rmtree(self.data_dir / wal.path, ignore_errors=True)
+                    store.forget_wal(wal.incarnation_id)
+        except Exception as exc:  # left for the next incarnation
+            log.warning("broker %d: deleting its drained WALs failed: %s", self.cluster.node_id, exc)
 
     def _fenced(self, why: str) -> None:
         log.error("broker %d at epoch %s is fenced (%s): it stops serving and ends (status %d)",
@@ -223,6 +276,8 @@ class LeadershipService:
                 if held is None:
                     continue
                 await self._reassign(store, held)
+                if self.drain_wal is not None:
+                    await self._drain_dead_wals(store)
                 if trio.current_time() >= next_trim:
                     next_trim = trio.current_time() + TRIM_INTERVAL_S
                     await trio.to_thread.run_sync(store.trim_producers)
@@ -253,6 +308,23 @@ class LeadershipService:
             log.info("controller: %d partition(s) moved, %d assigned, %d removed over live brokers %s", moved,
                      len(moves) - moved, len(gone), sorted(live))
 
+    async def _drain_dead_wals(self, store: LeadershipStore) -> None:
+        """As the controller: claim each dead broker's WAL not drained yet, write what the table lacks of
+        it, and mark it drained with its idempotent batches (``LeadershipStore.wal_drained``)."""
+        assert self.drain_wal is not None and self.data_dir is not None and self.epoch is not None
+        node, epoch = self.cluster.node_id, self.epoch
+        for wal in await trio.to_thread.run_sync(store.dead_wals):
+            if not await trio.to_thread.run_sync(store.claim_wal, wal.incarnation_id, node, epoch):
+                continue
+            started = trio.current_time()
+            appends = await trio.to_thread.run_sync(self.drain_wal, self.data_dir / wal.path)
+            if await trio.to_thread.run_sync(store.wal_drained, wal.incarnation_id, node, epoch,
+                                             producer_batches(appends)):
+                log.info("controller: drained broker %d's WAL (epoch %d, %s): %d records after its checkpoint "
+                         "are in the table (%.1f s)", wal.node_id, wal.broker_epoch, wal.path,
+                         sum(a.record_count for a in appends), trio.current_time() - started)
+                self._changed.set()
+
     # -- following the assignment ---------------------------------------------------
 
     async def _watch(self, nursery: trio.Nursery) -> None:
@@ -270,10 +342,14 @@ class LeadershipService:
                     continue
                 next_members = trio.current_time() + MEMBERS_REFRESH_S
 
-                def read() -> tuple[list[Any], tuple[int, int] | None, dict[tuple[str, int], Leadership]]:
-                    return store.registry.live_members(), store.controller(), store.assignment()
+                def read() -> tuple[list[Any], tuple[int, int] | None, dict[tuple[str, int], Leadership],
+                                    list[BrokerWal]]:
+                    # The dead WALs after the assignment: a move away from a dead broker is written only
+                    # once its lease ran out, so a WAL it left undrained is in this read.
+                    members, controller, rows = store.registry.live_members(), store.controller(), store.assignment()
+                    return members, controller, rows, store.dead_wals() if self.wal_path is not None else []
 
-                members, controller, rows = await trio.to_thread.run_sync(read)
+                members, controller, rows, self._undrained = await trio.to_thread.run_sync(read)
                 seen = version
             except Exception as exc:
                 log.warning("reading the cluster's leadership failed: %s", exc)
@@ -334,6 +410,11 @@ class LeadershipService:
             return
         store = self.store
         assert store is not None
+        if self._undrained:
+            # A dead broker's WAL may hold acknowledged records of these partitions that the table lacks.
+            ready = {key: row for key, row in ready.items() if key[0] == OFFSETS_TOPIC}
+            if not ready:
+                return
         partitions = {key for key in ready if key[0] != OFFSETS_TOPIC}
         groups = {p for t, p in ready if t == OFFSETS_TOPIC}
         try:

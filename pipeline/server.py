@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Awaitable, Callable, Collection, Protocol
@@ -29,6 +30,7 @@ from pipeline.config import Mode, ServerConfig
 from pipeline.requests.topic_store import FILE as TOPIC_STORE_FILE, TopicStore
 from pipeline.cluster import Cluster, DynamicCluster
 from pipeline.leadership import LeadershipService
+from pipeline.log.batch import PartitionAppend
 from pipeline.log.checkpoint import Checkpoint
 from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
 from pipeline.log.fetch import FetchApis
@@ -57,7 +59,7 @@ from pipeline.network.memory_pool import MemoryPool
 from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
 from pipeline.persist.persister import DEFAULT_WAL_POLICY, BatchingPersister
-from pipeline.persist.recovery import Recovered, TableSink, recover, recover_log
+from pipeline.persist.recovery import Recovered, TableSink, recover, recover_log, replay
 from pipeline.log.checkpoint import StateStore
 from pipeline.log.wal import WriteAheadLog
 from pipeline.protocol.apis import BrokerInfo
@@ -103,6 +105,15 @@ def discard_unacknowledged(c: ServerConfig) -> None:
             if f.is_file():
                 f.unlink()
     (own / StateStore.FILE).unlink(missing_ok=True)
+
+
+def incarnation_dir(c: ServerConfig, incarnation: uuid.UUID) -> Path:
+    """With leadership through the database and ``--ack-on wal``: one broker incarnation's WAL and
+    checkpoint, ``DATA_DIR/_pipeline/broker-<node.id>/incarnation-<id>``, on the volume every broker
+    reaches. A new incarnation starts with an empty one; the one before may hold acknowledged records
+    the table lacks, which the controller writes to the table before any partition is taken over
+    (``pipeline.leadership``, ``Server.drain_wal``); its next incarnation deletes it once drained."""
+    return state_dir(c) / f"incarnation-{incarnation}"
 
 
 def cluster_of(c: ServerConfig) -> Cluster | None:
@@ -231,7 +242,15 @@ class Server:
         self.cluster = cluster_of(config)
         self.dynamic = config.cluster_leadership == "database"
         """Leadership through the metadata database (``pipeline.leadership``)."""
-        if self.dynamic:
+        self.incarnation = uuid.uuid4()
+        """This process's incarnation id (its registration's, with leadership through the database)."""
+        self.wal_path: str | None = None
+        """With leadership through the database and ``--ack-on wal``: this incarnation's WAL and checkpoint
+        directory, relative to the data directory (``incarnation_dir``)."""
+        if self.dynamic and config.ack_on == "wal":
+            own = incarnation_dir(config, self.incarnation)
+            self.wal_path = str(own.relative_to(config.data_dir))
+        elif self.dynamic:
             discard_unacknowledged(config)
         self.leadership: LeadershipService | None = None
         self.wal = WriteAheadLog(own / "wal", segment_bytes=config.log_segment_bytes)
@@ -296,6 +315,24 @@ class Server:
         if catalog is not None:
             # Offsets whose WAL segments retention deleted are read from the tables.
             self.logs.table = TableReader(catalog.spark, catalog, warm=True)
+
+    def drain_wal(self, directory: Path) -> list[PartitionAppend]:
+        """A dead broker incarnation's WAL (``directory``: its ``wal/`` and checkpoint, as
+        ``incarnation_dir`` lays them out): write the records after its checkpoint that the table lacks
+        (``pipeline.persist.recovery.replay``; transactions are not served with leadership through the
+        database). Blocking; the sink started. Returns the appends after the checkpoint.
+
+        Raises:
+            pipeline.log.wal.WalCorruptionError: the WAL is damaged before its tail.
+            Whatever Spark raises if the table cannot be read or written.
+        """
+        wal = WriteAheadLog(directory / "wal", segment_bytes=self.config.log_segment_bytes)
+        try:
+            recovered = recover_log(wal, StateStore(directory))
+        finally:
+            wal.close()
+        replay(self.sink, recovered.backlog)
+        return [a for _, appends in recovered.backlog for a in appends]
 
     def _table_end_offsets(self, topics: Collection[str]) -> dict[tuple[str, int], int]:
         """The table's (topic, partition) -> end offset over the rows of ``topics``, as other
@@ -395,7 +432,9 @@ class Server:
             self.leadership = LeadershipService(
                 cluster, store_target(c.metadata_url, c.data_dir, CLUSTER_STORE_FILE), endpoints,
                 session_ms=c.broker_session_timeout_ms, heartbeat_ms=c.broker_heartbeat_interval_ms,
-                logs=self.logs, end_offsets=self._table_end_offsets, topics=lambda: self.catalog.all_topics())
+                logs=self.logs, end_offsets=self._table_end_offsets, topics=lambda: self.catalog.all_topics(),
+                incarnation=self.incarnation, data_dir=Path(c.data_dir), wal_path=self.wal_path,
+                drain_wal=self.drain_wal if self.wal_path is not None else None)
         broker = BrokerInfo(
             node_id=c.node_id,
             host=endpoints[0][1],

@@ -1,4 +1,5 @@
-"""``pipeline.leadership.LeadershipService`` on a real SQLite metadata file: membership's end.
+"""``pipeline.leadership.LeadershipService`` on a real SQLite metadata file: membership's end, and
+with ``--ack-on wal`` a dead broker's WAL drained before its partitions are taken over.
 
 A clean stop ends the broker's lease (``unregister``); the heartbeat the database then refuses is
 the stop's own doing, not a fence: the broker must not end with the fenced status (3) then, which
@@ -64,3 +65,75 @@ def test_a_lease_ended_by_someone_else_fences_the_broker(tmp_path):
 
     trio.run(main)
     assert fenced == ["fenced"]
+
+
+def test_with_ack_on_wal_a_dead_brokers_wal_is_drained_before_its_partition_is_taken_over(tmp_path):
+    """Broker 0 (``--ack-on wal``) leads ``t``-0 and dies (its tasks end, its lease runs out). Broker 1,
+    the controller then, moves the partition to itself but takes it over only once broker 0's WAL is
+    drained (``drain_wal``, held here until released; the real one writes to the table:
+    tests/e2e/test_failover.py): the idempotent batch the WAL held joins the producer states, and
+    broker 0's next incarnation deletes the drained WAL's directory."""
+    import threading
+    from pathlib import Path
+
+    from pipeline.log.batch import PartitionAppend
+
+    db = tmp_path / "cluster.db"
+    drained: list[Path] = []
+    release = threading.Event()
+    table_reads: list[set[str]] = []
+    acked = PartitionAppend("t", 0, 40, b"", 10, 0, producer_id=7, producer_epoch=0, base_sequence=0)
+
+    def drain(directory: Path) -> list[PartitionAppend]:
+        drained.append(directory)
+        assert release.wait(30)
+        return [acked]
+
+    def end_offsets(topics) -> dict[tuple[str, int], int]:
+        table_reads.append(set(topics))
+        return {("t", 0): 50}
+
+    def service(node: int, wal_path: str) -> LeadershipService:
+        return LeadershipService(DynamicCluster(node, "127.0.0.1", 9092 + node), db, ENDPOINT, session_ms=1000,
+                                 heartbeat_ms=50, logs=LogManager(), end_offsets=end_offsets,
+                                 topics=lambda: {"t": 1}, on_fenced=lambda: None, data_dir=tmp_path,
+                                 wal_path=wal_path, drain_wal=drain)
+
+    async def until(predicate, what: str) -> None:
+        with trio.move_on_after(30):
+            while not predicate():
+                await trio.sleep(0.02)
+            return
+        raise AssertionError(f"not in 30 s: {what}")
+
+    dead_wal = tmp_path / "_pipeline" / "broker-0" / "incarnation-a"
+    dead_wal.mkdir(parents=True)
+    first, second = service(0, "_pipeline/broker-0/incarnation-a"), service(1, "_pipeline/broker-1/incarnation-b")
+
+    async def main() -> None:
+        async with trio.open_nursery() as outer:
+            with trio.CancelScope() as broker_0:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(first.run)
+                    await until(lambda: ("t", 0) in first.cluster.loaded, "broker 0 serves t-0")
+                    await outer.start(second.run)
+                    await until(lambda: second.cluster.member, "broker 1 registered")
+                    broker_0.cancel()  # broker 0 dies: no unregister, its lease runs out
+            await until(lambda: drained, "broker 0's WAL drained")
+            assert drained == [dead_wal]
+            await trio.sleep(0.5)  # ten of broker 1's watch passes: the move is read, the take-over waits
+            assert second.cluster.leaders[("t", 0)].leader_id == 1
+            assert ("t", 0) not in second.cluster.loaded and {"t"} not in table_reads[1:]
+            release.set()
+            await until(lambda: ("t", 0) in second.cluster.loaded, "broker 1 serves t-0")
+            assert second.store is not None
+            batches = await trio.to_thread.run_sync(second.store.producers, {("t", 0): 50})
+            assert [(b.producer_id, b.base_offset) for b in batches] == [(7, 40)]
+            # Broker 0's next incarnation deletes the drained directory before it serves anything.
+            again = service(0, "_pipeline/broker-0/incarnation-c")
+            await outer.start(again.run)
+            await until(lambda: again.cluster.member, "broker 0 registered again")
+            assert not dead_wal.exists()
+            outer.cancel_scope.cancel()
+
+    trio.run(main)

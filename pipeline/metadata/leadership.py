@@ -25,6 +25,16 @@ home-made consensus (issue 24):
   and drops the others (a commit that never happened), so a producer's retry of
   a batch the table already holds is answered as a duplicate after a move
   (exactly once across the move, KIP-98's sequence rules).
+- **broker WALs** (``--ack-on wal``): each broker incarnation registers the
+  directory of its write-ahead log (on the shared volume) once it is a member.
+  The WAL of an incarnation that is no longer a live member may hold acknowledged
+  records the table lacks; one live broker claims it (``claim_wal``: one claimant
+  at a time, a dead claimant's claim is taken over), writes what the table
+  lacks, and marks it drained together with the producer batches it wrote
+  (``wal_drained``), as AutoMQ re-attaches a dead node's WAL volume elsewhere.
+  Until no dead WAL is left undrained, no partition is taken over from the
+  table (pipeline.leadership). The node's next incarnation deletes its drained
+  directories.
 
 Every write bumps this store's change version (``Database.record_change``) only
 when leadership changed, which brokers poll (pipeline.leadership).
@@ -38,7 +48,7 @@ from dataclasses import dataclass
 from pipeline.metadata.brokers import BrokerRegistry
 from pipeline.metadata.database import Migration, Target
 
-__all__ = ("COMPONENT", "Leadership", "LeadershipStore", "NotControllerError", "ProducerBatch")
+__all__ = ("COMPONENT", "BrokerWal", "Leadership", "LeadershipStore", "NotControllerError", "ProducerBatch")
 
 COMPONENT = "leadership"
 """The store's name in ``schema_version`` and ``metadata_changes``."""
@@ -71,7 +81,18 @@ CREATE TABLE IF NOT EXISTS producer_states (
     PRIMARY KEY (topic, partition, producer_id, base_offset)
 )"""
 
-MIGRATIONS = (Migration(1, sqlite=_SCHEMA, postgresql=_SCHEMA),)
+_WALS = """
+CREATE TABLE IF NOT EXISTS broker_wals (
+    incarnation_id TEXT PRIMARY KEY,
+    node_id INTEGER NOT NULL,
+    broker_epoch BIGINT NOT NULL,
+    path TEXT NOT NULL,
+    drained INTEGER NOT NULL,
+    claimant_id INTEGER NOT NULL,
+    claimant_epoch BIGINT NOT NULL
+)"""
+
+MIGRATIONS = (Migration(1, sqlite=_SCHEMA, postgresql=_SCHEMA), Migration(2, sqlite=_WALS, postgresql=_WALS))
 
 BATCHES_KEPT = 5
 """Producer batches kept per (partition, producer) (Kafka ProducerStateEntry.NumBatchesToRetain)."""
@@ -104,6 +125,18 @@ class ProducerBatch:
     first_seq: int
     last_seq: int
     base_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerWal:
+    """A broker incarnation's write-ahead log: its directory (``path``, relative to the shared data
+    directory), the registration that wrote it, and whether its acknowledged records are all in the table."""
+
+    incarnation_id: str
+    node_id: int
+    broker_epoch: int
+    path: str
+    drained: bool = False
 
 
 class LeadershipStore:
@@ -264,3 +297,77 @@ class LeadershipStore:
         """A deleted topic's producer states (its re-created partitions start from offset 0)."""
         with self._db.transaction() as cur:
             cur.execute("DELETE FROM producer_states WHERE topic = ?", (topic,))
+
+    # -- broker WALs (--ack-on wal) ------------------------------------------------
+
+    def register_wal(self, node_id: int, broker_epoch: int, incarnation_id: str, path: str) -> None:
+        """The WAL directory ``path`` (relative to the data directory) of ``node_id``'s incarnation at
+        ``broker_epoch``, before it accepts anything.
+
+        Raises:
+            FencedBrokerError: ``node_id`` at ``broker_epoch`` is not a live member.
+        """
+        with self.registry.fenced(node_id, broker_epoch) as cur:
+            cur.execute("INSERT INTO broker_wals VALUES (?, ?, ?, ?, 0, -1, -1) ON CONFLICT (incarnation_id) "
+                        "DO NOTHING", (incarnation_id, node_id, broker_epoch, path))
+
+    def dead_wals(self) -> list[BrokerWal]:
+        """The WALs not drained yet whose writer is not a live member (oldest registration first)."""
+        with self._db.transaction(write=False) as cur:
+            rows = cur.execute(
+                "SELECT incarnation_id, node_id, broker_epoch, path FROM broker_wals w WHERE drained = 0 AND "
+                "NOT EXISTS (SELECT 1 FROM brokers b WHERE b.node_id = w.node_id AND b.epoch = w.broker_epoch "
+                f"AND b.lease_expiry_ms > {self._db.now_ms}) ORDER BY node_id, broker_epoch").fetchall()
+        return [BrokerWal(str(i), int(n), int(e), str(p)) for i, n, e, p in rows]
+
+    def claim_wal(self, incarnation_id: str, node_id: int, broker_epoch: int) -> bool:
+        """Claim a dead WAL for draining by ``node_id`` at ``broker_epoch``: True when it now holds the
+        claim (it did already, or the WAL had none, or its claimant is no longer a live member); False
+        when it is drained, its writer is live, or another live member holds the claim.
+
+        Raises:
+            FencedBrokerError: ``node_id`` at ``broker_epoch`` is not a live member.
+        """
+        now = self._db.now_ms
+        with self.registry.fenced(node_id, broker_epoch) as cur:
+            return cur.execute(
+                "UPDATE broker_wals SET claimant_id = ?, claimant_epoch = ? WHERE incarnation_id = ? "
+                "AND drained = 0 AND NOT EXISTS (SELECT 1 FROM brokers b WHERE b.node_id = broker_wals.node_id "
+                f"AND b.epoch = broker_wals.broker_epoch AND b.lease_expiry_ms > {now}) "
+                "AND ((claimant_id = ? AND claimant_epoch = ?) OR NOT EXISTS (SELECT 1 FROM brokers c WHERE "
+                f"c.node_id = broker_wals.claimant_id AND c.epoch = broker_wals.claimant_epoch "
+                f"AND c.lease_expiry_ms > {now}))",
+                (node_id, broker_epoch, incarnation_id, node_id, broker_epoch)).rowcount > 0
+
+    def wal_drained(self, incarnation_id: str, node_id: int, broker_epoch: int,
+                    batches: Sequence[ProducerBatch]) -> bool:
+        """As the WAL's claimant: everything it held is in the table, and ``batches`` (the idempotent
+        batches written from it) join the producer states. One transaction; False (nothing written)
+        when ``node_id`` at ``broker_epoch`` does not hold the claim any more.
+
+        Raises:
+            FencedBrokerError: ``node_id`` at ``broker_epoch`` is not a live member.
+        """
+        with self.registry.fenced(node_id, broker_epoch) as cur:
+            if cur.execute("UPDATE broker_wals SET drained = 1 WHERE incarnation_id = ? AND drained = 0 AND "
+                           "claimant_id = ? AND claimant_epoch = ?",
+                           (incarnation_id, node_id, broker_epoch)).rowcount == 0:
+                return False
+            cur.executemany("INSERT INTO producer_states VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
+                            "(topic, partition, producer_id, base_offset) DO NOTHING",
+                            [(b.topic, b.partition, b.producer_id, b.producer_epoch, b.first_seq, b.last_seq,
+                              b.base_offset) for b in batches])
+            self._db.record_change(cur, COMPONENT)
+        return True
+
+    def drained_wals(self, node_id: int) -> list[BrokerWal]:
+        """``node_id``'s drained WALs: directories its next incarnation may delete (then ``forget_wal``)."""
+        with self._db.transaction(write=False) as cur:
+            rows = cur.execute("SELECT incarnation_id, node_id, broker_epoch, path FROM broker_wals "
+                               "WHERE node_id = ? AND drained = 1", (node_id,)).fetchall()
+        return [BrokerWal(str(i), int(n), int(e), str(p), True) for i, n, e, p in rows]
+
+    def forget_wal(self, incarnation_id: str) -> None:
+        """A drained WAL's row, once its directory is deleted."""
+        with self._db.transaction() as cur:
+            cur.execute("DELETE FROM broker_wals WHERE incarnation_id = ? AND drained = 1", (incarnation_id,))

@@ -33,18 +33,22 @@ from pathlib import Path
 import pyarrow as pa
 
 
-def read_table(data_dir: Path, query: str, timeout_s: float = 300.0, metastore_uris: str | None = None) -> list[dict]:
-    """Rows of ``query`` over the tables of ``data_dir`` (through ``metastore_uris`` if given).
+def read_table(data_dir: Path, query: str, timeout_s: float = 300.0, metastore_uris: str | None = None,
+               remote: str | None = None) -> list[dict]:
+    """Rows of ``query`` over the tables of ``data_dir`` (through ``metastore_uris`` if given, or
+    through the Spark Connect server ``remote`` on its catalog).
 
     Raises AssertionError with the reader's log (or the Spark error) on failure, or when
     the read takes longer than ``timeout_s``."""
-    return read_tables(data_dir, [query], timeout_s, metastore_uris)[0]
+    return read_tables(data_dir, [query], timeout_s, metastore_uris, remote)[0]
 
 
 def read_tables(data_dir: Path, queries: list[str], timeout_s: float = 300.0,
-                metastore_uris: str | None = None) -> list[list[dict]]:
-    """Rows of each of ``queries``, in one session (one JVM start for all when no server runs)."""
-    remote = None if metastore_uris else running_server_connect_url(data_dir)
+                metastore_uris: str | None = None, remote: str | None = None) -> list[list[dict]]:
+    """Rows of each of ``queries``, in one session (one JVM start for all when no server runs and no
+    ``remote`` Connect server is given)."""
+    if remote is None and not metastore_uris:
+        remote = running_server_connect_url(data_dir)
     if remote is not None:
         return _read_through_connect(data_dir, remote, queries, timeout_s)
     return _read_in_a_subprocess(data_dir, queries, timeout_s, metastore_uris)

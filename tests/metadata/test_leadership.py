@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.cluster import OFFSETS_PARTITIONS, OFFSETS_TOPIC, DynamicCluster, offsets_partition, preferred_leader, reassign
 from pipeline.metadata.brokers import FencedBrokerError
-from pipeline.metadata.leadership import Leadership, LeadershipStore, NotControllerError, ProducerBatch
+from pipeline.metadata.leadership import BrokerWal, Leadership, LeadershipStore, NotControllerError, ProducerBatch
 
 ENDPOINT = (("PLAINTEXT", "127.0.0.1", 9092),)
 
@@ -94,6 +94,48 @@ def test_producer_states_below_the_tables_end_are_kept_the_rest_dropped(metadata
     finally:
         writer.close()
         reader.close()
+
+
+def test_a_dead_brokers_wal_is_drained_by_one_live_claimant_and_a_dead_claimants_claim_moves(metadata_target):
+    a, b, c = (LeadershipStore(metadata_target("cluster.db")) for _ in range(3))
+    try:
+        epoch_a, epoch_b, epoch_c = _register(a, 0, lease_ms=1500), _register(b, 1, lease_ms=3000), _register(c, 2)
+        a.register_wal(0, epoch_a, "inc-a", "_pipeline/broker-0/incarnation-a")
+        b.register_wal(1, epoch_b, "inc-b", "_pipeline/broker-1/incarnation-b")
+        assert c.dead_wals() == []  # their writers are live
+        assert not c.claim_wal("inc-a", 2, epoch_c)
+
+        time.sleep(1.6)  # broker 0's lease runs out: its WAL may hold what the table lacks
+        wal_a = BrokerWal("inc-a", 0, epoch_a, "_pipeline/broker-0/incarnation-a")
+        assert c.dead_wals() == [wal_a]
+        with pytest.raises(FencedBrokerError):
+            a.claim_wal("inc-a", 0, epoch_a)
+        assert b.claim_wal("inc-a", 1, epoch_b)
+        assert b.claim_wal("inc-a", 1, epoch_b)  # held already
+        assert not c.claim_wal("inc-a", 2, epoch_c)  # a live member holds it
+
+        time.sleep(1.6)  # broker 1 dies while draining: its claim is taken over
+        assert c.dead_wals() == [wal_a, BrokerWal("inc-b", 1, epoch_b, "_pipeline/broker-1/incarnation-b")]
+        with pytest.raises(FencedBrokerError):
+            b.wal_drained("inc-a", 1, epoch_b, [])
+        assert c.claim_wal("inc-a", 2, epoch_c)
+        version = c.change_version()
+        batch = ProducerBatch("t", 0, 7, 0, 0, 9, 40)
+        assert c.wal_drained("inc-a", 2, epoch_c, [batch])
+        assert c.change_version() != version  # brokers waiting to take over read again
+        assert not c.wal_drained("inc-a", 2, epoch_c, [])  # drained once
+        assert [w.incarnation_id for w in c.dead_wals()] == ["inc-b"]
+        assert c.producers({("t", 0): 50}) == [batch]  # the drained WAL's idempotent batch, below the end
+
+        # Broker 0's next incarnation deletes its drained WAL's directory, then forgets it.
+        assert c.drained_wals(0) == [BrokerWal("inc-a", 0, epoch_a, "_pipeline/broker-0/incarnation-a", True)]
+        assert c.drained_wals(1) == []
+        c.forget_wal("inc-a")
+        c.forget_wal("inc-b")  # not drained: kept
+        assert c.drained_wals(0) == [] and [w.incarnation_id for w in c.dead_wals()] == ["inc-b"]
+    finally:
+        for store in (a, b, c):
+            store.close()
 
 
 def test_reassign_spreads_over_live_members_moves_a_dead_ones_and_gives_them_back():
