@@ -89,6 +89,8 @@ CONTROLLER_INTERVAL_S = 0.5
 """How often a member claims or renews the controller row and, as controller, reassigns."""
 TRIM_INTERVAL_S = 30.0
 """How often the controller trims the producer states kept in the database."""
+LEASE_CHECK_INTERVAL_S = 0.1
+"""How often a member checks that its lease may still be current (``_lease_watchdog``)."""
 FENCED_STATUS = 3
 """``pipeline serve``'s exit status when its membership was fenced (its supervisor restarts it)."""
 
@@ -146,6 +148,8 @@ class LeadershipService:
         self.controller_epoch: int | None = None
         """The controller epoch this broker holds (None: it is not the controller)."""
         self._live: set[int] = set()
+        self._lease_from: float | None = None
+        """Local time (trio clock, s) the last successful registration or heartbeat was sent."""
         self._undrained: list[BrokerWal] = []
         """Dead brokers' WALs not drained yet (``--ack-on wal``): no partition is taken over meanwhile."""
         self._handing_off: set[tuple[str, int, int]] = set()
@@ -176,6 +180,7 @@ class LeadershipService:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._membership)
+                nursery.start_soon(self._lease_watchdog)
                 nursery.start_soon(self._controller)
                 nursery.start_soon(self._watch, nursery)
                 task_status.started()
@@ -198,8 +203,10 @@ class LeadershipService:
         node = self.cluster.node_id
         while True:
             try:
+                sent = trio.current_time()
                 self.epoch = await trio.to_thread.run_sync(store.registry.register, node, self.incarnation,
                                                            self.endpoints, self.session_ms)
+                self._lease_from = sent
                 break
             except DuplicateBrokerError:  # our previous incarnation's lease has not run out yet
                 log.info("broker %d: waiting for the previous registration's lease to run out", node)
@@ -222,21 +229,32 @@ class LeadershipService:
         self.cluster.member = True
         log.info("broker %d registered at epoch %d (session %d ms)", node, self.epoch, self.session_ms)
         self._changed.set()
-        renewed = trio.current_time()
         while True:
             await trio.sleep(self.heartbeat_ms / 1000.0)
             try:
+                sent = trio.current_time()
                 await trio.to_thread.run_sync(store.registry.heartbeat, node, self.epoch, self.session_ms)
-                renewed = trio.current_time()
+                self._lease_from = max(self._lease_from or sent, sent)
             except FencedBrokerError:
                 if not self._leaving:
                     self._fenced("its lease ran out")
                 return
-            except Exception as exc:
+            except Exception as exc:  # the watchdog fences the broker if this lasts a session
                 log.warning("broker %d: heartbeat failed: %s", node, exc)
-                if not self._leaving and trio.current_time() - renewed > self.session_ms / 1000.0:
-                    self._fenced("no heartbeat reached the database for a session")
-                    return
+
+    async def _lease_watchdog(self) -> None:
+        """Stop serving before another broker may take this one's partitions over: a lease renewed by
+        a request sent at local time t lasts until at least t + ``session_ms`` (the database read its
+        clock later), so once that passed with no renewal since, the controller may move them, and
+        (``--ack-on wal``) drain this broker's WAL; nothing accepted after that may be acknowledged.
+        A heartbeat that hangs (the database unreachable) is covered too."""
+        while True:
+            await trio.sleep(LEASE_CHECK_INTERVAL_S)
+            lease_from = self._lease_from
+            if lease_from is not None and not self._leaving and self.cluster.member \
+                    and trio.current_time() - lease_from >= self.session_ms / 1000.0:
+                self._fenced("no heartbeat reached the database for a session")
+                return
 
     def _delete_drained_wals(self, store: LeadershipStore) -> None:
         """This node's earlier incarnations' WAL directories whose records are all in the table (blocking)."""
