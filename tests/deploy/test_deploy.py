@@ -1106,3 +1106,115 @@ def test_compose_services_as_local_processes(tmp_path):
         for process in reversed(spark):
             process.stop()
     unchecked.report()
+
+
+@pytest.mark.slow
+def test_compose_cluster_brokers_as_local_processes(tmp_path, postgres_server, connect_server):
+    """compose.cluster.yaml's three broker commands run here as one cluster: each waited for with its
+    healthcheck, Metadata names the three by their advertised addresses, a topic's partitions are led by
+    the three, records produced by an idempotent confluent-kafka producer are read back in offset order,
+    and SIGTERM ends every broker with 0 within its stop_grace_period.
+
+    A start of three brokers of their own: the cluster example is a configuration no shared server
+    has (three ``--node-id`` brokers with leadership through PostgreSQL). What the example's other
+    services run is stood in for by the session's servers, which the static test compares with
+    them: PostgreSQL is ``postgres_server`` (a fresh database; the official image's password goes
+    through PGPASSWORD, which its trust authentication ignores), the Connect server is
+    ``connect_server`` (its own catalog: the brokers get a catalog database of their own)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.conftest import unique_database
+
+    services = compose(file="compose.cluster.yaml")["services"]
+    brokers = broker_services(services)
+    data = tmp_path / "data"
+    metadata_url = serve_config(compose_argv(brokers["broker-0"])).metadata_url
+    spark_remote = serve_config(compose_argv(brokers["broker-0"])).spark_remote
+    database = postgres_server.create_database("deploy_cluster")
+    table_database = unique_database()
+
+    running: dict[str, Running] = {}
+    ports: dict[str, int] = {}
+    checks: dict[str, list[str]] = {}
+    try:
+        for name, service in brokers.items():
+            ports[name] = free_port()
+            local = Localizer({
+                "0.0.0.0": "127.0.0.1",
+                name: "127.0.0.1",
+                "9092": str(ports[name]),
+                "9464": str(free_port()),
+                str(DATA_DIR): str(data),
+                metadata_url: database,
+                spark_remote: connect_server.url,
+            })
+            argv = local(local_executable(compose_argv(service))) + ["--table-database", table_database]
+            checks[name] = local(local_executable(service["healthcheck"]["test"][1:]))
+            local.assert_all_used()
+            running[name] = Running(argv, tmp_path / f"{name}.log", env=service["environment"])
+        for name, broker in running.items():
+            start = seconds(brokers[name]["healthcheck"]["start_period"])
+            assert broker.wait_listening(start) == ("127.0.0.1", ports[name])
+            wait_check(checks[name], 30, broker)
+
+        # one cluster: every broker's Metadata names the three (membership in PostgreSQL, within a heartbeat or two)
+        advertised = {("127.0.0.1", port) for port in ports.values()}
+        deadline = time.monotonic() + 60
+        for port in ports.values():
+            while set(metadata_brokers("127.0.0.1", port)) != advertised:
+                assert time.monotonic() < deadline, metadata_brokers("127.0.0.1", port)
+                time.sleep(0.5)
+
+        bootstrap = ",".join(f"127.0.0.1:{port}" for port in ports.values())
+        topic, partitions, per_partition = "deploy-cluster", len(brokers), 10
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(60)
+        deadline = time.monotonic() + 60
+        while True:  # the controller assigns the new topic's leaders over the live brokers
+            leaders = {p: m.leader for p, m in admin.list_topics(topic, timeout=10).topics[topic].partitions.items()}
+            if len(leaders) == partitions and min(leaders.values()) >= 0:
+                break
+            assert time.monotonic() < deadline, leaders
+            time.sleep(0.5)
+        assert set(leaders.values()) == set(range(len(brokers)))  # spread over the three
+
+        failures: list = []
+
+        def delivered(err, _message) -> None:
+            if err is not None:
+                failures.append(err)
+
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                             "linger.ms": 20})
+        sent = {p: [f"p{p}-v{i}".encode() for i in range(per_partition)] for p in range(partitions)}
+        for i in range(per_partition):
+            for p in range(partitions):
+                producer.produce(topic, sent[p][i], partition=p, on_delivery=delivered)
+        assert producer.flush(120) == 0 and not failures, failures
+
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "deploy-cluster-reader",
+                             "enable.auto.commit": False})
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        read: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
+        deadline = time.monotonic() + 120
+        try:
+            while sum(map(len, read.values())) < partitions * per_partition:
+                assert time.monotonic() < deadline, {p: len(r) for p, r in read.items()}
+                message = consumer.poll(1.0)
+                if message is not None and message.error() is None:
+                    read[message.partition()].append((message.offset(), message.value()))
+        finally:
+            consumer.close()
+        for p in range(partitions):
+            assert read[p] == list(enumerate(sent[p])), p
+        assert list((data / "tables").rglob("*.parquet"))  # the shared table, in the shared data directory
+
+        for broker in running.values():
+            broker.proc.send_signal(signal.SIGTERM)
+        for name, broker in running.items():
+            code = broker.proc.wait(seconds(brokers[name]["stop_grace_period"]))
+            assert code == 0, broker.log_tail()
+    finally:
+        for broker in running.values():
+            broker.kill()
