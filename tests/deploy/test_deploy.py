@@ -16,6 +16,10 @@ checked is checked on the files as they are:
   /etc/pipeline by temporary directories, /opt/spark by pyspark's Spark), and
   run the health checks and probes against them, then stop them as the
   platform would (SIGTERM; under tini where the image uses it).
+* the cluster examples (compose.cluster.yaml, k8s/cluster: three brokers with
+  leadership through PostgreSQL) are checked the same way, and compose's three
+  broker commands run as one cluster against the session's PostgreSQL and
+  Spark Connect servers standing in for its ``postgres`` and ``spark-connect``.
 """
 
 from __future__ import annotations
