@@ -1133,8 +1133,8 @@ def test_compose_cluster_brokers_as_local_processes(tmp_path, postgres_server, c
     services = compose(file="compose.cluster.yaml")["services"]
     brokers = broker_services(services)
     data = tmp_path / "data"
-    metadata_url = serve_config(compose_argv(brokers["broker-0"])).metadata_url
-    spark_remote = serve_config(compose_argv(brokers["broker-0"])).spark_remote
+    example = serve_config(compose_argv(brokers["broker-0"]))  # the same on every broker (the static test)
+    metadata_url, spark_remote = example.metadata_url, example.spark_remote
     database = postgres_server.create_database("deploy_cluster")
     table_database = unique_database()
 
