@@ -16,6 +16,10 @@ checked is checked on the files as they are:
   /etc/pipeline by temporary directories, /opt/spark by pyspark's Spark), and
   run the health checks and probes against them, then stop them as the
   platform would (SIGTERM; under tini where the image uses it).
+* the cluster examples (compose.cluster.yaml, k8s/cluster: three brokers with
+  leadership through PostgreSQL) are checked the same way, and compose's three
+  broker commands run as one cluster against the session's PostgreSQL and
+  Spark Connect servers standing in for its ``postgres`` and ``spark-connect``.
 """
 
 from __future__ import annotations
@@ -124,9 +128,10 @@ def interpolate(value, env: dict[str, str]):
     return value
 
 
-def compose(env: dict[str, str] | None = None) -> dict:
-    """deploy/compose.yaml as compose reads it (YAML merge keys resolved; variables from ``env``, else defaults)."""
-    return interpolate(yaml.safe_load((DEPLOY / "compose.yaml").read_text()), env or {})
+def compose(env: dict[str, str] | None = None, file: str = "compose.yaml") -> dict:
+    """deploy/``file`` (compose.yaml, compose.cluster.yaml) as compose reads it (YAML merge keys
+    resolved; variables from ``env``, else defaults)."""
+    return interpolate(yaml.safe_load((DEPLOY / file).read_text()), env or {})
 
 
 def compose_argv(service: dict) -> list[str]:
@@ -137,14 +142,15 @@ def compose_argv(service: dict) -> list[str]:
     return [*entrypoint, *command]
 
 
-def k8s_documents() -> dict[tuple[str, str], dict]:
-    """Every resource in deploy/k8s, by (kind, name); checks kustomization.yaml lists every file."""
-    kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
-    files = sorted(p.name for p in (DEPLOY / "k8s").glob("*.yaml") if p.name != "kustomization.yaml")
+def k8s_documents(directory: Path = DEPLOY / "k8s") -> dict[tuple[str, str], dict]:
+    """Every resource of a kustomization directory (deploy/k8s, deploy/k8s/cluster), by (kind, name);
+    checks its kustomization.yaml lists every file of the directory (not of its subdirectories)."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    files = sorted(p.name for p in directory.glob("*.yaml") if p.name != "kustomization.yaml")
     assert sorted(kustomization["resources"]) == files
     docs = {}
     for name in files:
-        for doc in yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()):
+        for doc in yaml.safe_load_all((directory / name).read_text()):
             docs[(doc["kind"], doc["metadata"]["name"])] = doc
     return docs
 
@@ -152,12 +158,19 @@ def k8s_documents() -> dict[tuple[str, str], dict]:
 def k8s_argv(container: dict, values: dict[str, str]) -> list[str]:
     """A container's argv as the kubelet runs it: ``command`` (else the image's ENTRYPOINT) +
     ``args`` (else the image's CMD), with ``$(VAR)`` expanded from its env, whose
-    fieldRefs take ``values`` (fieldPath -> value). Every referenced variable must exist
+    fieldRefs take ``values`` (fieldPath -> value); a secretKeyRef's value is ``<secret NAME.KEY>``
+    (no secret reaches a command line here). Every referenced variable must exist
     (Kubernetes leaves an unknown ``$(VAR)`` as it is)."""
     image = containerfile()
     env = {}
     for var in container.get("env", []):
-        env[var["name"]] = var["value"] if "value" in var else values[var["valueFrom"]["fieldRef"]["fieldPath"]]
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        elif "secretKeyRef" in var["valueFrom"]:
+            ref = var["valueFrom"]["secretKeyRef"]
+            env[var["name"]] = f"<secret {ref['name']}.{ref['key']}>"
+        else:
+            env[var["name"]] = values[var["valueFrom"]["fieldRef"]["fieldPath"]]
     command = container.get("command", image.exec_form("ENTRYPOINT"))
     args = container.get("args", image.exec_form("CMD") if "command" not in container else [])
 
@@ -476,6 +489,221 @@ def test_the_same_probe_command_everywhere():
     liveness = main["livenessProbe"]["exec"]["command"]
     assert healthcheck == liveness
     assert front == liveness[:2] + [liveness[2].replace("/healthz", "/readyz")]
+
+
+# ------------------------------------------- the cluster examples (issue 24)
+
+
+def broker_services(services: dict) -> dict[str, dict]:
+    """compose.cluster.yaml's broker services, by name (broker-0, broker-1, ...)."""
+    return {name: service for name, service in services.items() if name.startswith("broker-")}
+
+
+def named_ports(pod: dict) -> dict[str, int]:
+    """A pod spec's container ports by name."""
+    return {p["name"]: p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
+
+
+def one(values) -> object:
+    """The one value every element of ``values`` has (the brokers of one cluster share it)."""
+    values = list(values)
+    assert values and all(v == values[0] for v in values[1:]), values
+    return values[0]
+
+
+def assert_pg_isready(cmd: list[str], port: int, user: str, database: str) -> None:
+    """A PostgreSQL health check: ``pg_isready`` over TCP on the container's loopback, as that user and database."""
+    assert cmd[0] == "pg_isready", cmd
+    assert (flag(cmd, "--host"), int(flag(cmd, "--port")), flag(cmd, "--username"), flag(cmd, "--dbname")) == (
+        "127.0.0.1", port, user, database)
+
+
+def test_compose_cluster_brokers_run_todays_cli_as_one_cluster():
+    """compose.cluster.yaml: PostgreSQL (the official image), one Connect server and three brokers whose
+    commands ``pipeline serve`` accepts: distinct node ids, each listening on every interface and
+    advertising its own service name, one metadata URL naming the postgres service (password through
+    PGPASSWORD, the same as the server's), one data volume, one Connect URL, ``--ack-on spark`` with
+    leadership through the database."""
+    services = compose(file="compose.cluster.yaml")["services"]
+    brokers = broker_services(services)
+    assert set(services) == {"postgres", "spark-connect", *brokers} and len(brokers) == 3
+    for name, service in services.items():
+        assert service["healthcheck"]["test"][0] == "CMD", name
+        if name != "postgres":
+            assert service["build"] == compose()["services"]["pipeline"]["build"], name
+
+    configs = {name: serve_config(compose_argv(s), s["environment"]) for name, s in brokers.items()}
+    assert sorted(c.node_id for c in configs.values()) == list(range(len(brokers)))
+    for name, config in configs.items():
+        service = brokers[name]
+        assert name == f"broker-{config.node_id}"
+        assert config.listen_host == "0.0.0.0"
+        assert (config.advertised_host, config.advertised_port) == (name, config.listen_port)
+        assert "ports" not in service  # clients reach the brokers by the service names, on the compose network
+        assert probe_url(service["healthcheck"]["test"][1:]) == f"http://127.0.0.1:{config.metrics_port}/readyz"
+        assert seconds(service["stop_grace_period"]) >= SHUTDOWN_BUDGET_S
+        assert service["restart"] == "on-failure"  # a fenced broker ends (status 3); a new incarnation rejoins
+        assert {k: v["condition"] for k, v in service["depends_on"].items()} == {
+            "postgres": "service_healthy", "spark-connect": "service_healthy"}
+    assert one(c.ack_on for c in configs.values()) == "spark"  # what leadership through the database needs
+    assert one(c.cluster_leadership for c in configs.values()) == "database"
+    assert one(c.cluster_brokers for c in configs.values()) is None  # membership is in the database
+    data_dir = one(c.data_dir for c in configs.values())
+    assert data_dir == DATA_DIR
+
+    # the metadata URL names the postgres service, its user and database; the password comes from
+    # the same variable on both sides, and the URL holds none
+    from urllib.parse import urlsplit
+
+    postgres = services["postgres"]
+    assert postgres["image"].startswith("postgres:")  # the official image
+    url = urlsplit(one(c.metadata_url for c in configs.values()))
+    pg_env = postgres["environment"]
+    assert (url.scheme, url.hostname, url.port, url.username, url.password, url.path) == (
+        "postgresql", "postgres", 5432, pg_env["POSTGRES_USER"], None, f"/{pg_env['POSTGRES_DB']}")
+    assert_pg_isready(postgres["healthcheck"]["test"][1:], url.port, pg_env["POSTGRES_USER"], pg_env["POSTGRES_DB"])
+    assert "postgres-data:/var/lib/postgresql/data" in postgres["volumes"]
+    for secret in (None, "s3cret"):
+        env = {} if secret is None else {"POSTGRES_PASSWORD": secret}
+        chosen = compose(env, file="compose.cluster.yaml")["services"]
+        password = chosen["postgres"]["environment"]["POSTGRES_PASSWORD"]
+        assert password == (secret or "pipeline")
+        assert {s["environment"]["PGPASSWORD"] for s in broker_services(chosen).values()} == {password}
+
+    # one Connect server, the one compose.yaml runs, on Spark local[*], with the data directory's catalog
+    connect = compose_argv(services["spark-connect"])
+    assert connect[:3] == compose_argv(compose()["services"]["spark-connect"])[:3]
+    assert flag(connect, "--class") == flag(compose_argv(compose()["services"]["spark-connect"]), "--class")
+    assert flag(connect, "--master") == "local[*]"
+    confs = spark_submit_confs(connect)
+    connect_port = int(confs["spark.connect.grpc.binding.port"])
+    assert confs["spark.connect.grpc.binding.address"] == "0.0.0.0"
+    assert one(c.spark_remote for c in configs.values()) == f"sc://spark-connect:{connect_port}"
+    assert tcp_probe(services["spark-connect"]["healthcheck"]["test"][1:]) == ("spark-connect", connect_port)
+    from pipeline.table.catalog import catalog_conf
+
+    for key, value in catalog_conf(data_dir).items():
+        assert confs.get(key) == value, key
+
+    # one data volume, at the brokers' --data-dir, wherever the table or a broker's state is touched
+    for name in ("spark-connect", *brokers):
+        assert f"pipeline-data:{data_dir}" in services[name]["volumes"], name
+    assert set(compose(file="compose.cluster.yaml")["volumes"]) == {"pipeline-data", "postgres-data"}
+
+
+def test_k8s_cluster_manifests_fit_together_and_run_todays_cli():
+    """deploy/k8s/cluster: the brokers' StatefulSet runs ``pipeline serve`` with the pod's ordinal as node
+    id and its headless name as advertised listener; every Service selects one workload and targets its
+    named ports; the metadata URL and the Connect URL name those Services; PostgreSQL's password is one
+    Secret key on both sides; the brokers and the Connect server mount one ReadWriteMany claim at the
+    data directory; the probes are the single broker's."""
+    docs = k8s_documents(DEPLOY / "k8s" / "cluster")
+    workloads = {name: doc for (kind, name), doc in docs.items() if kind in ("StatefulSet", "Deployment")}
+    assert set(workloads) == {"pipeline-broker", "pipeline-postgres", "pipeline-spark-connect"}
+    for name, workload in workloads.items():
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert workload["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
+    for (kind, name), service in docs.items():
+        if kind != "Service":
+            continue
+        selected = [w for w in workloads.values()
+                    if service["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()]
+        assert len(selected) == 1, name
+        ports = named_ports(selected[0]["spec"]["template"]["spec"])
+        for port in service["spec"]["ports"]:
+            assert ports.get(port["targetPort"]) == port["port"], (name, port)
+
+    brokers = workloads["pipeline-broker"]
+    spec = brokers["spec"]
+    pod = spec["template"]["spec"]
+    main = next(c for c in pod["containers"] if c["name"] == "pipeline")
+    ports = named_ports(pod)
+    headless = docs[("Service", spec["serviceName"])]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert spec["replicas"] == 3
+    configs = []
+    for ordinal in range(spec["replicas"]):
+        fields = {"metadata.name": f"pipeline-broker-{ordinal}", "metadata.namespace": "default",
+                  "metadata.labels['apps.kubernetes.io/pod-index']": str(ordinal)}
+        argv = k8s_argv(main, fields)
+        assert argv[:3] == ["/usr/bin/tini", "--", "pipeline"]
+        config = serve_config(argv)
+        assert config.node_id == ordinal
+        assert (config.listen_host, config.listen_port) == ("0.0.0.0", ports["kafka"])
+        assert (config.advertised_host, config.advertised_port) == (
+            f"pipeline-broker-{ordinal}.{headless['metadata']['name']}.default.svc", ports["kafka"])
+        configs.append(config)
+    assert one(c.ack_on for c in configs) == "spark"
+    assert one(c.cluster_leadership for c in configs) == "database"
+    data_dir = one(c.data_dir for c in configs)
+    assert data_dir == DATA_DIR
+
+    # PostgreSQL: the URL names its Service, user and database; one Secret key is its password and the brokers' PGPASSWORD
+    from urllib.parse import urlsplit
+
+    postgres_pod = workloads["pipeline-postgres"]["spec"]["template"]["spec"]
+    postgres = postgres_pod["containers"][0]
+    assert postgres["image"].startswith("postgres:")
+    pg_env = {e["name"]: e for e in postgres["env"]}
+    url = urlsplit(one(c.metadata_url for c in configs))
+    service = docs[("Service", url.hostname)]
+    assert url.port == service["spec"]["ports"][0]["port"] == named_ports(postgres_pod)["postgres"]
+    assert (url.scheme, url.username, url.password, url.path) == (
+        "postgresql", pg_env["POSTGRES_USER"]["value"], None, f"/{pg_env['POSTGRES_DB']['value']}")
+    broker_env = {e["name"]: e for e in main["env"]}
+    secret_ref = broker_env["PGPASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert pg_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == secret_ref
+    assert secret_ref["key"] in docs[("Secret", secret_ref["name"])]["stringData"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert_pg_isready(postgres[probe]["exec"]["command"], url.port, pg_env["POSTGRES_USER"]["value"],
+                          pg_env["POSTGRES_DB"]["value"])
+    pg_mount = next(m["mountPath"] for m in postgres["volumeMounts"])
+    assert Path(pg_env["PGDATA"]["value"]).parent == Path(pg_mount)  # a subdirectory: lost+found
+    assert workloads["pipeline-postgres"]["spec"]["volumeClaimTemplates"][0]["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+    # the Connect server: compose.yaml's class, local[*], bound where its Service and the brokers' URL point
+    connect_pod = workloads["pipeline-spark-connect"]["spec"]["template"]["spec"]
+    connect_container = connect_pod["containers"][0]
+    connect = k8s_argv(connect_container, {})
+    assert connect[:3] == compose_argv(compose()["services"]["spark-connect"])[:3]
+    assert flag(connect, "--class") == flag(compose_argv(compose()["services"]["spark-connect"]), "--class")
+    assert flag(connect, "--master") == "local[*]"
+    confs = spark_submit_confs(connect)
+    assert confs["spark.connect.grpc.binding.address"] == "0.0.0.0"
+    assert int(confs["spark.connect.grpc.binding.port"]) == named_ports(connect_pod)["connect"]
+    remote = urlsplit(one(c.spark_remote for c in configs))
+    assert remote.scheme == "sc" and remote.port == docs[("Service", remote.hostname)]["spec"]["ports"][0]["port"]
+    assert docs[("Service", remote.hostname)]["spec"]["selector"].items() <= \
+        workloads["pipeline-spark-connect"]["spec"]["template"]["metadata"]["labels"].items()
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert connect_container[probe]["tcpSocket"]["port"] == "connect"
+    from pipeline.table.catalog import catalog_conf
+
+    for key, value in catalog_conf(data_dir).items():
+        assert confs.get(key) == value, key
+    assert workloads["pipeline-spark-connect"]["spec"]["strategy"]["type"] == "Recreate"  # one Derby holder
+
+    # one ReadWriteMany claim, at the data directory, in the brokers and the Connect server
+    claim = one(next(v["persistentVolumeClaim"]["claimName"] for v in p["volumes"] if v["name"] == "data")
+                for p in (pod, connect_pod))
+    assert docs[("PersistentVolumeClaim", claim)]["spec"]["accessModes"] == ["ReadWriteMany"]
+    for container in (main, connect_container):
+        assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]}["data"] == str(data_dir)
+
+    # probes, shutdown and user as the single broker's StatefulSet
+    single = k8s_documents()[("StatefulSet", "pipeline")]["spec"]["template"]["spec"]
+    single_main = next(c for c in single["containers"] if c["name"] == "pipeline")
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert main[probe] == single_main[probe], probe
+    assert probe_url(main["readinessProbe"]["exec"]["command"]) == f"http://127.0.0.1:{configs[0].metrics_port}/readyz"
+    assert pod["terminationGracePeriodSeconds"] >= SHUTDOWN_BUDGET_S
+    user = containerfile().last("USER").split(":")[0]
+    assert str(pod["securityContext"]["runAsUser"]) == str(connect_pod["securityContext"]["runAsUser"]) == user
+
+    # the image kustomize sets is the one every pipeline container names
+    kustomization = yaml.safe_load((DEPLOY / "k8s" / "cluster" / "kustomization.yaml").read_text())
+    names = {i["name"] for i in kustomization["images"]}
+    assert {c["image"].split(":")[0] for c in (main, connect_container)} <= names
 
 
 # ------------------------------------------------- running the command lines
@@ -882,3 +1110,115 @@ def test_compose_services_as_local_processes(tmp_path):
         for process in reversed(spark):
             process.stop()
     unchecked.report()
+
+
+@pytest.mark.slow
+def test_compose_cluster_brokers_as_local_processes(tmp_path, postgres_server, connect_server):
+    """compose.cluster.yaml's three broker commands run here as one cluster: each waited for with its
+    healthcheck, Metadata names the three by their advertised addresses, a topic's partitions are led by
+    the three, records produced by an idempotent confluent-kafka producer are read back in offset order,
+    and SIGTERM ends every broker with 0 within its stop_grace_period.
+
+    A start of three brokers of their own: the cluster example is a configuration no shared server
+    has (three ``--node-id`` brokers with leadership through PostgreSQL). What the example's other
+    services run is stood in for by the session's servers, which the static test compares with
+    them: PostgreSQL is ``postgres_server`` (a fresh database; the official image's password goes
+    through PGPASSWORD, which its trust authentication ignores), the Connect server is
+    ``connect_server`` (its own catalog: the brokers get a catalog database of their own)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.conftest import unique_database
+
+    services = compose(file="compose.cluster.yaml")["services"]
+    brokers = broker_services(services)
+    data = tmp_path / "data"
+    example = serve_config(compose_argv(brokers["broker-0"]))  # the same on every broker (the static test)
+    metadata_url, spark_remote = example.metadata_url, example.spark_remote
+    database = postgres_server.create_database("deploy_cluster")
+    table_database = unique_database()
+
+    running: dict[str, Running] = {}
+    ports: dict[str, int] = {}
+    checks: dict[str, list[str]] = {}
+    try:
+        for name, service in brokers.items():
+            ports[name] = free_port()
+            local = Localizer({
+                "0.0.0.0": "127.0.0.1",
+                name: "127.0.0.1",
+                "9092": str(ports[name]),
+                "9464": str(free_port()),
+                str(DATA_DIR): str(data),
+                metadata_url: database,
+                spark_remote: connect_server.url,
+            })
+            argv = local(local_executable(compose_argv(service))) + ["--table-database", table_database]
+            checks[name] = local(local_executable(service["healthcheck"]["test"][1:]))
+            local.assert_all_used()
+            running[name] = Running(argv, tmp_path / f"{name}.log", env=service["environment"])
+        for name, broker in running.items():
+            start = seconds(brokers[name]["healthcheck"]["start_period"])
+            assert broker.wait_listening(start) == ("127.0.0.1", ports[name])
+            wait_check(checks[name], 30, broker)
+
+        # one cluster: every broker's Metadata names the three (membership in PostgreSQL, within a heartbeat or two)
+        advertised = {("127.0.0.1", port) for port in ports.values()}
+        deadline = time.monotonic() + 60
+        for port in ports.values():
+            while set(metadata_brokers("127.0.0.1", port)) != advertised:
+                assert time.monotonic() < deadline, metadata_brokers("127.0.0.1", port)
+                time.sleep(0.5)
+
+        bootstrap = ",".join(f"127.0.0.1:{port}" for port in ports.values())
+        topic, partitions, per_partition = "deploy-cluster", len(brokers), 10
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(60)
+        deadline = time.monotonic() + 60
+        while True:  # the controller assigns the new topic's leaders over the live brokers
+            leaders = {p: m.leader for p, m in admin.list_topics(topic, timeout=10).topics[topic].partitions.items()}
+            if len(leaders) == partitions and min(leaders.values()) >= 0:
+                break
+            assert time.monotonic() < deadline, leaders
+            time.sleep(0.5)
+        assert set(leaders.values()) == set(range(len(brokers)))  # spread over the three
+
+        failures: list = []
+
+        def delivered(err, _message) -> None:
+            if err is not None:
+                failures.append(err)
+
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                             "linger.ms": 20})
+        sent = {p: [f"p{p}-v{i}".encode() for i in range(per_partition)] for p in range(partitions)}
+        for i in range(per_partition):
+            for p in range(partitions):
+                producer.produce(topic, sent[p][i], partition=p, on_delivery=delivered)
+        assert producer.flush(120) == 0 and not failures, failures
+
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "deploy-cluster-reader",
+                             "enable.auto.commit": False})
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        read: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
+        deadline = time.monotonic() + 120
+        try:
+            while sum(map(len, read.values())) < partitions * per_partition:
+                assert time.monotonic() < deadline, {p: len(r) for p, r in read.items()}
+                message = consumer.poll(1.0)
+                if message is not None and message.error() is None:
+                    read[message.partition()].append((message.offset(), message.value()))
+        finally:
+            consumer.close()
+        for p in range(partitions):
+            assert read[p] == list(enumerate(sent[p])), p
+        assert list((data / "tables").rglob("*.parquet"))  # the shared table, in the shared data directory
+
+        for broker in running.values():
+            broker.proc.send_signal(signal.SIGTERM)
+        for name, broker in running.items():
+            code = broker.proc.wait(seconds(brokers[name]["stop_grace_period"]))
+            assert code == 0, broker.log_tail()
+    finally:
+        for broker in running.values():
+            broker.kill()
