@@ -17,6 +17,7 @@ from pipeline.lifecycle import STOP_SIGNALS, StartupInterrupted, StartupSignals,
 
 if TYPE_CHECKING:  # the commands import these lazily: `pipeline --help` and `top` stay light
     from pipeline.config import Resolved, ServerConfig
+    from pipeline.metadata.locks import LeaseLock
     from pipeline.metrics import MetricsEndpoint
     from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.server import Server
@@ -470,10 +471,32 @@ side then yields the CPU to the front end (issue 13); with ``--ack-on spark`` de
 every acknowledgement's path and keeps the server's priority."""
 
 
+TABLE_LOCK_NAME = "table"
+"""The ``LeaseLock`` every table change of a broker with leadership through the database holds."""
+
+
+def _table_lock(config: ServerConfig) -> LeaseLock | None:
+    """With leadership through the database (brokers maybe on several hosts): the tables' lock in the
+    metadata database, leased for ``broker.session.timeout.ms`` and renewed every
+    ``broker.heartbeat.interval.ms``; else None (a supervisor's brokers share one host's ``flock``)."""
+    if config.cluster_leadership != "database":
+        return None
+    import uuid
+
+    from pipeline.metadata.database import store_target
+    from pipeline.metadata.locks import LeaseLock
+    from pipeline.server import CLUSTER_STORE_FILE
+
+    return LeaseLock(store_target(config.metadata_url, config.data_dir, CLUSTER_STORE_FILE), TABLE_LOCK_NAME,
+                     f"broker-{config.node_id}/{uuid.uuid4()}", lease_ms=config.broker_session_timeout_ms,
+                     renew_ms=config.broker_heartbeat_interval_ms)
+
+
 def _group_sink(config: ServerConfig) -> SparkGroupSink:
     from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.server import state_dir
 
+    lock = _table_lock(config)
     return SparkGroupSink(config.data_dir, config.spark_master, config.spark_remote,
                           # A broker of a cluster shares the tables: a supervisor's (cluster_brokers set), or
                           # one started alone with leadership through the database (another host's broker,
@@ -483,7 +506,8 @@ def _group_sink(config: ServerConfig) -> SparkGroupSink:
                           table_config=config.table, metastore_uris=config.metastore_uris,
                           connect_port=config.spark_connect_port or None if not config.spark_remote else None,
                           thrift_port=config.thrift_port or None if not config.spark_remote else None,
-                          decode_niceness=DECODE_NICENESS_WITH_WAL_ACKS if config.ack_on == "wal" else 0)
+                          decode_niceness=DECODE_NICENESS_WITH_WAL_ACKS if config.ack_on == "wal" else 0,
+                          lock=lock.hold if lock is not None else None)
 
 
 STOP_TIMEOUT_S = 60.0

@@ -31,7 +31,7 @@ import os
 import shutil
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Collection, Iterator, Sequence
+from typing import Callable, Collection, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -116,7 +116,11 @@ class SparkGroupSink:
             default ``DATA_DIR/_pipeline``.
         shared_table: the tables are shared with other processes (the brokers of a
             cluster): every change to them holds ``DATA_DIR/_pipeline/table.lock``
-            (``table_lock``).
+            (``table_lock``), or ``lock``.
+        lock: with ``shared_table``: what every change to the tables holds instead of
+            the ``flock`` (a context manager factory, blocking; e.g.
+            ``pipeline.metadata.locks.LeaseLock.hold``: a lock in the metadata database
+            for brokers on several hosts).
         decode_niceness: added to the decode worker process's nice value (``os.nice``):
             with acknowledgements at the WAL, decoding for the table can yield the CPU
             to the front end under load (the table lags a little more, within
@@ -128,7 +132,8 @@ class SparkGroupSink:
                  table_config: TableConfig | None = None, metastore_uris: str | None = None,
                  connect_port: int | None = None, thrift_port: int | None = None,
                  state_dir: str | os.PathLike | None = None, shared_table: bool = False,
-                 decode_niceness: int = 0) -> None:
+                 decode_niceness: int = 0,
+                 lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None) -> None:
         self._sink = SparkSink(data_dir, master=None if remote else master, remote=remote, spark=spark,
                                table_config=table_config, metastore_uris=metastore_uris,
                                connect_port=connect_port, thrift_port=thrift_port)
@@ -138,11 +143,16 @@ class SparkGroupSink:
         self._table_lock = Path(self._sink.data_dir) / "_pipeline" / TABLE_LOCK_FILE if shared_table else None
         if self._table_lock is not None:
             self._table_lock.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = lock if shared_table and lock is not None else None
         self._decode_in_subprocess = decode_in_subprocess
         self._decode_niceness = decode_niceness
         self._pool: ProcessPoolExecutor | None = None
         self._formats: dict[str, ValueFormat] = {}
         self._staging: Staging | None = None
+
+    def _hold_table(self) -> contextlib.AbstractContextManager[None]:
+        """What a change to the tables holds: ``lock``, the ``flock``, or nothing (tables of one process)."""
+        return self._lock() if self._lock is not None else table_lock(self._table_lock)
 
     def start(self) -> None:
         """Start Spark (blocking, ~8 s), warm its write path, start the decode worker.
@@ -151,7 +161,7 @@ class SparkGroupSink:
         one throwaway row written to ``DATA_DIR/_pipeline/warmup`` here keeps
         that off the first produce request's latency.
         """
-        with table_lock(self._table_lock):  # creating the tables, settling a compaction cut short
+        with self._hold_table():  # creating the tables, settling a compaction cut short
             self._sink.start()
         self._formats = self._sink.catalog.value_formats()
         self._sink.catalog.check_typed_tables(self._formats)
@@ -266,7 +276,7 @@ class SparkGroupSink:
             # are serialised, so setting the SQL conf per write is safe.
             threshold = "0" if spark_rows >= LOCAL_RELATION_MAX_ROWS else str(LOCAL_RELATION_MAX_BYTES)
             self._sink.spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", threshold)
-        with table_lock(self._table_lock):
+        with self._hold_table():
             self._sink.catalog.write_flush(flush, exclude)
 
     @property
@@ -285,10 +295,10 @@ class SparkGroupSink:
     def drop_topic(self, topic: str) -> int:
         """Remove every row of a deleted topic from the tables (``TableCatalog.drop_topic``);
         blocking, run it in a worker thread. Returns the partitions dropped."""
-        with table_lock(self._table_lock):
+        with self._hold_table():
             return self._sink.catalog.drop_topic(topic)
 
     def maintain(self) -> MaintenanceResult:
         """Table maintenance (retention, compaction, deleting replaced files): ``TableCatalog.maintain``."""
-        with table_lock(self._table_lock):
+        with self._hold_table():
             return self._sink.catalog.maintain()

@@ -12,6 +12,10 @@ this machine to assert (see the test's closing comment), so the lock itself is c
 order: while another broker holds the table lock, a sink's write waits in ``flock`` (the kernel
 lists it as a blocked waiter in ``/proc/locks``) and lands only after the lock is released. Without
 the lock that write goes through while the lock is held, and the test fails.
+
+With leadership through the database the lock is a row in the metadata database instead
+(``pipeline.metadata.locks.LeaseLock``, for brokers on several hosts): the last test checks the
+same order with it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.log.batch import PartitionAppend
+from pipeline.metadata.locks import LeaseLock
 from pipeline.persist.group_sink import TABLE_LOCK_FILE, SparkGroupSink, table_lock
 from pipeline.table.catalog import TableConfig
 from tests.conftest import unique_database
@@ -125,3 +130,58 @@ def test_concurrent_appends_of_two_brokers_through_the_table_lock_land_once(conn
     # No control without the lock: the same appends with shared_table=False failed (TASK_WRITE_FAILED)
     # in some runs and landed in others (2 x 12 concurrent appends, this 2-core machine under load),
     # too rarely for a test to assert, so this test does not reliably catch the lock's removal.
+
+
+class CountingLeaseLock(LeaseLock):
+    """A ``LeaseLock`` that counts its attempts (the test sees a write waiting for the lock)."""
+
+    attempts = 0
+
+    def try_acquire(self) -> bool:
+        self.attempts += 1
+        return super().try_acquire()
+
+
+@pytest.mark.slow
+def test_with_the_database_lock_a_write_waits_while_another_broker_holds_it(connect_server, tmp_path):
+    """With leadership through the database a broker's table changes hold the ``table`` lock in the
+    metadata database (``pipeline.cli._table_lock``): while another broker holds it, a write keeps
+    trying the lock and does not land; once released, it lands."""
+    target = tmp_path / "cluster.db"
+    mine = CountingLeaseLock(target, "table", "broker-1/mine", lease_ms=5000, renew_ms=500)
+    other = LeaseLock(target, "table", "broker-0/other", lease_ms=5000, renew_ms=500)
+    config = TableConfig(database=unique_database())
+    data_dir = tmp_path / "data"
+    sink = SparkGroupSink(data_dir, remote=connect_server.url, table_config=config, decode_in_subprocess=False,
+                          state_dir=data_dir / "broker-1", shared_table=True, lock=mine.hold)
+    outcome: list[BaseException | None] = []
+
+    def write() -> None:
+        try:
+            sink.write(sink.to_table([PartitionAppend("t", 0, 0, rc.record_batch([b"a", b"b"]), 2, 0)]))
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            outcome.append(exc)
+
+    try:
+        sink.start()
+        with other.hold():
+            tried = mine.attempts
+            thread = threading.Thread(target=write)
+            thread.start()
+            deadline = time.monotonic() + 300
+            while mine.attempts < tried + 5:  # polling the lock, every POLL_S
+                assert thread.is_alive(), f"the write went through while another broker held the lock: {outcome}"
+                assert time.monotonic() < deadline, "the write did not try the lock in 300 s"
+                time.sleep(0.05)
+            assert thread.is_alive() and not outcome
+            assert sink.catalog.read().count() == 0
+        thread.join(300)
+        assert not thread.is_alive() and outcome == [None], outcome
+        assert sorted(r[0] for r in sink.catalog.read().select("offset").collect()) == [0, 1]
+    finally:
+        if sink.catalog is not None:
+            sink.catalog.spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
+        sink.stop()
+        mine.close()
+        other.close()
