@@ -44,10 +44,14 @@ database, no home-made consensus), as KRaft brokers do with their controller
    drained with its idempotent batches. No partition is taken over while a dead
    WAL is undrained: its acknowledged records may belong to it.
 
-Not covered yet (issue 24's other steps): fencing the table commit itself: a broker fenced
-while alive cannot commit after the database write of its producer state
-(``before_table_write`` is fenced), but a commit already past that point when
-the lease ran out can land after the new leader read the table's end.
+The commit is fenced through the tables' lock (``pipeline.metadata.locks``): a
+leader's ``before_table_write`` (fenced by its membership) and its table write
+are one hold of the lock (``BatchingPersister(table_lock=...)``), and a new
+leader reads the table's end under it too, so the previous leader's commit
+lands before that read or not at all; ``_lease_watchdog`` stops a member before
+the database can expire it. Not covered: a commit job a dead broker submitted
+to the Spark Connect server runs on there, and a holder stalled past the
+lock's lease can commit after another took it.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Awaitable, Callable, Collection, Protocol
@@ -334,14 +335,23 @@ class Server:
         replay(self.sink, recovered.backlog)
         return [a for _, appends in recovered.backlog for a in appends]
 
+    def _table_lock(self) -> Callable[[], AbstractContextManager[None]] | None:
+        """The sink's hold on the shared tables (``SparkGroupSink.hold_table``), if it has one."""
+        return getattr(self.sink, "hold_table", None)
+
     def _table_end_offsets(self, topics: Collection[str]) -> dict[tuple[str, int], int]:
         """The table's (topic, partition) -> end offset over the rows of ``topics``, as other
-        brokers left it (blocking)."""
+        brokers left it (blocking). With leadership through the database it is read under the
+        tables' lock: a commit by the partition's previous leader, which checks its membership
+        and commits under that lock (``BatchingPersister(table_lock=...)``), lands either before
+        this read or not at all."""
         catalog = getattr(self.sink, "catalog", None)
-        if catalog is not None:
-            for owned in catalog.tables(topics):  # another broker's commits: not in this session's file listing yet
-                catalog.spark.catalog.refreshTable(owned.name)
-        return self.sink.end_offsets(topics)
+        hold = self._table_lock() if self.dynamic else None
+        with hold() if hold is not None else nullcontext():
+            if catalog is not None:
+                for owned in catalog.tables(topics):  # another broker's commits: not in this session's listing yet
+                    catalog.spark.catalog.refreshTable(owned.name)
+            return self.sink.end_offsets(topics)
 
     def table_started(self) -> None:
         """The sink is started (call it in the trio thread): reads of offsets only the table holds
@@ -460,6 +470,7 @@ class Server:
                 not self.dynamic or c.node_id == 0) else None,
             log_listener=self.logs,
             before_table_write=self.leadership.before_table_write if self.leadership is not None else None,
+            table_lock=self._table_lock() if self.dynamic else None,
         )
         self.persister = persister
         request_channel, handler_count = self._build_request_channel()

@@ -121,8 +121,9 @@ def test_with_ack_on_wal_a_dead_brokers_wal_is_drained_before_its_partition_is_t
                     broker_0.cancel()  # broker 0 dies: no unregister, its lease runs out
             await until(lambda: drained, "broker 0's WAL drained")
             assert drained == [dead_wal]
-            await trio.sleep(0.5)  # ten of broker 1's watch passes: the move is read, the take-over waits
-            assert second.cluster.leaders[("t", 0)].leader_id == 1
+            await until(lambda: getattr(second.cluster.leaders.get(("t", 0)), "leader_id", None) == 1,
+                        "broker 1 reads the move")
+            await trio.sleep(0.5)  # more of broker 1's watch passes (every 0.25 s): the take-over waits
             assert ("t", 0) not in second.cluster.loaded and {"t"} not in table_reads[1:]
             release.set()
             await until(lambda: ("t", 0) in second.cluster.loaded, "broker 1 serves t-0")

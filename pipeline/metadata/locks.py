@@ -13,6 +13,7 @@ the table change it guards may then overlap another holder's.
 
 Within one process, holders queue on a local lock first: the database sees one
 holder per process (``holder``), so threads of one broker exclude each other too.
+A thread that holds the lock may take it again (the outermost hold releases it).
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class LeaseLock:
         self.lease_ms, self.renew_ms = lease_ms, renew_ms
         self._db = open_database(target)
         self._db.migrate(COMPONENT, MIGRATIONS)
-        self._local = threading.Lock()
+        self._local = threading.RLock()
+        self._depth = 0  # holds by the thread that has ``_local``
 
     def close(self) -> None:
         self._db.close()
@@ -96,20 +98,30 @@ class LeaseLock:
         """Hold the lock for the block: wait for it (every ``POLL_S``), renew its lease every
         ``renew_ms`` from a thread while the block runs, release it after. A renewal that finds the
         lease lost is logged as an error (the block is not interrupted: a table change under way
-        cannot be taken back)."""
+        cannot be taken back). Re-entrant within a thread."""
         with self._local:
-            while not self.try_acquire():
-                time.sleep(POLL_S)
-            stop = threading.Event()
-            renewer = threading.Thread(target=self._renew_until, args=(stop,), daemon=True,
-                                       name=f"lease-lock-{self.name}")
-            renewer.start()
+            self._depth += 1
+            if self._depth > 1:
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
             try:
-                yield
+                while not self.try_acquire():
+                    time.sleep(POLL_S)
+                stop = threading.Event()
+                renewer = threading.Thread(target=self._renew_until, args=(stop,), daemon=True,
+                                           name=f"lease-lock-{self.name}")
+                renewer.start()
+                try:
+                    yield
+                finally:
+                    stop.set()
+                    renewer.join()
+                    self.release()
             finally:
-                stop.set()
-                renewer.join()
-                self.release()
+                self._depth -= 1
 
     def _renew_until(self, stop: threading.Event) -> None:
         while not stop.wait(self.renew_ms / 1000.0):

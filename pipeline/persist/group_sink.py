@@ -29,6 +29,7 @@ import hashlib
 import multiprocessing
 import os
 import shutil
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Collection, Iterator, Sequence
@@ -144,15 +145,32 @@ class SparkGroupSink:
         if self._table_lock is not None:
             self._table_lock.parent.mkdir(parents=True, exist_ok=True)
         self._lock = lock if shared_table and lock is not None else None
+        self._holding = threading.RLock()
+        self._hold_depth = 0
         self._decode_in_subprocess = decode_in_subprocess
         self._decode_niceness = decode_niceness
         self._pool: ProcessPoolExecutor | None = None
         self._formats: dict[str, ValueFormat] = {}
         self._staging: Staging | None = None
 
-    def _hold_table(self) -> contextlib.AbstractContextManager[None]:
-        """What a change to the tables holds: ``lock``, the ``flock``, or nothing (tables of one process)."""
-        return self._lock() if self._lock is not None else table_lock(self._table_lock)
+    @contextlib.contextmanager
+    def hold_table(self) -> Iterator[None]:
+        """Hold the shared tables for a change (blocking): ``lock``, else the ``flock``; nothing when the
+        tables are this process's alone. Re-entrant within a thread (a commit's fencing check and
+        its write hold it once, the write's own changes again)."""
+        if self._table_lock is None and self._lock is None:
+            yield
+            return
+        with self._holding:
+            self._hold_depth += 1
+            try:
+                if self._hold_depth > 1:
+                    yield
+                else:
+                    with self._lock() if self._lock is not None else table_lock(self._table_lock):
+                        yield
+            finally:
+                self._hold_depth -= 1
 
     def start(self) -> None:
         """Start Spark (blocking, ~8 s), warm its write path, start the decode worker.
@@ -161,7 +179,7 @@ class SparkGroupSink:
         one throwaway row written to ``DATA_DIR/_pipeline/warmup`` here keeps
         that off the first produce request's latency.
         """
-        with self._hold_table():  # creating the tables, settling a compaction cut short
+        with self.hold_table():  # creating the tables, settling a compaction cut short
             self._sink.start()
         self._formats = self._sink.catalog.value_formats()
         self._sink.catalog.check_typed_tables(self._formats)
@@ -276,7 +294,7 @@ class SparkGroupSink:
             # are serialised, so setting the SQL conf per write is safe.
             threshold = "0" if spark_rows >= LOCAL_RELATION_MAX_ROWS else str(LOCAL_RELATION_MAX_BYTES)
             self._sink.spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", threshold)
-        with self._hold_table():
+        with self.hold_table():
             self._sink.catalog.write_flush(flush, exclude)
 
     @property
@@ -295,10 +313,10 @@ class SparkGroupSink:
     def drop_topic(self, topic: str) -> int:
         """Remove every row of a deleted topic from the tables (``TableCatalog.drop_topic``);
         blocking, run it in a worker thread. Returns the partitions dropped."""
-        with self._hold_table():
+        with self.hold_table():
             return self._sink.catalog.drop_topic(topic)
 
     def maintain(self) -> MaintenanceResult:
         """Table maintenance (retention, compaction, deleting replaced files): ``TableCatalog.maintain``."""
-        with self._hold_table():
+        with self.hold_table():
             return self._sink.catalog.maintain()

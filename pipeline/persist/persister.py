@@ -52,6 +52,7 @@ bytes) more than memory, which holds only what waits for the WAL write.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -301,6 +302,10 @@ class BatchingPersister:
         before_table_write: called (in a worker thread) with a commit's appends before each try of
             its table write; raising fails that try (leadership through the database writes the
             commit's idempotent producer state first, fenced by the broker's membership).
+        table_lock: held (in the worker thread, blocking) around ``before_table_write`` and the
+            table write of each try, so the fencing check and the commit are one step for
+            anyone else holding it (a new leader reading the table's end); the sink's own
+            table changes take it again (it must be re-entrant).
 
     Raises:
         ValueError: ``ack_on`` is neither "wal" nor "spark", or ``maintenance_interval_s``
@@ -326,6 +331,7 @@ class BatchingPersister:
         backlog: Sequence[tuple[WalPosition, Sequence[PartitionAppend]]] = (),
         table_ready: bool = True,
         before_table_write: Callable[[Sequence[PartitionAppend]], None] | None = None,
+        table_lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     ) -> None:
         if ack_on not in ("wal", "spark"):
             raise ValueError(f"ack_on must be 'wal' or 'spark', got {ack_on!r}")
@@ -362,6 +368,7 @@ class BatchingPersister:
         self._topics = dict(checkpoint.topics)
         self._listener = log_listener
         self._before_table_write = before_table_write
+        self._table_lock = table_lock or contextlib.nullcontext
         self._checkpointed_position = checkpoint.wal_position  # of the last checkpoint saved
         self._checkpoint_lock = trio.Lock()
         self._appended_seq = 0     # appends accepted (numbered from 1)
@@ -909,6 +916,15 @@ class BatchingPersister:
                          result.deleted_directories, result.seconds)
         self._next_maintenance = trio.current_time() + self._maintenance_interval_s
 
+    def _commit(self, appends: Sequence[PartitionAppend], table: Any,
+                exclude: set[tuple[str, int, int]] | None) -> None:
+        """One try of a table write (blocking): ``before_table_write``, then the write, under ``table_lock``."""
+        with self._table_lock():
+            if self._before_table_write is not None:
+                self._before_table_write(appends)
+            if table is not None:
+                self._sink.write(table, exclude)
+
     async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: Any,
                            exclude: set[tuple[str, int, int]] | None = None) -> bool:
         """Write one group (minus the rows in ``exclude``) until it succeeds; False if given up at shutdown."""
@@ -924,10 +940,7 @@ class BatchingPersister:
                         # The failed try may have landed some rows: never twice.
                         exclude = await trio.to_thread.run_sync(
                             self._sink.present_offsets, offset_ranges(group.appends))
-                    if self._before_table_write is not None:
-                        await trio.to_thread.run_sync(self._before_table_write, group.appends)
-                    if table is not None:
-                        await trio.to_thread.run_sync(self._sink.write, table, exclude)
+                    await trio.to_thread.run_sync(self._commit, group.appends, table, exclude)
                     break
                 except Exception as exc:  # Spark raises many types; all mean "not written"
                     if self._failed_attempt(group, exc, "Spark flush of", attempt, backoff):

@@ -39,6 +39,21 @@ def test_one_holder_at_a_time_and_a_held_lease_is_renewed(metadata_target):
         b.close()
 
 
+def test_a_thread_holding_the_lock_takes_it_again_and_the_outermost_hold_releases_it(metadata_target):
+    target = metadata_target("cluster.db")
+    a, b = _lock(target, "broker-0/a"), _lock(target, "broker-1/b")
+    try:
+        with a.hold():
+            with a.hold():
+                assert not b.try_acquire()
+            assert not b.try_acquire()  # the inner hold did not release it
+        assert b.try_acquire()
+        b.release()
+    finally:
+        a.close()
+        b.close()
+
+
 def test_threads_of_one_holder_queue_on_it(metadata_target):
     lock = _lock(metadata_target("cluster.db"), "broker-0/a")
     inside: list[int] = []
