@@ -192,6 +192,12 @@ class LeadershipService:
             store, self.store = self.store, None
             await trio.to_thread.run_sync(store.close)
 
+    async def forget_topic(self, topic: str) -> None:
+        """A deleted topic's idempotent producer states in the database (``LeadershipStore.forget_topic``):
+        a producer writing to the re-created topic is not checked against the old one's sequences."""
+        if self.store is not None:
+            await trio.to_thread.run_sync(self.store.forget_topic, topic)
+
     async def unregister(self) -> None:
         """A controlled shutdown: end this broker's lease now, so its partitions move at once."""
         if self.store is not None and self.epoch is not None:

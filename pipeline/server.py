@@ -524,6 +524,8 @@ class Server:
             await persister.sync_table()
             await trio.to_thread.run_sync(self.sink.drop_topic, topic)
             await persister.forget_topic(topic)
+            if self.leadership is not None:
+                await self.leadership.forget_topic(topic)
             self.logs.drop_topic(topic)
             if self.logs.table is not None:
                 self.logs.table.invalidate(topic)

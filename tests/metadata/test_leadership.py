@@ -138,6 +138,18 @@ def test_a_dead_brokers_wal_is_drained_by_one_live_claimant_and_a_dead_claimants
             store.close()
 
 
+def test_a_deleted_topics_producer_states_are_forgotten(metadata_target):
+    store = LeadershipStore(metadata_target("cluster.db"))
+    try:
+        epoch = _register(store, 0)
+        kept = ProducerBatch("u", 0, 8, 0, 0, 9, 0)
+        store.record_producers(0, epoch, [ProducerBatch("t", 0, 7, 0, 0, 9, 0), kept])
+        store.forget_topic("t")
+        assert store.producers({("t", 0): 100, ("u", 0): 100}) == [kept]
+    finally:
+        store.close()
+
+
 def test_reassign_spreads_over_live_members_moves_a_dead_ones_and_gives_them_back():
     topics = {"orders": 6}
     first, gone = reassign(topics, (0, 1, 2), {})
