@@ -341,7 +341,9 @@ def _check_ports(config: ServerConfig) -> ServerConfig:
             raise ConfigError(f"{key}: {host or '0.0.0.0'}:{port} cannot be bound ({problem}); another server "
                               "may be running: choose another port")
     if config.spark_connect_port is None and not config.spark_remote:
-        config = dataclasses.replace(config, spark_connect_port=_free_port("127.0.0.1"))
+        from pipeline.network.listeners import free_listen_port
+
+        config = dataclasses.replace(config, spark_connect_port=free_listen_port("127.0.0.1"))
     return config
 
 
@@ -363,15 +365,6 @@ def _port_taken(host: str, port: int) -> str | None:
             except OSError as exc:
                 return exc.strerror or str(exc)
     return None
-
-
-def _free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (the kernel's choice for port 0)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _supervise(args: argparse.Namespace, config: ServerConfig, prefix_log: bool = True) -> int:

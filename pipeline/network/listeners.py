@@ -10,6 +10,9 @@ opens one socket set per listener, and every connection knows its listener.
 
 from __future__ import annotations
 
+import random
+import socket
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,3 +156,48 @@ class Listener:
 
 PLAINTEXT_LISTENER = Listener()
 """The listener of a connection nobody said otherwise about (tests, the one-listener default)."""
+
+
+EPHEMERAL_PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+"""Linux's range for the local ports of outgoing connections (and of a bind to port 0)."""
+DEFAULT_EPHEMERAL_PORTS = (32768, 60999)
+"""Linux's default ``ip_local_port_range``, when the file cannot be read."""
+FREE_PORT_FLOOR = 10000
+"""``free_listen_port`` picks at or above this port."""
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's ephemeral port range (``EPHEMERAL_PORT_RANGE_FILE``; ``DEFAULT_EPHEMERAL_PORTS``
+    if unreadable): (lowest, highest)."""
+    try:
+        with open(EPHEMERAL_PORT_RANGE_FILE) as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL_PORTS
+
+
+def free_listen_port(host: str, avoid: Container[int] = (), tries: int = 200) -> int:
+    """A TCP port that ``host`` can listen on now, picked at random from ``FREE_PORT_FLOOR`` up to
+    just below the ephemeral range, and not in ``avoid``. For a listener another process binds a
+    moment later (the Spark Connect server's): the kernel's port-0 pick comes from the ephemeral
+    range, which every outgoing connection's local port shares, so some connection may take it
+    first; below that range none does.
+
+    Raises:
+        OSError: no port was free in ``tries`` picks.
+    """
+    high = ephemeral_ports()[0] - 1
+    low = min(FREE_PORT_FLOOR, high)
+    for _ in range(tries):
+        port = random.randint(low, high)
+        if port in avoid:
+            continue
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no free port on {host} in {low}-{high} after {tries} picks")

@@ -18,35 +18,23 @@ TABLE_READY = "table side ready"
 """What ``pipeline serve`` prints once Spark is up (with ``--ack-on wal`` after "listening on")."""
 
 
-LISTEN_PORTS = (20000, 32767)
-"""Where ``free_port`` picks: below Linux's ephemeral range (32768-60999), which the kernel's
-port-0 pick shares with every outgoing connection's local port. A port picked there was taken
-once (CI) by some connection before the server it was meant for bound it."""
 _picked: set[int] = set()
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now, in ``LISTEN_PORTS`` and not handed out before by
-    this process (a server binds it a moment later: no client connection takes ports there).
+    """A TCP port free on 127.0.0.1 right now, below the ephemeral range, and not handed out before
+    by this process (``pipeline.network.listeners.free_listen_port``: a server binds it a moment
+    later, and no client connection takes ports there; one picked by the kernel's port-0 rule was
+    taken once, in CI, before the server it was meant for bound it).
 
     Raises:
-        OSError: no port was free in 200 tries.
+        OSError: no port was free in 200 picks.
     """
-    import random
-    import socket
+    from pipeline.network.listeners import free_listen_port
 
-    for _ in range(200):
-        port = random.randint(*LISTEN_PORTS)
-        if port in _picked:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _picked.add(port)
-        return port
-    raise OSError(f"no free port in {LISTEN_PORTS} after 200 tries")
+    port = free_listen_port("127.0.0.1", avoid=_picked)
+    _picked.add(port)
+    return port
 
 
 class ServerProcess:

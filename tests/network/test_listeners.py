@@ -150,3 +150,21 @@ def test_bad_listener_overrides_name_the_key(tmp_path, line, message):
     toml.write_text(f'listeners = "INTERNAL://127.0.0.1:0"\nlistener.security.protocol.map = "INTERNAL:SSL"\n{line}\n')
     with pytest.raises(ConfigError, match=message):
         resolve(toml, {}, {})
+
+
+def test_a_free_listen_port_is_below_the_ephemeral_range_bindable_and_not_one_to_avoid():
+    import socket
+
+    from pipeline.network.listeners import ephemeral_ports, free_listen_port
+
+    low, high = ephemeral_ports()
+    assert 1024 <= low <= high <= 65535
+    picked: set[int] = set()
+    for _ in range(20):
+        port = free_listen_port("127.0.0.1", avoid=picked)
+        assert port < low and port not in picked
+        picked.add(port)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
