@@ -23,6 +23,16 @@ their records; a read-uncommitted one reads up to the high watermark.
 **ListOffsets** (KafkaApis.handleListOffsetRequest): earliest (-2), latest
 (-1: the high watermark, the last stable offset for ``isolation_level`` 1),
 max timestamp (-3, KIP-734) and by timestamp.
+
+**Leader epochs** (KIP-320): a partition this broker leads is served only to a
+request whose ``current_leader_epoch`` (Fetch v9+, ListOffsets v4+) is -1 or the
+partition's leader epoch (``BrokerInfo.leader_epoch``: 0 unless leadership is
+through the database); see :func:`leader_epoch_error`. A found offset is
+answered with the partition's current leader epoch (ListOffsets
+``leader_epoch``: no epoch is kept per record batch), and a Fetch partition
+answered NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH names the leader this
+broker knows of and its epoch (``current_leader``, v12+; Kafka fills it from
+v16 with KIP-951, the field exists from v12).
 """
 
 from __future__ import annotations
@@ -43,6 +53,10 @@ from pipeline.security.acl import AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
 
+_LEADER_HINT_ERRORS = frozenset((ErrorCode.not_leader_or_follower.value, ErrorCode.fenced_leader_epoch.value))
+"""Fetch partition errors answered with the leader this broker knows of (``current_leader``; Kafka
+KafkaApis.handleFetchRequest, KIP-951)."""
+
 MAX_WAIT_MS_LIMIT = 30_000
 """A fetch waits at most this long (ms), whatever it asks: the client's request.timeout.ms is 30 s."""
 
@@ -50,6 +64,21 @@ READ_COMMITTED = 1
 """Fetch/ListOffsets ``isolation_level`` of a read-committed consumer (KIP-98; 0 is read uncommitted)."""
 _NO_SESSION = 0
 _INITIAL_EPOCH, _FINAL_EPOCH = 0, -1
+NO_LEADER_EPOCH = -1
+"""A request's ``current_leader_epoch`` that asks for no check (Kafka RecordBatch.NO_PARTITION_LEADER_EPOCH)."""
+
+
+def leader_epoch_error(current_leader_epoch: int, leader_epoch: int) -> int:
+    """The error code for a request naming ``current_leader_epoch`` of a partition this broker leads at
+    ``leader_epoch`` (Kafka ``Partition.checkCurrentLeaderEpoch``, KIP-320): 0 when the request asks for
+    no check (-1) or names the leader's epoch; FENCED_LEADER_EPOCH (74) when it names an older one (the
+    client's metadata is stale: it refreshes and retries); UNKNOWN_LEADER_EPOCH (75) when it names a newer
+    one (this broker has not seen the move yet: the client retries)."""
+    if current_leader_epoch == NO_LEADER_EPOCH or current_leader_epoch == leader_epoch:
+        return ErrorCode.none.value
+    if current_leader_epoch < leader_epoch:
+        return ErrorCode.fenced_leader_epoch.value
+    return ErrorCode.unknown_leader_epoch.value
 
 
 @dataclass(slots=True)
@@ -58,6 +87,7 @@ class _PartitionFetch:
     partition: int
     offset: int
     max_bytes: int
+    current_leader_epoch: int = NO_LEADER_EPOCH
     error: int = 0
     records: bytes = b""
     high_watermark: int = -1
@@ -85,12 +115,17 @@ class FetchApis:
         self.delayed_fetches = 0
         self._authorize: Any = lambda request, operation, resource_type, name: True
         self._leads: Any = lambda topic, partition: True
+        self._leader: Any = lambda topic, partition: -1
+        self._leader_epoch: Any = lambda topic, partition: 0
 
     def register(self, kafka_apis: Any) -> None:
         # KafkaApis.authorize: Fetch needs TOPIC Read, ListOffsets TOPIC Describe (TOPIC_AUTHORIZATION_FAILED).
         self._authorize = kafka_apis.authorize
         # In a cluster only a partition's leader serves it (others: NOT_LEADER_OR_FOLLOWER).
         self._leads = kafka_apis.broker.leads
+        # Their leader epochs (KIP-320), checked against the request's and named in the answers.
+        self._leader = kafka_apis.broker.leader
+        self._leader_epoch = kafka_apis.broker.leader_epoch
         kafka_apis.register(FETCH, self.fetch)
         kafka_apis.register(LIST_OFFSETS, self.list_offsets)
 
@@ -122,7 +157,8 @@ class FetchApis:
         for topic in body.topics:
             for p in topic.partitions:
                 wanted.append(_PartitionFetch(topic.topic, int(p.partition), int(p.fetch_offset),
-                                              max(0, int(p.partition_max_bytes))))
+                                              max(0, int(p.partition_max_bytes)),
+                                              int(getattr(p, "current_leader_epoch", NO_LEADER_EPOCH))))
         read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
         max_bytes = int(getattr(body, "max_bytes", 2**31 - 1))
         max_wait_ms = min(max(0, body.max_wait.total_seconds() * 1000.0), MAX_WAIT_MS_LIMIT)
@@ -147,6 +183,8 @@ class FetchApis:
                     p.error = ErrorCode.unknown_topic_or_partition.value
                 elif not self._leads(p.topic, p.partition):
                     p.error = ErrorCode.not_leader_or_follower.value
+                else:
+                    p.error = leader_epoch_error(p.current_leader_epoch, self._leader_epoch(p.topic, p.partition))
             live = [p for p in wanted if not p.error]
             keys = [(p.topic, p.partition) for p in live]
             event = None
@@ -218,6 +256,10 @@ class FetchApis:
         by_topic: dict[str, list[Any]] = {}
         for p in parts:
             add_error(self._fetch_errors, p.error)
+            hint: dict[str, Any] = {}
+            if p.error in _LEADER_HINT_ERRORS and hasattr(module, "LeaderIdAndEpoch"):  # v12+: where to go
+                hint["current_leader"] = apis.make(module.LeaderIdAndEpoch, leader_id=self._leader(p.topic, p.partition),
+                                                   leader_epoch=self._leader_epoch(p.topic, p.partition))
             by_topic.setdefault(p.topic, []).append(apis.make(
                 module.PartitionData,
                 partition_index=p.partition,
@@ -230,6 +272,7 @@ class FetchApis:
                     for pid, first in p.aborted),
                 preferred_read_replica=-1,
                 records=p.records,
+                **hint,
             ))
         if not parts:
             add_error(self._fetch_errors, error)
@@ -266,6 +309,9 @@ class FetchApis:
                 elif not self._leads(topic.name, int(p.partition_index)):
                     error = ErrorCode.not_leader_or_follower.value
                 else:
+                    error = leader_epoch_error(int(getattr(p, "current_leader_epoch", NO_LEADER_EPOCH)),
+                                               self._leader_epoch(topic.name, int(p.partition_index)))
+                if error == ErrorCode.none.value:
                     try:
                         offset, timestamp = await self.logs.offset_for(topic.name, int(p.partition_index),
                                                                        int(p.timestamp), read_committed)
@@ -279,7 +325,8 @@ class FetchApis:
                     error_code=apis.error_code(error),
                     timestamp=timestamp,
                     offset=offset,
-                    leader_epoch=0 if error == 0 and offset >= 0 else -1,
+                    leader_epoch=(self._leader_epoch(topic.name, int(p.partition_index))
+                                  if error == 0 and offset >= 0 else NO_LEADER_EPOCH),
                 ))
             topics.append(apis.make(module.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(partitions)))
         response = apis.make(module.ListOffsetsResponse, throttle_time=apis.ZERO_MS, topics=tuple(topics))

@@ -484,6 +484,11 @@ class BrokerInfo:
         by the leader only; others answer NOT_LEADER_OR_FOLLOWER)."""
         return self.cluster is None or self.cluster.leads(topic, partition)
 
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The leader epoch of ``topic``-``partition`` (KIP-320): 0 alone or with static leaders, the
+        leadership row's with leadership through the database (``pipeline.cluster``)."""
+        return 0 if self.cluster is None else self.cluster.leader_epoch(topic, partition)
+
     @property
     def controller_id(self) -> int:
         return self.node_id if self.cluster is None else self.cluster.controller_id
@@ -529,7 +534,8 @@ def metadata_response(
     without consulting ``topics``; v12 lookups by topic id of unknown ids
     get ``UNKNOWN_TOPIC_ID`` (100). Each partition: leader and sole
     replica/ISR member ``broker.leader(topic, partition)`` (this broker when
-    alone), leader epoch 0.
+    alone), leader epoch ``broker.leader_epoch(topic, partition)`` (v7+, KIP-320:
+    0 unless leadership is through the database).
 
     :raises InvalidRequestError: a v10/v11 request with a null topic name
         (Kafka rejects it the same way: ids are usable from v12).
@@ -555,7 +561,7 @@ def metadata_response(
                     error_code=ErrorCode.none,
                     partition_index=index,
                     leader_id=leader,
-                    leader_epoch=0,
+                    leader_epoch=broker.leader_epoch(name or "", index),
                     replica_nodes=(leader,),
                     isr_nodes=(leader,),
                     offline_replicas=(),
