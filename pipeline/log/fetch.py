@@ -301,7 +301,7 @@ class FetchApis:
             count = self.catalog.partitions(topic.name)
             describable = self._authorize(request, AclOperation.DESCRIBE, ResourceType.TOPIC, topic.name)
             for p in topic.partitions:
-                offset, timestamp, error = -1, -1, ErrorCode.none.value
+                offset, timestamp, error = -1, -1, int(ErrorCode.none.value)
                 if not describable:
                     error = ErrorCode.topic_authorization_failed.value
                 elif count is None or not 0 <= p.partition_index < count:
