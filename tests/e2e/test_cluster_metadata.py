@@ -340,7 +340,8 @@ def test_leader_epochs_go_up_with_each_move_a_stale_one_is_fenced_and_a_consumer
 
     backend, c = cluster
     topic, partitions, per_round = f"cm-{backend}-epochs", 3, 30
-    _admin(c, 0).create_topics([NewTopic(topic, partitions, 1)])[topic].result(60)
+    admin = _admin(c, 0)
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(60)
     everyone = list(range(BROKERS))
     before = _until(lambda: _agreed(c, everyone, topic, partitions), "partitions led and served", c)
     assert isinstance(before, dict)
