@@ -33,6 +33,17 @@ answered with the partition's current leader epoch (ListOffsets
 answered NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH names the leader this
 broker knows of and its epoch (``current_leader``, v12+; Kafka fills it from
 v16 with KIP-951, the field exists from v12).
+
+**OffsetForLeaderEpoch** (KafkaApis.handleOffsetForLeaderEpochRequest,
+Partition.lastOffsetForLeaderEpoch): a consumer whose partition's leader epoch
+went up asks where the epoch of its position ended, to detect a log truncated
+under it (KIP-320). No history of epochs is kept here, and no served offset is
+ever truncated (only offsets below the high watermark are served, and it moves
+only over what is durable: the WAL, or the table with ``--ack-on spark``; a
+moved partition continues at the table's end). So an epoch up to the current
+one is answered as ending at the log end offset, at or past any position a
+consumer reached: never a truncation. A newer epoch than the leader's is
+answered undefined (-1, -1), as Kafka does.
 """
 
 from __future__ import annotations
@@ -46,7 +57,7 @@ from kio.schema.errors import ErrorCode
 
 from pipeline.log.manager import LogManager, OffsetOutOfRange
 from pipeline.protocol import apis
-from pipeline.protocol.apis import FETCH, LIST_OFFSETS
+from pipeline.protocol.apis import FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH
 from pipeline.network.request_channel import Request
 from pipeline.network.request_metrics import add_error
 from pipeline.security.acl import AclOperation, ResourceType
@@ -110,6 +121,7 @@ class FetchApis:
         self.catalog = catalog
         self._fetch_errors = request_metrics.errors(FETCH)
         self._list_errors = request_metrics.errors(LIST_OFFSETS)
+        self._epoch_errors = request_metrics.errors(OFFSET_FOR_LEADER_EPOCH)
         self._nursery: trio.Nursery | None = None
         self.fetches = 0
         self.delayed_fetches = 0
@@ -128,6 +140,7 @@ class FetchApis:
         self._leader_epoch = kafka_apis.broker.leader_epoch
         kafka_apis.register(FETCH, self.fetch)
         kafka_apis.register(LIST_OFFSETS, self.list_offsets)
+        kafka_apis.register(OFFSET_FOR_LEADER_EPOCH, self.offset_for_leader_epoch)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the tasks of fetches being served; runs until cancelled (waiting fetches end then)."""
@@ -332,3 +345,42 @@ class FetchApis:
         response = apis.make(module.ListOffsetsResponse, throttle_time=apis.ZERO_MS, topics=tuple(topics))
         request.connection.complete(request.token, apis.encode(header, response))
 
+
+    # -- OffsetForLeaderEpoch ----------------------------------------------------
+
+    async def offset_for_leader_epoch(self, request: Request) -> None:
+        """Answer OffsetForLeaderEpoch (see the module docstring): per partition, TOPIC Describe
+        (TOPIC_AUTHORIZATION_FAILED), an existing partition (UNKNOWN_TOPIC_OR_PARTITION) this broker
+        serves (NOT_LEADER_OR_FOLLOWER), ``current_leader_epoch`` checked (:func:`leader_epoch_error`);
+        then (``leader_epoch``, log end offset), or (-1, -1) for an epoch newer than the leader's."""
+        header = request.header
+        body = apis.decode_request(header, request.frame)
+        module = apis.response_module(OFFSET_FOR_LEADER_EPOCH, header.api_version)
+        topics = []
+        for topic in body.topics:
+            count = self.catalog.partitions(topic.topic)
+            describable = self._authorize(request, AclOperation.DESCRIBE, ResourceType.TOPIC, topic.topic)
+            partitions = []
+            for p in topic.partitions:
+                partition, asked = int(p.partition), int(p.leader_epoch)
+                epoch, end_offset, error = NO_LEADER_EPOCH, -1, int(ErrorCode.none.value)
+                if not describable:
+                    error = ErrorCode.topic_authorization_failed.value
+                elif count is None or not 0 <= partition < count:
+                    error = ErrorCode.unknown_topic_or_partition.value
+                elif not self._leads(topic.topic, partition):
+                    error = ErrorCode.not_leader_or_follower.value
+                else:
+                    current = self._leader_epoch(topic.topic, partition)
+                    error = leader_epoch_error(int(p.current_leader_epoch), current)
+                    if error == ErrorCode.none.value and 0 <= asked <= current:
+                        epoch = asked
+                        end_offset = max(self.logs.log_end_offset(topic.topic, partition),
+                                         self.logs.log(topic.topic, partition).high_watermark)
+                add_error(self._epoch_errors, error)
+                partitions.append(apis.make(module.EpochEndOffset, error_code=apis.error_code(error),
+                                            partition=partition, leader_epoch=epoch, end_offset=end_offset))
+            topics.append(apis.make(module.OffsetForLeaderTopicResult, topic=topic.topic,
+                                    partitions=tuple(partitions)))
+        response = apis.make(module.OffsetForLeaderEpochResponse, throttle_time=apis.ZERO_MS, topics=tuple(topics))
+        request.connection.complete(request.token, apis.encode(header, response))

@@ -96,6 +96,7 @@ API_VERSIONS = API_VERSIONS_KEY
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
+OFFSET_FOR_LEADER_EPOCH = 23
 DESCRIBE_CONFIGS = 32
 CREATE_PARTITIONS = 37
 DELETE_GROUPS = 42
@@ -134,6 +135,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
 SUPPORTED_VERSIONS.update({
     FETCH: (4, 12),                 # pipeline/log/fetch.py
     LIST_OFFSETS: (1, 7),           # pipeline/log/fetch.py
+    # KIP-320's position validation (librdkafka needs v2, the first with current_leader_epoch; kio
+    # has v2-v4). Clients validate once a partition's leader epoch goes up: kafka-python 3.x does
+    # even without the api listed, and stops fetching the partition until it succeeds.
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),  # pipeline/log/fetch.py
     OFFSET_COMMIT: (2, 8),          # pipeline/coordinator
     OFFSET_FETCH: (1, 8),
     FIND_COORDINATOR: (0, 4),

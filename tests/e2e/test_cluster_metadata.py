@@ -352,8 +352,15 @@ def test_leader_epochs_go_up_with_each_move_a_stale_one_is_fenced_and_a_consumer
     producer = Producer({"bootstrap.servers": c.bootstrap(), "enable.idempotence": True, "linger.ms": 5})
     consumer = Consumer({"bootstrap.servers": c.bootstrap(), "group.id": f"cm-{backend}-epochs-readers",
                          "auto.offset.reset": "earliest", "enable.auto.commit": True})
+    # kafka-python (3.x: KIP-320 position validation) reads the partitions without a group.
+    from kafka import KafkaConsumer, TopicPartition
+
+    reader = KafkaConsumer(bootstrap_servers=c.bootstrap().split(","), enable_auto_commit=False,
+                           auto_offset_reset="earliest")
+    reader.assign([TopicPartition(topic, p) for p in range(partitions)])
     first_delivery: dict[int, list[int]] = {p: [] for p in range(partitions)}
     values: set[bytes] = set()
+    read: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
 
     def produce_round(n: int) -> None:
         for i in range(n * per_round, (n + 1) * per_round):
@@ -362,13 +369,16 @@ def test_leader_epochs_go_up_with_each_move_a_stale_one_is_fenced_and_a_consumer
 
     def consume_until(count: int) -> None:
         deadline = time.monotonic() + 180
-        while len(values) < count:
-            assert time.monotonic() < deadline, f"consumed {len(values)} of {count}\n{c.log_text()}"
-            for msg in consumer.consume(100, 0.5):
+        while len(values) < count or sum(map(len, read.values())) < count:
+            assert time.monotonic() < deadline, (f"confluent-kafka consumed {len(values)}, kafka-python "
+                                                 f"{sum(map(len, read.values()))} of {count}\n{c.log_text()}")
+            for msg in consumer.consume(100, 0.2):
                 assert msg.error() is None, msg.error()
                 if msg.value() not in values:
                     values.add(msg.value())
                     first_delivery[msg.partition()].append(msg.offset())
+            for tp, records in reader.poll(timeout_ms=200).items():
+                read[tp.partition].extend((r.offset, r.value) for r in records)
 
     try:
         consumer.subscribe([topic])
@@ -413,9 +423,13 @@ def test_leader_epochs_go_up_with_each_move_a_stale_one_is_fenced_and_a_consumer
         consume_until(3 * per_round)
     finally:
         consumer.close()
+        reader.close()
         producer.flush(30)
 
     # Everything produced was read, each partition from offset 0 with no gap.
     assert values == {b"%d" % i for i in range(3 * per_round)}
     for p, offsets in first_delivery.items():
         assert offsets == list(range(3 * per_round // partitions)), (p, offsets)
+    assert {v for records in read.values() for _, v in records} == values
+    for p, records in read.items():
+        assert [o for o, _ in records] == list(range(3 * per_round // partitions)), (p, records)

@@ -48,6 +48,7 @@ from tests.requests.test_handler_trio import Broker, MemorySink, eventually, par
 pytestmark = pytest.mark.trio
 
 OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 1, 3
+FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER = 74, 75, 6
 
 
 class MemoryTable:
@@ -432,7 +433,6 @@ async def test_a_partition_another_broker_leads_is_not_served(autojump_clock, tm
         assert [int(p.error_code) for p in response.topics[0].partitions] == [0, 6]
 
 
-FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER = 74, 75, 6
 
 
 def fetch_v12(correlation_id: int, *parts: tuple[int, int]) -> bytes:
@@ -501,3 +501,52 @@ async def test_fetch_and_list_offsets_check_the_current_leader_epoch(autojump_cl
         got = [(int(p.error_code), int(p.offset), int(p.leader_epoch)) for p in response.topics[0].partitions]
         assert got == [(0, 2, 3), (0, 2, 3), (FENCED_LEADER_EPOCH, -1, -1), (UNKNOWN_LEADER_EPOCH, -1, -1),
                        (NOT_LEADER_OR_FOLLOWER, -1, -1)]
+
+
+def offset_for_leader_epoch(correlation_id: int, version: int, *parts: tuple[str, int, int, int]) -> bytes:
+    """OffsetForLeaderEpoch ``version``: (topic, partition, current_leader_epoch, leader_epoch) each."""
+    import importlib
+
+    m = importlib.import_module(f"kio.schema.offset_for_leader_epoch.v{version}.request")
+    by_topic: dict[str, list] = {}
+    for topic, partition, current, asked in parts:
+        by_topic.setdefault(topic, []).append(m.OffsetForLeaderPartition(
+            partition=i32(partition), current_leader_epoch=i32(current), leader_epoch=i32(asked)))
+    topics = tuple(m.OffsetForLeaderTopic(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items())
+    request = (m.OffsetForLeaderEpochRequest(topics=topics) if version == 2
+               else m.OffsetForLeaderEpochRequest(replica_id=i32(-1), topics=topics))
+    return rc.frame(request, correlation_id)
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+async def test_offset_for_leader_epoch_answers_the_log_end_for_epochs_up_to_the_leaders(autojump_clock, tmp_path,
+                                                                                       version):
+    """KIP-320's validation of a consumer's position: broker 0 leads "t"-0 at leader epoch 3, with 2 records.
+    An epoch up to 3 ends at the log end offset (nothing served is ever truncated here), a newer one is
+    undefined (-1, -1); the current leader epoch is checked as in Fetch; "t"-1 is broker 1's
+    (NOT_LEADER_OR_FOLLOWER) and "t"-5 does not exist (UNKNOWN_TOPIC_OR_PARTITION)."""
+    import importlib
+
+    from pipeline.cluster import DynamicCluster
+    from pipeline.metadata.leadership import Leadership
+
+    response_type = importlib.import_module(f"kio.schema.offset_for_leader_epoch.v{version}.response")
+    view = DynamicCluster(0, "127.0.0.1", 9092)
+    view.member = True
+    view.leaders = {("t", 0): Leadership(0, 3, 1, True), ("t", 1): Leadership(1, 5, 0, True)}
+    view.loaded = {("t", 0)}
+    async with broker(tmp_path, cluster=view) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a", b"b"]))
+        await client.wait_responses(1)
+        await client.send(offset_for_leader_epoch(2, version, ("t", 0, -1, 0), ("t", 0, 3, 3), ("t", 0, 3, 1),
+                                                  ("t", 0, 3, 4), ("t", 0, 2, 0), ("t", 0, 4, 0), ("t", 1, 5, 0),
+                                                  ("t", 5, -1, 0)))
+        await client.wait_responses(2)
+        body = client.responses[1][1]
+        response, _ = entity_reader(response_type.OffsetForLeaderEpochResponse)(body, 1 if version >= 4 else 0)
+        got = [(int(p.partition), int(p.error_code), int(p.leader_epoch), int(p.end_offset))
+               for t in response.topics for p in t.partitions]
+        assert got == [(0, 0, 0, 2), (0, 0, 3, 2), (0, 0, 1, 2), (0, 0, -1, -1),
+                       (0, FENCED_LEADER_EPOCH, -1, -1), (0, UNKNOWN_LEADER_EPOCH, -1, -1),
+                       (1, NOT_LEADER_OR_FOLLOWER, -1, -1), (5, UNKNOWN_TOPIC_OR_PARTITION, -1, -1)]
