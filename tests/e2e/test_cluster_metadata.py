@@ -21,8 +21,9 @@ needs ``--ack-on spark``): the controller assigns partitions and group coordinat
 bumps a partition's leader epoch. The last test stops a broker (SIGTERM: a controlled shutdown ends
 its lease, its partitions move at once; the supervisor starts it again and it gets them back) and
 checks the epochs clients see (KIP-320): Metadata's go up with each move, a Fetch or ListOffsets
-naming the old epoch is FENCED_LEADER_EPOCH, and a confluent-kafka consumer reading the topic
-carries on across both moves (no OffsetsForLeaderEpoch is served, so it does not validate).
+naming the old epoch is FENCED_LEADER_EPOCH, and a confluent-kafka consumer group and a kafka-python
+consumer (which validates its position with OffsetForLeaderEpoch after each move) read the topic
+across both moves, nothing skipped.
 """
 
 from __future__ import annotations
