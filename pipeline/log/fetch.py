@@ -29,10 +29,11 @@ request whose ``current_leader_epoch`` (Fetch v9+, ListOffsets v4+) is -1 or the
 partition's leader epoch (``BrokerInfo.leader_epoch``: 0 unless leadership is
 through the database); see :func:`leader_epoch_error`. A found offset is
 answered with the partition's current leader epoch (ListOffsets
-``leader_epoch``: no epoch is kept per record batch), and a Fetch partition
-answered NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH names the leader this
-broker knows of and its epoch (``current_leader``, v12+; Kafka fills it from
-v16 with KIP-951, the field exists from v12).
+``leader_epoch``: no epoch is kept per record batch). Fetch's ``current_leader``
+(v12+) stays empty, as Kafka leaves it below v16 (KIP-951 fills it from v16,
+with the leader's address in ``node_endpoints``): kafka-python 3.x follows a
+hint at v12 and then fails its poll (UnknownBrokerIdError) when the broker it
+names is not in its metadata yet, as after a broker's return.
 
 **OffsetForLeaderEpoch** (KafkaApis.handleOffsetForLeaderEpochRequest,
 Partition.lastOffsetForLeaderEpoch): a consumer whose partition's leader epoch
@@ -63,10 +64,6 @@ from pipeline.network.request_metrics import add_error
 from pipeline.security.acl import AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
-
-_LEADER_HINT_ERRORS = frozenset((ErrorCode.not_leader_or_follower.value, ErrorCode.fenced_leader_epoch.value))
-"""Fetch partition errors answered with the leader this broker knows of (``current_leader``; Kafka
-KafkaApis.handleFetchRequest, KIP-951)."""
 
 MAX_WAIT_MS_LIMIT = 30_000
 """A fetch waits at most this long (ms), whatever it asks: the client's request.timeout.ms is 30 s."""
@@ -127,7 +124,6 @@ class FetchApis:
         self.delayed_fetches = 0
         self._authorize: Any = lambda request, operation, resource_type, name: True
         self._leads: Any = lambda topic, partition: True
-        self._leader: Any = lambda topic, partition: -1
         self._leader_epoch: Any = lambda topic, partition: 0
 
     def register(self, kafka_apis: Any) -> None:
@@ -135,8 +131,7 @@ class FetchApis:
         self._authorize = kafka_apis.authorize
         # In a cluster only a partition's leader serves it (others: NOT_LEADER_OR_FOLLOWER).
         self._leads = kafka_apis.broker.leads
-        # Their leader epochs (KIP-320), checked against the request's and named in the answers.
-        self._leader = kafka_apis.broker.leader
+        # Their leader epochs (KIP-320), checked against the request's and named in ListOffsets.
         self._leader_epoch = kafka_apis.broker.leader_epoch
         kafka_apis.register(FETCH, self.fetch)
         kafka_apis.register(LIST_OFFSETS, self.list_offsets)
@@ -269,10 +264,6 @@ class FetchApis:
         by_topic: dict[str, list[Any]] = {}
         for p in parts:
             add_error(self._fetch_errors, p.error)
-            hint: dict[str, Any] = {}
-            if p.error in _LEADER_HINT_ERRORS and hasattr(module, "LeaderIdAndEpoch"):  # v12+: where to go
-                hint["current_leader"] = apis.make(module.LeaderIdAndEpoch, leader_id=self._leader(p.topic, p.partition),
-                                                   leader_epoch=self._leader_epoch(p.topic, p.partition))
             by_topic.setdefault(p.topic, []).append(apis.make(
                 module.PartitionData,
                 partition_index=p.partition,
@@ -285,7 +276,6 @@ class FetchApis:
                     for pid, first in p.aborted),
                 preferred_read_replica=-1,
                 records=p.records,
-                **hint,
             ))
         if not parts:
             add_error(self._fetch_errors, error)
