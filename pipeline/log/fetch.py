@@ -335,7 +335,6 @@ class FetchApis:
         response = apis.make(module.ListOffsetsResponse, throttle_time=apis.ZERO_MS, topics=tuple(topics))
         request.connection.complete(request.token, apis.encode(header, response))
 
-
     # -- OffsetForLeaderEpoch ----------------------------------------------------
 
     async def offset_for_leader_epoch(self, request: Request) -> None:
