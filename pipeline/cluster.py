@@ -123,6 +123,10 @@ class Cluster:
         """Whether this broker leads ``topic``-``partition``."""
         return len(self.brokers) == 1 or self.leader(topic, partition) == self.node_id
 
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The leader epoch of ``topic``-``partition`` (KIP-320): always 0, leaders never move here."""
+        return 0
+
     def coordinator(self, group_id: str) -> int:
         """Node id of the coordinator of group ``group_id``."""
         n = len(self.brokers)
@@ -250,6 +254,12 @@ class DynamicCluster:
         if row is not None:
             return int(row.leader_id)
         return preferred_leader(topic, partition, tuple(b.node_id for b in self.brokers))
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The leader epoch of ``topic``-``partition`` (KIP-320): its row's (1 the first time, +1 per move);
+        0 for a partition without a row yet (a new topic before the controller's pass), below any row's."""
+        row = self.leaders.get((topic, partition))
+        return int(row.leader_epoch) if row is not None else 0
 
     def leads(self, topic: str, partition: int) -> bool:
         """Whether this broker serves ``topic``-``partition`` now."""

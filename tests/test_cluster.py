@@ -114,6 +114,23 @@ def test_metadata_lists_every_broker_and_each_partitions_leader():
     assert all(tuple(p.replica_nodes) == (p.leader_id,) == tuple(p.isr_nodes) for p in partitions)
 
 
+def test_metadata_names_each_partitions_leader_epoch_from_the_database_rows():
+    """KIP-320 (Metadata v7+): with leadership through the database a partition's leader epoch is its
+    row's (+1 per move); one without a row yet says 0; before v7 there is no field."""
+    from pipeline.cluster import DynamicCluster
+    from pipeline.metadata.leadership import Leadership
+
+    view = DynamicCluster(1, "127.0.0.1", 9093)
+    view.leaders = {("orders", 0): Leadership(1, 1), ("orders", 1): Leadership(1, 3, 0, True),
+                    ("orders", 2): Leadership(1, 7, 1, False)}
+    me = BrokerInfo(1, "advertised.me", 9999, "c", cluster=view)
+    assert [p.leader_epoch for p in _metadata(me, 9).topics[0].partitions] == [1, 3, 7, 0]
+    assert [p.leader_epoch for p in _metadata(me, 12).topics[0].partitions] == [1, 3, 7, 0]
+    assert not hasattr(_metadata(me, 6).topics[0].partitions[0], "leader_epoch")
+    static = BrokerInfo(1, "advertised.me", 9999, "c", cluster=Cluster(BROKERS, 1))
+    assert {p.leader_epoch for p in _metadata(static).topics[0].partitions} == {0}
+
+
 def test_metadata_of_a_broker_alone_is_unchanged():
     body = _metadata(BrokerInfo(3, "h", 9092, "c"))
     assert [(b.node_id, b.host, b.port) for b in body.brokers] == [(3, "h", 9092)]

@@ -23,6 +23,28 @@ their records; a read-uncommitted one reads up to the high watermark.
 **ListOffsets** (KafkaApis.handleListOffsetRequest): earliest (-2), latest
 (-1: the high watermark, the last stable offset for ``isolation_level`` 1),
 max timestamp (-3, KIP-734) and by timestamp.
+
+**Leader epochs** (KIP-320): a partition this broker leads is served only to a
+request whose ``current_leader_epoch`` (Fetch v9+, ListOffsets v4+) is -1 or the
+partition's leader epoch (``BrokerInfo.leader_epoch``: 0 unless leadership is
+through the database); see :func:`leader_epoch_error`. A found offset is
+answered with the partition's current leader epoch (ListOffsets
+``leader_epoch``: no epoch is kept per record batch). Fetch's ``current_leader``
+(v12+) stays empty, as Kafka leaves it below v16 (KIP-951 fills it from v16,
+with the leader's address in ``node_endpoints``): kafka-python 3.x follows a
+hint at v12 and then fails its poll (UnknownBrokerIdError) when the broker it
+names is not in its metadata yet, as after a broker's return.
+
+**OffsetForLeaderEpoch** (KafkaApis.handleOffsetForLeaderEpochRequest,
+Partition.lastOffsetForLeaderEpoch): a consumer whose partition's leader epoch
+went up asks where the epoch of its position ended, to detect a log truncated
+under it (KIP-320). No history of epochs is kept here, and no served offset is
+ever truncated (only offsets below the high watermark are served, and it moves
+only over what is durable: the WAL, or the table with ``--ack-on spark``; a
+moved partition continues at the table's end). So an epoch up to the current
+one is answered as ending at the log end offset, at or past any position a
+consumer reached: never a truncation. A newer epoch than the leader's is
+answered undefined (-1, -1), as Kafka does.
 """
 
 from __future__ import annotations
@@ -36,7 +58,7 @@ from kio.schema.errors import ErrorCode
 
 from pipeline.log.manager import LogManager, OffsetOutOfRange
 from pipeline.protocol import apis
-from pipeline.protocol.apis import FETCH, LIST_OFFSETS
+from pipeline.protocol.apis import FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH
 from pipeline.network.request_channel import Request
 from pipeline.network.request_metrics import add_error
 from pipeline.security.acl import AclOperation, ResourceType
@@ -50,6 +72,21 @@ READ_COMMITTED = 1
 """Fetch/ListOffsets ``isolation_level`` of a read-committed consumer (KIP-98; 0 is read uncommitted)."""
 _NO_SESSION = 0
 _INITIAL_EPOCH, _FINAL_EPOCH = 0, -1
+NO_LEADER_EPOCH = -1
+"""A request's ``current_leader_epoch`` that asks for no check (Kafka RecordBatch.NO_PARTITION_LEADER_EPOCH)."""
+
+
+def leader_epoch_error(current_leader_epoch: int, leader_epoch: int) -> int:
+    """The error code for a request naming ``current_leader_epoch`` of a partition this broker leads at
+    ``leader_epoch`` (Kafka ``Partition.checkCurrentLeaderEpoch``, KIP-320): 0 when the request asks for
+    no check (-1) or names the leader's epoch; FENCED_LEADER_EPOCH (74) when it names an older one (the
+    client's metadata is stale: it refreshes and retries); UNKNOWN_LEADER_EPOCH (75) when it names a newer
+    one (this broker has not seen the move yet: the client retries)."""
+    if current_leader_epoch == NO_LEADER_EPOCH or current_leader_epoch == leader_epoch:
+        return ErrorCode.none.value
+    if current_leader_epoch < leader_epoch:
+        return ErrorCode.fenced_leader_epoch.value
+    return ErrorCode.unknown_leader_epoch.value
 
 
 @dataclass(slots=True)
@@ -58,6 +95,7 @@ class _PartitionFetch:
     partition: int
     offset: int
     max_bytes: int
+    current_leader_epoch: int = NO_LEADER_EPOCH
     error: int = 0
     records: bytes = b""
     high_watermark: int = -1
@@ -80,19 +118,24 @@ class FetchApis:
         self.catalog = catalog
         self._fetch_errors = request_metrics.errors(FETCH)
         self._list_errors = request_metrics.errors(LIST_OFFSETS)
+        self._epoch_errors = request_metrics.errors(OFFSET_FOR_LEADER_EPOCH)
         self._nursery: trio.Nursery | None = None
         self.fetches = 0
         self.delayed_fetches = 0
         self._authorize: Any = lambda request, operation, resource_type, name: True
         self._leads: Any = lambda topic, partition: True
+        self._leader_epoch: Any = lambda topic, partition: 0
 
     def register(self, kafka_apis: Any) -> None:
         # KafkaApis.authorize: Fetch needs TOPIC Read, ListOffsets TOPIC Describe (TOPIC_AUTHORIZATION_FAILED).
         self._authorize = kafka_apis.authorize
         # In a cluster only a partition's leader serves it (others: NOT_LEADER_OR_FOLLOWER).
         self._leads = kafka_apis.broker.leads
+        # Their leader epochs (KIP-320), checked against the request's and named in ListOffsets.
+        self._leader_epoch = kafka_apis.broker.leader_epoch
         kafka_apis.register(FETCH, self.fetch)
         kafka_apis.register(LIST_OFFSETS, self.list_offsets)
+        kafka_apis.register(OFFSET_FOR_LEADER_EPOCH, self.offset_for_leader_epoch)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the tasks of fetches being served; runs until cancelled (waiting fetches end then)."""
@@ -122,7 +165,8 @@ class FetchApis:
         for topic in body.topics:
             for p in topic.partitions:
                 wanted.append(_PartitionFetch(topic.topic, int(p.partition), int(p.fetch_offset),
-                                              max(0, int(p.partition_max_bytes))))
+                                              max(0, int(p.partition_max_bytes)),
+                                              int(getattr(p, "current_leader_epoch", NO_LEADER_EPOCH))))
         read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
         max_bytes = int(getattr(body, "max_bytes", 2**31 - 1))
         max_wait_ms = min(max(0, body.max_wait.total_seconds() * 1000.0), MAX_WAIT_MS_LIMIT)
@@ -147,6 +191,8 @@ class FetchApis:
                     p.error = ErrorCode.unknown_topic_or_partition.value
                 elif not self._leads(p.topic, p.partition):
                     p.error = ErrorCode.not_leader_or_follower.value
+                else:
+                    p.error = leader_epoch_error(p.current_leader_epoch, self._leader_epoch(p.topic, p.partition))
             live = [p for p in wanted if not p.error]
             keys = [(p.topic, p.partition) for p in live]
             event = None
@@ -258,7 +304,7 @@ class FetchApis:
             count = self.catalog.partitions(topic.name)
             describable = self._authorize(request, AclOperation.DESCRIBE, ResourceType.TOPIC, topic.name)
             for p in topic.partitions:
-                offset, timestamp, error = -1, -1, ErrorCode.none.value
+                offset, timestamp, error = -1, -1, int(ErrorCode.none.value)
                 if not describable:
                     error = ErrorCode.topic_authorization_failed.value
                 elif count is None or not 0 <= p.partition_index < count:
@@ -266,6 +312,9 @@ class FetchApis:
                 elif not self._leads(topic.name, int(p.partition_index)):
                     error = ErrorCode.not_leader_or_follower.value
                 else:
+                    error = leader_epoch_error(int(getattr(p, "current_leader_epoch", NO_LEADER_EPOCH)),
+                                               self._leader_epoch(topic.name, int(p.partition_index)))
+                if error == ErrorCode.none.value:
                     try:
                         offset, timestamp = await self.logs.offset_for(topic.name, int(p.partition_index),
                                                                        int(p.timestamp), read_committed)
@@ -279,9 +328,48 @@ class FetchApis:
                     error_code=apis.error_code(error),
                     timestamp=timestamp,
                     offset=offset,
-                    leader_epoch=0 if error == 0 and offset >= 0 else -1,
+                    leader_epoch=(self._leader_epoch(topic.name, int(p.partition_index))
+                                  if error == 0 and offset >= 0 else NO_LEADER_EPOCH),
                 ))
             topics.append(apis.make(module.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(partitions)))
         response = apis.make(module.ListOffsetsResponse, throttle_time=apis.ZERO_MS, topics=tuple(topics))
         request.connection.complete(request.token, apis.encode(header, response))
 
+    # -- OffsetForLeaderEpoch ----------------------------------------------------
+
+    async def offset_for_leader_epoch(self, request: Request) -> None:
+        """Answer OffsetForLeaderEpoch (see the module docstring): per partition, TOPIC Describe
+        (TOPIC_AUTHORIZATION_FAILED), an existing partition (UNKNOWN_TOPIC_OR_PARTITION) this broker
+        serves (NOT_LEADER_OR_FOLLOWER), ``current_leader_epoch`` checked (:func:`leader_epoch_error`);
+        then (``leader_epoch``, log end offset), or (-1, -1) for an epoch newer than the leader's."""
+        header = request.header
+        body = apis.decode_request(header, request.frame)
+        module = apis.response_module(OFFSET_FOR_LEADER_EPOCH, header.api_version)
+        topics = []
+        for topic in body.topics:
+            count = self.catalog.partitions(topic.topic)
+            describable = self._authorize(request, AclOperation.DESCRIBE, ResourceType.TOPIC, topic.topic)
+            partitions = []
+            for p in topic.partitions:
+                partition, asked = int(p.partition), int(p.leader_epoch)
+                epoch, end_offset, error = NO_LEADER_EPOCH, -1, int(ErrorCode.none.value)
+                if not describable:
+                    error = ErrorCode.topic_authorization_failed.value
+                elif count is None or not 0 <= partition < count:
+                    error = ErrorCode.unknown_topic_or_partition.value
+                elif not self._leads(topic.topic, partition):
+                    error = ErrorCode.not_leader_or_follower.value
+                else:
+                    current = self._leader_epoch(topic.topic, partition)
+                    error = leader_epoch_error(int(p.current_leader_epoch), current)
+                    if error == ErrorCode.none.value and 0 <= asked <= current:
+                        epoch = asked
+                        end_offset = max(self.logs.log_end_offset(topic.topic, partition),
+                                         self.logs.log(topic.topic, partition).high_watermark)
+                add_error(self._epoch_errors, error)
+                partitions.append(apis.make(module.EpochEndOffset, error_code=apis.error_code(error),
+                                            partition=partition, leader_epoch=epoch, end_offset=end_offset))
+            topics.append(apis.make(module.OffsetForLeaderTopicResult, topic=topic.topic,
+                                    partitions=tuple(partitions)))
+        response = apis.make(module.OffsetForLeaderEpochResponse, throttle_time=apis.ZERO_MS, topics=tuple(topics))
+        request.connection.complete(request.token, apis.encode(header, response))

@@ -96,6 +96,7 @@ API_VERSIONS = API_VERSIONS_KEY
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
+OFFSET_FOR_LEADER_EPOCH = 23
 DESCRIBE_CONFIGS = 32
 CREATE_PARTITIONS = 37
 DELETE_GROUPS = 42
@@ -134,6 +135,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
 SUPPORTED_VERSIONS.update({
     FETCH: (4, 12),                 # pipeline/log/fetch.py
     LIST_OFFSETS: (1, 7),           # pipeline/log/fetch.py
+    # KIP-320's position validation (librdkafka needs v2, the first with current_leader_epoch; kio
+    # has v2-v4). Clients validate once a partition's leader epoch goes up: kafka-python 3.x does
+    # even without the api listed, and stops fetching the partition until it succeeds.
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),  # pipeline/log/fetch.py
     OFFSET_COMMIT: (2, 8),          # pipeline/coordinator
     OFFSET_FETCH: (1, 8),
     FIND_COORDINATOR: (0, 4),
@@ -484,6 +489,11 @@ class BrokerInfo:
         by the leader only; others answer NOT_LEADER_OR_FOLLOWER)."""
         return self.cluster is None or self.cluster.leads(topic, partition)
 
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The leader epoch of ``topic``-``partition`` (KIP-320): 0 alone or with static leaders, the
+        leadership row's with leadership through the database (``pipeline.cluster``)."""
+        return 0 if self.cluster is None else self.cluster.leader_epoch(topic, partition)
+
     @property
     def controller_id(self) -> int:
         return self.node_id if self.cluster is None else self.cluster.controller_id
@@ -529,7 +539,8 @@ def metadata_response(
     without consulting ``topics``; v12 lookups by topic id of unknown ids
     get ``UNKNOWN_TOPIC_ID`` (100). Each partition: leader and sole
     replica/ISR member ``broker.leader(topic, partition)`` (this broker when
-    alone), leader epoch 0.
+    alone), leader epoch ``broker.leader_epoch(topic, partition)`` (v7+, KIP-320:
+    0 unless leadership is through the database).
 
     :raises InvalidRequestError: a v10/v11 request with a null topic name
         (Kafka rejects it the same way: ids are usable from v12).
@@ -555,7 +566,7 @@ def metadata_response(
                     error_code=ErrorCode.none,
                     partition_index=index,
                     leader_id=leader,
-                    leader_epoch=0,
+                    leader_epoch=broker.leader_epoch(name or "", index),
                     replica_nodes=(leader,),
                     isr_nodes=(leader,),
                     offline_replicas=(),

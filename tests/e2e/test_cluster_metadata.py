@@ -15,10 +15,22 @@ change's acknowledgement to the end of the first request that showed it must be 
 the issue's bound. Committed offsets are served by the group's coordinator alone, as Kafka
 serves them: the other brokers answer OffsetFetch NOT_COORDINATOR and name the coordinator in
 FindCoordinator, and an AdminClient bootstrapped on broker 1 or 2 reads the offsets through it.
+
+Leadership is through the database (``--cluster-leadership database``, the multi-host mode, which
+needs ``--ack-on spark``): the controller assigns partitions and group coordinators, and each move
+bumps a partition's leader epoch. The last test stops a broker (SIGTERM: a controlled shutdown ends
+its lease, its partitions move at once; the supervisor starts it again and it gets them back) and
+checks the epochs clients see (KIP-320): Metadata's go up with each move, a Fetch or ListOffsets
+naming the old epoch is FENCED_LEADER_EPOCH, and a confluent-kafka consumer group and a kafka-python
+consumer (which validates its position with OffsetForLeaderEpoch after each move) read the topic
+across both moves, nothing skipped.
 """
 
 from __future__ import annotations
 
+import datetime
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 
@@ -28,15 +40,19 @@ from kio.schema.describe_acls.v3.response import DescribeAclsResponse
 from kio.schema.describe_user_scram_credentials.v0.request import DescribeUserScramCredentialsRequest, UserName
 from kio.schema.describe_user_scram_credentials.v0.response import DescribeUserScramCredentialsResponse
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
+from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.fetch.v12.response import FetchResponse
 from kio.schema.find_coordinator.v4.response import FindCoordinatorResponse
+from kio.schema.list_offsets.v7.request import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
+from kio.schema.list_offsets.v7.response import ListOffsetsResponse
 from kio.schema.metadata.v9.request import MetadataRequest
 from kio.schema.metadata.v9.response import MetadataResponse
 from kio.schema.offset_fetch.v8.request import OffsetFetchRequest, OffsetFetchRequestGroup
 from kio.schema.offset_fetch.v8.response import OffsetFetchResponse
 from kio.serial import entity_reader
-from kio.static.primitive import i8
+from kio.static.primitive import i8, i32, i64
 
-from pipeline.cluster import Cluster as Placement, ClusterBroker
+from pipeline.cluster import OFFSETS_TOPIC, offsets_partition, preferred_leader
 from tests.conftest import unique_database
 from tests.e2e import raw_client as rc
 from tests.e2e.cluster_process import Cluster
@@ -50,22 +66,27 @@ POLL_S = 0.05
 WAIT_S = 60.0
 """How long a broker is asked before the test gives up (the bound is checked on what was measured)."""
 NOT_COORDINATOR = 16
+FENCED_LEADER_EPOCH = 74
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def cluster(request, tmp_path_factory, connect_server) -> Iterator[tuple[str, Cluster]]:
-    """``pipeline serve --brokers 3`` with an authorizer (ANONYMOUS a super user, so the plain
-    clients may create ACLs), its stores on SQLite or in a fresh PostgreSQL database."""
+    """``pipeline serve --brokers 3`` with leadership through the database and an authorizer
+    (ANONYMOUS a super user, so the plain clients may create ACLs), its stores on SQLite or in a fresh
+    PostgreSQL database."""
     backend = request.param
     # A catalog database of its own: the Connect server's catalog is shared with other tests.
     args = ["--spark-remote", connect_server.url, "--table-database", unique_database(),
-            "--authorizer-class-name", "pipeline", "--super-users", "User:ANONYMOUS"]
+            "--authorizer-class-name", "pipeline", "--super-users", "User:ANONYMOUS",
+            "--cluster-leadership", "database", "--ack-on", "spark", "--linger-ms", "20"]
     if backend == "postgresql":
         args += ["--metadata-url", request.getfixturevalue("postgres_server").create_database("cluster")]
     c = Cluster(tmp_path_factory.mktemp(f"cluster-metadata-{backend}") / "data", BROKERS, *args)
     try:
         c.start()
         assert sorted(c.addresses) == list(range(BROKERS))
+        _until(lambda: all(len(_ask(c.addresses[n], rc.metadata(), MetadataResponse).brokers) == BROKERS
+                           for n in range(BROKERS)), "every broker a live member", c)
         yield backend, c
         assert c.stop() == 0, c.log_text()
     finally:
@@ -88,6 +109,30 @@ class Pinned:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _until(condition: Callable[[], object], what: str, c: Cluster, timeout_s: float = WAIT_S) -> object:
+    """``condition()`` every ``POLL_S`` until it is true; its value. A connection refused or reset (a broker
+    restarting) counts as not yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s\n{c.log_text()}"
+        time.sleep(POLL_S)
+
+
+def _ask(address: tuple[str, int], request, response_type):
+    """One request on a connection of its own to the broker at ``address``."""
+    broker = Pinned(address)
+    try:
+        return broker.call(request, response_type)
+    finally:
+        broker.close()
 
 
 @pytest.fixture
@@ -192,9 +237,10 @@ def test_an_offset_committed_through_broker_0_is_read_through_every_broker_from_
 
     backend, c = cluster
     topic = f"cm-{backend}-offsets"
-    placement = Placement(tuple(ClusterBroker(n, h, p) for n, (h, p) in sorted(c.addresses.items())), 0)
-    # A group broker 0 coordinates (pipeline.cluster: crc32 of the id), so the commit is made there.
-    group = next(g for g in (f"cm-{backend}-group-{i}" for i in range(100)) if placement.coordinator(g) == 0)
+    # A group broker 0 coordinates, so the commit is made there: the controller gives the group's
+    # __consumer_offsets partition to its preferred leader over the three brokers (pipeline.cluster).
+    group = next(g for g in (f"cm-{backend}-group-{i}" for i in range(100))
+                 if preferred_leader(OFFSETS_TOPIC, offsets_partition(g), tuple(range(BROKERS))) == 0)
     creator = _admin(c, 0)
     creator.create_topics([NewTopic(topic, 3, 1)])[topic].result(60)
     readers = {node: _admin(c, node) for node in (1, 2)}
@@ -240,3 +286,151 @@ def test_an_offset_committed_through_broker_0_is_read_through_every_broker_from_
                     for t in answer.topics for p in t.partitions} == {(topic, 0): 5, (topic, 2): 3}
         else:
             assert int(answer.error_code) == NOT_COORDINATOR, node
+
+
+# -- leader epochs (KIP-320) ------------------------------------------------------------------------
+
+
+def _leaders(address: tuple[str, int], topic: str) -> dict[int, tuple[int, int]]:
+    """Metadata v9 of ``topic`` from the broker at ``address``: partition -> (leader id, leader epoch)."""
+    md = _ask(address, rc.metadata(topic), MetadataResponse)
+    return {int(p.partition_index): (int(p.leader_id), int(p.leader_epoch))
+            for t in md.topics if t.name == topic and int(t.error_code) == 0 for p in t.partitions}
+
+
+def _fetch(address: tuple[str, int], topic: str, partition: int, current_leader_epoch: int) -> tuple[int, int, int]:
+    """Fetch v12 of ``topic``-``partition`` from offset 0 naming ``current_leader_epoch``:
+    (error code, the leader id and epoch of ``current_leader``: always -1, -1, as Kafka below v16)."""
+    response = _ask(address, FetchRequest(
+        replica_id=i32(-1), max_wait=datetime.timedelta(0), min_bytes=i32(1), max_bytes=i32(1 << 20),
+        isolation_level=i8(0), session_id=i32(0), session_epoch=i32(-1), forgotten_topics_data=(), rack_id="",
+        topics=(FetchTopic(topic=topic, partitions=(FetchPartition(
+            partition=i32(partition), current_leader_epoch=i32(current_leader_epoch), fetch_offset=i64(0),
+            last_fetched_epoch=i32(-1), log_start_offset=i64(-1), partition_max_bytes=i32(1 << 20)),)),)),
+        FetchResponse)
+    [p] = response.responses[0].partitions
+    return int(p.error_code), int(p.current_leader.leader_id), int(p.current_leader.leader_epoch)
+
+
+def _list_offset(address: tuple[str, int], topic: str, partition: int, current_leader_epoch: int) -> tuple[int, int]:
+    """ListOffsets v7 (latest) of ``topic``-``partition`` naming ``current_leader_epoch``: (error code, leader epoch)."""
+    response = _ask(address, ListOffsetsRequest(replica_id=i32(-1), isolation_level=i8(0), topics=(ListOffsetsTopic(
+        name=topic, partitions=(ListOffsetsPartition(partition_index=i32(partition),
+                                                     current_leader_epoch=i32(current_leader_epoch),
+                                                     timestamp=i64(-1)),)),)), ListOffsetsResponse)
+    [p] = response.topics[0].partitions
+    return int(p.error_code), int(p.leader_epoch)
+
+
+def _agreed(c: Cluster, nodes: list[int], topic: str, partitions: int) -> dict[int, tuple[int, int]] | None:
+    """The leaders and epochs of ``topic`` when every broker of ``nodes`` names the same, every partition has
+    a leadership row (epoch 1 or more) and its leader serves it at that epoch; else None."""
+    views = [_leaders(c.addresses[n], topic) for n in nodes]
+    if len(views[0]) != partitions or any(v != views[0] for v in views) or min(e for _, e in views[0].values()) < 1:
+        return None
+    if any(_fetch(c.addresses[leader], topic, p, epoch)[0] != 0 for p, (leader, epoch) in views[0].items()):
+        return None
+    return views[0]
+
+
+def test_leader_epochs_go_up_with_each_move_a_stale_one_is_fenced_and_a_consumer_carries_on(cluster):
+    """KIP-320 across two real moves: a broker's controlled shutdown (its partitions move to the others)
+    and its return (they move back). Runs last in the module: it restarts a broker of the shared cluster."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import NewTopic
+
+    backend, c = cluster
+    topic, partitions, per_round = f"cm-{backend}-epochs", 3, 30
+    admin = _admin(c, 0)
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(60)
+    everyone = list(range(BROKERS))
+    before = _until(lambda: _agreed(c, everyone, topic, partitions), "partitions led and served", c)
+    assert isinstance(before, dict)
+    victim = next(n for n in (2, 1) if any(leader == n for leader, _ in before.values()))
+    moved = sorted(p for p, (leader, _) in before.items() if leader == victim)
+    print(f"{backend}: before {before}; stopping broker {victim}, leader of {moved}")
+
+    producer = Producer({"bootstrap.servers": c.bootstrap(), "enable.idempotence": True, "linger.ms": 5})
+    consumer = Consumer({"bootstrap.servers": c.bootstrap(), "group.id": f"cm-{backend}-epochs-readers",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": True})
+    # kafka-python (3.x: KIP-320 position validation) reads the partitions without a group.
+    from kafka import KafkaConsumer, TopicPartition
+
+    reader = KafkaConsumer(bootstrap_servers=c.bootstrap().split(","), enable_auto_commit=False,
+                           auto_offset_reset="earliest")
+    reader.assign([TopicPartition(topic, p) for p in range(partitions)])
+    first_delivery: dict[int, list[int]] = {p: [] for p in range(partitions)}
+    values: set[bytes] = set()
+    read: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
+
+    def produce_round(n: int) -> None:
+        for i in range(n * per_round, (n + 1) * per_round):
+            producer.produce(topic, value=b"%d" % i, partition=i % partitions)
+        assert producer.flush(180) == 0, c.log_text()
+
+    def consume_until(count: int) -> None:
+        deadline = time.monotonic() + 180
+        while len(values) < count or sum(map(len, read.values())) < count:
+            assert time.monotonic() < deadline, (f"confluent-kafka consumed {len(values)}, kafka-python "
+                                                 f"{sum(map(len, read.values()))} of {count}\n{c.log_text()}")
+            for msg in consumer.consume(100, 0.2):
+                assert msg.error() is None, msg.error()
+                if msg.value() not in values:
+                    values.add(msg.value())
+                    first_delivery[msg.partition()].append(msg.offset())
+            for tp, records in reader.poll(timeout_ms=200).items():
+                read[tp.partition].extend((r.offset, r.value) for r in records)
+
+    try:
+        consumer.subscribe([topic])
+        produce_round(0)
+        consume_until(per_round)
+
+        # 1. Broker `victim` stops (SIGTERM: its lease ends, its partitions move at once).
+        os.kill(c.broker_pid(victim), signal.SIGTERM)
+        others = [n for n in everyone if n != victim]
+
+        def moved_away() -> dict[int, tuple[int, int]] | None:
+            now = _agreed(c, others, topic, partitions)
+            return now if now and all(now[p][0] != victim for p in moved) else None
+
+        during = _until(moved_away, f"broker {victim}'s partitions served elsewhere", c)
+        assert isinstance(during, dict)
+        print(f"{backend}: while broker {victim} is away {during}")
+        for p in range(partitions):
+            assert during[p][1] > before[p][1] if p in moved else during[p][1] >= before[p][1], (p, before, during)
+        for p in moved:  # a client with the metadata of before the move is told so
+            leader, epoch = during[p]
+            assert _fetch(c.addresses[leader], topic, p, before[p][1]) == (FENCED_LEADER_EPOCH, -1, -1)
+            assert _list_offset(c.addresses[leader], topic, p, before[p][1]) == (FENCED_LEADER_EPOCH, -1)
+            assert _list_offset(c.addresses[leader], topic, p, epoch) == (0, epoch)
+        produce_round(1)
+        consume_until(2 * per_round)
+
+        # 2. The supervisor starts it again; it registers and gets its partitions back.
+        c.wait_listening(BROKERS + 1, 400)
+
+        def moved_back() -> dict[int, tuple[int, int]] | None:
+            now = _agreed(c, everyone, topic, partitions)
+            return now if now and all(now[p][0] == victim for p in moved) else None
+
+        after = _until(moved_back, f"broker {victim}'s partitions back", c, timeout_s=400)
+        assert isinstance(after, dict)
+        print(f"{backend}: after broker {victim} came back {after}")
+        for p in moved:
+            assert after[p][1] > during[p][1], (p, during, after)
+            assert _fetch(c.addresses[victim], topic, p, during[p][1])[0] == FENCED_LEADER_EPOCH
+        produce_round(2)
+        consume_until(3 * per_round)
+    finally:
+        consumer.close()
+        reader.close()
+        producer.flush(30)
+
+    # Everything produced was read, each partition from offset 0 with no gap.
+    assert values == {b"%d" % i for i in range(3 * per_round)}
+    for p, offsets in first_delivery.items():
+        assert offsets == list(range(3 * per_round // partitions)), (p, offsets)
+    assert {v for records in read.values() for _, v in records} == values
+    for p, records in read.items():
+        assert [o for o, _ in records] == list(range(3 * per_round // partitions)), (p, records)

@@ -48,6 +48,7 @@ from tests.requests.test_handler_trio import Broker, MemorySink, eventually, par
 pytestmark = pytest.mark.trio
 
 OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 1, 3
+FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER = 74, 75, 6
 
 
 class MemoryTable:
@@ -430,3 +431,122 @@ async def test_a_partition_another_broker_leads_is_not_served(autojump_clock, tm
         await client.wait_responses(2)
         response, _ = entity_reader(ListOffsetsResponse)(client.responses[1][1], 0)
         assert [int(p.error_code) for p in response.topics[0].partitions] == [0, 6]
+
+
+
+
+def fetch_v12(correlation_id: int, *parts: tuple[int, int]) -> bytes:
+    """Fetch v12 of topic "t" from offset 0: (partition, current_leader_epoch) each."""
+    from kio.schema.fetch.v12.request import FetchPartition as P12, FetchRequest as R12, FetchTopic as T12
+
+    request = R12(replica_id=i32(-1), max_wait=datetime.timedelta(0), min_bytes=i32(1), max_bytes=i32(1 << 20),
+                  isolation_level=i8(0), session_id=i32(0), session_epoch=i32(-1), forgotten_topics_data=(),
+                  rack_id="", topics=(T12(topic="t", partitions=tuple(
+                      P12(partition=i32(p), current_leader_epoch=i32(epoch), fetch_offset=i64(0), last_fetched_epoch=i32(-1),
+                          log_start_offset=i64(-1), partition_max_bytes=i32(1 << 20)) for p, epoch in parts)),))
+    return rc.frame(request, correlation_id)
+
+
+def list_offsets_v7(correlation_id: int, *parts: tuple[int, int]) -> bytes:
+    """ListOffsets v7 of topic "t", latest offset: (partition, current_leader_epoch) each."""
+    from kio.schema.list_offsets.v7.request import (ListOffsetsPartition as P7, ListOffsetsRequest as R7,
+                                                    ListOffsetsTopic as T7)
+
+    return rc.frame(R7(replica_id=i32(-1), isolation_level=i8(0), topics=(T7(name="t", partitions=tuple(
+        P7(partition_index=i32(p), current_leader_epoch=i32(epoch), timestamp=i64(-1)) for p, epoch in parts)),)),
+        correlation_id)
+
+
+async def test_fetch_and_list_offsets_check_the_current_leader_epoch(autojump_clock, tmp_path):
+    """KIP-320 with leadership through the database: broker 0 leads "t"-0 at leader epoch 3 (moved twice)
+    and serves it to a request naming epoch 3 or -1; an older epoch is FENCED_LEADER_EPOCH, a newer one
+    UNKNOWN_LEADER_EPOCH. "t"-1 is led by broker 1 at epoch 5: NOT_LEADER_OR_FOLLOWER whatever the epoch
+    asked. Fetch v12's ``current_leader`` stays empty (Kafka fills it from v16 only). ListOffsets answers
+    a found offset with the current leader epoch."""
+    from kio.schema.fetch.v12.response import FetchResponse as F12
+    from kio.schema.list_offsets.v7.response import ListOffsetsResponse as L7
+
+    from pipeline.cluster import DynamicCluster
+    from pipeline.metadata.leadership import Leadership
+
+    view = DynamicCluster(0, "127.0.0.1", 9092)
+    view.member = True
+    view.leaders = {("t", 0): Leadership(0, 3, 1, True), ("t", 1): Leadership(1, 5, 0, True)}
+    view.loaded = {("t", 0)}
+    async with broker(tmp_path, cluster=view) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a", b"b"]))
+        await client.wait_responses(1)
+        assert partition_result(client.responses[0][1]) == (0, 0)
+        answers = {}
+        for n, (partition, asked) in enumerate([(0, -1), (0, 3), (0, 2), (0, 4), (1, 5), (1, -1)], start=2):
+            await client.send(fetch_v12(n, (partition, asked)))
+            await client.wait_responses(n)
+            response, _ = entity_reader(F12)(client.responses[n - 1][1], 1)  # after the header's tagged fields
+            [p] = response.responses[0].partitions
+            records = p.records and MemoryRecords(bytes(p.records)).next_batch()
+            answers[(partition, asked)] = (int(p.error_code), [r.value for r in records] if records else [],
+                                           (int(p.current_leader.leader_id), int(p.current_leader.leader_epoch)))
+        assert answers == {
+            (0, -1): (0, [b"a", b"b"], (-1, -1)),
+            (0, 3): (0, [b"a", b"b"], (-1, -1)),
+            (0, 2): (FENCED_LEADER_EPOCH, [], (-1, -1)),
+            (0, 4): (UNKNOWN_LEADER_EPOCH, [], (-1, -1)),
+            (1, 5): (NOT_LEADER_OR_FOLLOWER, [], (-1, -1)),
+            (1, -1): (NOT_LEADER_OR_FOLLOWER, [], (-1, -1)),
+        }
+        await client.send(list_offsets_v7(8, (0, -1), (0, 3), (0, 1), (0, 9), (1, 5)))
+        await client.wait_responses(8)
+        response, _ = entity_reader(L7)(client.responses[7][1], 1)
+        got = [(int(p.error_code), int(p.offset), int(p.leader_epoch)) for p in response.topics[0].partitions]
+        assert got == [(0, 2, 3), (0, 2, 3), (FENCED_LEADER_EPOCH, -1, -1), (UNKNOWN_LEADER_EPOCH, -1, -1),
+                       (NOT_LEADER_OR_FOLLOWER, -1, -1)]
+
+
+def offset_for_leader_epoch(correlation_id: int, version: int, *parts: tuple[str, int, int, int]) -> bytes:
+    """OffsetForLeaderEpoch ``version``: (topic, partition, current_leader_epoch, leader_epoch) each."""
+    import importlib
+
+    m = importlib.import_module(f"kio.schema.offset_for_leader_epoch.v{version}.request")
+    by_topic: dict[str, list] = {}
+    for topic, partition, current, asked in parts:
+        by_topic.setdefault(topic, []).append(m.OffsetForLeaderPartition(
+            partition=i32(partition), current_leader_epoch=i32(current), leader_epoch=i32(asked)))
+    topics = tuple(m.OffsetForLeaderTopic(topic=t, partitions=tuple(ps)) for t, ps in by_topic.items())
+    request = (m.OffsetForLeaderEpochRequest(topics=topics) if version == 2
+               else m.OffsetForLeaderEpochRequest(replica_id=i32(-1), topics=topics))
+    return rc.frame(request, correlation_id)
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+async def test_offset_for_leader_epoch_answers_the_log_end_for_epochs_up_to_the_leaders(autojump_clock, tmp_path,
+                                                                                       version):
+    """KIP-320's validation of a consumer's position: broker 0 leads "t"-0 at leader epoch 3, with 2 records.
+    An epoch up to 3 ends at the log end offset (nothing served is ever truncated here), a newer one is
+    undefined (-1, -1); the current leader epoch is checked as in Fetch; "t"-1 is broker 1's
+    (NOT_LEADER_OR_FOLLOWER) and "t"-5 does not exist (UNKNOWN_TOPIC_OR_PARTITION)."""
+    import importlib
+
+    from pipeline.cluster import DynamicCluster
+    from pipeline.metadata.leadership import Leadership
+
+    response_type = importlib.import_module(f"kio.schema.offset_for_leader_epoch.v{version}.response")
+    view = DynamicCluster(0, "127.0.0.1", 9092)
+    view.member = True
+    view.leaders = {("t", 0): Leadership(0, 3, 1, True), ("t", 1): Leadership(1, 5, 0, True)}
+    view.loaded = {("t", 0)}
+    async with broker(tmp_path, cluster=view) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a", b"b"]))
+        await client.wait_responses(1)
+        await client.send(offset_for_leader_epoch(2, version, ("t", 0, -1, 0), ("t", 0, 3, 3), ("t", 0, 3, 1),
+                                                  ("t", 0, 3, 4), ("t", 0, 2, 0), ("t", 0, 4, 0), ("t", 1, 5, 0),
+                                                  ("t", 5, -1, 0)))
+        await client.wait_responses(2)
+        body = client.responses[1][1]
+        response, _ = entity_reader(response_type.OffsetForLeaderEpochResponse)(body, 1 if version >= 4 else 0)
+        got = [(int(p.partition), int(p.error_code), int(p.leader_epoch), int(p.end_offset))
+               for t in response.topics for p in t.partitions]
+        assert got == [(0, 0, 0, 2), (0, 0, 3, 2), (0, 0, 1, 2), (0, 0, -1, -1),
+                       (0, FENCED_LEADER_EPOCH, -1, -1), (0, UNKNOWN_LEADER_EPOCH, -1, -1),
+                       (1, NOT_LEADER_OR_FOLLOWER, -1, -1), (5, UNKNOWN_TOPIC_OR_PARTITION, -1, -1)]

@@ -185,3 +185,18 @@ def test_a_dynamic_cluster_serves_only_loaded_partitions_it_leads_as_a_member():
     view.leaders = {("t", 0): Leadership(2, 3, 1, False)}
     assert not view.leads("t", 0) and view.leader("t", 0) == 2
     assert view.leader("t", 1) == 1  # no row yet: the rule over the live members (itself)
+
+
+def test_a_partitions_leader_epoch_is_its_rows_and_0_before_it_has_one():
+    """KIP-320: Metadata, Fetch and ListOffsets take a partition's leader epoch from here
+    (``BrokerInfo.leader_epoch``); a row's epoch is 1 the first time, so 0 is below every row's."""
+    from pipeline.cluster import Cluster, ClusterBroker
+
+    view = DynamicCluster(1, "127.0.0.1", 9093)
+    assert view.leader_epoch("t", 0) == 0
+    view.leaders = {("t", 0): Leadership(1, 1)}
+    assert (view.leader_epoch("t", 0), view.leader_epoch("t", 1)) == (1, 0)
+    view.leaders = {("t", 0): Leadership(2, 4, 1, False)}  # moved (twice more) to broker 2
+    assert view.leader_epoch("t", 0) == 4
+    static = Cluster((ClusterBroker(0, "h", 1), ClusterBroker(1, "h", 2)), 1)
+    assert {static.leader_epoch("t", p) for p in range(4)} == {0}  # leaders never move: KIP-320's 0

@@ -35,6 +35,7 @@ from kafka.protocol.consumer import HeartbeatRequest
 from kafka.protocol.consumer import JoinGroupRequest
 from kafka.protocol.consumer import LeaveGroupRequest
 from kafka.protocol.consumer import ListOffsetsRequest
+from kafka.protocol.consumer import OffsetForLeaderEpochRequest
 from kafka.protocol.consumer import OffsetCommitRequest
 from kafka.protocol.consumer import OffsetDeleteRequest
 from kafka.protocol.consumer import OffsetFetchRequest
@@ -506,6 +507,9 @@ OTHER_REQUESTS = {
                 partition_index=1, committed_offset=42, committed_leader_epoch=-1, committed_metadata="m")])]),
     DescribeTransactionsRequest: dict(transactional_ids=["app", "other"]),
     ListTransactionsRequest: dict(state_filters=["Ongoing"], producer_id_filters=[1234]),
+    OffsetForLeaderEpochRequest: dict(replica_id=-1, topics=[OffsetForLeaderEpochRequest.OffsetForLeaderTopic(
+        topic="events", partitions=[OffsetForLeaderEpochRequest.OffsetForLeaderTopic.OffsetForLeaderPartition(
+            partition=2, current_leader_epoch=5, leader_epoch=3)])]),
     SaslHandshakeRequest: dict(mechanism="SCRAM-SHA-256"),
     SaslAuthenticateRequest: dict(auth_bytes=b"n,,n=alice,r=abc"),
     DescribeUserScramCredentialsRequest: dict(users=[DescribeUserScramCredentialsRequest.UserName(name="alice")]),
