@@ -92,7 +92,16 @@ CREATE TABLE IF NOT EXISTS broker_wals (
     claimant_epoch BIGINT NOT NULL
 )"""
 
-MIGRATIONS = (Migration(1, sqlite=_SCHEMA, postgresql=_SCHEMA), Migration(2, sqlite=_WALS, postgresql=_WALS))
+_RETIRED = """
+CREATE TABLE IF NOT EXISTS retired_epochs (
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    leader_epoch BIGINT NOT NULL,
+    PRIMARY KEY (topic, partition)
+)"""
+
+MIGRATIONS = (Migration(1, sqlite=_SCHEMA, postgresql=_SCHEMA), Migration(2, sqlite=_WALS, postgresql=_WALS),
+              Migration(3, sqlite=_RETIRED, postgresql=_RETIRED))
 
 BATCHES_KEPT = 5
 """Producer batches kept per (partition, producer) (Kafka ProducerStateEntry.NumBatchesToRetain)."""
@@ -208,8 +217,9 @@ class LeadershipStore:
                          moves: Mapping[tuple[str, int], tuple[int, bool]],
                          deleted: Iterable[tuple[str, int]] = ()) -> None:
         """As the controller at ``controller_epoch``: give each partition of ``moves`` its new leader
-        (leader epoch + 1; ``handed_off`` False: the leader before must hand off first) and remove the rows
-        of ``deleted`` partitions (their topic is gone). One transaction.
+        (leader epoch + 1, a new row 1 above a deleted partition's last; ``handed_off`` False: the leader
+        before must hand off first) and remove the rows of ``deleted`` partitions (their topic is gone).
+        One transaction.
 
         A partition whose previous move is not handed off yet keeps that move's prior leader (it still
         has to hand off), whoever leads it now.
@@ -225,13 +235,23 @@ class LeadershipStore:
             if row is None:
                 raise NotControllerError(f"broker {node_id} is not the controller at epoch {controller_epoch}")
             cur.executemany(
-                "INSERT INTO partition_leaders VALUES (?, ?, ?, 1, -1, 1) ON CONFLICT (topic, partition) DO UPDATE "
+                "INSERT INTO partition_leaders VALUES (?, ?, ?, COALESCE((SELECT r.leader_epoch FROM retired_epochs r "
+                "WHERE r.topic = ? AND r.partition = ?), 0) + 1, -1, 1) ON CONFLICT (topic, partition) DO UPDATE "
                 "SET leader_epoch = partition_leaders.leader_epoch + 1, "
                 "prior_id = CASE WHEN partition_leaders.handed_off = 1 THEN partition_leaders.leader_id "
                 "ELSE partition_leaders.prior_id END, "
                 "handed_off = CASE WHEN partition_leaders.handed_off = 1 THEN ? ELSE 0 END, "
                 "leader_id = excluded.leader_id",
-                [(t, p, leader, 1 if done else 0) for (t, p), (leader, done) in sorted(moves.items())])
+                [(t, p, leader, t, p, 1 if done else 0) for (t, p), (leader, done) in sorted(moves.items())])
+            # A deleted partition's last leader epoch is kept: a re-created one continues above it, so a
+            # client that cached the old epoch (the topic id is the name's) does not take its metadata
+            # for stale (KIP-320).
+            for t, p in sorted(deleted):
+                row = cur.execute("SELECT leader_epoch FROM partition_leaders WHERE topic = ? AND partition = ?",
+                                  (t, p)).fetchone()
+                if row is not None:
+                    cur.execute("INSERT INTO retired_epochs VALUES (?, ?, ?) ON CONFLICT (topic, partition) "
+                                "DO UPDATE SET leader_epoch = excluded.leader_epoch", (t, p, int(row[0])))
             cur.executemany("DELETE FROM partition_leaders WHERE topic = ? AND partition = ?", sorted(deleted))
             self._db.record_change(cur, COMPONENT)
 

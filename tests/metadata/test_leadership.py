@@ -68,6 +68,9 @@ def test_a_move_waits_for_the_prior_leaders_hand_off_and_bumps_the_leader_epoch(
         assert store.assignment()[("t", 0)] == Leadership(2, 3, prior_id=0, handed_off=True)
         store.write_assignment(0, epoch, controller, {}, [("t", 0)])
         assert store.assignment() == {}
+        # Re-created: its leader epoch continues above the deleted one's (clients cached 3).
+        store.write_assignment(0, epoch, controller, {("t", 0): (1, True), ("t", 1): (1, True)})
+        assert store.assignment() == {("t", 0): Leadership(1, 4), ("t", 1): Leadership(1, 1)}
     finally:
         store.close()
 
