@@ -107,8 +107,9 @@ DESCRIBE_CLUSTER = 60
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     # v3 is the first version that carries RecordBatch v2 (magic 2), the
     # only record format we accept. v10 adds tagged leader hints that only
-    # accompany NOT_LEADER_OR_FOLLOWER, which a single broker never returns;
-    # v11 only lets the broker return TRANSACTION_ABORTABLE (KIP-890). v12
+    # accompany NOT_LEADER_OR_FOLLOWER (KIP-951); a broker of a cluster answers
+    # that error without them (they are optional: the client refreshes its
+    # Metadata instead, as before v10); v11 only lets the broker return TRANSACTION_ABORTABLE (KIP-890). v12
     # means the broker adds partitions to transactions implicitly (KIP-890
     # part 2) and v13 addresses topics by id: neither is implemented.
     PRODUCE: (3, 11),
