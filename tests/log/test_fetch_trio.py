@@ -457,6 +457,28 @@ def list_offsets_v7(correlation_id: int, *parts: tuple[int, int]) -> bytes:
         correlation_id)
 
 
+
+def _leading_t0_at_epoch_3():
+    """Broker 0's view of a cluster led through the database: it leads "t"-0 at leader epoch 3 (loaded),
+    broker 1 leads "t"-1 at 5."""
+    from pipeline.cluster import DynamicCluster
+    from pipeline.metadata.leadership import Leadership
+
+    view = DynamicCluster(0, "127.0.0.1", 9092)
+    view.member = True
+    view.leaders = {("t", 0): Leadership(0, 3, 1, True), ("t", 1): Leadership(1, 5, 0, True)}
+    view.loaded = {("t", 0)}
+    return view
+
+
+async def _two_records_produced(b):
+    """A client of ``b`` that produced b"a", b"b" to "t"-0 (offsets 0 and 1)."""
+    client, _ = await b.connect()
+    await client.send(produce(1, [b"a", b"b"]))
+    await client.wait_responses(1)
+    assert partition_result(client.responses[0][1]) == (0, 0)
+    return client
+
 async def test_fetch_and_list_offsets_check_the_current_leader_epoch(autojump_clock, tmp_path):
     """KIP-320 with leadership through the database: broker 0 leads "t"-0 at leader epoch 3 (moved twice)
     and serves it to a request naming epoch 3 or -1; an older epoch is FENCED_LEADER_EPOCH, a newer one
@@ -466,18 +488,8 @@ async def test_fetch_and_list_offsets_check_the_current_leader_epoch(autojump_cl
     from kio.schema.fetch.v12.response import FetchResponse as F12
     from kio.schema.list_offsets.v7.response import ListOffsetsResponse as L7
 
-    from pipeline.cluster import DynamicCluster
-    from pipeline.metadata.leadership import Leadership
-
-    view = DynamicCluster(0, "127.0.0.1", 9092)
-    view.member = True
-    view.leaders = {("t", 0): Leadership(0, 3, 1, True), ("t", 1): Leadership(1, 5, 0, True)}
-    view.loaded = {("t", 0)}
-    async with broker(tmp_path, cluster=view) as b:
-        client, _ = await b.connect()
-        await client.send(produce(1, [b"a", b"b"]))
-        await client.wait_responses(1)
-        assert partition_result(client.responses[0][1]) == (0, 0)
+    async with broker(tmp_path, cluster=_leading_t0_at_epoch_3()) as b:
+        client = await _two_records_produced(b)
         answers = {}
         for n, (partition, asked) in enumerate([(0, -1), (0, 3), (0, 2), (0, 4), (1, 5), (1, -1)], start=2):
             await client.send(fetch_v12(n, (partition, asked)))
@@ -527,18 +539,9 @@ async def test_offset_for_leader_epoch_answers_the_log_end_for_epochs_up_to_the_
     (NOT_LEADER_OR_FOLLOWER) and "t"-5 does not exist (UNKNOWN_TOPIC_OR_PARTITION)."""
     import importlib
 
-    from pipeline.cluster import DynamicCluster
-    from pipeline.metadata.leadership import Leadership
-
     response_type = importlib.import_module(f"kio.schema.offset_for_leader_epoch.v{version}.response")
-    view = DynamicCluster(0, "127.0.0.1", 9092)
-    view.member = True
-    view.leaders = {("t", 0): Leadership(0, 3, 1, True), ("t", 1): Leadership(1, 5, 0, True)}
-    view.loaded = {("t", 0)}
-    async with broker(tmp_path, cluster=view) as b:
-        client, _ = await b.connect()
-        await client.send(produce(1, [b"a", b"b"]))
-        await client.wait_responses(1)
+    async with broker(tmp_path, cluster=_leading_t0_at_epoch_3()) as b:
+        client = await _two_records_produced(b)
         await client.send(offset_for_leader_epoch(2, version, ("t", 0, -1, 0), ("t", 0, 3, 3), ("t", 0, 3, 1),
                                                   ("t", 0, 3, 4), ("t", 0, 2, 0), ("t", 0, 4, 0), ("t", 1, 5, 0),
                                                   ("t", 5, -1, 0)))
