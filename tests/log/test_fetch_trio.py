@@ -457,7 +457,6 @@ def list_offsets_v7(correlation_id: int, *parts: tuple[int, int]) -> bytes:
         correlation_id)
 
 
-
 def _leading_t0_at_epoch_3():
     """Broker 0's view of a cluster led through the database: it leads "t"-0 at leader epoch 3 (loaded),
     broker 1 leads "t"-1 at 5."""
