@@ -131,6 +131,22 @@ def test_metadata_names_each_partitions_leader_epoch_from_the_database_rows():
     assert {p.leader_epoch for p in _metadata(static).topics[0].partitions} == {0}
 
 
+def test_a_leader_that_is_not_a_live_member_is_not_available_in_metadata():
+    """Between a broker's lease ending and the controller moving its partitions their rows still name
+    it, but it is not a listed broker: Metadata says LEADER_NOT_AVAILABLE with leader -1, as Kafka does
+    for an offline leader (kafka-python's poll raised UnknownBrokerIdError on the dangling id)."""
+    from pipeline.cluster import ClusterBroker, DynamicCluster
+    from pipeline.metadata.leadership import Leadership
+
+    view = DynamicCluster(1, "127.0.0.1", 9093)
+    view.members = (ClusterBroker(0, "h0", 9092), ClusterBroker(1, "127.0.0.1", 9093))
+    view.leaders = {("orders", p): Leadership(p % 3, 1) for p in range(4)}  # broker 2's lease ran out
+    body = _metadata(BrokerInfo(1, "advertised.me", 9999, "c", cluster=view))
+    assert [b.node_id for b in body.brokers] == [0, 1]
+    assert [(int(p.error_code), p.leader_id, tuple(p.replica_nodes)) for p in body.topics[0].partitions] == [
+        (0, 0, (0,)), (0, 1, (1,)), (5, -1, ()), (0, 0, (0,))]
+
+
 def test_metadata_of_a_broker_alone_is_unchanged():
     body = _metadata(BrokerInfo(3, "h", 9092, "c"))
     assert [(b.node_id, b.host, b.port) for b in body.brokers] == [(3, "h", 9092)]

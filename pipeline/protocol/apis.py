@@ -550,6 +550,17 @@ def metadata_response(
     module = _RESPONSE_MODULES[(METADATA, version)]
     auto_create = getattr(request, "allow_auto_topic_creation", True)
 
+    listed = tuple(broker.all_brokers())
+    listed_ids = {node_id for node_id, _, _ in listed}
+
+    def partition_leader(name: str, index: int) -> tuple[int, int]:
+        """(error, leader): a leader that is not a listed (live) broker is not available (-1), as Kafka
+        answers for an offline leader; a client would otherwise look up a broker id it was not given
+        (kafka-python's poll raises UnknownBrokerIdError), e.g. between a broker's lease ending and
+        the controller moving its partitions."""
+        leader = broker.leader(name, index)
+        return (ErrorCode.none, leader) if leader in listed_ids else (ErrorCode.leader_not_available, -1)
+
     def topic_entry(
         name: str | None, error: int, partitions: int, topic_id: uuid.UUID = _ZERO_UUID
     ) -> Any:
@@ -564,15 +575,16 @@ def metadata_response(
             partitions=tuple(
                 _make(
                     module.MetadataResponsePartition,
-                    error_code=ErrorCode.none,
+                    error_code=partition_error,
                     partition_index=index,
                     leader_id=leader,
                     leader_epoch=broker.leader_epoch(name or "", index),
-                    replica_nodes=(leader,),
-                    isr_nodes=(leader,),
+                    replica_nodes=(leader,) if leader >= 0 else (),
+                    isr_nodes=(leader,) if leader >= 0 else (),
                     offline_replicas=(),
                 )
-                for index, leader in ((i, broker.leader(name or "", i)) for i in range(partitions))
+                for index, (partition_error, leader) in ((i, partition_leader(name or "", i))
+                                                         for i in range(partitions))
             ),
         )
 
@@ -632,7 +644,7 @@ def metadata_response(
                 port=port,
                 rack=None,
             )
-            for node_id, host, port in broker.all_brokers()
+            for node_id, host, port in listed
         ),
         cluster_id=broker.cluster_id,
         controller_id=broker.controller_id,
