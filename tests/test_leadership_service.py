@@ -9,6 +9,9 @@ the broker still serves is a fence.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import trio
 
 from pipeline.cluster import DynamicCluster
@@ -30,17 +33,24 @@ async def _until_registered(service: LeadershipService) -> None:
             await trio.sleep(0.02)
 
 
+@asynccontextmanager
+async def _registered(service: LeadershipService) -> AsyncIterator[None]:
+    """``service`` running and registered for the block; its tasks cancelled after it."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await _until_registered(service)
+        yield
+        nursery.cancel_scope.cancel()
+
+
 def test_a_clean_stop_ends_the_lease_without_fencing_the_broker(tmp_path):
     fenced: list[str] = []
     service = _service(tmp_path, fenced)
 
     async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(service.run)
-            await _until_registered(service)
+        async with _registered(service):
             await service.unregister()
             await trio.sleep(0.5)  # ten heartbeats, each refused: the lease is over
-            nursery.cancel_scope.cancel()
 
     trio.run(main)
     assert fenced == []
@@ -52,16 +62,13 @@ def test_a_lease_ended_by_someone_else_fences_the_broker(tmp_path):
     service = _service(tmp_path, fenced)
 
     async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(service.run)
-            await _until_registered(service)
+        async with _registered(service):
             assert service.store is not None and service.epoch is not None
             # As the lease running out while the broker was stalled: the database ends it, not the broker.
             await trio.to_thread.run_sync(service.store.registry.unregister, 0, service.epoch)
             with trio.fail_after(30):
                 while not fenced:
                     await trio.sleep(0.02)
-            nursery.cancel_scope.cancel()
 
     trio.run(main)
     assert fenced == ["fenced"]
