@@ -153,6 +153,8 @@ class LeadershipService:
         """The controller epoch this broker holds (None: it is not the controller)."""
         self._live: set[int] = set()
         self._lease_from: float | None = None
+        self._draining = False
+        """A ``_drain_task`` runs (one at a time)."""
         """Local time (trio clock, s) the last successful registration or heartbeat was sent."""
         self._undrained: list[BrokerWal] = []
         """Dead brokers' WALs not drained yet (``--ack-on wal``): no partition is taken over meanwhile."""
@@ -185,7 +187,7 @@ class LeadershipService:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._membership)
                 nursery.start_soon(self._lease_watchdog)
-                nursery.start_soon(self._controller)
+                nursery.start_soon(self._controller, nursery)
                 nursery.start_soon(self._watch, nursery)
                 task_status.started()
         finally:
@@ -286,7 +288,7 @@ class LeadershipService:
 
     # -- the controller ------------------------------------------------------------
 
-    async def _controller(self) -> None:
+    async def _controller(self, nursery: trio.Nursery) -> None:
         store = self.store
         assert store is not None
         node = self.cluster.node_id
@@ -304,8 +306,10 @@ class LeadershipService:
                 if held is None:
                     continue
                 await self._reassign(store, held)
-                if self.drain_wal is not None:
-                    await self._drain_dead_wals(store)
+                if self.drain_wal is not None and not self._draining:
+                    # In a task of its own: a long drain does not hold up moving other partitions.
+                    self._draining = True
+                    nursery.start_soon(self._drain_task, store)
                 if trio.current_time() >= next_trim:
                     next_trim = trio.current_time() + TRIM_INTERVAL_S
                     await trio.to_thread.run_sync(store.trim_producers)
@@ -335,6 +339,16 @@ class LeadershipService:
         if moved or gone:
             log.info("controller: %d partition(s) moved, %d assigned, %d removed over live brokers %s", moved,
                      len(moves) - moved, len(gone), sorted(live))
+
+    async def _drain_task(self, store: LeadershipStore) -> None:
+        try:
+            await self._drain_dead_wals(store)
+        except FencedBrokerError:
+            pass  # the membership task ends the broker
+        except Exception as exc:  # the controller's next pass tries again (the claim is kept)
+            log.warning("controller: draining a dead broker's WAL failed: %s", exc)
+        finally:
+            self._draining = False
 
     async def _drain_dead_wals(self, store: LeadershipStore) -> None:
         """As the controller: claim each dead broker's WAL not drained yet, write what the table lacks of
