@@ -10,7 +10,10 @@
  * varint/varlong are zigzag-encoded LEB128 (ByteUtils.readVarint / readVarlong).
  *
  * This file is the per-record loop of the decode worker (pipeline.table.arrow) and of the front end's
- * validation (pipeline.protocol.records); batch headers, CRCs and decompression stay in Python.
+ * validation (pipeline.protocol.records), and the front end's per-request hot path (issue 23): a
+ * Produce body read into its partitions (produce_body) and the whole check of uncompressed batches
+ * (summarize). Decompression and every error message stay in Python: these decline (None) whatever
+ * they do not accept, and the Python code they stand in front of decides.
  * It has no state and does no I/O: bytes in, bytes out.
  */
 #define PY_SSIZE_T_CLEAN
@@ -386,11 +389,284 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ big-endian fields */
+
+static inline int16_t be16(const uint8_t *p) { return (int16_t)(((uint16_t)p[0] << 8) | p[1]); }
+static inline uint32_t be32u(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline int32_t be32(const uint8_t *p) { return (int32_t)be32u(p); }
+static inline int64_t be64(const uint8_t *p) { return (int64_t)(((uint64_t)be32u(p) << 32) | be32u(p + 4)); }
+
+/* ------------------------------------------------------------------ summarize */
+
+static PyObject *crc32c_function; /* crc32c.crc32c: the CRC32C of a bytes-like object (the crc32c package) */
+
+/* The CRC32C of n bytes at p, computed by the crc32c package; 0 with *ok = 0 on a Python error. */
+static uint32_t crc32c_of(const uint8_t *p, Py_ssize_t n, int *ok) {
+    *ok = 0;
+    PyObject *view = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
+    if (view == NULL) return 0;
+    PyObject *value = PyObject_CallOneArg(crc32c_function, view);
+    Py_DECREF(view);
+    if (value == NULL) return 0;
+    unsigned long crc = PyLong_AsUnsignedLong(value);
+    Py_DECREF(value);
+    if (PyErr_Occurred()) return 0;
+    *ok = 1;
+    return (uint32_t)crc;
+}
+
+#define LOG_OVERHEAD 12      /* base offset: int64, length: int32 */
+#define BATCH_HEADER 61      /* RecordBatch v2 header (DefaultRecordBatch.RECORD_BATCH_OVERHEAD) */
+#define CODEC_MASK 0x07
+#define TIMESTAMP_TYPE_MASK 0x08
+#define TRANSACTIONAL_MASK 0x10
+#define CONTROL_MASK 0x20
+
+PyDoc_STRVAR(summarize_doc,
+"summarize(records, min_timestamp_ms, max_timestamp_ms) -> tuple | None\n\n"
+"The summary of one partition's records (concatenated RecordBatch v2 batches) when every batch is\n"
+"uncompressed and valid, else None: the caller's full check (pipeline.protocol.records.validate_records)\n"
+"then inflates compressed batches or names what is wrong. For the records it summarizes it checks\n"
+"exactly what validate_records checks (lengths, magic 2, the 61-byte header, CRC32C through the crc32c\n"
+"package, the record count against the last offset delta, no control batch, one producer and one\n"
+"transactional flag for all batches, every record as ``scan`` reads it, CreateTime timestamps within\n"
+"[min_timestamp_ms, max_timestamp_ms]) and returns the same fields as its RecordsInfo:\n"
+"(record_count, batch_count, producer_id, producer_epoch, base_sequence, last_sequence,\n"
+"is_transactional, max_timestamp_ms, uncompressed_bytes).");
+
+static PyObject *summarize(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    long long min_ts, max_ts;
+    if (!PyArg_ParseTuple(args, "y*LL", &view, &min_ts, &max_ts)) return NULL;
+    const uint8_t *base = (const uint8_t *)view.buf;
+    Py_ssize_t end = view.len, pos = 0, index = 0;
+    int64_t record_count = 0, uncompressed = 0, max_timestamp = -1, last_sequence = -1;
+    int64_t producer_id = 0;
+    int producer_epoch = 0, base_sequence = 0, transactional = 0;
+    PyObject *result = NULL;
+    if (end == 0) goto decline;
+    while (pos < end) {
+        const uint8_t *b = base + pos;
+        Py_ssize_t remaining = end - pos;
+        if (remaining < LOG_OVERHEAD) goto decline;
+        int32_t length = be32(b + 8);
+        if (length < 0 || (int64_t)length > remaining - LOG_OVERHEAD) goto decline;
+        Py_ssize_t batch_size = LOG_OVERHEAD + (Py_ssize_t)length;
+        if (batch_size < BATCH_HEADER || b[16] != 2) goto decline;
+        uint32_t crc = be32u(b + 17);
+        int attributes = be16(b + 21);
+        int32_t last_offset_delta = be32(b + 23);
+        int64_t first_timestamp = be64(b + 27);
+        int64_t batch_max_timestamp = be64(b + 35);
+        int64_t pid = be64(b + 43);
+        int epoch = be16(b + 51);
+        int32_t sequence = be32(b + 53);
+        int32_t count = be32(b + 57);
+        if (attributes & (CODEC_MASK | CONTROL_MASK)) goto decline; /* compressed: inflated by the caller */
+        int ok;
+        uint32_t computed = crc32c_of(b + 21, batch_size - 21, &ok); /* the CRC covers attributes..end */
+        if (!ok) goto error;
+        if (computed != crc) goto decline;
+        if (count < 1 || (int64_t)count != (int64_t)last_offset_delta + 1) goto decline;
+        int txn = (attributes & TRANSACTIONAL_MASK) != 0;
+        if (index == 0) {
+            producer_id = pid;
+            producer_epoch = epoch;
+            base_sequence = sequence;
+            transactional = txn;
+        } else if (txn != transactional || pid != producer_id || epoch != producer_epoch) {
+            goto decline;
+        }
+        Reader r = {b + BATCH_HEADER, b + batch_size};
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        Record rec;
+        for (int32_t i = 0; i < count; i++) {
+            if (read_record(&r, index, i, &rec) < 0) {
+                PyErr_Clear(); /* the caller's full check says what is wrong */
+                goto decline;
+            }
+            if (rec.timestamp_delta < lo) lo = rec.timestamp_delta;
+            if (rec.timestamp_delta > hi) hi = rec.timestamp_delta;
+        }
+        if (r.p != r.end) goto decline;
+        if (!(attributes & TIMESTAMP_TYPE_MASK)) { /* CreateTime: each record's time must fit the table */
+            int64_t low, high;
+            if (__builtin_add_overflow(first_timestamp, lo, &low) ||
+                __builtin_add_overflow(first_timestamp, hi, &high) || low < min_ts || high > max_ts)
+                goto decline;
+        }
+        if (sequence == -1) {
+            last_sequence = -1;
+        } else { /* sequences wrap from INT32_MAX to 0 (DefaultRecordBatch.incrementSequence) */
+            int64_t m = (int64_t)INT32_MAX + 1;
+            last_sequence = (((int64_t)sequence + last_offset_delta) % m + m) % m;
+        }
+        record_count += count;
+        uncompressed += batch_size;
+        if (batch_max_timestamp > max_timestamp) max_timestamp = batch_max_timestamp;
+        pos += batch_size;
+        index++;
+    }
+    result = Py_BuildValue("(LnLiiLOLL)", (long long)record_count, index, (long long)producer_id, producer_epoch,
+                           base_sequence, (long long)last_sequence, transactional ? Py_True : Py_False,
+                           (long long)max_timestamp, (long long)uncompressed);
+    PyBuffer_Release(&view);
+    return result;
+decline:
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+error:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ produce_body */
+
+typedef struct {
+    const uint8_t *buf;
+    Py_ssize_t pos, end;
+    int flexible;
+} Body;
+
+/* An unsigned varint of at most 5 bytes (as kio reads them); -1 when truncated or longer. */
+static int64_t body_uvarint(Body *r) {
+    uint64_t value = 0;
+    int shift = 0;
+    for (Py_ssize_t i = r->pos; i < r->pos + 5 && i < r->end; i++) {
+        uint8_t byte = r->buf[i];
+        value |= (uint64_t)(byte & 0x7f) << shift;
+        if (!(byte & 0x80)) {
+            r->pos = i + 1;
+            return (int64_t)value;
+        }
+        shift += 7;
+    }
+    return -1;
+}
+
+/* A string, bytes or array length: compact (uvarint, length + 1, 0 = null) when flexible, else a
+ * signed int16 (fixed == 2) or int32 (fixed == 4), -1 = null. Returns 0 with *out set (-1: null,
+ * below -1: malformed), -1 when truncated. */
+static int body_length(Body *r, int fixed, int64_t *out) {
+    if (r->flexible) {
+        if (r->pos >= r->end) return -1;
+        int64_t n = body_uvarint(r);
+        *out = n >= 0 ? n - 1 : -2;
+        return 0;
+    }
+    if (r->pos + fixed > r->end) return -1;
+    *out = fixed == 2 ? be16(r->buf + r->pos) : be32(r->buf + r->pos);
+    r->pos += fixed;
+    return 0;
+}
+
+/* A flexible version's empty tagged-field section (one 0 byte): 0 if there, -1 otherwise. */
+static int body_no_tags(Body *r) {
+    if (!r->flexible) return 0;
+    if (r->pos >= r->end || r->buf[r->pos] != 0) return -1;
+    r->pos++;
+    return 0;
+}
+
+/* A non-null UTF-8 string of n bytes at the read position, or NULL (no Python error) if it is not. */
+static PyObject *body_string(Body *r, int64_t n) {
+    if (n < 0 || n > r->end - r->pos) return NULL;
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)r->buf + r->pos, (Py_ssize_t)n, "strict");
+    if (s == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    r->pos += (Py_ssize_t)n;
+    return s;
+}
+
+PyDoc_STRVAR(produce_body_doc,
+"produce_body(frame, pos, flexible) -> tuple | None\n\n"
+"Read a Produce v3-v11 request body at byte ``pos`` of ``frame`` (bytes or bytearray): returns\n"
+"(acks, timeout_ms, transactional_id, [(topic, partition, records), ...]) in request order, each\n"
+"``records`` a bytes copy of the partition's records or None (a null records field). ``flexible``:\n"
+"the compact encodings of v9+ (KIP-482). Returns None for anything else, for the general decoder to\n"
+"accept or refuse: a tagged field, a null where Kafka allows none, a negative length, a length past\n"
+"the frame's end, a varint over 5 bytes, a name that is not UTF-8. Bytes after the body are ignored.");
+
+static PyObject *produce_body(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start;
+    int flexible;
+    if (!PyArg_ParseTuple(args, "y*np", &view, &start, &flexible)) return NULL;
+    Body r = {(const uint8_t *)view.buf, start, view.len, flexible};
+    PyObject *transactional_id = NULL, *partitions = NULL, *topic = NULL, *result = NULL;
+    int64_t n, topics, count;
+    if (start < 0 || start > view.len) goto decline;
+    if (body_length(&r, 2, &n) < 0) goto decline;
+    if (n == -1) {
+        transactional_id = Py_None;
+        Py_INCREF(Py_None);
+    } else if ((transactional_id = body_string(&r, n)) == NULL) {
+        goto decline;
+    }
+    if (r.pos + 6 > r.end) goto decline;
+    int acks = be16(r.buf + r.pos);
+    int32_t timeout_ms = be32(r.buf + r.pos + 2);
+    r.pos += 6;
+    if (body_length(&r, 4, &topics) < 0 || topics < 0 || topics > r.end - r.pos) goto decline;
+    if ((partitions = PyList_New(0)) == NULL) goto error;
+    for (int64_t t = 0; t < topics; t++) {
+        if (body_length(&r, 2, &n) < 0 || (topic = body_string(&r, n)) == NULL) goto decline;
+        if (body_length(&r, 4, &count) < 0 || count < 0 || count > r.end - r.pos) goto decline;
+        for (int64_t p = 0; p < count; p++) {
+            if (r.pos + 4 > r.end) goto decline;
+            int32_t index = be32(r.buf + r.pos);
+            r.pos += 4;
+            if (body_length(&r, 4, &n) < 0) goto decline;
+            PyObject *records;
+            if (n == -1) {
+                records = Py_None;
+                Py_INCREF(Py_None);
+            } else if (n < 0 || n > r.end - r.pos) {
+                goto decline;
+            } else {
+                records = PyBytes_FromStringAndSize((const char *)r.buf + r.pos, (Py_ssize_t)n);
+                if (records == NULL) goto error;
+                r.pos += (Py_ssize_t)n;
+            }
+            PyObject *entry = Py_BuildValue("(OiN)", topic, index, records);
+            if (entry == NULL) goto error;
+            int appended = PyList_Append(partitions, entry);
+            Py_DECREF(entry);
+            if (appended < 0) goto error;
+            if (body_no_tags(&r) < 0) goto decline; /* the partition's */
+        }
+        Py_CLEAR(topic);
+        if (body_no_tags(&r) < 0) goto decline; /* the topic's */
+    }
+    if (body_no_tags(&r) < 0) goto decline; /* the request's */
+    result = Py_BuildValue("(iiNN)", acks, timeout_ms, transactional_id, partitions);
+    PyBuffer_Release(&view);
+    return result;
+decline:
+    Py_XDECREF(transactional_id);
+    Py_XDECREF(partitions);
+    Py_XDECREF(topic);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(transactional_id);
+    Py_XDECREF(partitions);
+    Py_XDECREF(topic);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, scan_doc},
     {"columns", columns, METH_VARARGS, columns_doc},
+    {"summarize", summarize, METH_VARARGS, summarize_doc},
+    {"produce_body", produce_body, METH_VARARGS, produce_body_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -406,6 +682,17 @@ PyMODINIT_FUNC PyInit__records(void) {
         "pipeline._records.RecordsError",
         "A malformed record: args are (message, batch index, record index).", PyExc_ValueError, NULL);
     if (RecordsError == NULL || PyModule_AddObjectRef(m, "RecordsError", RecordsError) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *crc32c_module = PyImport_ImportModule("crc32c");
+    if (crc32c_module == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    crc32c_function = PyObject_GetAttrString(crc32c_module, "crc32c");
+    Py_DECREF(crc32c_module);
+    if (crc32c_function == NULL) {
         Py_DECREF(m);
         return NULL;
     }

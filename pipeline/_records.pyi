@@ -11,3 +11,11 @@ def scan(records: bytes | bytearray | memoryview, count: int, /) -> tuple[int, i
 def columns(batches: list[bytes | memoryview], counts: list[int], /) -> dict[str, Any]:
     """The records of ``batches`` as Arrow column buffers (keys: rows, timestamp_delta, key, value,
     header_offsets, header_key, header_value)."""
+
+def summarize(records: bytes | bytearray | memoryview, min_timestamp_ms: int, max_timestamp_ms: int, /
+              ) -> tuple[int, int, int, int, int, int, bool, int, int] | None:
+    """RecordsInfo's fields for valid uncompressed batches, else None (``validate_records`` decides)."""
+
+def produce_body(frame: bytes | bytearray, pos: int, flexible: bool, /
+                 ) -> tuple[int, int, str | None, list[tuple[str, int, bytes | None]]] | None:
+    """(acks, timeout_ms, transactional_id, [(topic, partition, records)]) of a Produce v3-v11 body, or None."""
