@@ -52,6 +52,7 @@ from .header import RequestHeader
 from .header import is_flexible
 from .header import encode_response
 from .header import readonly_buffer
+from .metadata_encoding import PartitionTuple, TopicTuple, encode_metadata_response
 from ..fastinit import fast_frozen_init
 
 __all__ = (
@@ -556,48 +557,28 @@ def metadata_response(
         (Kafka rejects it the same way: ids are usable from v12).
     """
     version = header.api_version
-    module = _RESPONSE_MODULES[(METADATA, version)]
     auto_create = getattr(request, "allow_auto_topic_creation", True)
 
     listed = tuple(broker.all_brokers())
     listed_ids = {node_id for node_id, _, _ in listed}
+    leader_of, epoch_of = broker.leader, broker.leader_epoch
+    none, not_available = int(ErrorCode.none), int(ErrorCode.leader_not_available)
 
-    def partition_leader(name: str, index: int) -> tuple[int, int]:
-        """(error, leader): a leader that is not a listed (live) broker is not available (-1), as Kafka
-        answers for an offline leader; a client would otherwise look up a broker id it was not given
-        (kafka-python's poll raises UnknownBrokerIdError), e.g. between a broker's lease ending and
-        the controller moving its partitions."""
-        leader = broker.leader(name, index)
-        return (ErrorCode.none, leader) if leader in listed_ids else (ErrorCode.leader_not_available, -1)
+    def topic_entry(name: str | None, error: int, partitions: int, topic_id: uuid.UUID = _ZERO_UUID) -> TopicTuple:
+        """A leader that is not a listed (live) broker is not available (-1), as Kafka answers for
+        an offline leader; a client would otherwise look up a broker id it was not given
+        (kafka-python's poll raises UnknownBrokerIdError), e.g. between a broker's lease ending
+        and the controller moving its partitions."""
+        entries: list[PartitionTuple] = []
+        if error == 0:
+            key = name or ""
+            for index in range(partitions):
+                leader = leader_of(key, index)
+                entries.append((none, index, leader, epoch_of(key, index)) if leader in listed_ids
+                               else (not_available, index, -1, epoch_of(key, index)))
+        return (int(error), name, topic_id, entries)
 
-    def topic_entry(
-        name: str | None, error: int, partitions: int, topic_id: uuid.UUID = _ZERO_UUID
-    ) -> Any:
-        if error != 0:
-            partitions = 0
-        return _make(
-            module.MetadataResponseTopic,
-            error_code=_error_code(error),
-            name=name,
-            topic_id=topic_id,
-            is_internal=False,
-            partitions=tuple(
-                _make(
-                    module.MetadataResponsePartition,
-                    error_code=partition_error,
-                    partition_index=index,
-                    leader_id=leader,
-                    leader_epoch=broker.leader_epoch(name or "", index),
-                    replica_nodes=(leader,) if leader >= 0 else (),
-                    isr_nodes=(leader,) if leader >= 0 else (),
-                    offline_replicas=(),
-                )
-                for index, (partition_error, leader) in ((i, partition_leader(name or "", i))
-                                                         for i in range(partitions))
-            ),
-        )
-
-    def named(name: str) -> Any:
+    def named(name: str) -> TopicTuple:
         try:
             validate_topic_name(name)
         except ValueError:
@@ -606,6 +587,7 @@ def metadata_response(
         return topic_entry(name, error, partitions, topic_id_for(name) if error == 0 else _ZERO_UUID)
 
     requested = request.topics
+    entries: list[TopicTuple]
     if requested is None or (version == 0 and not requested):
         entries = [
             topic_entry(name, 0, count, topic_id_for(name))
@@ -641,25 +623,9 @@ def metadata_response(
 
     if error_counts is not None:
         for entry in entries:
-            _count_error(error_counts, int(entry.error_code))
-    body = _make(
-        module.MetadataResponse,
-        throttle_time=_ZERO_MS,
-        brokers=tuple(
-            _make(
-                module.MetadataResponseBroker,
-                node_id=node_id,
-                host=host,
-                port=port,
-                rack=None,
-            )
-            for node_id, host, port in listed
-        ),
-        cluster_id=broker.cluster_id,
-        controller_id=broker.controller_id,
-        topics=tuple(entries),
-    )
-    return encode_response(header, _encode(body))
+            _count_error(error_counts, entry[0])
+    return encode_response(header, encode_metadata_response(version, listed, broker.cluster_id,
+                                                            broker.controller_id, entries))
 
 
 # ------------------------------------------------------------------ InitProducerId
