@@ -35,7 +35,12 @@ database, no home-made consensus), as KRaft brokers do with their controller
      from the database (written before each table commit,
      ``LeadershipStore.record_producers``), so a producer's retry of a batch the
      table holds is answered as a duplicate; a group coordinator loads the
-     groups' committed offsets (COORDINATOR_LOAD_IN_PROGRESS meanwhile).
+     groups' committed offsets (COORDINATOR_LOAD_IN_PROGRESS meanwhile). It marks the
+     rows it took over serving (``LeadershipStore.serve``) as it starts serving them:
+     until then every broker's Metadata answers the partition LEADER_NOT_AVAILABLE
+     (leader -1), as Kafka's for a partition no broker leads yet, rather than naming a
+     leader that would answer NOT_LEADER_OR_FOLLOWER for the seconds of a WAL drain, a
+     hand-off or a load.
 
 4. **A dead broker's WAL** (``--ack-on wal``): each incarnation registers its WAL
    directory (``wal_path``, on the shared data directory) before it serves
@@ -441,11 +446,25 @@ class LeadershipService:
             log.warning("handing off %s-%d failed (retried): %s", topic, partition, exc)
             self._handing_off.discard((topic, partition, row.leader_epoch))
 
+    async def _mark_serving(self, partitions: dict[tuple[str, int], int]) -> None:
+        """Mark ``partitions`` ((topic, partition) -> leader epoch) served by this broker in the store
+        (``LeadershipStore.serve``: Metadata names no leader for a moved partition until then). A failure
+        is logged; the next pass marks them again."""
+        if not partitions:
+            return
+        assert self.store is not None
+        try:
+            await trio.to_thread.run_sync(self.store.serve, self.cluster.node_id, partitions)
+        except Exception as exc:
+            log.warning("marking %d partition(s) served failed (retried): %s", len(partitions), exc)
+
     async def _load(self, rows: dict[tuple[str, int], Leadership]) -> None:
         """Take over the partitions this broker leads and may serve now (see the module docstring)."""
         cluster, me = self.cluster, self.cluster.node_id
         if not cluster.member:
             return
+        await self._mark_serving({key: row.leader_epoch for key, row in rows.items() if key in cluster.loaded
+                                  and row.leader_id == me and not row.serving})  # a failed mark, again
         ready = {key: row for key, row in rows.items() if row.leader_id == me and key not in cluster.loaded
                  and (row.handed_off or row.prior_id not in self._live or row.prior_id < 0)}
         if not ready:
@@ -481,6 +500,8 @@ class LeadershipService:
         current = cluster.leaders
         taken = {key for key, row in ready.items()
                  if current.get(key) is not None and current[key].leader_epoch == row.leader_epoch}
+        # Named leader in every broker's Metadata from now on; this broker serves them right after.
+        await self._mark_serving({key: ready[key].leader_epoch for key in taken})
         cluster.loaded |= taken
         self._loaded_epochs.update((key, ready[key].leader_epoch) for key in taken)
         if partitions & taken:
