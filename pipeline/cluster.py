@@ -249,7 +249,21 @@ class DynamicCluster:
         return self.controller if self.controller >= 0 else self.brokers[0].node_id
 
     def leader(self, topic: str, partition: int) -> int:
-        """Node id of the leader of ``topic``-``partition`` (see the class docstring)."""
+        """Node id of the leader of ``topic``-``partition`` as Metadata names it: -1 (LEADER_NOT_AVAILABLE)
+        while its row's leader has not taken it over yet (``Leadership.serving``; this broker knows its
+        own at once). Kafka names a new leader only once it leads (``LeadershipStore.serve``): a client
+        told of a leader that answers NOT_LEADER_OR_FOLLOWER for seconds asks again at once (kafkajs
+        rejoins its group on each such answer, ``ConsumerGroup.recoverFromFetch``), where
+        LEADER_NOT_AVAILABLE makes it back off."""
+        key = (topic, partition)
+        row = self.leaders.get(key)
+        if row is not None and not row.serving and not (row.leader_id == self.node_id and key in self.loaded):
+            return -1
+        return self.assigned_leader(topic, partition)
+
+    def assigned_leader(self, topic: str, partition: int) -> int:
+        """Node id of the broker the controller made leader of ``topic``-``partition`` (its row's, see
+        the class docstring), whether it serves it yet or not."""
         row = self.leaders.get((topic, partition))
         if row is not None:
             return int(row.leader_id)
@@ -263,11 +277,13 @@ class DynamicCluster:
 
     def leads(self, topic: str, partition: int) -> bool:
         """Whether this broker serves ``topic``-``partition`` now."""
-        return self.member and (topic, partition) in self.loaded and self.leader(topic, partition) == self.node_id
+        return (self.member and (topic, partition) in self.loaded
+                and self.assigned_leader(topic, partition) == self.node_id)
 
     def coordinator(self, group_id: str) -> int:
-        """Node id of the coordinator of ``group_id``: the leader of its ``__consumer_offsets`` partition."""
-        return self.leader(OFFSETS_TOPIC, offsets_partition(group_id))
+        """Node id of the coordinator of ``group_id``: the leader of its ``__consumer_offsets`` partition,
+        named while it loads the group (it answers COORDINATOR_LOAD_IN_PROGRESS meanwhile, as Kafka's)."""
+        return self.assigned_leader(OFFSETS_TOPIC, offsets_partition(group_id))
 
     def coordinates(self, group_id: str) -> bool:
         """Whether this broker coordinates ``group_id`` now (its groups' offsets loaded)."""

@@ -35,7 +35,12 @@ database, no home-made consensus), as KRaft brokers do with their controller
      from the database (written before each table commit,
      ``LeadershipStore.record_producers``), so a producer's retry of a batch the
      table holds is answered as a duplicate; a group coordinator loads the
-     groups' committed offsets (COORDINATOR_LOAD_IN_PROGRESS meanwhile).
+     groups' committed offsets (COORDINATOR_LOAD_IN_PROGRESS meanwhile). It marks the
+     rows it took over serving (``LeadershipStore.serve``) as it starts serving them:
+     until then every broker's Metadata answers the partition LEADER_NOT_AVAILABLE
+     (leader -1), as Kafka's for a partition no broker leads yet, rather than naming a
+     leader that would answer NOT_LEADER_OR_FOLLOWER for the seconds of a WAL drain, a
+     hand-off or a load.
 
 4. **A dead broker's WAL** (``--ack-on wal``): each incarnation registers its WAL
    directory (``wal_path``, on the shared data directory) before it serves
@@ -60,7 +65,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -441,48 +446,86 @@ class LeadershipService:
             log.warning("handing off %s-%d failed (retried): %s", topic, partition, exc)
             self._handing_off.discard((topic, partition, row.leader_epoch))
 
+    async def _mark_serving(self, partitions: dict[tuple[str, int], int]) -> None:
+        """Mark ``partitions`` ((topic, partition) -> leader epoch) served by this broker in the store
+        (``LeadershipStore.serve``: Metadata names no leader for a moved partition until then). A failure
+        is logged; the next pass marks them again."""
+        if not partitions:
+            return
+        assert self.store is not None
+        try:
+            await trio.to_thread.run_sync(self.store.serve, self.cluster.node_id, partitions)
+        except Exception as exc:
+            log.warning("marking %d partition(s) served failed (retried): %s", len(partitions), exc)
+
     async def _load(self, rows: dict[tuple[str, int], Leadership]) -> None:
         """Take over the partitions this broker leads and may serve now (see the module docstring)."""
         cluster, me = self.cluster, self.cluster.node_id
         if not cluster.member:
             return
+        await self._mark_serving({key: row.leader_epoch for key, row in rows.items() if key in cluster.loaded
+                                  and row.leader_id == me and not row.serving})  # a failed mark, again
         ready = {key: row for key, row in rows.items() if row.leader_id == me and key not in cluster.loaded
                  and (row.handed_off or row.prior_id not in self._live or row.prior_id < 0)}
         if not ready:
             return
-        store = self.store
-        assert store is not None
         if self._undrained:
             # A dead broker's WAL may hold acknowledged records of these partitions that the table lacks.
             ready = {key: row for key, row in ready.items() if key[0] == OFFSETS_TOPIC}
             if not ready:
                 return
-        partitions = {key for key in ready if key[0] != OFFSETS_TOPIC}
-        groups = {p for t, p in ready if t == OFFSETS_TOPIC}
+        # The groups first, on their own: a coordinator's load reads the offset store only, and its groups'
+        # members are answered COORDINATOR_LOAD_IN_PROGRESS until it is done (kafkajs restarts a member on
+        # each), so it does not wait for the table's end offsets (Kafka's coordinator loads its
+        # __consumer_offsets partitions apart from any other partition, GroupCoordinator.onElection).
+        groups = {key: row for key, row in ready.items() if key[0] == OFFSETS_TOPIC}
+        partitions = {key: row for key, row in ready.items() if key[0] != OFFSETS_TOPIC}
+        if groups:
+            await self._take(groups, self._load_groups)
+        if partitions:
+            taken = await self._take(partitions, self._load_partitions)
+            if taken:
+                log.info("broker %d leads %d more partition(s) now, continuing at the table's end offsets", me,
+                         len(taken))
+
+    async def _load_groups(self, keys: set[tuple[str, int]]) -> None:
+        """Load the groups of these ``__consumer_offsets`` partitions into the coordinator (if any)."""
+        if self.coordinator is not None:
+            numbers = {p for _, p in keys}
+            await self.coordinator.load_groups(lambda g: offsets_partition(g) in numbers)
+
+    async def _load_partitions(self, keys: set[tuple[str, int]]) -> None:
+        """Continue these partitions' logs at the table's end offsets, with their producers' states."""
+        store = self.store
+        assert store is not None
+        ends_all = await trio.to_thread.run_sync(self.end_offsets, {t for t, _ in keys})
+        ends = {key: ends_all.get(key, 0) for key in keys}
+        batches = await trio.to_thread.run_sync(store.producers, ends)
+        by_partition: dict[tuple[str, int], list[tuple[int, int, int, int, int]]] = {}
+        for b in batches:
+            by_partition.setdefault((b.topic, b.partition), []).append(
+                (b.producer_id, b.producer_epoch, b.first_seq, b.last_seq, b.base_offset))
+        for key in keys:
+            self.logs.reset_partition(key[0], key[1], ends[key], by_partition.get(key, ()))
+            if self.logs.table is not None:
+                self.logs.table.invalidate(key[0], key[1])
+
+    async def _take(self, ready: dict[tuple[str, int], Leadership],
+                    load: Callable[[set[tuple[str, int]]], Awaitable[None]]) -> set[tuple[str, int]]:
+        """``load`` the ``ready`` partitions, then serve those still ours at the epoch loaded (the rows may
+        have moved meanwhile): marked serving in the store, then in ``cluster.loaded``. The partitions
+        taken; none if loading failed (logged; the next pass tries again)."""
+        cluster = self.cluster
         try:
-            if partitions:
-                ends_all = await trio.to_thread.run_sync(self.end_offsets, {t for t, _ in partitions})
-                ends = {key: ends_all.get(key, 0) for key in partitions}
-                batches = await trio.to_thread.run_sync(store.producers, ends)
-                by_partition: dict[tuple[str, int], list[tuple[int, int, int, int, int]]] = {}
-                for b in batches:
-                    by_partition.setdefault((b.topic, b.partition), []).append(
-                        (b.producer_id, b.producer_epoch, b.first_seq, b.last_seq, b.base_offset))
-                for key in partitions:
-                    self.logs.reset_partition(key[0], key[1], ends[key], by_partition.get(key, ()))
-                    if self.logs.table is not None:
-                        self.logs.table.invalidate(key[0], key[1])
-            if groups and self.coordinator is not None:
-                await self.coordinator.load_groups(lambda g: offsets_partition(g) in groups)
+            await load(set(ready))
         except Exception as exc:
             log.warning("taking over %d partition(s) failed (retried): %s", len(ready), exc)
-            return
-        # Serve only what still is ours at the epoch loaded (the rows may have moved meanwhile).
+            return set()
         current = cluster.leaders
         taken = {key for key, row in ready.items()
                  if current.get(key) is not None and current[key].leader_epoch == row.leader_epoch}
+        # Named leader in every broker's Metadata from now on; this broker serves them right after.
+        await self._mark_serving({key: ready[key].leader_epoch for key in taken})
         cluster.loaded |= taken
         self._loaded_epochs.update((key, ready[key].leader_epoch) for key in taken)
-        if partitions & taken:
-            log.info("broker %d leads %d more partition(s) now, continuing at the table's end offsets", me,
-                     len(partitions & taken))
+        return taken

@@ -145,3 +145,50 @@ def test_with_ack_on_wal_a_dead_brokers_wal_is_drained_before_its_partition_is_t
             outer.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_coordinator_serves_its_groups_before_its_partitions_table_end_offsets_are_read(tmp_path):
+    """A broker that takes over ``t``-0 and the ``__consumer_offsets`` partitions loads the groups on their own
+    (the offset store), so its groups are coordinated (not COORDINATOR_LOAD_IN_PROGRESS) while the table's
+    end offsets are still being read (held here until released; Spark's take seconds); and ``t``-0 has no
+    leader in Metadata (LEADER_NOT_AVAILABLE) until it is served, then this broker, marked serving in the
+    store for every other broker's Metadata."""
+    import threading
+
+    release = threading.Event()
+    reads: list[set[str]] = []
+
+    def end_offsets(topics) -> dict[tuple[str, int], int]:
+        reads.append(set(topics))
+        assert release.wait(30)
+        return {("t", 0): 5}
+
+    service = LeadershipService(DynamicCluster(0, "127.0.0.1", 9092), tmp_path / "cluster.db", ENDPOINT,
+                                session_ms=1000, heartbeat_ms=50, logs=LogManager(), end_offsets=end_offsets,
+                                topics=lambda: {"t": 1}, on_fenced=lambda: None)
+    cluster = service.cluster
+
+    async def until(predicate, what: str) -> None:
+        with trio.move_on_after(30):
+            while not predicate():
+                await trio.sleep(0.02)
+            return
+        raise AssertionError(f"not in 30 s: {what}")
+
+    async def main() -> None:
+        try:
+            async with _registered(service):
+                await until(lambda: reads, "the table's end offsets asked for")
+                await until(lambda: cluster.coordinates("g"), "group g coordinated")
+                assert ("t", 0) not in cluster.loaded and not cluster.leads("t", 0)
+                assert cluster.assigned_leader("t", 0) == 0 and cluster.leader("t", 0) == -1
+                release.set()
+                await until(lambda: cluster.leads("t", 0), "t-0 served")
+                assert cluster.leader("t", 0) == 0
+                assert service.store is not None
+                rows = await trio.to_thread.run_sync(service.store.assignment)
+                assert rows[("t", 0)].serving and all(row.serving for row in rows.values())
+        finally:
+            release.set()  # the held read's thread ends whatever happened
+
+    trio.run(main)

@@ -18,7 +18,9 @@ home-made consensus (issue 24):
   **leader epoch** (+1 per move), the previous leader (``prior_id``) and whether
   that one has **handed off** (everything it accepted is in the table). A new
   leader serves once the prior leader handed off or is not a live member any
-  more (pipeline.leadership).
+  more (pipeline.leadership), and marks the row **serving** (``serve``) as it
+  starts: until then Metadata names no leader for the partition (see
+  ``Leadership.serving``).
 - **producer states**: each idempotent producer batch a leader commits to the
   table is written here first (``record_producers``), with its base offset. A
   new leader takes the rows below the table's end offset (what the table holds)
@@ -100,8 +102,10 @@ CREATE TABLE IF NOT EXISTS retired_epochs (
     PRIMARY KEY (topic, partition)
 )"""
 
+_SERVING = "ALTER TABLE partition_leaders ADD COLUMN serving INTEGER NOT NULL DEFAULT 1"
+
 MIGRATIONS = (Migration(1, sqlite=_SCHEMA, postgresql=_SCHEMA), Migration(2, sqlite=_WALS, postgresql=_WALS),
-              Migration(3, sqlite=_RETIRED, postgresql=_RETIRED))
+              Migration(3, sqlite=_RETIRED, postgresql=_RETIRED), Migration(4, sqlite=_SERVING, postgresql=_SERVING))
 
 BATCHES_KEPT = 5
 """Producer batches kept per (partition, producer) (Kafka ProducerStateEntry.NumBatchesToRetain)."""
@@ -114,13 +118,16 @@ class NotControllerError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Leadership:
-    """One partition's row: its leader, leader epoch (1 the first time), the leader before (-1: none) and
-    whether that one handed off (everything it accepted for the partition is in the table)."""
+    """One partition's row: its leader, leader epoch (1 the first time), the leader before (-1: none),
+    whether that one handed off (everything it accepted for the partition is in the table) and whether
+    the leader serves the partition yet (``serving``: False from a move until the new leader has taken
+    it over, ``LeadershipStore.serve``)."""
 
     leader_id: int
     leader_epoch: int
     prior_id: int = -1
     handed_off: bool = True
+    serving: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,17 +215,17 @@ class LeadershipStore:
     def assignment(self) -> dict[tuple[str, int], Leadership]:
         """Every partition's row: (topic, partition) -> Leadership."""
         with self._db.transaction(write=False) as cur:
-            rows = cur.execute("SELECT topic, partition, leader_id, leader_epoch, prior_id, handed_off "
+            rows = cur.execute("SELECT topic, partition, leader_id, leader_epoch, prior_id, handed_off, serving "
                                "FROM partition_leaders").fetchall()
-        return {(t, int(p)): Leadership(int(leader), int(epoch), int(prior), bool(done))
-                for t, p, leader, epoch, prior, done in rows}
+        return {(t, int(p)): Leadership(int(leader), int(epoch), int(prior), bool(done), bool(serving))
+                for t, p, leader, epoch, prior, done, serving in rows}
 
     def write_assignment(self, node_id: int, broker_epoch: int, controller_epoch: int,
                          moves: Mapping[tuple[str, int], tuple[int, bool]],
                          deleted: Iterable[tuple[str, int]] = ()) -> None:
         """As the controller at ``controller_epoch``: give each partition of ``moves`` its new leader
         (leader epoch + 1, a new row 1 above a deleted partition's last; ``handed_off`` False: the leader
-        before must hand off first) and remove the rows of ``deleted`` partitions (their topic is gone).
+        before must hand off first; ``serving`` False until the new leader has taken it over) and remove the rows of ``deleted`` partitions (their topic is gone).
         One transaction.
 
         A partition whose previous move is not handed off yet keeps that move's prior leader (it still
@@ -236,8 +243,8 @@ class LeadershipStore:
                 raise NotControllerError(f"broker {node_id} is not the controller at epoch {controller_epoch}")
             cur.executemany(
                 "INSERT INTO partition_leaders VALUES (?, ?, ?, COALESCE((SELECT r.leader_epoch FROM retired_epochs r "
-                "WHERE r.topic = ? AND r.partition = ?), 0) + 1, -1, 1) ON CONFLICT (topic, partition) DO UPDATE "
-                "SET leader_epoch = partition_leaders.leader_epoch + 1, "
+                "WHERE r.topic = ? AND r.partition = ?), 0) + 1, -1, 1, 0) ON CONFLICT (topic, partition) DO UPDATE "
+                "SET leader_epoch = partition_leaders.leader_epoch + 1, serving = 0, "
                 "prior_id = CASE WHEN partition_leaders.handed_off = 1 THEN partition_leaders.leader_id "
                 "ELSE partition_leaders.prior_id END, "
                 "handed_off = CASE WHEN partition_leaders.handed_off = 1 THEN ? ELSE 0 END, "
@@ -265,6 +272,25 @@ class LeadershipStore:
             if done:
                 self._db.record_change(cur, COMPONENT)
         return done
+
+    def serve(self, leader_id: int, partitions: Mapping[tuple[str, int], int]) -> int:
+        """``leader_id`` has taken over ``partitions`` ((topic, partition) -> the leader epoch it took
+        over at) and serves them: every broker's Metadata names it their leader from now on. A row that
+        moved on meanwhile is left alone. One transaction; the rows marked.
+
+        Kafka names a partition's new leader in the metadata it serves to clients only once that
+        leader leads it (the controller's LeaderAndIsr before its UpdateMetadata,
+        ``ControllerBrokerRequestBatch.sendRequestsToBrokers``); a partition without a serving leader
+        is LEADER_NOT_AVAILABLE with leader -1 (``KRaftMetadataCache.getPartitionMetadata``)."""
+        with self._db.transaction() as cur:
+            marked = 0
+            for (topic, partition), epoch in sorted(partitions.items()):
+                marked += cur.execute("UPDATE partition_leaders SET serving = 1 WHERE topic = ? AND partition = ? "
+                                      "AND leader_id = ? AND leader_epoch = ? AND serving = 0",
+                                      (topic, partition, leader_id, epoch)).rowcount
+            if marked:
+                self._db.record_change(cur, COMPONENT)
+        return marked
 
     # -- idempotent producers --------------------------------------------------
 

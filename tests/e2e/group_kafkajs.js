@@ -5,6 +5,8 @@
 // {"m": MEMBER, "join": [ASSIGNED PARTITIONS]}; lines from both members go out in the order
 // they happened (one process, one stdout). A crash of a member ({"m": MEMBER, "crash": ERROR}) is
 // followed by kafkajs' own restart (restartOnFailure). SIGTERM: disconnect every member, exit 0.
+// KAFKAJS_DEBUG=1 in the environment: kafkajs' own DEBUG log, one JSON object a line on stderr (the test
+// keeps stderr in kafkajs.log beside the brokers' logs): every request and answer, with its broker and error.
 "use strict";
 const path = require("path");
 
@@ -14,7 +16,10 @@ const [bootstrap, groupId, topic, members] = process.argv.slice(3);
 // Short timeouts: a broker host whose link is down answers nothing (no reset), and the group
 // must notice and rebalance within the test's wait.
 const kafka = new Kafka({ clientId: "test-failover-kafkajs", brokers: bootstrap.split(","),
-                          logLevel: logLevel.NOTHING, connectionTimeout: 3000, requestTimeout: 15000,
+                          logLevel: process.env.KAFKAJS_DEBUG ? logLevel.DEBUG : logLevel.NOTHING,
+                          logCreator: () => ({ namespace, level, label, log }) =>
+                            process.stderr.write(JSON.stringify({ t: Date.now(), level: label, ns: namespace, ...log }) + "\n"),
+                          connectionTimeout: 3000, requestTimeout: 15000,
                           retry: { retries: 30, initialRetryTime: 300, maxRetryTime: 3000 } });
 const out = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
 const consumers = [];

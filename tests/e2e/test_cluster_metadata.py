@@ -324,9 +324,11 @@ def _list_offset(address: tuple[str, int], topic: str, partition: int, current_l
 
 def _agreed(c: Cluster, nodes: list[int], topic: str, partitions: int) -> dict[int, tuple[int, int]] | None:
     """The leaders and epochs of ``topic`` when every broker of ``nodes`` names the same, every partition has
-    a leadership row (epoch 1 or more) and its leader serves it at that epoch; else None."""
+    a leadership row (epoch 1 or more) and its leader serves it at that epoch; else None. Leader -1: the
+    row's leader has not taken it over yet (LEADER_NOT_AVAILABLE)."""
     views = [_leaders(c.addresses[n], topic) for n in nodes]
-    if len(views[0]) != partitions or any(v != views[0] for v in views) or min(e for _, e in views[0].values()) < 1:
+    if (len(views[0]) != partitions or any(v != views[0] for v in views) or min(e for _, e in views[0].values()) < 1
+            or min(leader for leader, _ in views[0].values()) < 0):
         return None
     if any(_fetch(c.addresses[leader], topic, p, epoch)[0] != 0 for p, (leader, epoch) in views[0].items()):
         return None

@@ -31,7 +31,7 @@ def test_one_controller_at_a_time_and_a_deposed_one_cannot_write(metadata_target
         assert a.claim_controller(0, epoch_a, 60_000) == first  # renewed, same epoch
         assert b.controller() == (0, first)
         a.write_assignment(0, epoch_a, first, {("t", 0): (0, True), ("t", 1): (1, True)})
-        assert b.assignment() == {("t", 0): Leadership(0, 1), ("t", 1): Leadership(1, 1)}
+        assert b.assignment() == {("t", 0): Leadership(0, 1, serving=False), ("t", 1): Leadership(1, 1, serving=False)}
 
         time.sleep(1.6)  # broker 0's lease runs out: its controller row may be taken at once
         second = b.claim_controller(1, epoch_b, 60_000)
@@ -42,7 +42,7 @@ def test_one_controller_at_a_time_and_a_deposed_one_cannot_write(metadata_target
         with pytest.raises(NotControllerError):
             a.write_assignment(0, epoch_a2, first, {("t", 0): (1, True)})
         assert a.claim_controller(0, epoch_a2, 60_000) is None  # broker 1 holds it, alive
-        assert b.assignment()[("t", 0)] == Leadership(0, 1)
+        assert b.assignment()[("t", 0)] == Leadership(0, 1, serving=False)
     finally:
         a.close()
         b.close()
@@ -59,18 +59,45 @@ def test_a_move_waits_for_the_prior_leaders_hand_off_and_bumps_the_leader_epoch(
         version = store.change_version()
         store.write_assignment(0, epoch, controller, {("t", 0): (1, False)})  # 0 is alive: it hands off
         assert store.change_version() != version
-        assert store.assignment()[("t", 0)] == Leadership(1, 2, prior_id=0, handed_off=False)
+        assert store.assignment()[("t", 0)] == Leadership(1, 2, prior_id=0, handed_off=False, serving=False)
         # Moved again before the hand-off: broker 0 still has to hand off.
         store.write_assignment(0, epoch, controller, {("t", 0): (2, False)})
-        assert store.assignment()[("t", 0)] == Leadership(2, 3, prior_id=0, handed_off=False)
+        assert store.assignment()[("t", 0)] == Leadership(2, 3, prior_id=0, handed_off=False, serving=False)
         assert not store.hand_off("t", 0, 0, 2)  # an older epoch's hand-off changes nothing
         assert store.hand_off("t", 0, 0, 3)
-        assert store.assignment()[("t", 0)] == Leadership(2, 3, prior_id=0, handed_off=True)
+        assert store.assignment()[("t", 0)] == Leadership(2, 3, prior_id=0, handed_off=True, serving=False)
         store.write_assignment(0, epoch, controller, {}, [("t", 0)])
         assert store.assignment() == {}
         # Re-created: its leader epoch continues above the deleted one's (clients cached 3).
         store.write_assignment(0, epoch, controller, {("t", 0): (1, True), ("t", 1): (1, True)})
-        assert store.assignment() == {("t", 0): Leadership(1, 4), ("t", 1): Leadership(1, 1)}
+        assert store.assignment() == {("t", 0): Leadership(1, 4, serving=False), ("t", 1): Leadership(1, 1, serving=False)}
+    finally:
+        store.close()
+
+
+def test_a_moved_partition_is_serving_once_its_new_leader_marks_it_so(metadata_target):
+    """``serve``: the leader that took a partition over at its current epoch marks it serving (Metadata
+    names it from then on); a mark for an older epoch or by another broker changes nothing, and the next
+    move clears it."""
+    store = LeadershipStore(metadata_target("cluster.db"))
+    try:
+        epoch = _register(store, 0)
+        _register(store, 1)
+        controller = store.claim_controller(0, epoch, 60_000)
+        assert controller is not None
+        store.write_assignment(0, epoch, controller, {("t", 0): (0, True), ("t", 1): (1, True)})
+        version = store.change_version()
+        assert store.serve(1, {("t", 0): 1}) == 0  # broker 1 does not lead t-0
+        assert store.serve(0, {("t", 0): 2}) == 0  # not the row's epoch
+        assert store.change_version() == version
+        assert store.serve(0, {("t", 0): 1}) == 1
+        assert store.change_version() != version
+        assert store.serve(0, {("t", 0): 1}) == 0  # already marked
+        assert store.assignment() == {("t", 0): Leadership(0, 1), ("t", 1): Leadership(1, 1, serving=False)}
+        store.write_assignment(0, epoch, controller, {("t", 0): (1, True)})
+        assert store.assignment()[("t", 0)] == Leadership(1, 2, prior_id=0, serving=False)
+        assert store.serve(1, {("t", 0): 2, ("t", 1): 1}) == 2
+        assert store.assignment() == {("t", 0): Leadership(1, 2, prior_id=0), ("t", 1): Leadership(1, 1)}
     finally:
         store.close()
 
@@ -188,6 +215,28 @@ def test_a_dynamic_cluster_serves_only_loaded_partitions_it_leads_as_a_member():
     view.leaders = {("t", 0): Leadership(2, 3, 1, False)}
     assert not view.leads("t", 0) and view.leader("t", 0) == 2
     assert view.leader("t", 1) == 1  # no row yet: the rule over the live members (itself)
+
+
+def test_metadata_names_a_moved_partitions_leader_only_once_it_serves_it():
+    """A moved partition is LEADER_NOT_AVAILABLE (leader -1) in Metadata until its new leader has taken it
+    over: the row's ``serving`` mark for every broker, at once for the leader itself. Produce, Fetch and the
+    group coordinator's placement go by the row's leader (``assigned_leader``), so FindCoordinator names a
+    coordinator that is loading (COORDINATOR_LOAD_IN_PROGRESS, as Kafka's)."""
+    group = "g"
+    gp = offsets_partition(group)
+    other, leader = DynamicCluster(0, "127.0.0.1", 9092), DynamicCluster(1, "127.0.0.1", 9093)
+    for view in (other, leader):
+        view.member = True
+        view.leaders = {("t", 0): Leadership(1, 2, 0, False, serving=False),
+                        (OFFSETS_TOPIC, gp): Leadership(1, 2, 0, True, serving=False)}
+        assert view.leader("t", 0) == -1 and view.assigned_leader("t", 0) == 1
+        assert view.coordinator(group) == 1
+    assert leader.loading(group) and not leader.leads("t", 0)
+    leader.loaded = {("t", 0), (OFFSETS_TOPIC, gp)}  # taken over: it names itself before its mark is read
+    assert leader.leader("t", 0) == 1 and leader.leads("t", 0) and leader.coordinates(group)
+    assert other.leader("t", 0) == -1
+    other.leaders = {("t", 0): Leadership(1, 2, 0, True)}  # the mark, read
+    assert other.leader("t", 0) == 1 and not other.leads("t", 0)
 
 
 def test_a_partitions_leader_epoch_is_its_rows_and_0_before_it_has_one():
