@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection
 
 from pipeline.datadir import endpoints_path, lock_data_dir, table_session, write_endpoints
-from pipeline.lifecycle import STOP_SIGNALS, StartupInterrupted, StartupSignals, stop_children, tune_gc_for_serving
+from pipeline.lifecycle import (STOP_SIGNALS, StartupInterrupted, StartupSignals, launch_reaper, stop_children,
+                                tune_gc_for_serving)
 
 if TYPE_CHECKING:  # the commands import these lazily: `pipeline --help` and `top` stay light
     from pipeline.config import Resolved, ServerConfig
@@ -301,7 +302,11 @@ def _start_spark(sink: SparkGroupSink, config: ServerConfig) -> None:
              config.data_dir.resolve())
     started = time.monotonic()
     with children_stderr_to_log():  # the JVM's and the decode worker's stderr into this log
-        sink.start()
+        if config.spark_remote is None:
+            with launch_reaper():  # the JVM reads nothing of ours until its gateway is up
+                sink.start()
+        else:
+            sink.start()
     took = time.monotonic() - started
     log.info("Spark ready in %.1f s: %s", took, _spark_whereabouts(sink, config),
              extra={"stage": "spark", "seconds": round(took, 3)})

@@ -16,7 +16,10 @@ No process may outlive ``pipeline serve``, however it ends:
   :func:`die_with_parent`; the multiprocessing resource tracker exits on EOF
   of its pipe, which happens once the server and the worker are gone; Spark's
   JVM (pyspark's ``PythonGatewayServer``) exits on EOF of its stdin, a pipe
-  from the server, and takes its Python workers with it.
+  from the server, and takes its Python workers with it. It reads that pipe
+  only once its gateway is up, so while it launches (seconds; over 15 s on a
+  loaded 2-core machine) :func:`launch_reaper` watches in its place: a small
+  process that kills the server's children if the server dies meanwhile.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ import ctypes.util
 import gc
 import logging
 import os
+import select
 import signal
+import subprocess
 import sys
+from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     import psutil
@@ -124,6 +130,84 @@ def _is_resource_tracker(process: psutil.Process) -> bool:
         return False
 
 
+REAPER_POLL_S = 0.2
+"""How often the launch reaper lists the server's children (s): a child started less than this
+before the server died may be missed."""
+_RELEASE = b"release\n"
+
+
+@contextmanager
+def launch_reaper() -> Iterator[None]:
+    """While the block runs, a reaper process kills this process's children if this process dies.
+
+    For the launch of Spark's JVM: until its gateway is up the JVM reads nothing of ours, so a
+    ``kill -9`` of the server then would leave it running until the end of its launch (see the
+    module docstring). The reaper (``python -m pipeline.lifecycle PID``) lists this process's
+    descendants every ``REAPER_POLL_S``; when its stdin, a pipe from this process, ends without
+    a release (this process died, however), it SIGKILLs those it saw last, each checked by its
+    start time so that a reused pid is left alone. Leaving the block releases it: it exits and
+    kills nothing. It ignores SIGINT (a terminal's Ctrl-C reaches the whole process group; the
+    server stops its children itself) and exits on SIGTERM (``stop_children``) without killing.
+
+    Raises:
+        OSError: the reaper could not be started.
+    """
+    reaper = subprocess.Popen([sys.executable, "-m", "pipeline.lifecycle", str(os.getpid())],
+                              stdin=subprocess.PIPE, close_fds=True)
+    try:
+        yield
+    finally:
+        try:
+            assert reaper.stdin is not None
+            reaper.stdin.write(_RELEASE)
+            reaper.stdin.close()
+        except OSError:
+            pass
+        try:
+            reaper.wait(5)
+        except subprocess.TimeoutExpired:
+            reaper.kill()
+            reaper.wait()
+
+
+def _reap(server_pid: int) -> int:
+    """The launch reaper's loop (see ``launch_reaper``); returns its exit status (0)."""
+    import psutil
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    me = os.getpid()
+    try:
+        server = psutil.Process(server_pid)
+    except psutil.Error:
+        return 0
+    known: dict[int, float] = {}
+    received = b""
+    while True:
+        readable, _, _ = select.select([0], [], [], REAPER_POLL_S)
+        if readable:
+            data = os.read(0, 64)
+            if not data:
+                break  # EOF without a release: the server is gone
+            received += data
+            if _RELEASE in received:
+                return 0
+        try:
+            listed = {p.pid: p.create_time() for p in server.children(recursive=True) if p.pid != me}
+        except psutil.Error:
+            break
+        if os.getppid() != server_pid:
+            break  # the server died while we listed: its children had moved already; keep the last list
+        known = listed
+    for pid, created in known.items():
+        try:
+            process = psutil.Process(pid)
+            if process.create_time() == created:
+                process.kill()
+        except psutil.Error:
+            pass
+    return 0
+
+
 class StartupInterrupted(BaseException):
     """SIGINT/SIGTERM arrived during start-up; ``signum`` says which.
 
@@ -202,3 +286,7 @@ def tune_gc_for_serving() -> None:
     gc.freeze()
     threshold0, threshold1, threshold2 = gc.get_threshold()
     gc.set_threshold(max(threshold0, SERVING_GC_THRESHOLD), threshold1, threshold2)
+
+
+if __name__ == "__main__":  # the launch reaper: python -m pipeline.lifecycle SERVER_PID
+    sys.exit(_reap(int(sys.argv[1])))
