@@ -232,7 +232,7 @@ def test_a_scram_user_created_through_broker_0_is_described_by_every_broker(clus
 
 
 def test_an_offset_committed_through_broker_0_is_read_through_every_broker_from_its_coordinator(cluster, pinned):
-    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
     from confluent_kafka.admin import NewTopic
 
     backend, c = cluster
@@ -252,8 +252,21 @@ def test_an_offset_committed_through_broker_0_is_read_through_every_broker_from_
     host, port = c.addresses[0]
     consumer = Consumer({"bootstrap.servers": f"{host}:{port}", "group.id": group, "enable.auto.commit": False})
     try:
-        committed = consumer.commit(offsets=[TopicPartition(topic, 0, 5), TopicPartition(topic, 2, 3)],
-                                    asynchronous=False)
+        # The group's __consumer_offsets partition may still be loading on broker 0 (it can have moved
+        # there as the brokers joined): Kafka answers COORDINATOR_LOAD_IN_PROGRESS, a retriable error the
+        # Java consumer's commitSync retries by itself and librdkafka leaves to the application.
+        retried_errors = (KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.NOT_COORDINATOR,
+                                 KafkaError.COORDINATOR_NOT_AVAILABLE)
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                committed = consumer.commit(offsets=[TopicPartition(topic, 0, 5), TopicPartition(topic, 2, 3)],
+                                            asynchronous=False)
+                break
+            except KafkaException as exc:
+                if exc.args[0].code() not in retried_errors or time.monotonic() > deadline:
+                    raise
+                time.sleep(POLL_S)
         assert all(tp.error is None for tp in committed)
     finally:
         consumer.close()
