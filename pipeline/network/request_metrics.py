@@ -126,40 +126,14 @@ class RequestMetrics:
             response_complete = response_dequeued
         if local_done < 0 or response_complete < local_done:
             local_done = response_complete  # Kafka: apiLocalCompleteTimeNanos defaults to the response's
-        # Unrolled over the six stages (STAGES order): the loop over a tuple of stage times
-        # cost ~5 us per response, 10 % of the front end's CPU per acks=0 request.
         buckets, sums = metrics.buckets, metrics.sums_ms
         bounds = BUCKET_BOUNDS_MS
-        ms = (dequeued - received) * 1000.0
-        if ms < 0.0:
-            ms = 0.0
-        buckets[0][bisect_left(bounds, ms)] += 1
-        sums[0] += ms
-        ms = (local_done - dequeued) * 1000.0
-        if ms < 0.0:
-            ms = 0.0
-        buckets[1][bisect_left(bounds, ms)] += 1
-        sums[1] += ms
-        ms = (response_complete - local_done) * 1000.0
-        if ms < 0.0:
-            ms = 0.0
-        buckets[2][bisect_left(bounds, ms)] += 1
-        sums[2] += ms
-        ms = (response_dequeued - response_complete) * 1000.0
-        if ms < 0.0:
-            ms = 0.0
-        buckets[3][bisect_left(bounds, ms)] += 1
-        sums[3] += ms
-        ms = (sent - response_dequeued) * 1000.0
-        if ms < 0.0:
-            ms = 0.0
-        buckets[4][bisect_left(bounds, ms)] += 1
-        sums[4] += ms
-        ms = (sent - received) * 1000.0
-        if ms < 0.0:
-            ms = 0.0
-        buckets[5][bisect_left(bounds, ms)] += 1
-        sums[5] += ms
+        for stage, seconds in enumerate((dequeued - received, local_done - dequeued, response_complete - local_done,
+                                         response_dequeued - response_complete, sent - response_dequeued,
+                                         sent - received)):
+            ms = seconds * 1000.0 if seconds > 0 else 0.0
+            buckets[stage][bisect_left(bounds, ms)] += 1
+            sums[stage] += ms
 
 
 def add_error(errors: dict[int, int], error_code: int, count: int = 1) -> None:
