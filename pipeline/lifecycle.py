@@ -192,9 +192,16 @@ def _reap(server_pid: int) -> int:
             if _RELEASE in received:
                 return 0
         try:
-            listed = {p.pid: p.create_time() for p in server.children(recursive=True) if p.pid != me}
+            children = server.children(recursive=True)
         except psutil.Error:
-            break
+            break  # the server is gone
+        listed: dict[int, float] = {}
+        for child in children:
+            try:
+                if child.pid != me:
+                    listed[child.pid] = child.create_time()
+            except psutil.Error:
+                pass  # a short-lived child (the launcher's `java -version`) ended meanwhile: not a reason to reap
         if os.getppid() != server_pid:
             break  # the server died while we listed: its children had moved already; keep the last list
         known = listed

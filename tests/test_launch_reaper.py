@@ -6,7 +6,8 @@ while it launches) inside ``launch_reaper()``:
 * the parent is SIGKILLed inside the block: the child is killed within seconds (it would
   otherwise sleep on, reparented);
 * the parent leaves the block: the reaper exits and the child lives on (the JVM watches its
-  stdin by then); the parent then ends it itself.
+  stdin by then); the parent then ends it itself; the same while short-lived children come and
+  go inside the block (Spark's launch runs `java -version` and a launcher JVM).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from pipeline.lifecycle import REAPER_POLL_S
 
@@ -30,6 +32,10 @@ PARENT = textwrap.dedent("""
         print(child.pid, flush=True)
         if sys.argv[1] == "die":
             time.sleep(120)  # SIGKILLed here, inside the block
+        if sys.argv[1] == "churn":  # short-lived children end while the reaper lists them (no reason to reap)
+            for _ in range(60):
+                subprocess.run(["true"])
+                time.sleep(0.02)
     print("released", flush=True)
     sys.stdin.readline()  # the test checks the child, then lets us end it
     child.kill()
@@ -61,8 +67,9 @@ def test_a_parent_killed_inside_the_block_takes_its_children_with_it() -> None:
             child.kill()
 
 
-def test_leaving_the_block_releases_the_reaper_and_kills_nothing() -> None:
-    parent, child = _parent("live")
+@pytest.mark.parametrize("mode", ["live", "churn"])
+def test_leaving_the_block_releases_the_reaper_and_kills_nothing(mode: str) -> None:
+    parent, child = _parent(mode)
     try:
         assert parent.stdout is not None and parent.stdout.readline().strip() == "released"
         reapers = [p for p in psutil.Process(parent.pid).children() if "pipeline.lifecycle" in " ".join(p.cmdline())]
