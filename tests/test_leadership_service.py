@@ -43,6 +43,15 @@ async def _registered(service: LeadershipService) -> AsyncIterator[None]:
         nursery.cancel_scope.cancel()
 
 
+
+async def _until(predicate, what: str) -> None:
+    """Return once ``predicate()`` holds; AssertionError naming ``what`` after 30 s."""
+    with trio.move_on_after(30):
+        while not predicate():
+            await trio.sleep(0.02)
+        return
+    raise AssertionError(f"not in 30 s: {what}")
+
 def test_a_clean_stop_ends_the_lease_without_fencing_the_broker(tmp_path):
     fenced: list[str] = []
     service = _service(tmp_path, fenced)
@@ -106,13 +115,6 @@ def test_with_ack_on_wal_a_dead_brokers_wal_is_drained_before_its_partition_is_t
                                  topics=lambda: {"t": 1}, on_fenced=lambda: None, data_dir=tmp_path,
                                  wal_path=wal_path, drain_wal=drain)
 
-    async def until(predicate, what: str) -> None:
-        with trio.move_on_after(30):
-            while not predicate():
-                await trio.sleep(0.02)
-            return
-        raise AssertionError(f"not in 30 s: {what}")
-
     dead_wal = tmp_path / "_pipeline" / "broker-0" / "incarnation-a"
     dead_wal.mkdir(parents=True)
     first, second = service(0, "_pipeline/broker-0/incarnation-a"), service(1, "_pipeline/broker-1/incarnation-b")
@@ -122,25 +124,25 @@ def test_with_ack_on_wal_a_dead_brokers_wal_is_drained_before_its_partition_is_t
             with trio.CancelScope() as broker_0:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(first.run)
-                    await until(lambda: ("t", 0) in first.cluster.loaded, "broker 0 serves t-0")
+                    await _until(lambda: ("t", 0) in first.cluster.loaded, "broker 0 serves t-0")
                     await outer.start(second.run)
-                    await until(lambda: second.cluster.member, "broker 1 registered")
+                    await _until(lambda: second.cluster.member, "broker 1 registered")
                     broker_0.cancel()  # broker 0 dies: no unregister, its lease runs out
-            await until(lambda: drained, "broker 0's WAL drained")
+            await _until(lambda: drained, "broker 0's WAL drained")
             assert drained == [dead_wal]
-            await until(lambda: getattr(second.cluster.leaders.get(("t", 0)), "leader_id", None) == 1,
+            await _until(lambda: getattr(second.cluster.leaders.get(("t", 0)), "leader_id", None) == 1,
                         "broker 1 reads the move")
             await trio.sleep(0.5)  # more of broker 1's watch passes (every 0.25 s): the take-over waits
             assert ("t", 0) not in second.cluster.loaded and {"t"} not in table_reads[1:]
             release.set()
-            await until(lambda: ("t", 0) in second.cluster.loaded, "broker 1 serves t-0")
+            await _until(lambda: ("t", 0) in second.cluster.loaded, "broker 1 serves t-0")
             assert second.store is not None
             batches = await trio.to_thread.run_sync(second.store.producers, {("t", 0): 50})
             assert [(b.producer_id, b.base_offset) for b in batches] == [(7, 40)]
             # Broker 0's next incarnation deletes the drained directory before it serves anything.
             again = service(0, "_pipeline/broker-0/incarnation-c")
             await outer.start(again.run)
-            await until(lambda: again.cluster.member, "broker 0 registered again")
+            await _until(lambda: again.cluster.member, "broker 0 registered again")
             assert not dead_wal.exists()
             outer.cancel_scope.cancel()
 
@@ -168,22 +170,15 @@ def test_a_coordinator_serves_its_groups_before_its_partitions_table_end_offsets
                                 topics=lambda: {"t": 1}, on_fenced=lambda: None)
     cluster = service.cluster
 
-    async def until(predicate, what: str) -> None:
-        with trio.move_on_after(30):
-            while not predicate():
-                await trio.sleep(0.02)
-            return
-        raise AssertionError(f"not in 30 s: {what}")
-
     async def main() -> None:
         try:
             async with _registered(service):
-                await until(lambda: reads, "the table's end offsets asked for")
-                await until(lambda: cluster.coordinates("g"), "group g coordinated")
+                await _until(lambda: reads, "the table's end offsets asked for")
+                await _until(lambda: cluster.coordinates("g"), "group g coordinated")
                 assert ("t", 0) not in cluster.loaded and not cluster.leads("t", 0)
                 assert cluster.assigned_leader("t", 0) == 0 and cluster.leader("t", 0) == -1
                 release.set()
-                await until(lambda: cluster.leads("t", 0), "t-0 served")
+                await _until(lambda: cluster.leads("t", 0), "t-0 served")
                 assert cluster.leader("t", 0) == 0
                 assert service.store is not None
                 rows = await trio.to_thread.run_sync(service.store.assignment)

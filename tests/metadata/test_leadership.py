@@ -22,6 +22,15 @@ def _register(store: LeadershipStore, node: int, lease_ms: int = 60_000) -> int:
     return store.registry.register(node, uuid.uuid4(), ENDPOINT, lease_ms)
 
 
+def _two_brokers_and_controller_0(store: LeadershipStore) -> tuple[int, int]:
+    """Brokers 0 and 1 registered, 0 the controller: (broker 0's epoch, the controller epoch)."""
+    epoch = _register(store, 0)
+    _register(store, 1)
+    controller = store.claim_controller(0, epoch, 60_000)
+    assert controller is not None
+    return epoch, controller
+
+
 def test_one_controller_at_a_time_and_a_deposed_one_cannot_write(metadata_target):
     a, b = LeadershipStore(metadata_target("cluster.db")), LeadershipStore(metadata_target("cluster.db"))
     try:
@@ -51,10 +60,7 @@ def test_one_controller_at_a_time_and_a_deposed_one_cannot_write(metadata_target
 def test_a_move_waits_for_the_prior_leaders_hand_off_and_bumps_the_leader_epoch(metadata_target):
     store = LeadershipStore(metadata_target("cluster.db"))
     try:
-        epoch = _register(store, 0)
-        _register(store, 1)
-        controller = store.claim_controller(0, epoch, 60_000)
-        assert controller is not None
+        epoch, controller = _two_brokers_and_controller_0(store)
         store.write_assignment(0, epoch, controller, {("t", 0): (0, True)})
         version = store.change_version()
         store.write_assignment(0, epoch, controller, {("t", 0): (1, False)})  # 0 is alive: it hands off
@@ -81,10 +87,7 @@ def test_a_moved_partition_is_serving_once_its_new_leader_marks_it_so(metadata_t
     move clears it."""
     store = LeadershipStore(metadata_target("cluster.db"))
     try:
-        epoch = _register(store, 0)
-        _register(store, 1)
-        controller = store.claim_controller(0, epoch, 60_000)
-        assert controller is not None
+        epoch, controller = _two_brokers_and_controller_0(store)
         store.write_assignment(0, epoch, controller, {("t", 0): (0, True), ("t", 1): (1, True)})
         version = store.change_version()
         assert store.serve(1, {("t", 0): 1}) == 0  # broker 1 does not lead t-0
