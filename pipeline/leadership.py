@@ -36,11 +36,8 @@ database, no home-made consensus), as KRaft brokers do with their controller
      ``LeadershipStore.record_producers``), so a producer's retry of a batch the
      table holds is answered as a duplicate; a group coordinator loads the
      groups' committed offsets (COORDINATOR_LOAD_IN_PROGRESS meanwhile). It marks the
-     rows it took over serving (``LeadershipStore.serve``) as it starts serving them:
-     until then every broker's Metadata answers the partition LEADER_NOT_AVAILABLE
-     (leader -1), as Kafka's for a partition no broker leads yet, rather than naming a
-     leader that would answer NOT_LEADER_OR_FOLLOWER for the seconds of a WAL drain, a
-     hand-off or a load.
+     rows it took over serving (``LeadershipStore.serve``) as it starts serving them
+     (recorded; Metadata names the row's leader meanwhile, see ``DynamicCluster.leader``).
 
 4. **A dead broker's WAL** (``--ack-on wal``): each incarnation registers its WAL
    directory (``wal_path``, on the shared data directory) before it serves

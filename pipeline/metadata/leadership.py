@@ -19,8 +19,8 @@ home-made consensus (issue 24):
   that one has **handed off** (everything it accepted is in the table). A new
   leader serves once the prior leader handed off or is not a live member any
   more (pipeline.leadership), and marks the row **serving** (``serve``) as it
-  starts: until then Metadata names no leader for the partition (see
-  ``Leadership.serving``).
+  starts (``Leadership.serving``; recorded, not used by Metadata: see
+  ``pipeline.cluster.DynamicCluster.leader``).
 - **producer states**: each idempotent producer batch a leader commits to the
   table is written here first (``record_producers``), with its base offset. A
   new leader takes the rows below the table's end offset (what the table holds)

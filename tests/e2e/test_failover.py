@@ -36,7 +36,6 @@ starts again (a new incarnation), registers, and gets its partitions back.
   rebalance gave its partition after the record's first delivery (a re-delivery from the
   committed offset after a rebalance), or by a member a rebalance took the partition from, which
   reads on until its next heartbeat tells it so;
-* and no member rejoins the group more than ``JOINS_AFTER_KILL_MAX`` times after the kill (no rejoin storm).
 """
 
 from __future__ import annotations
@@ -75,12 +74,6 @@ PORT = 9092
 """Every broker's port, on its own host's address."""
 START_TIMEOUT_S = 300.0
 """A broker's start on a loaded 2-core runner (Python, the Connect client, leadership)."""
-JOINS_AFTER_KILL_MAX = 50
-"""Joins per kafkajs member after the kill: a rebalance or two per move (the kill, the victim's return, a
-coordinator's move: its members are unknown to the new one) and kafkajs's restarts after a crash, with
-room to spare. A member told of a leader that answers NOT_LEADER_OR_FOLLOWER rejoins on each answer
-(kafkajs ``ConsumerGroup.recoverFromFetch``); Metadata naming a partition's new leader before it served
-it made that hundreds of joins in seconds (358 in one run), where LEADER_NOT_AVAILABLE makes it back off."""
 BROKER_ARGS = ("--linger-ms", "20", "--cluster-leadership", "database",
                "--broker-session-timeout-ms", "5000", "--broker-heartbeat-interval-ms", "1000")
 
@@ -488,9 +481,6 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             next_offset[p] = o + 1
     assert set(first) == set(table), "the group did not consume every record of the table"
     crashes = sorted({line["crash"][:80] for _, line in group.lines if "crash" in line})
-    joins_after_kill = {m: sum(1 for t, line in group.lines if t > killed_at and line.get("m") == m and "join" in line)
-                        for m in range(2)}
-    assert max(joins_after_kill.values()) < JOINS_AFTER_KILL_MAX, f"a rejoin storm: {joins_after_kill} joins"
     moved_at, taken_at = _takeover_times(brokers, killed_wall, restarted_wall)
     print(f"after the kill: partitions moved by the controller at {moved_at:.1f} s, taken over by their "
           f"new leaders at {taken_at:.1f} s, served (probe acknowledged) at {max(moved_after.values()):.1f} s; "

@@ -220,11 +220,11 @@ def test_a_dynamic_cluster_serves_only_loaded_partitions_it_leads_as_a_member():
     assert view.leader("t", 1) == 1  # no row yet: the rule over the live members (itself)
 
 
-def test_metadata_names_a_moved_partitions_leader_only_once_it_serves_it():
-    """A moved partition is LEADER_NOT_AVAILABLE (leader -1) in Metadata until its new leader has taken it
-    over: the row's ``serving`` mark for every broker, at once for the leader itself. Produce, Fetch and the
-    group coordinator's placement go by the row's leader (``assigned_leader``), so FindCoordinator names a
-    coordinator that is loading (COORDINATOR_LOAD_IN_PROGRESS, as Kafka's)."""
+def test_metadata_names_a_moved_partitions_assigned_leader_and_only_a_loaded_one_serves_it():
+    """Metadata names a moved partition's row leader whether it serves it yet or not (a leader -1 left
+    kafkajs's fetch manager without a fetcher for the partition); the leader serves it, and coordinates
+    the group, only once it has taken it over. FindCoordinator names a coordinator that is loading
+    (COORDINATOR_LOAD_IN_PROGRESS, as Kafka's)."""
     group = "g"
     gp = offsets_partition(group)
     other, leader = DynamicCluster(0, "127.0.0.1", 9092), DynamicCluster(1, "127.0.0.1", 9093)
@@ -232,13 +232,11 @@ def test_metadata_names_a_moved_partitions_leader_only_once_it_serves_it():
         view.member = True
         view.leaders = {("t", 0): Leadership(1, 2, 0, False, serving=False),
                         (OFFSETS_TOPIC, gp): Leadership(1, 2, 0, True, serving=False)}
-        assert view.leader("t", 0) == -1 and view.assigned_leader("t", 0) == 1
+        assert view.leader("t", 0) == 1 and view.assigned_leader("t", 0) == 1
         assert view.coordinator(group) == 1
     assert leader.loading(group) and not leader.leads("t", 0)
-    leader.loaded = {("t", 0), (OFFSETS_TOPIC, gp)}  # taken over: it names itself before its mark is read
+    leader.loaded = {("t", 0), (OFFSETS_TOPIC, gp)}  # taken over
     assert leader.leader("t", 0) == 1 and leader.leads("t", 0) and leader.coordinates(group)
-    assert other.leader("t", 0) == -1
-    other.leaders = {("t", 0): Leadership(1, 2, 0, True)}  # the mark, read
     assert other.leader("t", 0) == 1 and not other.leads("t", 0)
 
 
