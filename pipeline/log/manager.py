@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 import trio
 
 from pipeline.log.control import ABORT, CONTROL, TRANSACTIONAL, batch_kind, marker_type
-from pipeline.log.partition import Location, PartitionLog, max_timestamp, rebase
+from pipeline.log.partition import Location, PartitionLog, batches_from, max_timestamp, rebase
 from pipeline.log.state import LogState
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.wal import WalPosition, WriteAheadLog, decode_appends
@@ -407,7 +407,7 @@ class LogManager:
             if not locations:
                 return nothing
             try:
-                records = await trio.to_thread.run_sync(self._read_wal, locations)
+                records = await trio.to_thread.run_sync(self._read_wal, locations, offset, max_bytes, min_one)
             except FileNotFoundError:  # retention deleted the segment meanwhile
                 records = await self._read_table(topic, partition, offset, max_bytes, end, min_one)
                 return self._counted(topic, ReadResult(records, hw, plog.log_start_offset,
@@ -433,13 +433,17 @@ class LogManager:
             stats.table_bytes += len(result.records)
         return result
 
-    def _read_wal(self, locations: list[Location]) -> bytes:
+    def _read_wal(self, locations: list[Location], offset: int, max_bytes: int, min_one: bool) -> bytes:
+        """The batches of ``locations`` a fetch from ``offset`` returns (``batches_from``), rebased."""
         assert self.wal is not None
-        parts = []
+        parts: list[bytearray | memoryview] = []
         for loc in locations:
             data = bytearray(self.wal.read(loc.segment, loc.position, loc.length))
             rebase(data, loc.base_offset)
             parts.append(data)
+        first = locations[0]
+        if first.base_offset < offset or first.length > max_bytes:
+            parts[0] = batches_from(parts[0], offset, max_bytes, min_one)  # type: ignore[arg-type]
         return b"".join(parts)
 
     async def _read_table(self, topic: str, partition: int, offset: int, max_bytes: int, end: int,
@@ -495,7 +499,7 @@ class LogManager:
     async def _find_in_batch(self, loc: Location, match: Callable[[int], bool]) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record of the batch set at ``loc`` whose timestamp matches."""
         try:
-            data = await trio.to_thread.run_sync(self._read_wal, [loc])
+            data = await trio.to_thread.run_sync(self._read_wal, [loc], loc.base_offset, loc.length, True)
         except FileNotFoundError:
             return None
         from kafka.record import MemoryRecords

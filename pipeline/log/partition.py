@@ -102,6 +102,30 @@ def rebase(records: bytearray, base_offset: int) -> None:
         offset += count
 
 
+def batches_from(records: bytearray, offset: int, max_bytes: int, min_one: bool) -> memoryview:
+    """The batches of rebased ``records`` a fetch from ``offset`` returns: from the one holding
+    ``offset`` (or the first after it), while their total stays within ``max_bytes`` bytes;
+    with ``min_one`` that first batch whatever its size (KIP-74). Kafka serves a fetch whole
+    batches from the batch holding the fetch offset (``LogSegment.read``); a batch set of the
+    WAL may hold several requests' batches (``pipeline.requests.handler`` merges a produce
+    run's), so its batches before ``offset`` are not sent again.
+    """
+    start = stop = 0
+    pos, end = 0, len(records)
+    unpack = BATCH_HEADER.unpack_from
+    while pos < end:
+        base, length, _epoch, _magic, _crc, _attrs, last_delta, _first_ts, _max_ts = unpack(records, pos)
+        size = _LOG_OVERHEAD + length
+        if base + last_delta < offset:
+            start = stop = pos + size
+        elif stop - start + size <= max_bytes or (min_one and stop == start):
+            stop = pos + size
+        else:
+            break
+        pos += size
+    return memoryview(records)[start:stop]
+
+
 @fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Location:

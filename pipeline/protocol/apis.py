@@ -717,22 +717,25 @@ def decode_produce(header: RequestHeader, frame: bytes | bytearray | memoryview)
 
     :raises UnsupportedVersionError, InvalidRequestError: see ``decode_request``.
     """
-    if header.api_key == PRODUCE and 3 <= header.api_version <= 11 and isinstance(frame, (bytes, bytearray)):
-        view = _produce_view_fast(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE)
-        if view is not None:
-            return view
+    body = produce_body(header, frame)
+    if body is not None:
+        acks, timeout_ms, transactional_id, partitions = body
+        return ProduceRequestView(acks, timeout_ms, transactional_id,
+                                  [ProducePartition(topic, index, records) for topic, index, records in partitions])
     return produce_view(decode_request(header, frame))
 
 
-def _produce_view_fast(buf: bytes | bytearray, pos: int, flexible: bool) -> ProduceRequestView | None:
-    """The view of a Produce body at ``pos`` (``pipeline._records.produce_body``), or None: let
-    the general path decide."""
-    body = _records.produce_body(buf, pos, flexible)
-    if body is None:
-        return None
-    acks, timeout_ms, transactional_id, partitions = body
-    return ProduceRequestView(acks, timeout_ms, transactional_id,
-                              [ProducePartition(topic, index, records) for topic, index, records in partitions])
+def produce_body(header: RequestHeader,
+                 frame: bytes | bytearray | memoryview,
+                 ) -> tuple[int, int, str | None, list[tuple[str, int, bytes | None]]] | None:
+    """The fast path of ``decode_produce`` without the view objects: ``(acks, timeout_ms,
+    transactional_id, [(topic, partition, records), ...])`` (``pipeline._records.produce_body``),
+    or None when it declines and ``decode_produce``'s general path decides (it accepts the
+    request, with the same result, or raises). Never raises.
+    """
+    if header.api_key == PRODUCE and 3 <= header.api_version <= 11 and isinstance(frame, (bytes, bytearray)):
+        return _records.produce_body(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE)
+    return None
 
 
 @fast_frozen_init

@@ -192,6 +192,12 @@ def summarize_records(records: bytes) -> RecordsInfo | None:
     return None if summary is None else RecordsInfo(*summary)
 
 
+def summarize_fields(records: bytes) -> tuple[int, int, int, int, int, int, bool, int, int] | None:
+    """``summarize_records`` without the object: RecordsInfo's fields as a tuple, in field
+    order, or None (the handler's produce runs, where one object per partition shows)."""
+    return _records.summarize(records, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
+
+
 def validate_records(records: bytes | None, produce_version: int = ZSTD_MIN_PRODUCE_VERSION) -> RecordsInfo:
     """Validate the raw records of one partition, record by record.
 

@@ -36,7 +36,8 @@ from pipeline.protocol import apis
 from pipeline.protocol.apis import BrokerInfo, PartitionResult, ProducePartition
 from pipeline.protocol.errors import InvalidRequestError, RecordError
 from pipeline.protocol.header import RequestHeader
-from pipeline.protocol.records import RecordsInfo, has_compressed_batch, summarize_records, validate_records
+from pipeline.protocol.records import (RecordsInfo, has_compressed_batch, summarize_fields, summarize_records,
+                                       validate_records)
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.network.request_channel import ConnectionHandle, Request, RequestChannel
 from pipeline.network.request_metrics import RequestMetrics, add_error
@@ -57,6 +58,13 @@ ApiHandler = Callable[[Request], Awaitable[None]]
 MIN_PRODUCE_TIMEOUT_MS = 1000
 """Produce timeouts below this (ms) are raised to it: durability takes at least an fsync."""
 TIMEOUT_CHECK_INTERVAL_S = 0.1
+PlainProduce = tuple[Request, int, float, list[tuple[str, int, bytes, int, int]]]
+"""``KafkaApis.plain_produce``: (request, acks, deadline (trio time, s), [(topic, partition,
+records, record count, uncompressed bytes)])."""
+MERGED_APPEND_MAX_BYTES = 1 << 20
+"""Largest append (bytes of records) a produce run merges one topic-partition's requests into:
+the size of one large produce request (Kafka's ``message.max.bytes`` default, ~1 MiB), so a fetch
+served from the WAL, which returns whole appends, is never larger because of the merge."""
 
 
 @dataclass(slots=True)
@@ -226,6 +234,134 @@ class KafkaApis:
             )
             request.connection.complete(request.token, None)
 
+    @property
+    def produce_runs(self) -> bool:
+        """Whether handlers take Produce requests through ``plain_produce`` and ``sequence_run``:
+        not with ``yield_before_sequencing``, whose ablation needs a scheduling point per request."""
+        return not self.yield_before_sequencing
+
+    def plain_produce(self, request: Request, checked: dict[tuple[str, int], bool], writable: dict[str, bool],
+                      ) -> PlainProduce | None:
+        """A Produce request ``sequence_run`` may take with others, read and checked; None for
+        any other request (``handle`` serves it, with its errors).
+
+        Plain: no transactional id, acks 0/1/-1, every partition known, led here and writable,
+        its records uncompressed, valid and from a producer that is not idempotent, and room in
+        ``buffer.memory``. ``checked`` and ``writable`` are the run's memo of partition checks
+        (topic-partition -> may be appended to) and TOPIC Write authorizations (topic ->
+        allowed): valid only while nothing awaits, so a caller clears them when the run ends.
+        Never raises for bad input.
+        """
+        header = request.header
+        connection = request.connection
+        if (connection.security_protocol.startswith("SASL_") and not self.is_authenticated(connection)
+                or not self.persister.has_capacity):
+            return None
+        body = apis.produce_body(header, request.frame)
+        if body is None:
+            return None
+        acks, timeout_ms, transactional_id, partitions = body
+        if transactional_id is not None or acks not in (0, 1, -1) or not partitions:
+            return None
+        parts = []
+        for topic, partition, records in partitions:
+            key = (topic, partition)
+            ok = checked.get(key)
+            if ok is None:
+                if topic not in writable:
+                    writable[topic] = self.authorize(request, AclOperation.WRITE, ResourceType.TOPIC, topic)
+                ok = checked[key] = self._check_partition(acks, topic, partition, writable[topic]) == 0
+            if not ok or not records:
+                return None
+            summary = summarize_fields(records)
+            # (record_count, batch_count, producer_id, epoch, base_sequence, last_sequence,
+            #  is_transactional, max_timestamp_ms, uncompressed_bytes)
+            if summary is None or summary[2] != -1 or summary[6]:
+                return None
+            parts.append((topic, partition, records, summary[0], summary[8]))
+        deadline = request.received_at + max(timeout_ms, MIN_PRODUCE_TIMEOUT_MS) / 1000.0
+        self.stats.requests += 1
+        return request, acks, deadline, parts
+
+    def sequence_run(self, run: list[PlainProduce]) -> None:
+        """Sequence a run of ``plain_produce`` requests, in order, as ``handle`` would one by one.
+
+        Offsets are assigned request by request with no ``await`` in between, and each
+        topic-partition's records of consecutive requests become one append (a
+        ``PartitionAppend`` holds several batches; at most ``MERGED_APPEND_MAX_BYTES``), all
+        handed to the persister in one call: the persister, the WAL index and the table's
+        decode then work per append rather than per request. Each request gets the response
+        ``handle`` would give it: the same base offsets, completed once its records are durable
+        (acks 1/-1, or REQUEST_TIMED_OUT at its timeout) or at once (acks=0). If the WAL has
+        failed every partition gets KAFKA_STORAGE_ERROR (acks=0: the connection is closed).
+        A persistence failure of acks=0 records is logged once per run.
+        """
+        state = self.logs.state
+        assign = state.offsets.assign
+        merged: dict[tuple[str, int], list[Any]] = {}  # topic-partition -> its open merge
+        merges: list[list[Any]] = []  # [topic, partition, base, [records], count, uncompressed, bytes]
+        bases: list[list[int]] = []
+        for _request, _acks, _deadline, parts in run:
+            request_bases = []
+            for topic, partition, records, count, uncompressed in parts:
+                base = assign(topic, partition, count)
+                request_bases.append(base)
+                m = merged.get((topic, partition))
+                if m is None or m[6] + len(records) > MERGED_APPEND_MAX_BYTES:
+                    m = merged[(topic, partition)] = [topic, partition, base, [], 0, 0, 0]
+                    merges.append(m)
+                m[3].append(records)
+                m[4] += count
+                m[5] += uncompressed
+                m[6] += len(records)
+            bases.append(request_bases)
+        now_ms = int(time.time() * 1000)
+        appends = [PartitionAppend(topic, partition, base, parts[0] if len(parts) == 1 else b"".join(parts),
+                                   count, now_ms, -1, -1, -1, uncompressed)
+                   for topic, partition, base, parts, count, uncompressed, _size in merges]
+        stats = self.stats
+        stats.produce_requests += len(run)
+        try:
+            commit: Commit | None = self.persister.append(appends)
+        except StorageFailedError:
+            commit = None
+        else:
+            bytes_in, messages_in = stats.bytes_in, stats.messages_in
+            for a in appends:
+                state.apply(a, ticket=commit)
+                stats.records += a.record_count
+                bytes_in[a.topic] = bytes_in.get(a.topic, 0) + len(a.records)
+                messages_in[a.topic] = messages_in.get(a.topic, 0) + a.record_count
+        unacked_logged = False
+        for (request, acks, deadline, parts), request_bases in zip(run, bases):
+            connection, token = request.connection, request.token
+            if commit is None:
+                stats.partition_errors += len(parts)
+            if acks == 0:
+                connection.complete(token, None)
+                if commit is None:
+                    # As ``_produce``: the connection is closed to tell the client, the errors counted.
+                    for _ in parts:
+                        add_error(self._produce_errors, ErrorCode.kafka_storage_error.value)
+                    connection.close(f"acks=0 produce failed for {len(parts)} partition(s), "
+                                     f"first error code {ErrorCode.kafka_storage_error.value}")
+                elif not unacked_logged:
+                    unacked_logged = True
+                    commit.add_callback(functools.partial(
+                        _log_unacked_failure, (connection.connection_id, request.header.correlation_id)))
+                continue
+            if commit is None:
+                results = [PartitionResult(topic, partition, ErrorCode.kafka_storage_error.value)
+                           for topic, partition, *_ in parts]
+            else:
+                results = [PartitionResult(p[0], p[1], 0, base_offset=b, log_start_offset=0)
+                           for p, b in zip(parts, request_bases)]
+            pending = PendingProduce(connection, token, request.header, results, self._produce_errors)
+            if commit is not None:
+                pending.wait_for(commit, list(range(len(results))))
+            if not pending.start():
+                heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), pending))
+
     async def _init_producer_id(self, request: Request) -> None:
         header = request.header
         body = apis.decode_request(header, request.frame)
@@ -278,7 +414,7 @@ class KafkaApis:
         for part in view.partitions:
             if part.topic not in writable:
                 writable[part.topic] = self.authorize(request, AclOperation.WRITE, ResourceType.TOPIC, part.topic)
-            error = (self._check_partition(view, part.topic, part.partition, writable[part.topic]) if txn_allowed
+            error = (self._check_partition(view.acks, part.topic, part.partition, writable[part.topic]) if txn_allowed
                      else ErrorCode.transactional_id_authorization_failed.value)
             if error == ErrorCode.none.value:
                 try:
@@ -409,9 +545,8 @@ class KafkaApis:
     def _log_partition_error(request: Request, part: ProducePartition, exc: Exception) -> None:
         log.warning("connection %s: %s-%d: %s", request.connection.connection_id, part.topic, part.partition, exc)
 
-    def _check_partition(self, view: apis.ProduceRequestView, topic: str, partition: int,
-                         writable: bool = True) -> int:
-        if view.acks not in (0, 1, -1):
+    def _check_partition(self, acks: int, topic: str, partition: int, writable: bool = True) -> int:
+        if acks not in (0, 1, -1):
             return ErrorCode.invalid_required_acks.value
         if not writable:  # Kafka handleProduceRequest: authorization before existence
             return ErrorCode.topic_authorization_failed.value
@@ -578,21 +713,77 @@ class RequestHandler:
                     self._idle = (total + max(0.0, perf_counter() - since), None)
                 now = trio.current_time()
                 self._request_channel.taken(self._queue_index, len(requests))
+                if self._apis.produce_runs:
+                    await self._handle_runs(requests, now)
+                    continue
                 for request in requests:
                     request.dequeued_at = now
-                    # What is logged while handling it carries its ids (pipeline.logs).
-                    context = log_context.set((request.connection.connection_id, request.header.correlation_id))
-                    try:
-                        await self._apis.handle(request)
-                    except Exception:
-                        log.exception("handler %d: request from %s failed", self.handler_id,
-                                      request.connection.connection_id)
-                        request.connection.close("internal error while handling a request")
-                        try:
-                            request.connection.complete(request.token, None)
-                        except Exception:
-                            pass
-                    finally:
-                        now = request.local_done_at = trio.current_time()
-                        request.release()
-                        log_context.reset(context)
+                    now = await self._handle_one(request)
+
+    async def _handle_one(self, request: Request) -> float:
+        """Handle one request; returns when it was done (trio time, s)."""
+        # What is logged while handling it carries its ids (pipeline.logs).
+        context = log_context.set((request.connection.connection_id, request.header.correlation_id))
+        try:
+            await self._apis.handle(request)
+        except Exception:
+            self._failed([request])
+        finally:
+            now = request.local_done_at = trio.current_time()
+            request.release()
+            log_context.reset(context)
+        return now
+
+    async def _handle_runs(self, requests: list[Request], now: float) -> None:
+        """Handle one queue item, Produce requests in runs (``KafkaApis.plain_produce``,
+        ``sequence_run``): a run ends at any other request, which is then handled alone."""
+        apis_ = self._apis
+        run: list[PlainProduce] = []
+        checked: dict[tuple[str, int], bool] = {}
+        writable: dict[str, bool] = {}
+        for request in requests:
+            request.dequeued_at = now
+            if request.header.api_key == PRODUCE:
+                try:
+                    plain = apis_.plain_produce(request, checked, writable)
+                except Exception:
+                    plain = None  # handle() meets the same and answers it
+                if plain is not None:
+                    run.append(plain)
+                    continue
+            if run:
+                now = request.dequeued_at = self._end_run(run)
+                run = []
+                checked.clear()
+                writable.clear()
+            now = await self._handle_one(request)
+        if run:
+            self._end_run(run)
+
+    def _end_run(self, run: list[PlainProduce]) -> float:
+        """Sequence ``run`` (``KafkaApis.sequence_run``); returns when it was done (trio time, s)."""
+        requests = [plain[0] for plain in run]
+        first = requests[0]
+        context = log_context.set((first.connection.connection_id, first.header.correlation_id))
+        try:
+            self._apis.sequence_run(run)
+        except Exception:
+            self._failed(requests)
+        finally:
+            now = trio.current_time()
+            for request in requests:
+                request.local_done_at = now
+                request.release()
+            log_context.reset(context)
+        return now
+
+    def _failed(self, requests: list[Request]) -> None:
+        """An unexpected error while handling ``requests``: logged, and their connections closed."""
+        log.exception("handler %d: %d request(s) from %s failed", self.handler_id, len(requests),
+                      requests[0].connection.connection_id)
+        for request in requests:
+            request.connection.close("internal error while handling a request")
+            try:
+                request.connection.complete(request.token, None)
+            except Exception:
+                pass

@@ -29,7 +29,12 @@ def _general(header, frame):
 
 
 def _fast(header, frame):
-    return apis._produce_view_fast(frame, header.body_offset, header.api_version >= 9)
+    body = apis.produce_body(header, frame)
+    if body is None:
+        return None
+    acks, timeout_ms, transactional_id, partitions = body
+    return apis.ProduceRequestView(acks, timeout_ms, transactional_id,
+                                   [apis.ProducePartition(*p) for p in partitions])
 
 
 def _frames(version: int) -> list[bytes]:
