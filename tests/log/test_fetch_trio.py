@@ -195,6 +195,26 @@ async def test_fetch_returns_what_was_produced_with_its_offsets(autojump_clock, 
         assert fetched(client.responses[4][1])[("t", 0)][2] == [(2, b"c")]
 
 
+async def test_a_fetch_from_inside_a_merged_append_starts_at_the_batch_holding_its_offset(autojump_clock, tmp_path):
+    """One read of three produce requests is one append of partition 0 in the WAL (a produce run);
+    fetches still see the producers' batches, as Kafka serves them (``LogSegment.read``)."""
+    async with broker(tmp_path) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a", b"b"]) + produce(2, [b"c", b"d"]) + produce(3, [b"e"]))
+        await client.wait_responses(3)
+        assert len(b.logs.log("t", 0).locations(0, 1 << 20)) == 1  # merged: one batch set
+        await client.send(fetch(4, ("t", 0, 3)))
+        await client.wait_responses(4)
+        assert fetched(client.responses[3][1])[("t", 0)][2] == [(2, b"c"), (3, b"d"), (4, b"e")]
+        # KIP-74 at batch granularity: a max_bytes below one batch gets that batch alone
+        await client.send(fetch(5, ("t", 0, 1), partition_max_bytes=1))
+        await client.wait_responses(5)
+        assert fetched(client.responses[4][1])[("t", 0)][2] == [(0, b"a"), (1, b"b")]
+        await client.send(fetch(6, ("t", 0, 0)))
+        await client.wait_responses(6)
+        assert fetched(client.responses[5][1])[("t", 0)] == (0, 5, list(enumerate([b"a", b"b", b"c", b"d", b"e"])))
+
+
 @pytest.fixture
 def patient_autojump_clock() -> trio.testing.MockClock:
     """Jumps only after 0.3 s of real idleness: a WAL write in a worker thread is done long before,

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from kafka.record import MemoryRecords
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from pipeline.log.partition import Location, PartitionLog, batch_spans, rebase
+from pipeline.log.partition import Location, PartitionLog, batch_spans, batches_from, rebase
+from tests.e2e import raw_client as rc
 
 
 def batch(values: list[bytes], timestamp_ms: int = 1_000) -> bytes:
@@ -114,3 +115,18 @@ def test_timestamp_lookups() -> None:
     plog.advance_high_watermark(30)
     assert plog.first_at_or_after_timestamp(101).base_offset == 20
     assert plog.max_timestamp().base_offset == 20
+
+
+def test_batches_from_starts_at_the_batch_holding_the_offset_and_keeps_max_bytes_whole_batches():
+    records = bytearray(rc.record_batch([b"a", b"b"]) + rc.record_batch([b"c"]) + rc.record_batch([b"d", b"e", b"f"]))
+    rebase(records, 10)  # offsets 10-11, 12, 13-15
+    sizes = [size for _pos, size, _count, _ts in batch_spans(records)]
+    whole = len(records)
+    assert bytes(batches_from(records, 10, whole, True)) == bytes(records)
+    assert bytes(batches_from(records, 11, whole, True)) == bytes(records)  # 11 is in the first batch
+    assert bytes(batches_from(records, 12, whole, True)) == bytes(records[sizes[0]:])
+    assert bytes(batches_from(records, 15, whole, True)) == bytes(records[sizes[0] + sizes[1]:])
+    assert bytes(batches_from(records, 10, sizes[0] + sizes[1], True)) == bytes(records[:sizes[0] + sizes[1]])
+    assert bytes(batches_from(records, 12, 1, True)) == bytes(records[sizes[0]:sizes[0] + sizes[1]])  # KIP-74
+    assert bytes(batches_from(records, 12, 1, False)) == b""
+    assert bytes(batches_from(records, 16, whole, True)) == b""

@@ -356,3 +356,86 @@ async def test_a_sink_that_reads_the_wal_gets_positions_not_record_bytes(autojum
         rows = sorted((r["offset"], r["value"]) for r in sink.rows() if r["partition"] == p)
         expected = [v for i, vs in enumerate(values) if i % 2 == p for v in vs]
         assert rows == list(enumerate(expected))
+
+
+class AppendRecordingSink(MemorySink):
+    """``MemorySink`` that keeps (partition, base offset, record count) of every append it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appends: list[tuple[int, int, int]] = []
+
+    def to_table(self, appends: Sequence[PartitionAppend]) -> pa.Table:
+        self.appends.extend((a.partition, a.base_offset, a.record_count) for a in appends)
+        return super().to_table(appends)
+
+
+def _records_request(correlation_id: int, records: bytes, *, acks: int = -1, partition: int = 0) -> bytes:
+    """A Produce v9 frame of topic "t" carrying ``records`` as they are."""
+    return rc.frame(ProduceRequest(
+        transactional_id=None, acks=i16(acks), timeout=datetime.timedelta(milliseconds=NO_TIMEOUT_MS),
+        topic_data=(TopicProduceData(name="t", partition_data=(
+            PartitionProduceData(index=i32(partition), records=records),)),)), correlation_id)
+
+
+def _batch(values: list[bytes], *, compression: int = 0, producer_id: int = -1) -> bytes:
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=compression, is_transactional=0,
+                                        producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
+                                        base_sequence=0 if producer_id >= 0 else -1, batch_size=1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=1_700_000_000_000 + i, key=None, value=value, headers=[])
+    batch = bytes(builder.build())
+    assert (batch[22] & 7) == compression  # kafka-python stores it uncompressed if that is smaller
+    return batch
+
+
+async def test_a_read_of_plain_produce_requests_is_one_run_with_one_append_per_partition(autojump_clock, tmp_path):
+    """Requests of one read (any acks) are sequenced together: each gets the offsets it would get
+    alone, and each partition's records reach the persister as one append."""
+    sink = AppendRecordingSink()
+    async with broker(tmp_path, sink=sink) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a"], acks=0) + produce(2, [b"b", b"c"], acks=1)
+                          + produce(3, [b"d"], partition=1) + produce(4, [b"e"]) + produce(5, [b"f"], acks=0))
+        await client.wait_responses(3)
+        assert client.correlation_ids == [2, 3, 4]
+        assert [partition_result(body) for _, body in client.responses] == [(0, 1), (0, 0), (0, 3)]
+        await eventually(lambda: len(b.sink.rows()) == 6)
+        assert sorted(sink.appends) == [(0, 0, 5), (1, 0, 1)]
+        rows = sorted((r["partition"], r["offset"], r["value"]) for r in b.sink.rows())
+        assert rows == [(0, 0, b"a"), (0, 1, b"b"), (0, 2, b"c"), (0, 3, b"e"), (0, 4, b"f"), (1, 0, b"d")]
+        assert b.apis.stats.produce_requests == 5 and b.apis.stats.records == 6
+
+
+async def test_requests_that_are_not_plain_cut_the_run_and_keep_their_place(autojump_clock, tmp_path):
+    """A compressed batch (inflated in a worker thread, an ``await``), an idempotent producer's
+    batch and a refused partition, amid plain requests of one read: every request keeps its
+    connection's order and offsets, the plain ones around them merge only with their neighbours."""
+    sink = AppendRecordingSink()
+    async with broker(tmp_path, sink=sink) as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"p1"]) + produce(2, [b"p2"])
+                          + _records_request(3, _batch([b"z1" * 200, b"z2" * 200], compression=1))  # gzip
+                          + produce(4, [b"p4"]) + produce(5, [b"x"], partition=7)
+                          + _records_request(6, _batch([b"i1"], producer_id=b.apis.next_producer_id()))
+                          + produce(7, [b"p7"]) + produce(8, [b"p8"]))
+        await client.wait_responses(8)
+        assert client.correlation_ids == list(range(1, 9))
+        assert [partition_result(body) for _, body in client.responses] == [
+            (0, 0), (0, 1), (0, 2), (0, 4), (3, -1), (0, 5), (0, 6), (0, 7)]
+        await eventually(lambda: len(b.sink.rows()) == 8)
+        assert sink.appends == [(0, 0, 2), (0, 2, 2), (0, 4, 1), (0, 5, 1), (0, 6, 2)]
+        assert [r["value"] for r in sorted(b.sink.rows(), key=lambda r: r["offset"])] == [
+            b"p1", b"p2", b"z1" * 200, b"z2" * 200, b"p4", b"i1", b"p7", b"p8"]
+
+
+async def test_the_shared_unmuted_ablation_keeps_one_scheduling_point_per_request(tmp_path):
+    """``yield_before_sequencing`` (the ablation that must expose reordering) never takes runs."""
+    wal = WriteAheadLog(tmp_path / "wal", fsync=False)
+    persister = BatchingPersister(MemorySink(), wal, StateStore(tmp_path / "state"), Checkpoint(),
+                                  FlushPolicy(linger_ms=0))
+    info, catalog = BrokerInfo(0, "127.0.0.1", 9092, "test"), TopicCatalog(initial={"t": 1})
+    assert KafkaApis(info, catalog, LogManager(), persister, 1).produce_runs
+    assert not KafkaApis(info, catalog, LogManager(), persister, 1, yield_before_sequencing=True).produce_runs
