@@ -501,3 +501,21 @@ def _listed(payload: bytes) -> set[int]:
 
     body, _ = entity_reader(ApiVersionsResponse)(payload, 4)  # after the v0 response header (correlation id)
     return {int(k.api_key) for k in body.api_keys}
+
+
+@pytest.mark.parametrize("version", [1, 9, 12])
+def test_a_repeated_metadata_body_is_decoded_once_and_a_bad_one_still_names_its_request(version):
+    """``decode_request`` keeps Metadata entities by body (the cache is keyed on the bytes after
+    the header, so the correlation id does not matter); errors are not kept."""
+    request = metadata_request(version, ["orders", "payments"])
+    first = request_frame(request, correlation_id=1)
+    second = request_frame(request, correlation_id=2, client_id="another-client")
+    entity = decode_request(parse_request_header(first), first)
+    assert entity == request
+    assert decode_request(parse_request_header(second), second) is entity
+    other = request_frame(metadata_request(version, ["orders"]), correlation_id=3)
+    assert decode_request(parse_request_header(other), other) == metadata_request(version, ["orders"])
+    truncated = first[:-3]
+    for _ in range(2):  # twice: a failure is not kept as a result
+        with pytest.raises(InvalidRequestError, match="correlation_id=1"):
+            decode_request(parse_request_header(truncated), truncated)
