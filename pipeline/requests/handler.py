@@ -39,7 +39,7 @@ from pipeline.protocol.header import RequestHeader
 from pipeline.protocol.records import (RecordsInfo, has_compressed_batch, summarize_fields, summarize_records,
                                        validate_records)
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.network.request_channel import ConnectionHandle, Request, RequestChannel
+from pipeline.network.request_channel import ConnectionHandle, Request, RequestChannel, release_requests
 from pipeline.network.request_metrics import RequestMetrics, add_error
 from pipeline.log.producer_state import BatchMetadata, Verdict
 from pipeline.security.acl import CLUSTER_NAME, AclOperation, Authorizer, ResourceType
@@ -773,7 +773,7 @@ class RequestHandler:
             now = trio.current_time()
             for request in requests:
                 request.local_done_at = now
-                request.release()
+            release_requests(requests)
             log_context.reset(context)
         return now
 

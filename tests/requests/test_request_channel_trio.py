@@ -16,7 +16,10 @@ import trio
 import trio.testing
 
 from pipeline.network.connection_state import MuteReason
-from pipeline.network.request_channel import MultiQueueRequestChannel, SharedRequestChannel, stable_queue_index
+from pipeline.network.memory_pool import MemoryPool
+from pipeline.network.request_channel import (MultiQueueRequestChannel, Request, SharedRequestChannel, release_requests,
+                                            stable_queue_index)
+from pipeline.protocol.header import RequestHeader
 from tests.network.trio_harness import request_frame, serving
 
 def test_queue_of_a_connection_is_crc32_of_its_id_not_pythons_salted_hash():
@@ -95,3 +98,20 @@ async def test_baseline_shared_queue_mutes_each_connection_after_each_request(au
         assert all(len(item) == 1 for *_, item in h.handlers.items)  # one request per queue item
         assert {queue for _, queue, _ in h.handlers.items} == {0}
         assert {handler for handler, _, _ in h.handlers.items} == {0, 1}  # the pool shares the queue
+
+
+def test_release_requests_returns_a_runs_memory_in_one_release_per_pool():
+    pools = [MemoryPool(100), MemoryPool(100)]
+    wakeups: list[int] = []  # the pool index of each release listener call
+    for i, pool in enumerate(pools):
+        pool.add_release_listener(lambda i=i: wakeups.append(i))
+    header = RequestHeader(0, 9, 1, "c", 2, 10)
+    requests = []
+    for pool, size in ((pools[0], 30), (pools[1], 5), (pools[0], 20), (None, 0)):
+        assert pool is None or pool.try_allocate(size)
+        requests.append(Request(None, header, b"x" * size, len(requests), 0.0, size, pool))  # type: ignore[arg-type]
+    release_requests(requests)
+    assert [p.used for p in pools] == [0, 0] and sorted(wakeups) == [0, 1]
+    assert all(r.frame == b"" and r.pool is None for r in requests)
+    release_requests(requests)  # idempotent, as Request.release
+    assert [p.used for p in pools] == [0, 0] and sorted(wakeups) == [0, 1]
