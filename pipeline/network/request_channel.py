@@ -27,6 +27,7 @@ one request per item, so its handler pool can interleave them as Kafka's can.
 
 from __future__ import annotations
 
+import collections
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -129,6 +130,17 @@ def stable_queue_index(connection_id: str, queues: int) -> int:
     return zlib.crc32(connection_id.encode()) % queues
 
 
+class _Waiter:
+    """A sender waiting for room in a queue: ``admitted`` is set once its ``count`` requests'
+    room is taken for it (or the channel is closed)."""
+
+    __slots__ = ("count", "admitted")
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.admitted = trio.Event()
+
+
 class RequestChannel:
     """Base: ``send_requests`` from Processors, ``receiver`` for handlers.
 
@@ -145,7 +157,7 @@ class RequestChannel:
         self._receivers = [r for _, r in pairs]
         self._capacities = list(capacities)
         self._queued = [0] * len(capacities)
-        self._space = [trio.Event() for _ in capacities]
+        self._waiting: list[collections.deque[_Waiter]] = [collections.deque() for _ in capacities]
 
     @property
     def queue_count(self) -> int:
@@ -169,21 +181,34 @@ class RequestChannel:
     async def send_requests(self, requests: list[Request]) -> None:
         """Enqueue requests of ONE connection, in order, as one item.
 
-        Waits while the queue holds its capacity in requests; an item larger
-        than the whole capacity goes in once the queue is empty.
+        Waits while the queue holds its capacity in requests, or while other
+        senders wait for it (first come, first served); an item larger than the
+        whole capacity goes in once the queue is empty.
 
         Raises:
             trio.ClosedResourceError: after ``close``.
         """
         index = self.queue_index(requests[0].connection.connection_id)
-        queued, capacity = self._queued, self._capacities[index]
-        while queued[index] and queued[index] + len(requests) > capacity:
-            await self._space[index].wait()
-        queued[index] += len(requests)
+        queued, count, waiting = self._queued, len(requests), self._waiting[index]
+        if waiting or (queued[index] and queued[index] + count > self._capacities[index]):
+            waiter = _Waiter(count)
+            waiting.append(waiter)
+            try:
+                await waiter.admitted.wait()
+            except BaseException:  # cancelled: give back its place, or its room if it had one
+                if waiter.admitted.is_set():
+                    queued[index] -= count
+                    self._admit(index)
+                else:
+                    waiting.remove(waiter)
+                raise
+        else:
+            queued[index] += count
         self._senders[index].send_nowait(requests)
 
     def try_send_requests(self, requests: list[Request]) -> bool:
-        """``send_requests`` if it would not wait: True if enqueued, False if the queue is full.
+        """``send_requests`` if it would not wait: True if enqueued, False if the queue is full
+        or other senders wait for it (they go first).
 
         The Processor's usual path (no cancel scope, no checkpoint); the same
         bound as ``send_requests``.
@@ -193,7 +218,7 @@ class RequestChannel:
         """
         index = self.queue_index(requests[0].connection.connection_id)
         queued = self._queued
-        if queued[index] and queued[index] + len(requests) > self._capacities[index]:
+        if self._waiting[index] or (queued[index] and queued[index] + len(requests) > self._capacities[index]):
             return False
         queued[index] += len(requests)
         self._senders[index].send_nowait(requests)
@@ -202,15 +227,26 @@ class RequestChannel:
     def taken(self, queue_index: int, count: int) -> None:
         """A handler took ``count`` requests off queue ``queue_index``: room for more."""
         self._queued[queue_index] -= count
-        space, self._space[queue_index] = self._space[queue_index], trio.Event()
-        space.set()
+        if self._waiting[queue_index]:
+            self._admit(queue_index)
+
+    def _admit(self, index: int) -> None:
+        """Wake the senders waiting for queue ``index`` that now fit, first come first served,
+        each with its room taken for it. Only those: every Processor waiting on a full queue
+        woken at each take, to find it full again, cost a task step per request at acks=0."""
+        waiting, queued, capacity = self._waiting[index], self._queued, self._capacities[index]
+        while waiting and (not queued[index] or queued[index] + waiting[0].count <= capacity):
+            waiter = waiting.popleft()
+            queued[index] += waiter.count
+            waiter.admitted.set()
 
     def close(self) -> None:
         """No more requests: handlers drain their queues, then their loops end."""
         for s in self._senders:
             s.close()
-        for space in self._space:
-            space.set()  # a waiting sender finds the queue closed
+        for waiting in self._waiting:
+            while waiting:
+                waiting.popleft().admitted.set()  # a waiting sender finds the queue closed
 
 
 class MultiQueueRequestChannel(RequestChannel):

@@ -115,3 +115,50 @@ def test_release_requests_returns_a_runs_memory_in_one_release_per_pool():
     assert all(r.frame == b"" and r.pool is None for r in requests)
     release_requests(requests)  # idempotent, as Request.release
     assert [p.used for p in pools] == [0, 0] and sorted(wakeups) == [0, 1]
+
+
+def _items(channel_id: str, counts: list[int]) -> list[list[Request]]:
+    """Queue items of one connection, ``counts[i]`` requests each (no pool, empty frames)."""
+    connection = type("Connection", (), {"connection_id": channel_id})()
+    header = RequestHeader(0, 9, 1, "c", 2, 10)
+    return [[Request(connection, header, b"", k) for k in range(n)] for n in counts]  # type: ignore[arg-type]
+
+
+@pytest.mark.trio
+async def test_senders_waiting_for_a_full_queue_are_admitted_first_come_first_served_one_wake_each():
+    """Each take admits the waiting senders that now fit, in arrival order (a large item at the
+    head holds back smaller ones behind it: no starvation); a sender that arrives while others
+    wait queues behind them; a cancelled waiter gives back its place."""
+    channel = MultiQueueRequestChannel(1, 4)
+    _, receiver = channel.receiver(0)
+    order: list[str] = []
+
+    async def send(name: str, item: list[Request], task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await channel.send_requests(item)
+        order.append(name)
+
+    first, big, small, late = (_items(n, [k])[0] for n, k in (("a", 4), ("b", 3), ("c", 1), ("d", 1)))
+    assert channel.try_send_requests(first)  # the queue is full (4 of 4)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(send, "big", big)
+        await nursery.start(send, "small", small)
+        async with trio.open_nursery() as cancelled:
+            cancelled.start_soon(send, "cancelled", _items("e", [1])[0])
+            await trio.testing.wait_all_tasks_blocked()
+            cancelled.cancel_scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not channel.try_send_requests(late)  # others wait: it may not jump the line
+        await nursery.start(send, "late", late)
+        assert order == [] and channel.queue_depths() == [4]
+        assert receiver.receive_nowait() is first
+        channel.taken(0, 4)  # room for 4: big (3), then small (1); late must wait
+        await trio.testing.wait_all_tasks_blocked()
+        # Both admitted at this take (trio runs the woken tasks in any order).
+        assert sorted(order) == ["big", "small"] and channel.queue_depths() == [4]
+        for _ in range(2):
+            item = receiver.receive_nowait()
+            assert item is big or item is small
+            channel.taken(0, len(item))
+        await trio.testing.wait_all_tasks_blocked()
+        assert order[2:] == ["late"] and receiver.receive_nowait() is late
