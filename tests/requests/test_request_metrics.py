@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.network.request_metrics import BUCKET_BOUNDS_MS, STAGES, RequestMetrics, add_error
 
@@ -96,3 +98,52 @@ def test_requests_are_counted_per_api_and_version_and_errors_per_code():
     assert m.apis[API_VERSIONS].requests == {3: 1}
     assert m.apis[PRODUCE].errors == {0: 5, 3: 2}
     assert [sum(b) for b in m.apis[PRODUCE].buckets] == [3] * len(STAGES)
+
+
+def _reference_record(buckets: list[list[int]], sums: list[float], received: float, dequeued: float,
+                      local_done: float, response_complete: float, response_dequeued: float, sent: float) -> None:
+    """The stage rules of ``RequestMetrics.record`` written out in Python (its C body's reference)."""
+    from bisect import bisect_left
+
+    if dequeued < 0:
+        dequeued = received
+    if response_complete < 0:
+        response_complete = response_dequeued
+    if local_done < 0 or response_complete < local_done:
+        local_done = response_complete
+    for stage, seconds in enumerate((dequeued - received, local_done - dequeued, response_complete - local_done,
+                                     response_dequeued - response_complete, sent - response_dequeued,
+                                     sent - received)):
+        ms = seconds * 1000.0 if seconds > 0 else 0.0
+        buckets[stage][bisect_left(BUCKET_BOUNDS_MS, ms)] += 1
+        sums[stage] += ms
+
+
+_times = st.one_of(st.floats(-1.0, 100.0, allow_nan=False), st.sampled_from([-1.0, 0.0, 0.0001, 0.06, 60.0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(*[_times] * 6), min_size=1, max_size=20))
+def test_the_c_stage_recording_is_the_python_rules(calls):
+    m = RequestMetrics()
+    buckets = [[0] * (len(BUCKET_BOUNDS_MS) + 1) for _ in STAGES]
+    sums = [0.0] * len(STAGES)
+    for times in calls:
+        m.record(PRODUCE, 9, *times)
+        _reference_record(buckets, sums, *times)
+    api = m.apis[PRODUCE]
+    assert api.buckets == buckets
+    assert api.sums_ms == pytest.approx(sums)
+    assert api.requests == {9: len(calls)}
+
+
+def test_the_c_stage_recording_refuses_lists_of_the_wrong_shape():
+    from pipeline._stages import record
+
+    good = [[0] * (len(BUCKET_BOUNDS_MS) + 1) for _ in STAGES]
+    with pytest.raises(TypeError):
+        record(good[:5], [0.0] * 6, BUCKET_BOUNDS_MS, 0, 0, 0, 0, 0, 0)
+    with pytest.raises(ValueError):
+        record([[0]] * 6, [0.0] * 6, BUCKET_BOUNDS_MS, 0, 0, 0, 0, 0, 0)
+    with pytest.raises(TypeError):
+        record(good, [0.0] * 6, (1, 2), 0, 0, 0, 0, 0, 0)
