@@ -240,24 +240,26 @@ class KafkaApis:
         not with ``yield_before_sequencing``, whose ablation needs a scheduling point per request."""
         return not self.yield_before_sequencing
 
+    def runs_allowed(self, connection: ConnectionHandle) -> bool:
+        """Whether Produce requests of ``connection`` may go through ``plain_produce`` now: it
+        has authenticated (SASL), and ``buffer.memory`` has room (else ``handle`` waits for it).
+        Unchanged while nothing awaits, since only ``sequence_run`` adds to the buffer."""
+        return ((not connection.security_protocol.startswith("SASL_") or self.is_authenticated(connection))
+                and self.persister.has_capacity)
+
     def plain_produce(self, request: Request, checked: dict[tuple[str, int], bool], writable: dict[str, bool],
                       ) -> PlainProduce | None:
         """A Produce request ``sequence_run`` may take with others, read and checked; None for
-        any other request (``handle`` serves it, with its errors).
+        any other request (``handle`` serves it, with its errors). Ask ``runs_allowed`` first.
 
         Plain: no transactional id, acks 0/1/-1, every partition known, led here and writable,
-        its records uncompressed, valid and from a producer that is not idempotent, and room in
-        ``buffer.memory``. ``checked`` and ``writable`` are the run's memo of partition checks
+        its records uncompressed, valid and from a producer that is not idempotent.
+        ``checked`` and ``writable`` are the run's memo of partition checks
         (topic-partition -> may be appended to) and TOPIC Write authorizations (topic ->
         allowed): valid only while nothing awaits, so a caller clears them when the run ends.
         Never raises for bad input.
         """
-        header = request.header
-        connection = request.connection
-        if (connection.security_protocol.startswith("SASL_") and not self.is_authenticated(connection)
-                or not self.persister.has_capacity):
-            return None
-        body = apis.produce_body(header, request.frame)
+        body = apis.produce_body(request.header, request.frame)
         if body is None:
             return None
         acks, timeout_ms, transactional_id, partitions = body
@@ -741,11 +743,14 @@ class RequestHandler:
         run: list[PlainProduce] = []
         checked: dict[tuple[str, int], bool] = {}
         writable: dict[str, bool] = {}
+        allowed: bool | None = None  # runs_allowed, asked at the first Produce request
         for request in requests:
             request.dequeued_at = now
             if request.header.api_key == PRODUCE:
+                if allowed is None:
+                    allowed = apis_.runs_allowed(request.connection)
                 try:
-                    plain = apis_.plain_produce(request, checked, writable)
+                    plain = apis_.plain_produce(request, checked, writable) if allowed else None
                 except Exception:
                     plain = None  # handle() meets the same and answers it
                 if plain is not None:
@@ -757,6 +762,7 @@ class RequestHandler:
                 checked.clear()
                 writable.clear()
             now = await self._handle_one(request)
+            allowed = None  # it may have awaited: ask again
         if run:
             self._end_run(run)
 
