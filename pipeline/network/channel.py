@@ -160,6 +160,20 @@ class KafkaChannel:
             request.response_at = trio.current_time()
         self._responses.set()
 
+    def complete_without_response(self, tokens: list[int]) -> None:
+        """``complete(token, None)`` for each of ``tokens``, in order, with one clock reading and
+        one wake-up of the writer."""
+        if self.state.closed:
+            return
+        complete, requests = self.state.complete, self._requests
+        now = trio.current_time()
+        for token in tokens:
+            complete(token, None)
+            request = requests.get(token)
+            if request is not None:
+                request.response_at = now
+        self._responses.set()
+
     def set_raw_sasl_tokens(self, raw: bool) -> None:
         """The next frames are raw SASL tokens (True, after a SaslHandshake v0) or requests again
         (``ConnectionState.raw_sasl_tokens``)."""

@@ -266,7 +266,7 @@ class ConnectionState:
                 return self._pause(MuteReason.MEMORY)
             self._allocated = size
         self._resume(now)
-        frame = self._decoder.next_frame()
+        frame = self._decoder.next_frame(size)
         if frame is None:
             return NEED_DATA
         pool_bytes, self._allocated = self._allocated, None

@@ -173,15 +173,18 @@ class FrameDecoder:
             raise self._error
         return size
 
-    def next_frame(self) -> bytes | bytearray | None:
+    def next_frame(self, size: int | None = None) -> bytes | bytearray | None:
         """Return the next complete frame body, or None if more bytes are needed.
+
+        ``size``: what ``next_size()`` just returned, if the caller asked (not asked again).
 
         Raises:
             InvalidReceiveError: see the class docstring.
         """
-        size = self.next_size()
         if size is None:
-            return None
+            size = self.next_size()
+            if size is None:
+                return None
         if self._body is not None:
             if self._filled < len(self._body):
                 return None

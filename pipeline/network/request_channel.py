@@ -61,6 +61,10 @@ class ConnectionHandle(Protocol):
     def complete(self, token: int, payload: bytes | None) -> None:
         """Give the response (without size prefix) of request ``token``; None: no response."""
 
+    def complete_without_response(self, tokens: list[int]) -> None:
+        """``complete(token, None)`` for each of ``tokens``, in order (acks=0 produce requests
+        handled together: Kafka's ``NoOpResponse``)."""
+
     def close(self, reason: str) -> None:
         """Stop reading, answer what is in flight, then close the connection."""
 

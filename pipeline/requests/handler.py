@@ -335,12 +335,18 @@ class KafkaApis:
                 bytes_in[a.topic] = bytes_in.get(a.topic, 0) + len(a.records)
                 messages_in[a.topic] = messages_in.get(a.topic, 0) + a.record_count
         unacked_logged = False
+        unanswered: list[int] = []  # tokens of acks=0 requests of ``unanswered_on``
+        unanswered_on: ConnectionHandle | None = None
         for (request, acks, deadline, parts), request_bases in zip(run, bases):
             connection, token = request.connection, request.token
             if commit is None:
                 stats.partition_errors += len(parts)
             if acks == 0:
-                connection.complete(token, None)
+                if connection is not unanswered_on:
+                    if unanswered_on is not None:
+                        unanswered_on.complete_without_response(unanswered)
+                    unanswered, unanswered_on = [], connection
+                unanswered.append(token)
                 if commit is None:
                     # As ``_produce``: the connection is closed to tell the client, the errors counted.
                     for _ in parts:
@@ -363,6 +369,8 @@ class KafkaApis:
                 pending.wait_for(commit, list(range(len(results))))
             if not pending.start():
                 heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), pending))
+        if unanswered_on is not None:
+            unanswered_on.complete_without_response(unanswered)
 
     async def _init_producer_id(self, request: Request) -> None:
         header = request.header
