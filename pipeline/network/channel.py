@@ -161,18 +161,29 @@ class KafkaChannel:
         self._responses.set()
 
     def complete_without_response(self, tokens: list[int]) -> None:
-        """``complete(token, None)`` for each of ``tokens``, in order, with one clock reading and
-        one wake-up of the writer."""
-        if self.state.closed:
+        """``complete(token, None)`` for each of ``tokens``, in order, with one clock reading.
+
+        The slots of those whose turn has come are freed here (their stage times recorded, a
+        reader paused for the in-flight cap woken): there is nothing to write for them, so the
+        writer is woken only if a response is ready after them (or the connection is
+        draining), not once per handled batch of acks=0 requests.
+        """
+        state = self.state
+        if state.closed:
             return
-        complete, requests = self.state.complete, self._requests
+        complete, requests = state.complete, self._requests
         now = trio.current_time()
         for token in tokens:
             complete(token, None)
             request = requests.get(token)
             if request is not None:
                 request.response_at = now
-        self._responses.set()
+        freed = state.pop_unanswered()
+        if freed:
+            self._record_sent(freed, now, now)
+            self._sent.set()
+        if state.response_ready or self._reading_done.is_set():
+            self._responses.set()
 
     def set_raw_sasl_tokens(self, raw: bool) -> None:
         """The next frames are raw SASL tokens (True, after a SaslHandshake v0) or requests again

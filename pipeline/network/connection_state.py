@@ -307,6 +307,18 @@ class ConnectionState:
         if payload is not None:
             self._unsent_bytes += len(payload) + 4
 
+    def pop_unanswered(self) -> list[int]:
+        """Free the slots of the requests next in line that get no response (acks=0), up to the
+        first one with a response or not yet complete; their tokens, in order
+        (``ResponseSequencer.pop_unanswered``). Nothing is written for them, so they need not
+        wait for the writer; ``data_to_send`` still returns what is left."""
+        return self._sequencer.pop_unanswered()
+
+    @property
+    def response_ready(self) -> bool:
+        """Whether ``data_to_send`` would return something now."""
+        return self._sequencer.has_ready()
+
     def data_to_send(self, now: float) -> bytes | None:
         """Frames of every response whose turn has come, joined for one write.
 

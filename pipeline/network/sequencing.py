@@ -89,6 +89,32 @@ class ResponseSequencer:
         if not self._ordered:
             self._completion_order.append(token)
 
+    def pop_unanswered(self) -> list[int]:
+        """Remove the requests at the head of the writing order that are complete and get no
+        response (acks=0), up to the first that is not complete or has a response; return
+        their tokens. What ``pop_ready`` would return first, without building responses."""
+        done, cids = self._done, self._cids
+        tokens: list[int] = []
+        if not self._ordered:
+            completion = self._completion_order
+            i = 0
+            while i < len(completion) and done[completion[i]] is None:
+                i += 1
+            tokens, self._completion_order = completion[:i], completion[i:]
+        else:
+            order = self._order
+            while order and order[0] in done and done[order[0]] is None:
+                tokens.append(order.popleft())
+        for token in tokens:
+            del cids[token], done[token]
+        return tokens
+
+    def has_ready(self) -> bool:
+        """Whether ``pop_ready`` would return anything now."""
+        if not self._ordered:
+            return bool(self._completion_order)
+        return bool(self._order) and self._order[0] in self._done
+
     def pop_ready(self) -> list[ReadyResponse]:
         """Remove and return the responses that may be written now, in writing order."""
         done, cids = self._done, self._cids

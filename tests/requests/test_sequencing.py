@@ -74,3 +74,48 @@ def test_unordered_mode_releases_in_completion_order():
     seq.complete(a, b"A")
     assert [r.correlation_id for r in seq.pop_ready()] == [1]
     assert seq.in_flight == 0
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+@given(data=st.data())
+def test_popping_unanswered_slots_first_changes_nothing_but_who_pops_them(ordered, data):
+    """``pop_unanswered`` then ``pop_ready``, at any points, release the same tokens in the same
+    order as ``pop_ready`` alone; it only takes no-response slots."""
+    payloads = data.draw(st.lists(st.sampled_from([None, b"r"]), min_size=1, max_size=12))
+    completion = data.draw(st.permutations(range(len(payloads))))
+    unanswered_at = data.draw(st.lists(st.booleans(), min_size=len(payloads), max_size=len(payloads)))
+    ready_at = data.draw(st.lists(st.booleans(), min_size=len(payloads), max_size=len(payloads)))
+
+    def run(interleave: bool) -> list[tuple[int, bytes | None]]:
+        seq = ResponseSequencer(ordered=ordered)
+        tokens = [seq.register(i) for i in range(len(payloads))]
+        out: list[tuple[int, bytes | None]] = []
+        for n, i in enumerate(completion):
+            seq.complete(tokens[i], payloads[i])
+            if interleave and unanswered_at[n]:
+                freed = seq.pop_unanswered()
+                assert all(payloads[t] is None for t in freed)
+                out += [(t, None) for t in freed]
+            if ready_at[n]:
+                has_ready = seq.has_ready()
+                ready = seq.pop_ready()
+                assert has_ready == bool(ready)
+                out += [(r.token, r.payload) for r in ready]
+        out += [(r.token, r.payload) for r in seq.pop_ready()]
+        assert seq.in_flight == 0 and not seq.has_ready()
+        return out
+
+    assert run(True) == run(False)
+
+
+def test_pop_unanswered_stops_at_a_response_or_an_incomplete_request():
+    seq = ResponseSequencer()
+    a, b, c, d = (seq.register(i) for i in range(4))
+    seq.complete(b, None)
+    assert seq.pop_unanswered() == [] and not seq.has_ready()  # a is not complete
+    seq.complete(a, None)
+    seq.complete(d, None)
+    assert seq.pop_unanswered() == [a, b] and seq.in_flight == 2  # c is not complete: d waits
+    seq.complete(c, b"response")
+    assert seq.pop_unanswered() == [] and seq.has_ready()  # c has a response: the writer's
+    assert [(r.token, r.payload) for r in seq.pop_ready()] == [(c, b"response"), (d, None)]
