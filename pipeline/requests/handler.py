@@ -58,6 +58,8 @@ ApiHandler = Callable[[Request], Awaitable[None]]
 MIN_PRODUCE_TIMEOUT_MS = 1000
 """Produce timeouts below this (ms) are raised to it: durability takes at least an fsync."""
 TIMEOUT_CHECK_INTERVAL_S = 0.1
+ITEMS_PER_CHECKPOINT = 8
+"""Queue items a RequestHandler takes that were queued already before it lets other tasks run."""
 PlainProduce = tuple[Request, int, float, list[tuple[str, int, bytes, int, int]]]
 """``KafkaApis.plain_produce``: (request, acks, deadline (trio time, s), [(topic, partition,
 records, record count, uncompressed bytes)])."""
@@ -712,15 +714,25 @@ class RequestHandler:
         receiver = self._receiver
         perf_counter = time.perf_counter
         async with receiver:
+            without_checkpoint = 0
             while True:
-                self._idle = (self._idle[0], perf_counter())
                 try:
-                    requests = await receiver.receive()
+                    if without_checkpoint >= ITEMS_PER_CHECKPOINT:
+                        raise trio.WouldBlock
+                    requests = receiver.receive_nowait()  # queued already: no scheduling round
+                    without_checkpoint += 1
+                except trio.WouldBlock:
+                    without_checkpoint = 0
+                    self._idle = (self._idle[0], perf_counter())
+                    try:
+                        requests = await receiver.receive()
+                    except trio.EndOfChannel:
+                        break
+                    finally:
+                        total, since = self._idle
+                        self._idle = (total + max(0.0, perf_counter() - since), None)
                 except trio.EndOfChannel:
                     break
-                finally:
-                    total, since = self._idle
-                    self._idle = (total + max(0.0, perf_counter() - since), None)
                 now = trio.current_time()
                 self._request_channel.taken(self._queue_index, len(requests))
                 if self._apis.produce_runs:
