@@ -779,10 +779,11 @@ class RequestHandler:
             if run:
                 now = request.dequeued_at = self._end_run(run)
                 run = []
-                checked.clear()
-                writable.clear()
             now = await self._handle_one(request)
-            allowed = None  # it may have awaited: ask again
+            # It may have awaited: leadership, ACLs and buffer.memory may have changed since.
+            checked.clear()
+            writable.clear()
+            allowed = None
         if run:
             self._end_run(run)
 
