@@ -23,16 +23,28 @@ import trio
 class IoWaitMeter(trio.abc.Instrument):
     """Adds up the run loop's I/O waits; install with ``trio.lowlevel.add_instrument``.
 
-    Attributes:
-        wait_seconds: total time blocked waiting for I/O (s, ``time.perf_counter``).
+    ``wait_seconds`` includes the wait under way, so a reading taken from another thread (the
+    metrics endpoint's) is the idle time up to that moment: counted only when a wait ended, a
+    wait that began before one scrape and ended after it would all land in the next interval,
+    and an idle server's long waits made the idle rate exceed 100 % of the scrape interval.
     """
 
     def __init__(self) -> None:
-        self.wait_seconds = 0.0
-        self._since = 0.0
+        # (seconds of the waits that ended, time.perf_counter() when the current one began or
+        # None): one attribute, replaced whole, so another thread never sees half an update.
+        self._waits: tuple[float, float | None] = (0.0, None)
+
+    @property
+    def wait_seconds(self) -> float:
+        """Time blocked waiting for I/O, the current wait included (s, ``time.perf_counter``)."""
+        total, since = self._waits
+        if since is not None:
+            total += max(0.0, time.perf_counter() - since)
+        return total
 
     def before_io_wait(self, timeout: float) -> None:
-        self._since = time.perf_counter()
+        self._waits = (self._waits[0], time.perf_counter())
 
     def after_io_wait(self, timeout: float) -> None:
-        self.wait_seconds += time.perf_counter() - self._since
+        total, since = self._waits
+        self._waits = (total + (time.perf_counter() - since if since is not None else 0.0), None)
