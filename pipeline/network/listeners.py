@@ -177,20 +177,21 @@ def ephemeral_ports() -> tuple[int, int]:
         return DEFAULT_EPHEMERAL_PORTS
 
 
-def free_listen_port(host: str, avoid: Container[int] = (), tries: int = 200) -> int:
-    """A TCP port that ``host`` can listen on now, picked at random from ``FREE_PORT_FLOOR`` up to
-    just below the ephemeral range, and not in ``avoid``. For a listener another process binds a
-    moment later (the Spark Connect server's): the kernel's port-0 pick comes from the ephemeral
-    range, which every outgoing connection's local port shares, so some connection may take it
-    first; below that range none does.
+def free_listen_port(host: str, avoid: Container[int] = (), tries: int = 200, ports: range | None = None) -> int:
+    """A TCP port that ``host`` can listen on now, picked at random from ``ports`` (default:
+    ``FREE_PORT_FLOOR`` up to just below the ephemeral range), and not in ``avoid``. For a listener
+    another process binds a moment later (the Spark Connect server's): the kernel's port-0 pick
+    comes from the ephemeral range, which every outgoing connection's local port shares, so some
+    connection may take it first; below that range none does.
 
     Raises:
         OSError: no port was free in ``tries`` picks.
     """
-    high = ephemeral_ports()[0] - 1
-    low = min(FREE_PORT_FLOOR, high)
+    if ports is None:
+        high = ephemeral_ports()[0] - 1
+        ports = range(min(FREE_PORT_FLOOR, high), high + 1)
     for _ in range(tries):
-        port = random.randint(low, high)
+        port = random.choice(ports)
         if port in avoid:
             continue
         with socket.socket() as s:
@@ -200,4 +201,4 @@ def free_listen_port(host: str, avoid: Container[int] = (), tries: int = 200) ->
             except OSError:
                 continue
         return port
-    raise OSError(f"no free port on {host} in {low}-{high} after {tries} picks")
+    raise OSError(f"no free port on {host} in {ports.start}-{ports.stop - 1} after {tries} picks")

@@ -20,19 +20,33 @@ TABLE_READY = "table side ready"
 
 _picked: set[int] = set()
 
+TEST_PORTS = range(3000, 9000)
+"""The ports ``free_port`` picks from, one slice per pytest-xdist worker: below
+``pipeline.network.listeners.FREE_PORT_FLOOR``, where a server under test picks its own (its Spark
+Connect port), and below the defaults (9092, 9093, 9464) a test may start a server on. A port picked
+here is bound a moment (a ``make serve``: seconds) later by another process; no other worker's
+test and no server picks it meanwhile (random picks from one shared range did, in CI)."""
+
+
+def _worker_ports() -> range:
+    """This pytest-xdist worker's slice of ``TEST_PORTS`` (``PYTEST_XDIST_WORKER`` is ``gwN``); all of it
+    outside xdist."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = len(TEST_PORTS) // max(count, 1)
+    return TEST_PORTS[index * size:(index + 1) * size]
+
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now, below the ephemeral range, and not handed out before
-    by this process (``pipeline.network.listeners.free_listen_port``: a server binds it a moment
-    later, and no client connection takes ports there; one picked by the kernel's port-0 rule was
-    taken once, in CI, before the server it was meant for bound it).
+    """A TCP port free on 127.0.0.1 right now, from this worker's slice of ``TEST_PORTS``, and not
+    handed out before by this process (a server binds it a moment later).
 
     Raises:
         OSError: no port was free in 200 picks.
     """
     from pipeline.network.listeners import free_listen_port
 
-    port = free_listen_port("127.0.0.1", avoid=_picked)
+    port = free_listen_port("127.0.0.1", avoid=_picked, ports=_worker_ports())
     _picked.add(port)
     return port
 

@@ -168,3 +168,19 @@ def test_a_free_listen_port_is_below_the_ephemeral_range_bindable_and_not_one_to
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
             s.listen()
+
+
+def test_a_free_listen_port_comes_from_the_ports_asked_for_and_not_a_bound_one():
+    import socket
+
+    from pipeline.network.listeners import free_listen_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        bound = taken.getsockname()[1]
+        ports = range(bound, bound + 2)
+        # the bound port is never handed out: every pick is the other one
+        assert {free_listen_port("127.0.0.1", ports=ports) for _ in range(20)} <= {bound + 1}
+        with pytest.raises(OSError, match="no free port"):
+            free_listen_port("127.0.0.1", ports=range(bound, bound + 1), tries=5)
