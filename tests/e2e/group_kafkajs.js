@@ -5,8 +5,9 @@
 // {"m": MEMBER, "join": [ASSIGNED PARTITIONS]}; lines from both members go out in the order
 // they happened (one process, one stdout). A crash of a member ({"m": MEMBER, "crash": ERROR}) is
 // followed by kafkajs' own restart (restartOnFailure). SIGTERM: disconnect every member, exit 0.
-// KAFKAJS_DEBUG=1 in the environment: kafkajs' own DEBUG log, one JSON object a line on stderr (the test
-// keeps stderr in kafkajs.log beside the brokers' logs): every request and answer, with its broker and error.
+// kafkajs' own log goes to stderr, one JSON object a line (the test keeps stderr in kafkajs.log beside the
+// brokers' logs): INFO and above (joins, crashes, batches filtered out, offset resets); with KAFKAJS_DEBUG=1
+// in the environment DEBUG too: every request and answer, with its broker and error.
 "use strict";
 const path = require("path");
 
@@ -16,7 +17,7 @@ const [bootstrap, groupId, topic, members] = process.argv.slice(3);
 // Short timeouts: a broker host whose link is down answers nothing (no reset), and the group
 // must notice and rebalance within the test's wait.
 const kafka = new Kafka({ clientId: "test-failover-kafkajs", brokers: bootstrap.split(","),
-                          logLevel: process.env.KAFKAJS_DEBUG ? logLevel.DEBUG : logLevel.NOTHING,
+                          logLevel: process.env.KAFKAJS_DEBUG ? logLevel.DEBUG : logLevel.INFO,
                           logCreator: () => ({ namespace, level, label, log }) =>
                             process.stderr.write(JSON.stringify({ t: Date.now(), level: label, ns: namespace, ...log }) + "\n"),
                           connectionTimeout: 3000, requestTimeout: 15000,

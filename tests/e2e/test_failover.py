@@ -229,8 +229,41 @@ class ConsumerGroup:
             while any(len(self.seen[p]) < end for p, end in ends.items()):
                 assert self.proc.poll() is None, f"kafkajs exited with {self.proc.returncode}: {self.stderr()}"
                 missing = {p: end - len(self.seen[p]) for p, end in ends.items()}
-                assert time.monotonic() < deadline, f"kafkajs group still misses {missing} records: {self.stderr()}"
+                assert time.monotonic() < deadline, (f"kafkajs group still misses {missing} records "
+                                                     f"({self.progress(ends)}): {self.stderr()}")
                 self._changed.wait(1.0)
+
+    def progress(self, ends: dict[int, int]) -> str:
+        """One line on each partition the group has not read to ``ends[p]``: the offsets it lacks (ranges),
+        when its last record arrived, and the members the group's latest joins gave it to (times in
+        monotonic s, as ``self.lines``)."""
+        now, parts = time.monotonic(), []
+        for p, end in sorted(ends.items()):
+            lacking = sorted(set(range(end)) - self.seen[p])
+            if not lacking:
+                continue
+            ranges, start = [], lacking[0]
+            for a, b in zip(lacking, lacking[1:] + [None]):
+                if b != a + 1:
+                    ranges.append(f"{start}-{a}" if a > start else f"{start}")
+                    start = b
+            last = max((t for t, line in self.lines if line.get("p") == p), default=None)
+            owners = [(round(now - t, 1), line["m"]) for t, line in self.lines if p in line.get("join", ())][-3:]
+            parts.append(f"p{p} lacks {','.join(ranges)}, last record {'never' if last is None else f'{now - last:.1f} s ago'}, "
+                         f"joins giving it (s ago, member) {owners}")
+        return "; ".join(parts) + f"; kafkajs logged {self.log_summary()}"
+
+    def log_summary(self) -> str:
+        """kafkajs' own log lines above DEBUG, counted by level and message (their start)."""
+        counts: dict[str, int] = defaultdict(int)
+        for raw in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if entry.get("level") != "DEBUG":
+                counts[f"{entry.get('level')} {str(entry.get('message', ''))[:60]}"] += 1
+        return ", ".join(f"{n}x {m}" for m, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -262,6 +295,25 @@ def _leaders(admin, topic: str, timeout_s: float = 60.0) -> dict[int, int]:
         except KafkaException:
             if time.monotonic() > deadline:
                 raise
+
+
+def _read_from(bootstrap: str, topic: str, starts: dict[int, int], timeout_s: float = 15.0) -> dict[int, str]:
+    """What a confluent-kafka consumer outside any group reads of each partition ``p`` from offset
+    ``starts[p]`` within ``timeout_s``: how many records, and their first and last offsets."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "failover-diagnosis", "enable.auto.commit": False})
+    got: dict[int, list[int]] = {p: [] for p in starts}
+    try:
+        consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got[msg.partition()].append(msg.offset())
+    finally:
+        consumer.close()
+    return {p: f"{len(o)} records" + (f" {o[0]}-{o[-1]}" if o else "") for p, o in got.items()}
 
 
 def _takeover_times(brokers: list[HostBroker], killed_wall: float, restarted_wall: float) -> tuple[float, float]:
@@ -414,7 +466,13 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         ends: dict[int, int] = defaultdict(int)
         for p, o, _ in acked.values():
             ends[p] = max(ends[p], o + 1)
-        group.wait_for(ends, 180)
+        try:
+            group.wait_for(ends, 180)
+        except AssertionError as e:
+            # Whether the brokers serve what kafkajs lacks: another client reads it from the first offset missing.
+            lacking = {p: min(set(range(end)) - group.seen[p]) for p, end in ends.items() if len(group.seen[p]) < end}
+            raise AssertionError(f"{e}\nleaders now {_leaders(admin, TOPIC)}; acknowledged ends {dict(ends)}; "
+                                 f"librdkafka reads {_read_from(bootstrap, TOPIC, lacking)}") from None
         group.stop()
         producers.clear()  # destroyed with the admin client: no reconnect attempts to the brokers stopping now
         admin = None
