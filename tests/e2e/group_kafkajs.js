@@ -31,6 +31,9 @@ async function member(m) {
   consumers.push(consumer);
   consumer.on(consumer.events.GROUP_JOIN, (e) => out({ m, join: (e.payload.memberAssignment || {})[topic] || [] }));
   consumer.on(consumer.events.CRASH, (e) => out({ m, crash: String(e.payload.error) }));
+  // kafkajs logs a request that timed out at DEBUG only: one WARN line each, for the test's summary.
+  consumer.on(consumer.events.REQUEST_TIMEOUT, (e) => process.stderr.write(JSON.stringify(
+    { t: Date.now(), level: "WARN", message: `request timed out: ${e.payload.apiName} to ${e.payload.broker}`, m }) + "\n"));
   await consumer.connect();
   await consumer.subscribe({ topic, fromBeginning: true });
   await consumer.run({ eachMessage: async ({ partition, message }) =>
