@@ -127,6 +127,11 @@ class Cluster:
         """The leader epoch of ``topic``-``partition`` (KIP-320): always 0, leaders never move here."""
         return 0
 
+    def taking_over(self, topic: str, partition: int) -> bool:
+        """Whether this broker is made leader of ``topic``-``partition`` but does not serve it yet:
+        never, leaders never move here."""
+        return False
+
     def coordinator(self, group_id: str) -> int:
         """Node id of the coordinator of group ``group_id``."""
         n = len(self.brokers)
@@ -279,6 +284,13 @@ class DynamicCluster:
     def leads(self, topic: str, partition: int) -> bool:
         """Whether this broker serves ``topic``-``partition`` now."""
         return (self.member and (topic, partition) in self.loaded
+                and self.assigned_leader(topic, partition) == self.node_id)
+
+    def taking_over(self, topic: str, partition: int) -> bool:
+        """Whether the controller made this broker leader of ``topic``-``partition`` and it is taking
+        it over (waiting for the prior leader's hand-off, reading the table's end offset), not serving
+        it yet: a fetch waits for it (``pipeline.log.fetch``)."""
+        return (self.member and (topic, partition) not in self.loaded
                 and self.assigned_leader(topic, partition) == self.node_id)
 
     def coordinator(self, group_id: str) -> int:

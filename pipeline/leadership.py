@@ -525,4 +525,5 @@ class LeadershipService:
         await self._mark_serving({key: ready[key].leader_epoch for key in taken})
         cluster.loaded |= taken
         self._loaded_epochs.update((key, ready[key].leader_epoch) for key in taken)
+        self.logs.wake(taken)  # fetches that waited for the take-over
         return taken

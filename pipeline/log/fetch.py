@@ -124,6 +124,7 @@ class FetchApis:
         self.delayed_fetches = 0
         self._authorize: Any = lambda request, operation, resource_type, name: True
         self._leads: Any = lambda topic, partition: True
+        self._taking_over: Any = lambda topic, partition: False
         self._leader_epoch: Any = lambda topic, partition: 0
 
     def register(self, kafka_apis: Any) -> None:
@@ -131,6 +132,8 @@ class FetchApis:
         self._authorize = kafka_apis.authorize
         # In a cluster only a partition's leader serves it (others: NOT_LEADER_OR_FOLLOWER).
         self._leads = kafka_apis.broker.leads
+        # A partition this broker is taking over: a fetch waits for it rather than answer at once.
+        self._taking_over = kafka_apis.broker.taking_over
         # Their leader epochs (KIP-320), checked against the request's and named in ListOffsets.
         self._leader_epoch = kafka_apis.broker.leader_epoch
         kafka_apis.register(FETCH, self.fetch)
@@ -183,6 +186,11 @@ class FetchApis:
         try:
             readable = {t: self._authorize(request, AclOperation.READ, ResourceType.TOPIC, t)
                         for t in {p.topic for p in wanted}}
+            # Partitions this broker was made leader of and is taking over wait like a fetch with no
+            # data yet (until taken over, or the fetch's max wait: then NOT_LEADER_OR_FOLLOWER): Kafka
+            # names a new leader only once it leads, and answering NOT_LEADER_OR_FOLLOWER at once made
+            # kafkajs rejoin its group on each answer, hundreds of rebalances while a take-over lasts.
+            taking_over: list[_PartitionFetch] = []
             for p in wanted:  # errors that do not change while waiting
                 count = self.catalog.partitions(p.topic)
                 if not readable[p.topic]:
@@ -191,12 +199,25 @@ class FetchApis:
                     p.error = ErrorCode.unknown_topic_or_partition.value
                 elif not self._leads(p.topic, p.partition):
                     p.error = ErrorCode.not_leader_or_follower.value
+                    if self._taking_over(p.topic, p.partition):
+                        taking_over.append(p)
                 else:
                     p.error = leader_epoch_error(p.current_leader_epoch, self._leader_epoch(p.topic, p.partition))
             live = [p for p in wanted if not p.error]
-            keys = [(p.topic, p.partition) for p in live]
+            keys = [(p.topic, p.partition) for p in live + taking_over]
             event = None
             while True:
+                if taking_over:
+                    still = []
+                    for p in taking_over:
+                        if self._leads(p.topic, p.partition):
+                            p.error = leader_epoch_error(p.current_leader_epoch,
+                                                         self._leader_epoch(p.topic, p.partition))
+                            if not p.error:
+                                live.append(p)
+                        elif self._taking_over(p.topic, p.partition):
+                            still.append(p)
+                    taking_over = still
                 available = 0
                 out_of_range = False
                 for p in live:
@@ -207,8 +228,8 @@ class FetchApis:
                     available += self.logs.available_bytes(p.topic, p.partition, p.offset,
                                                            min(p.max_bytes, max(min_bytes, 1) - available),
                                                            read_committed)
-                if (out_of_range or available >= max(min_bytes, 1) or trio.current_time() >= deadline or not live
-                        or self.logs.closing):
+                if (out_of_range or available >= max(min_bytes, 1) or trio.current_time() >= deadline
+                        or not (live or taking_over) or self.logs.closing):
                     break
                 if event is not None:
                     self.logs.unwatch(keys, event)
@@ -220,10 +241,17 @@ class FetchApis:
                     await event.wait()
             if event is not None:
                 self.logs.unwatch(keys, event)
+            if trio.current_time() >= deadline or self.logs.closing:
+                taking_over = []  # NOT_LEADER_OR_FOLLOWER: the client asks its metadata again
+            taking_over = [p for p in taking_over if p.offset >= 0]  # else NOT_LEADER_OR_FOLLOWER too
+            for p in taking_over:
+                # Answered early (another partition's data): no data and no error for one still being
+                # taken over, its high watermark the offset asked for ("nothing after it yet").
+                p.error, p.high_watermark, p.last_stable_offset = 0, p.offset, p.offset
             budget = max_bytes
             got_data = False
             for p in wanted:
-                if p.error:
+                if p.error or p in taking_over:
                     continue
                 plog = self.logs.log(p.topic, p.partition)
                 p.high_watermark, p.log_start_offset = plog.high_watermark, plog.log_start_offset

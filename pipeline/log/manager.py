@@ -346,6 +346,13 @@ class LogManager:
         for key in keys:
             self._waiters.setdefault(key, set()).add(event)
 
+    def wake(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Wake the fetches waiting on these partitions (this broker serves them now: a fetch that
+        waited for their take-over reads them)."""
+        for key in keys:
+            for event in self._waiters.pop(key, ()):
+                event.set()
+
     def unwatch(self, keys: Iterable[tuple[str, int]], event: trio.Event) -> None:
         for key in keys:
             events = self._waiters.get(key)

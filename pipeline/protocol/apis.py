@@ -524,6 +524,11 @@ class BrokerInfo:
         leadership row's with leadership through the database (``pipeline.cluster``)."""
         return 0 if self.cluster is None else self.cluster.leader_epoch(topic, partition)
 
+    def taking_over(self, topic: str, partition: int) -> bool:
+        """Whether this broker was made leader of ``topic``-``partition`` and is taking it over, not
+        serving it yet (``pipeline.cluster.DynamicCluster.taking_over``); never alone."""
+        return self.cluster is not None and self.cluster.taking_over(topic, partition)
+
     @property
     def controller_id(self) -> int:
         return self.node_id if self.cluster is None else self.cluster.controller_id

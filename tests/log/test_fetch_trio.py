@@ -455,6 +455,47 @@ async def test_a_partition_another_broker_leads_is_not_served(autojump_clock, tm
 
 
 
+async def test_a_fetch_waits_for_a_partition_this_broker_is_taking_over(patient_autojump_clock, tmp_path):
+    """Broker 0 was made leader of "t"-1 (its row) and takes it over (hand-off, the table's end): a fetch
+    of it alone waits as for new data, and reads it once taken over (``LogManager.wake``) rather than
+    answer NOT_LEADER_OR_FOLLOWER at once (kafkajs rejoins its group on each such answer). A fetch
+    answered early for another partition's data gets it with no error and no records, its high
+    watermark the offset asked; one still waiting at its max wait is NOT_LEADER_OR_FOLLOWER."""
+    from pipeline.cluster import DynamicCluster
+    from pipeline.metadata.leadership import Leadership
+
+    view = DynamicCluster(0, "127.0.0.1", 9092)
+    view.member = True
+    view.leaders = {("t", 0): Leadership(0, 3, 1, True), ("t", 1): Leadership(0, 2, 1, False)}
+    view.loaded = {("t", 0)}
+    assert view.taking_over("t", 1) and not view.taking_over("t", 0)
+    async with broker(tmp_path, cluster=view) as b:
+        client = await _two_records_produced(b)
+        start = trio.current_time()
+        await client.send(fetch(2, ("t", 1, 0), max_wait_ms=1_000))
+        await client.wait_responses(2)
+        assert fetched(client.responses[1][1])[("t", 1)] == (NOT_LEADER_OR_FOLLOWER, -1, [])
+        assert 1.0 <= client.arrived_at[1] - start < 1.1  # at its max wait, not at once
+        # early for "t"-0's records: "t"-1 without error or records
+        await client.send(fetch(3, ("t", 0, 0), ("t", 1, 5), max_wait_ms=10_000))
+        await client.wait_responses(3)
+        got = fetched(client.responses[2][1])
+        assert got[("t", 0)] == (0, 2, [(0, b"a"), (1, b"b")]) and got[("t", 1)] == (0, 5, [])
+        # taken over while a fetch waits: it reads the partition
+        await client.send(fetch(4, ("t", 1, 0), max_wait_ms=10_000))
+        while b.fetch.delayed_fetches < 2:
+            await trio.testing.wait_all_tasks_blocked()
+        taken = trio.current_time()
+        b.logs.reset_partition("t", 1, 0)
+        view.loaded.add(("t", 1))
+        b.logs.wake([("t", 1)])
+        producer, _ = await b.connect()
+        await producer.send(produce(5, [b"c"], partition=1))
+        await client.wait_responses(4)
+        assert fetched(client.responses[3][1])[("t", 1)] == (0, 1, [(0, b"c")])
+        assert client.arrived_at[3] - taken < 1.0
+
+
 def fetch_v12(correlation_id: int, *parts: tuple[int, int]) -> bytes:
     """Fetch v12 of topic "t" from offset 0: (partition, current_leader_epoch) each."""
     from kio.schema.fetch.v12.request import FetchPartition as P12, FetchRequest as R12, FetchTopic as T12
