@@ -257,14 +257,12 @@ class DynamicCluster:
         """Node id of the leader of ``topic``-``partition`` as Metadata names it: its row's
         (``assigned_leader``), whether that broker serves it yet or not.
 
-        Kafka names a new leader only once it leads, and naming it earlier makes kafkajs 2.2.4
-        rejoin its group on each NOT_LEADER_OR_FOLLOWER (``ConsumerGroup.recoverFromFetch``). But
-        answering leader -1 until the row's ``serving`` mark was worse: kafkajs's fetch manager
-        gives each partition to the fetcher of its leader's node id, and a partition it saw with
-        leader -1 then had no fetcher until its next rebalance (CI: 42 records of one partition
-        never consumed in 180 s). So the mark is recorded (``LeadershipStore.serve``) but Metadata
-        does not use it yet; a partition whose leader is not a live member is still
-        LEADER_NOT_AVAILABLE (``pipeline.protocol.apis.metadata_response``)."""
+        Kafka names a new leader only once it leads. Named earlier, the new leader is asked before
+        it has taken the partition over (``taking_over``): its fetches wait for the take-over
+        (``pipeline.log.fetch``) rather than answer NOT_LEADER_OR_FOLLOWER, on which kafkajs 2.2.4
+        rejoins its group (``ConsumerGroup.recoverFromFetch``). The moment it serves is recorded
+        (``LeadershipStore.serve``) but Metadata does not use it; a partition whose leader is not a
+        live member is LEADER_NOT_AVAILABLE (``pipeline.protocol.apis.metadata_response``)."""
         return self.assigned_leader(topic, partition)
 
     def assigned_leader(self, topic: str, partition: int) -> int:
