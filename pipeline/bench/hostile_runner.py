@@ -595,7 +595,9 @@ def main(opts: HostileOptions) -> int:
     if not rss_figures["under_bound"]:
         failures.append(f"RSS peak {rss_figures['peak'] / MiB:.0f} MiB over the bound {bound.total / MiB:.0f} MiB")
     if unexpected:
-        failures.append(f"{unexpected} hostile execution(s) got an unexpected answer")
+        which = "; ".join(f"{c['case']}: expected {c['expected']}, answers {c['answers']}"
+                          for c in cases if c["unexpected"])
+        failures.append(f"{unexpected} hostile execution(s) got an unexpected answer ({which})")
     if checks["driver_errors"]:
         failures.append("hostile clients: " + "; ".join(checks["driver_errors"]))
     for k in ("clean", "hostile"):
