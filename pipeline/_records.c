@@ -660,6 +660,43 @@ error:
     return NULL;
 }
 
+/* ------------------------------------------------------------------ max_timestamp */
+
+PyDoc_STRVAR(max_timestamp_doc,
+"max_timestamp(records) -> int\n\n"
+"The largest batch maxTimestamp (ms) of concatenated RecordBatch v2 batches, -1 if there are none:\n"
+"what the WAL index keeps per append (pipeline.log.partition.max_timestamp). Only the 61-byte\n"
+"headers' lengths are read. Raises ValueError when a header runs past the end or a batch length is\n"
+"not positive or runs past the end.");
+
+static PyObject *max_timestamp(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*", &view)) return NULL;
+    const uint8_t *data = view.buf;
+    Py_ssize_t end = view.len, pos = 0;
+    int64_t best = -1;
+    /* baseOffset 8 | batchLength 4 | leaderEpoch 4 | magic 1 | crc 4 | attributes 2 | lastOffsetDelta 4 |
+       firstTimestamp 8 | maxTimestamp 8: 43 bytes up to and with maxTimestamp (Kafka DefaultRecordBatch). */
+    while (pos < end) {
+        if (pos + 43 > end) {
+            PyBuffer_Release(&view);
+            return PyErr_Format(PyExc_ValueError, "truncated RecordBatch header at byte %zd", pos);
+        }
+        const uint8_t *h = data + pos;
+        int32_t length = be32(h + 8);
+        if (length <= 0 || (int64_t)pos + 12 + length > (int64_t)end) {
+            PyBuffer_Release(&view);
+            return PyErr_Format(PyExc_ValueError, "RecordBatch at byte %zd of length %d runs past the end (%zd bytes)",
+                                pos, (int)length, end);
+        }
+        int64_t ts = be64(h + 35);
+        if (ts > best) best = ts;
+        pos += 12 + (Py_ssize_t)length;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(best);
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -667,6 +704,7 @@ static PyMethodDef methods[] = {
     {"columns", columns, METH_VARARGS, columns_doc},
     {"summarize", summarize, METH_VARARGS, summarize_doc},
     {"produce_body", produce_body, METH_VARARGS, produce_body_doc},
+    {"max_timestamp", max_timestamp, METH_VARARGS, max_timestamp_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,3 +19,6 @@ def summarize(records: bytes | bytearray | memoryview, min_timestamp_ms: int, ma
 def produce_body(frame: bytes | bytearray, pos: int, flexible: bool, /
                  ) -> tuple[int, int, str | None, list[tuple[str, int, bytes | None]]] | None:
     """(acks, timeout_ms, transactional_id, [(topic, partition, records)]) of a Produce v3-v11 body, or None."""
+
+def max_timestamp(records: bytes | bytearray | memoryview, /) -> int:
+    """The largest batch maxTimestamp (ms) of the batches, -1 if none; ValueError on a bad length."""

@@ -27,6 +27,7 @@ import struct
 from array import array
 from dataclasses import dataclass
 
+from pipeline import _records
 from pipeline.fastinit import fast_frozen_init
 
 # RecordBatch v2 header up to maxTimestamp (Kafka DefaultRecordBatch):
@@ -68,25 +69,13 @@ def batch_spans(records: bytes | bytearray | memoryview) -> list[tuple[int, int,
 def max_timestamp(records: bytes | bytearray | memoryview) -> int:
     """The largest batch max timestamp (ms) of ``records`` (validated RecordBatch v2), -1 if none.
 
-    ``max(ts for *_, ts in batch_spans(records))`` without building the spans
-    (the WAL stage asks it for every append).
+    ``max(ts for *_, ts in batch_spans(records))`` without building the spans, in C
+    (``pipeline._records.max_timestamp``: the WAL stage asks it for every append).
 
     Raises:
         ValueError: a header runs past the end (the bytes were not validated).
     """
-    best = -1
-    pos, end = 0, len(records)
-    unpack = BATCH_HEADER.unpack_from
-    while pos < end:
-        if pos + BATCH_HEADER.size > end:
-            raise ValueError(f"truncated RecordBatch header at byte {pos}")
-        _base, length, _epoch, _magic, _crc, _attrs, _last_delta, _first_ts, max_ts = unpack(records, pos)
-        if length <= 0 or pos + _LOG_OVERHEAD + length > end:
-            raise ValueError(f"RecordBatch at byte {pos} of length {length} runs past the end ({end} bytes)")
-        if max_ts > best:
-            best = max_ts
-        pos += _LOG_OVERHEAD + length
-    return best
+    return _records.max_timestamp(records)
 
 
 def rebase(records: bytearray, base_offset: int) -> None:

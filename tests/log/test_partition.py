@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from kafka.record import MemoryRecords
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from pipeline.log.partition import Location, PartitionLog, batch_spans, batches_from, rebase
+from pipeline.log.partition import Location, PartitionLog, batch_spans, batches_from, max_timestamp, rebase
 from tests.e2e import raw_client as rc
 
 
@@ -40,6 +40,25 @@ def test_batch_spans_refuse_a_truncated_header() -> None:
         batch_spans(batch([b"a"])[:20])
     with pytest.raises(ValueError, match="past the end"):
         batch_spans(batch([b"a"])[:-1])
+
+
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(-1, 2**42)), max_size=6), st.data())
+def test_max_timestamp_in_c_is_the_largest_batch_max_timestamp_and_refuses_what_batch_spans_refuses(
+        shapes: list[tuple[int, int]], data: st.DataObject) -> None:
+    records = b"".join(batch([b"v%d" % i for i in range(n)], ts) for n, ts in shapes)
+    assert max_timestamp(records) == max((ts for *_, ts in batch_spans(records)), default=-1)
+    assert max_timestamp(memoryview(records)) == max_timestamp(bytearray(records)) == max_timestamp(records)
+    if records:  # cut anywhere: the same refusal as batch_spans
+        cut = records[:data.draw(st.integers(0, len(records) - 1))]
+        try:
+            expected: int | str = max((ts for *_, ts in batch_spans(cut)), default=-1)
+        except ValueError as exc:
+            expected = str(exc)
+        try:
+            got: int | str = max_timestamp(cut)
+        except ValueError as exc:
+            got = str(exc)
+        assert got == expected
 
 
 @given(st.lists(st.integers(1, 5), min_size=1, max_size=5), st.integers(0, 2**40))
