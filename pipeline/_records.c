@@ -665,9 +665,9 @@ error:
 PyDoc_STRVAR(max_timestamp_doc,
 "max_timestamp(records) -> int\n\n"
 "The largest batch maxTimestamp (ms) of concatenated RecordBatch v2 batches, -1 if there are none:\n"
-"what the WAL index keeps per append (pipeline.log.partition.max_timestamp). Only the 61-byte\n"
-"headers' lengths are read. Raises ValueError when a header runs past the end or a batch length is\n"
-"not positive or runs past the end.");
+"what the WAL index keeps per append (pipeline.log.partition.max_timestamp). Only each batch\n"
+"header's length and maxTimestamp are read. Raises ValueError when a header runs past the end or a\n"
+"batch length is not positive or runs past the end.");
 
 static PyObject *max_timestamp(PyObject *self, PyObject *args) {
     Py_buffer view;

@@ -248,10 +248,11 @@ class FetchApis:
                 # Answered early (another partition's data): no data and no error for one still being
                 # taken over, its high watermark the offset asked for ("nothing after it yet").
                 p.error, p.high_watermark, p.last_stable_offset = 0, p.offset, p.offset
+            not_read = {id(p) for p in taking_over}
             budget = max_bytes
             got_data = False
             for p in wanted:
-                if p.error or p in taking_over:
+                if p.error or id(p) in not_read:
                     continue
                 plog = self.logs.log(p.topic, p.partition)
                 p.high_watermark, p.log_start_offset = plog.high_watermark, plog.log_start_offset
