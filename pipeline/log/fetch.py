@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 
 MAX_WAIT_MS_LIMIT = 30_000
 """A fetch waits at most this long (ms), whatever it asks: the client's request.timeout.ms is 30 s."""
+TAKEOVER_WAIT_MS = 5_000
+"""A ListOffsets of a partition this broker is taking over waits at most this long (ms) for the
+take-over, then answers NOT_LEADER_OR_FOLLOWER: well below the clients' request timeouts (30 s)."""
 
 READ_COMMITTED = 1
 """Fetch/ListOffsets ``isolation_level`` of a read-committed consumer (KIP-98; 0 is read uncommitted)."""
@@ -323,8 +326,41 @@ class FetchApis:
     # -- ListOffsets -------------------------------------------------------------
 
     async def list_offsets(self, request: Request) -> None:
+        """Answer ListOffsets. One naming a partition this broker is taking over waits for the
+        take-over (at most ``TAKEOVER_WAIT_MS``, in a task of its own: the handler goes on) rather
+        than answer NOT_LEADER_OR_FOLLOWER at once: kafkajs rejoins its group on each such answer,
+        over a thousand times in a take-over of a few seconds."""
+        body = apis.decode_request(request.header, request.frame)
+        keys = [(topic.name, int(p.partition_index)) for topic in body.topics for p in topic.partitions
+                if self._taking_over(topic.name, int(p.partition_index))]
+        if keys and self._nursery is not None:
+            self._nursery.start_soon(self._list_offsets_after_takeover, request, body, keys)
+            return
+        await self._answer_list_offsets(request, body)
+
+    async def _list_offsets_after_takeover(self, request: Request, body: Any, keys: list[tuple[str, int]]) -> None:
+        deadline = trio.current_time() + TAKEOVER_WAIT_MS / 1000.0
+        try:
+            while (any(self._taking_over(topic, partition) for topic, partition in keys)
+                   and trio.current_time() < deadline and not self.logs.closing):
+                event = trio.Event()
+                self.logs.watch(keys, event)  # woken by the take-over (LogManager.wake)
+                try:
+                    with trio.move_on_at(deadline):
+                        await event.wait()
+                finally:
+                    self.logs.unwatch(keys, event)
+            await self._answer_list_offsets(request, body)
+        except Exception:
+            log.exception("list offsets failed")
+            request.connection.close("internal error while serving a list offsets request")
+            try:
+                request.connection.complete(request.token, None)
+            except Exception:
+                pass
+
+    async def _answer_list_offsets(self, request: Request, body: Any) -> None:
         header = request.header
-        body = apis.decode_request(header, request.frame)
         module = apis.response_module(LIST_OFFSETS, header.api_version)
         read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
         topics = []

@@ -496,6 +496,44 @@ async def test_a_fetch_waits_for_a_partition_this_broker_is_taking_over(patient_
         assert client.arrived_at[3] - taken < 1.0
 
 
+async def test_list_offsets_waits_for_a_partition_this_broker_is_taking_over(autojump_clock, tmp_path):
+    """ListOffsets of a partition broker 0 is taking over waits for the take-over (in a task of its own:
+    the connection's and other connections' requests go on) and answers its offsets then; one still
+    being taken over after ``TAKEOVER_WAIT_MS`` is NOT_LEADER_OR_FOLLOWER."""
+    from pipeline.cluster import DynamicCluster
+    from pipeline.log.fetch import TAKEOVER_WAIT_MS
+    from pipeline.metadata.leadership import Leadership
+
+    view = DynamicCluster(0, "127.0.0.1", 9092)
+    view.member = True
+    view.leaders = {("t", 0): Leadership(0, 3, 1, True), ("t", 1): Leadership(0, 2, 1, False)}
+    view.loaded = {("t", 0)}
+
+    def answers(body: bytes) -> list[tuple[int, int]]:
+        response, _ = entity_reader(ListOffsetsResponse)(body, 0)
+        return [(int(p.error_code), int(p.offset)) for p in response.topics[0].partitions]
+
+    async with broker(tmp_path, cluster=view) as b:
+        client = await _two_records_produced(b)
+        start = trio.current_time()
+        await client.send(list_offsets(2, (0, -1), (1, -1)))
+        await client.wait_responses(2)
+        assert answers(client.responses[1][1]) == [(0, 2), (NOT_LEADER_OR_FOLLOWER, -1)]
+        assert TAKEOVER_WAIT_MS / 1000 <= client.arrived_at[1] - start < TAKEOVER_WAIT_MS / 1000 + 0.1
+        await client.send(list_offsets(3, (1, -1)))
+        other, _ = await b.connect()
+        await other.send(list_offsets(4, (0, -1)))  # another connection is answered meanwhile
+        await other.wait_responses(1)
+        assert answers(other.responses[0][1]) == [(0, 2)] and len(client.responses) == 2
+        taken = trio.current_time()
+        b.logs.reset_partition("t", 1, 7)
+        view.loaded.add(("t", 1))
+        b.logs.wake([("t", 1)])
+        await client.wait_responses(3)
+        assert answers(client.responses[2][1]) == [(0, 7)]
+        assert client.arrived_at[2] - taken < 1.0
+
+
 def fetch_v12(correlation_id: int, *parts: tuple[int, int]) -> bytes:
     """Fetch v12 of topic "t" from offset 0: (partition, current_leader_epoch) each."""
     from kio.schema.fetch.v12.request import FetchPartition as P12, FetchRequest as R12, FetchTopic as T12
