@@ -110,6 +110,17 @@ class _PartitionFetch:
     aborted: list[tuple[int, int]] | None = None
 
 
+def _internal_error(request: Request, what: str) -> None:
+    """In the ``except`` of a request served in a task of its own: the error logged with its
+    traceback, the connection closed with the reason, the request answered with nothing."""
+    log.exception("%s failed", what)
+    request.connection.close(f"internal error while serving a {what}")
+    try:
+        request.connection.complete(request.token, None)
+    except Exception:
+        pass
+
+
 class FetchApis:
     """Serves Fetch and ListOffsets from a LogManager.
 
@@ -286,12 +297,7 @@ class FetchApis:
                 got_data = got_data or bool(result.records)
             self._answer_fetch(request, body, wanted, ErrorCode.none.value)
         except Exception:
-            log.exception("fetch failed")
-            request.connection.close("internal error while serving a fetch")
-            try:
-                request.connection.complete(request.token, None)
-            except Exception:
-                pass
+            _internal_error(request, "fetch")
 
     def _answer_fetch(self, request: Request, body: Any, parts: list[_PartitionFetch], error: int) -> None:
         header = request.header
@@ -355,12 +361,7 @@ class FetchApis:
                     self.logs.unwatch(keys, event)
             await self._answer_list_offsets(request, body)
         except Exception:
-            log.exception("list offsets failed")
-            request.connection.close("internal error while serving a list offsets request")
-            try:
-                request.connection.complete(request.token, None)
-            except Exception:
-                pass
+            _internal_error(request, "list offsets request")
 
     async def _answer_list_offsets(self, request: Request, body: Any) -> None:
         header = request.header
