@@ -341,7 +341,8 @@ class FetchApis:
         up to 1,447 times in one failover."""
         body = apis.decode_request(request.header, request.frame)
         keys = [(topic.name, int(p.partition_index)) for topic in body.topics for p in topic.partitions
-                if self._taking_over(topic.name, int(p.partition_index))]
+                if 0 <= int(p.partition_index) < (self.catalog.partitions(topic.name) or 0)
+                and self._taking_over(topic.name, int(p.partition_index))]
         if keys and self._nursery is not None:
             self._nursery.start_soon(self._list_offsets_after_takeover, request, body, keys)
             return
