@@ -813,6 +813,8 @@ def test_kill_9_under_load_with_ack_on_spark_loses_no_acknowledged_record(tmp_pa
                 p.stop.set()
         code = server.stop() if server.running else None
     assert code == 0, server.log_text()
-    assert "recovery:" in server.log_text()
+    # The restart recovered (its summary line); WAL records after the checkpoint ("recovery: N WAL
+    # records ...") there are only if the kill came between a WAL write and the next commit.
+    assert "recovery done in" in server.log_text()
     check_crash_rows(read_table(data_dir, "SELECT `partition`, `offset`, value FROM records"),
                      producers, acked_before_crash)
