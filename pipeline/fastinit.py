@@ -26,6 +26,8 @@ import dataclasses
 import types
 from typing import TypeVar
 
+from pipeline._frames import Layout
+
 T = TypeVar("T", bound=type)
 
 _MISSING = dataclasses.MISSING
@@ -65,3 +67,27 @@ def fast_frozen_init(cls: T) -> T:
     # mypy refuses any assignment to __init__; replacing it is this decorator's purpose (as dataclass's own)
     cls.__init__ = init  # type: ignore[misc]
     return cls
+
+
+def layout(cls: type) -> Layout:
+    """A C builder of ``cls`` instances (``pipeline._frames.Layout``): called with the first k
+    fields positionally, it stores them and the defaults of the rest straight into the slots, as
+    ``fast_frozen_init``'s ``__init__`` does, without running Python code (for the objects the
+    Processor's read path makes per request, in ``pipeline._frames.cut``).
+
+    Raises:
+        TypeError: ``cls`` is not a slotted dataclass with plain positional fields (the same
+            checks as ``fast_frozen_init``, frozen or not).
+    """
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or "__slots__" not in cls.__dict__:
+        raise TypeError(f"{cls.__name__}: layout needs @dataclass(slots=True)")
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__}: layout does not run __post_init__")
+    names, defaults = [], []
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not _MISSING or not f.init or f.kw_only:
+            raise TypeError(f"{cls.__name__}.{f.name}: layout takes plain positional fields only")
+        names.append(f.name)
+        defaults.append(f.default)
+    return Layout(cls, tuple(names), tuple(defaults), _MISSING)

@@ -50,6 +50,7 @@ from pipeline.network.framing import InvalidReceiveError
 from pipeline.protocol.errors import InvalidRequestError
 from pipeline.network.request_channel import Request
 from pipeline.protocol.header import RAW_SASL_TOKEN
+from pipeline.fastinit import layout
 
 if TYPE_CHECKING:
     from pipeline.network.memory_pool import MemoryPool
@@ -63,6 +64,9 @@ RECEIVE_SIZE = 100 * 1024
 It bounds what a connection may hold beyond its MemoryPool allocation: one read.
 """
 
+
+_REQUEST_LAYOUT = layout(Request)
+"""Builds the Requests of ``ConnectionState.take_requests`` (in C)."""
 
 CLOSE_LINGER_S = 2.0
 """How long a closing connection drains the peer's unread bytes after its FIN (seconds)."""
@@ -281,7 +285,14 @@ class KafkaChannel:
             now = trio.current_time()
             batch: list[Request] = []
             try:
-                while isinstance(event := state.next_request(now), ReceivedFrame):
+                while True:
+                    if batch_reads:  # the plain frames of the read in one C call
+                        taken = state.take_requests(now, _REQUEST_LAYOUT, self)
+                        for request in taken:
+                            requests[request.token] = request
+                        batch += taken
+                    if not isinstance(event := state.next_request(now), ReceivedFrame):
+                        break
                     request = Request(self, event.header, event.frame, event.token, now, event.pool_bytes, pool)
                     requests[event.token] = request
                     batch.append(request)

@@ -58,9 +58,11 @@ from pipeline.network.framing import (
 )
 from pipeline.network.memory_pool import MemoryPool
 from pipeline.protocol.errors import InvalidRequestError
-from pipeline.protocol.header import RAW_SASL_TOKEN, SASL_HANDSHAKE_KEY, RequestHeader, parse_request_header
+from pipeline.protocol.header import (FAST_PATH_TABLE, RAW_SASL_TOKEN, SASL_HANDSHAKE_KEY, RequestHeader,
+                                      parse_request_header)
 from pipeline.network.sequencing import ResponseSequencer
-from pipeline.fastinit import fast_frozen_init
+from pipeline.fastinit import Layout, fast_frozen_init, layout
+from pipeline._frames import cut
 
 DEFAULT_MAX_IN_FLIGHT: Final = 64
 """Requests per connection read but not yet answered (AutoMQ's cap)."""
@@ -145,6 +147,9 @@ class ReceivedFrame:
     frame: bytes | bytearray
     token: int
     pool_bytes: int
+
+
+_HEADER_LAYOUT = layout(RequestHeader)
 
 
 class ConnectionState:
@@ -284,6 +289,40 @@ class ConnectionState:
             if header.api_key == SASL_HANDSHAKE_KEY and header.api_version == 0:
                 self._sasl_unanswered = True
         return ReceivedFrame(header, frame, self._sequencer.register(header.correlation_id), pool_bytes)
+
+    def take_requests(self, now: float, make: Layout, owner: object) -> list:
+        """Every whole request already received that ``next_request`` would return in a row with
+        no special case, built by ``make`` (``pipeline.fastinit.layout`` of a slotted dataclass
+        whose first fields are: owner, header, frame, token, received at, pool bytes, pool), in
+        one C call (``pipeline._frames.cut``); [] when there is none. Each is registered and holds
+        its frame's bytes of the MemoryPool, as ``next_request``'s would; call ``next_request``
+        after it for the next frame, which may need the Python path (incomplete, too large, no
+        room in the pool, in-flight or response limits, SASL, a header the fast path leaves).
+
+        Tokens, pool bytes, pauses and errors are exactly ``next_request``'s, one frame at a time.
+        """
+        room = self.limits.max_in_flight - self.in_flight
+        if (room <= 0 or self._allocated is not None or self._sasl_unanswered or self.raw_sasl_tokens
+                or self._unsent_bytes > self.limits.response_buffer_max_bytes):
+            return []
+        decoder = self._decoder
+        at = decoder.whole_frames()
+        if at is None:
+            return []
+        pool = self._pool
+        requests, position, used = cut(at[0], at[1], room, pool.available, decoder.max_receive_bytes,
+                                       FAST_PATH_TABLE, _HEADER_LAYOUT, make, owner, self._sequencer.next_token,
+                                       now, pool)
+        if not requests:
+            return requests
+        if not pool.try_allocate(used):  # pragma: no cover - cut stays within pool.available
+            raise AssertionError(f"{used} bytes cut from a pool with {pool.available} available")
+        decoder.skip_to(position)
+        self._sequencer.register_all([r.header.correlation_id for r in requests])
+        self.mute_reason = None
+        self._frame_started = now if decoder.buffered_bytes else None
+        self._last_activity = now
+        return requests
 
     def _pause(self, reason: MuteReason) -> _Sentinel:
         self.mute_reason = reason

@@ -96,6 +96,11 @@ class FrameDecoder:
         self._filled = 0
 
     @property
+    def max_receive_bytes(self) -> int:
+        """The largest accepted frame body (bytes)."""
+        return self._max
+
+    @property
     def buffered_bytes(self) -> int:
         """Bytes received but not yet handed out as frames (size prefixes included)."""
         body = SIZE_PREFIX.size + self._filled if self._body is not None else 0
@@ -147,6 +152,25 @@ class FrameDecoder:
         if self._body is None or not 0 < n <= len(self._body) - self._filled:
             raise ValueError(f"received_into({n}) outside the frame being received")
         self._filled += n
+
+    def whole_frames(self) -> tuple[bytes | bytearray, int] | None:
+        """``(buffer, position)``: where the received bytes not yet handed out start, for a caller
+        that cuts the whole frames there itself (``pipeline._frames.cut``) and then calls
+        ``skip_to``; None while a large frame is being received or after an invalid size (use
+        ``next_frame``). The buffer must not be kept past ``receive_data``."""
+        if self._body is not None or self._error is not None:
+            return None
+        return self._buf, self._pos
+
+    def skip_to(self, position: int) -> None:
+        """The frames before ``position`` (from ``whole_frames``) were handed out.
+
+        Raises:
+            ValueError: ``position`` before the current one or past the buffered bytes.
+        """
+        if not self._pos <= position <= len(self._buf):
+            raise ValueError(f"skip_to({position}) outside {self._pos}..{len(self._buf)}")
+        self._pos = position
 
     def next_size(self) -> int | None:
         """Declared body size of the next frame (bytes), or None until its prefix is in.

@@ -77,6 +77,20 @@ class ResponseSequencer:
             self._order.append(token)
         return token
 
+    @property
+    def next_token(self) -> int:
+        """The token ``register`` gives next."""
+        return self._next_token
+
+    def register_all(self, correlation_ids: list[int]) -> None:
+        """``register`` each of ``correlation_ids`` in order: their tokens are ``next_token`` on."""
+        first = self._next_token
+        tokens = range(first, first + len(correlation_ids))
+        self._next_token = tokens.stop
+        self._cids.update(zip(tokens, correlation_ids))
+        if self._ordered:
+            self._order.extend(tokens)
+
     def complete(self, token: int, payload: bytes | None) -> None:
         """Give the response of request ``token`` (None: send nothing).
 

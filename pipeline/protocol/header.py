@@ -41,6 +41,7 @@ from ..fastinit import fast_frozen_init
 
 __all__ = (
     "API_VERSIONS_KEY",
+    "FAST_PATH_TABLE",
     "RAW_SASL_TOKEN",
     "RAW_SASL_TOKEN_VERSION",
     "RequestHeader",
@@ -108,6 +109,16 @@ _UNKNOWN = object()
 _FIRST_FLEXIBLE: dict[int, int | None] = {}
 """``_first_flexible_version`` of the api keys seen so far (at most the known api keys):
 what ``parse_request_header``'s fast path looks up."""
+
+FAST_PATH_SLOW: int = 0xFF
+"""``FAST_PATH_TABLE``: this api key's headers go through ``parse_request_header``."""
+FAST_PATH_NOT_FLEXIBLE: int = 0xFE
+"""``FAST_PATH_TABLE``: no version of this api key is flexible (header v1)."""
+FAST_PATH_TABLE = bytearray([FAST_PATH_SLOW]) * 256
+"""api key -> its first flexible version, ``FAST_PATH_NOT_FLEXIBLE``, or ``FAST_PATH_SLOW``:
+the header fast path of ``pipeline._frames.cut`` (the Processor's read path), filled like
+``_FIRST_FLEXIBLE`` as api keys are seen. ControlledShutdown (its v0 header) and SaslHandshake
+(v0 switches the connection to raw SASL tokens, KIP-43) always take the slow path."""
 
 
 @functools.cache
@@ -252,7 +263,10 @@ def parse_request_header(frame: bytes | bytearray | memoryview) -> RequestHeader
                     return RequestHeader(api_key, api_version, correlation_id, client_id, 2, end + 1)
     header_version = request_header_version(api_key, api_version)
     if api_key not in _FIRST_FLEXIBLE:
-        _FIRST_FLEXIBLE[api_key] = _first_flexible_version(api_key)  # known: it did not raise
+        first = _FIRST_FLEXIBLE[api_key] = _first_flexible_version(api_key)  # known: it did not raise
+        if (0 <= api_key < len(FAST_PATH_TABLE) and api_key not in (_CONTROLLED_SHUTDOWN_KEY, SASL_HANDSHAKE_KEY)
+                and (first is None or first < FAST_PATH_NOT_FLEXIBLE)):
+            FAST_PATH_TABLE[api_key] = FAST_PATH_NOT_FLEXIBLE if first is None else first
     if header_version == 0:
         return RequestHeader(api_key, api_version, correlation_id, None, 0, _FIXED.size)
     try:
