@@ -436,25 +436,28 @@ PyDoc_STRVAR(summarize_doc,
 "(record_count, batch_count, producer_id, producer_epoch, base_sequence, last_sequence,\n"
 "is_transactional, max_timestamp_ms, uncompressed_bytes).");
 
-static PyObject *summarize(PyObject *self, PyObject *args) {
-    Py_buffer view;
-    long long min_ts, max_ts;
-    if (!PyArg_ParseTuple(args, "y*LL", &view, &min_ts, &max_ts)) return NULL;
-    const uint8_t *base = (const uint8_t *)view.buf;
-    Py_ssize_t end = view.len, pos = 0, index = 0;
+typedef struct {
+    int64_t record_count, uncompressed, max_timestamp, last_sequence, producer_id;
+    Py_ssize_t batch_count;
+    int producer_epoch, base_sequence, transactional;
+} Summary;
+
+/* summarize's checks over n bytes at base: 1 with *out filled when every batch is uncompressed and
+ * valid, 0 to decline, -1 with a Python error set (the crc32c call failed). */
+static int summarize_buf(const uint8_t *base, Py_ssize_t end, long long min_ts, long long max_ts, Summary *out) {
+    Py_ssize_t pos = 0, index = 0;
     int64_t record_count = 0, uncompressed = 0, max_timestamp = -1, last_sequence = -1;
     int64_t producer_id = 0;
     int producer_epoch = 0, base_sequence = 0, transactional = 0;
-    PyObject *result = NULL;
-    if (end == 0) goto decline;
+    if (end == 0) return 0;
     while (pos < end) {
         const uint8_t *b = base + pos;
         Py_ssize_t remaining = end - pos;
-        if (remaining < LOG_OVERHEAD) goto decline;
+        if (remaining < LOG_OVERHEAD) return 0;
         int32_t length = be32(b + 8);
-        if (length < 0 || (int64_t)length > remaining - LOG_OVERHEAD) goto decline;
+        if (length < 0 || (int64_t)length > remaining - LOG_OVERHEAD) return 0;
         Py_ssize_t batch_size = LOG_OVERHEAD + (Py_ssize_t)length;
-        if (batch_size < BATCH_HEADER || b[16] != 2) goto decline;
+        if (batch_size < BATCH_HEADER || b[16] != 2) return 0;
         uint32_t crc = be32u(b + 17);
         int attributes = be16(b + 21);
         int32_t last_offset_delta = be32(b + 23);
@@ -464,12 +467,12 @@ static PyObject *summarize(PyObject *self, PyObject *args) {
         int epoch = be16(b + 51);
         int32_t sequence = be32(b + 53);
         int32_t count = be32(b + 57);
-        if (attributes & (CODEC_MASK | CONTROL_MASK)) goto decline; /* compressed: inflated by the caller */
+        if (attributes & (CODEC_MASK | CONTROL_MASK)) return 0; /* compressed: inflated by the caller */
         int ok;
         uint32_t computed = crc32c_of(b + 21, batch_size - 21, &ok); /* the CRC covers attributes..end */
-        if (!ok) goto error;
-        if (computed != crc) goto decline;
-        if (count < 1 || (int64_t)count != (int64_t)last_offset_delta + 1) goto decline;
+        if (!ok) return -1;
+        if (computed != crc) return 0;
+        if (count < 1 || (int64_t)count != (int64_t)last_offset_delta + 1) return 0;
         int txn = (attributes & TRANSACTIONAL_MASK) != 0;
         if (index == 0) {
             producer_id = pid;
@@ -477,7 +480,7 @@ static PyObject *summarize(PyObject *self, PyObject *args) {
             base_sequence = sequence;
             transactional = txn;
         } else if (txn != transactional || pid != producer_id || epoch != producer_epoch) {
-            goto decline;
+            return 0;
         }
         Reader r = {b + BATCH_HEADER, b + batch_size};
         int64_t lo = INT64_MAX, hi = INT64_MIN;
@@ -485,17 +488,17 @@ static PyObject *summarize(PyObject *self, PyObject *args) {
         for (int32_t i = 0; i < count; i++) {
             if (read_record(&r, index, i, &rec) < 0) {
                 PyErr_Clear(); /* the caller's full check says what is wrong */
-                goto decline;
+                return 0;
             }
             if (rec.timestamp_delta < lo) lo = rec.timestamp_delta;
             if (rec.timestamp_delta > hi) hi = rec.timestamp_delta;
         }
-        if (r.p != r.end) goto decline;
+        if (r.p != r.end) return 0;
         if (!(attributes & TIMESTAMP_TYPE_MASK)) { /* CreateTime: each record's time must fit the table */
             int64_t low, high;
             if (__builtin_add_overflow(first_timestamp, lo, &low) ||
                 __builtin_add_overflow(first_timestamp, hi, &high) || low < min_ts || high > max_ts)
-                goto decline;
+                return 0;
         }
         if (sequence == -1) {
             last_sequence = -1;
@@ -509,17 +512,31 @@ static PyObject *summarize(PyObject *self, PyObject *args) {
         pos += batch_size;
         index++;
     }
-    result = Py_BuildValue("(LnLiiLOLL)", (long long)record_count, index, (long long)producer_id, producer_epoch,
-                           base_sequence, (long long)last_sequence, transactional ? Py_True : Py_False,
-                           (long long)max_timestamp, (long long)uncompressed);
+    out->record_count = record_count;
+    out->batch_count = index;
+    out->producer_id = producer_id;
+    out->producer_epoch = producer_epoch;
+    out->base_sequence = base_sequence;
+    out->last_sequence = last_sequence;
+    out->transactional = transactional;
+    out->max_timestamp = max_timestamp;
+    out->uncompressed = uncompressed;
+    return 1;
+}
+
+static PyObject *summarize(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    long long min_ts, max_ts;
+    if (!PyArg_ParseTuple(args, "y*LL", &view, &min_ts, &max_ts)) return NULL;
+    Summary s;
+    int got = summarize_buf((const uint8_t *)view.buf, view.len, min_ts, max_ts, &s);
     PyBuffer_Release(&view);
-    return result;
-decline:
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
-error:
-    PyBuffer_Release(&view);
-    return NULL;
+    if (got < 0) return NULL;
+    if (got == 0) Py_RETURN_NONE;
+    return Py_BuildValue("(LnLiiLOLL)", (long long)s.record_count, s.batch_count, (long long)s.producer_id,
+                         s.producer_epoch, s.base_sequence, (long long)s.last_sequence,
+                         s.transactional ? Py_True : Py_False, (long long)s.max_timestamp,
+                         (long long)s.uncompressed);
 }
 
 /* ------------------------------------------------------------------ produce_body */
@@ -591,26 +608,26 @@ PyDoc_STRVAR(produce_body_doc,
 "accept or refuse: a tagged field, a null where Kafka allows none, a negative length, a length past\n"
 "the frame's end, a varint over 5 bytes, a name that is not UTF-8. Bytes after the body are ignored.");
 
-static PyObject *produce_body(PyObject *self, PyObject *args) {
-    Py_buffer view;
-    Py_ssize_t start;
-    int flexible;
-    if (!PyArg_ParseTuple(args, "y*np", &view, &start, &flexible)) return NULL;
-    Body r = {(const uint8_t *)view.buf, start, view.len, flexible};
-    PyObject *transactional_id = NULL, *partitions = NULL, *topic = NULL, *result = NULL;
+/* The body walk of produce_body (plain == 0) and plain_produce (plain == 1); see their docstrings.
+ * Returns a new reference: the result, None to decline, or NULL with a Python error set. */
+static PyObject *walk_produce(Py_buffer *view, Py_ssize_t start, int flexible, int plain, long long min_ts,
+                              long long max_ts) {
+    Body r = {(const uint8_t *)view->buf, start, view->len, flexible};
+    PyObject *transactional_id = NULL, *partitions = NULL, *topic = NULL;
     int64_t n, topics, count;
-    if (start < 0 || start > view.len) goto decline;
+    if (start < 0 || start > view->len) goto decline;
     if (body_length(&r, 2, &n) < 0) goto decline;
     if (n == -1) {
         transactional_id = Py_None;
         Py_INCREF(Py_None);
-    } else if ((transactional_id = body_string(&r, n)) == NULL) {
+    } else if (plain || (transactional_id = body_string(&r, n)) == NULL) {
         goto decline;
     }
     if (r.pos + 6 > r.end) goto decline;
     int acks = be16(r.buf + r.pos);
     int32_t timeout_ms = be32(r.buf + r.pos + 2);
     r.pos += 6;
+    if (plain && acks != 0 && acks != 1 && acks != -1) goto decline;
     if (body_length(&r, 4, &topics) < 0 || topics < 0 || topics > r.end - r.pos) goto decline;
     if ((partitions = PyList_New(0)) == NULL) goto error;
     for (int64_t t = 0; t < topics; t++) {
@@ -621,8 +638,9 @@ static PyObject *produce_body(PyObject *self, PyObject *args) {
             int32_t index = be32(r.buf + r.pos);
             r.pos += 4;
             if (body_length(&r, 4, &n) < 0) goto decline;
-            PyObject *records;
+            PyObject *records, *entry;
             if (n == -1) {
+                if (plain) goto decline;
                 records = Py_None;
                 Py_INCREF(Py_None);
             } else if (n < 0 || n > r.end - r.pos) {
@@ -632,7 +650,19 @@ static PyObject *produce_body(PyObject *self, PyObject *args) {
                 if (records == NULL) goto error;
                 r.pos += (Py_ssize_t)n;
             }
-            PyObject *entry = Py_BuildValue("(OiN)", topic, index, records);
+            if (plain) {
+                Summary s;
+                int got = n == 0 ? 0 : summarize_buf((const uint8_t *)PyBytes_AS_STRING(records), n, min_ts, max_ts, &s);
+                if (got <= 0 || s.producer_id != -1 || s.transactional) {
+                    Py_DECREF(records);
+                    if (got < 0) goto error;
+                    goto decline;
+                }
+                entry = Py_BuildValue("(OiNLL)", topic, index, records, (long long)s.record_count,
+                                      (long long)s.uncompressed);
+            } else {
+                entry = Py_BuildValue("(OiN)", topic, index, records);
+            }
             if (entry == NULL) goto error;
             int appended = PyList_Append(partitions, entry);
             Py_DECREF(entry);
@@ -643,21 +673,54 @@ static PyObject *produce_body(PyObject *self, PyObject *args) {
         if (body_no_tags(&r) < 0) goto decline; /* the topic's */
     }
     if (body_no_tags(&r) < 0) goto decline; /* the request's */
-    result = Py_BuildValue("(iiNN)", acks, timeout_ms, transactional_id, partitions);
-    PyBuffer_Release(&view);
-    return result;
+    if (plain) {
+        Py_DECREF(transactional_id);
+        if (PyList_GET_SIZE(partitions) == 0) {
+            Py_DECREF(partitions);
+            Py_RETURN_NONE;
+        }
+        return Py_BuildValue("(iiN)", acks, timeout_ms, partitions);
+    }
+    return Py_BuildValue("(iiNN)", acks, timeout_ms, transactional_id, partitions);
 decline:
     Py_XDECREF(transactional_id);
     Py_XDECREF(partitions);
     Py_XDECREF(topic);
-    PyBuffer_Release(&view);
     Py_RETURN_NONE;
 error:
     Py_XDECREF(transactional_id);
     Py_XDECREF(partitions);
     Py_XDECREF(topic);
-    PyBuffer_Release(&view);
     return NULL;
+}
+
+static PyObject *produce_body(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start;
+    int flexible;
+    if (!PyArg_ParseTuple(args, "y*np", &view, &start, &flexible)) return NULL;
+    PyObject *result = walk_produce(&view, start, flexible, 0, 0, 0);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+PyDoc_STRVAR(plain_produce_doc,
+"plain_produce(frame, pos, flexible, min_timestamp_ms, max_timestamp_ms) -> tuple | None\n\n"
+"``produce_body`` and ``summarize`` of each partition in one call, for the handler's produce runs:\n"
+"(acks, timeout_ms, [(topic, partition, records, record_count, uncompressed_bytes), ...]) when the\n"
+"body reads (as produce_body reads it), has no transactional id, acks 0, 1 or -1 and at least one\n"
+"partition, and every partition's records are non-empty and summarized (as summarize checks them)\n"
+"from producer id -1 and not transactional. None otherwise, for the general path to decide.");
+
+static PyObject *plain_produce(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start;
+    int flexible;
+    long long min_ts, max_ts;
+    if (!PyArg_ParseTuple(args, "y*npLL", &view, &start, &flexible, &min_ts, &max_ts)) return NULL;
+    PyObject *result = walk_produce(&view, start, flexible, 1, min_ts, max_ts);
+    PyBuffer_Release(&view);
+    return result;
 }
 
 /* ------------------------------------------------------------------ max_timestamp */
@@ -704,6 +767,7 @@ static PyMethodDef methods[] = {
     {"columns", columns, METH_VARARGS, columns_doc},
     {"summarize", summarize, METH_VARARGS, summarize_doc},
     {"produce_body", produce_body, METH_VARARGS, produce_body_doc},
+    {"plain_produce", plain_produce, METH_VARARGS, plain_produce_doc},
     {"max_timestamp", max_timestamp, METH_VARARGS, max_timestamp_doc},
     {NULL, NULL, 0, NULL},
 };

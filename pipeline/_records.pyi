@@ -22,3 +22,8 @@ def produce_body(frame: bytes | bytearray, pos: int, flexible: bool, /
 
 def max_timestamp(records: bytes | bytearray | memoryview, /) -> int:
     """The largest batch maxTimestamp (ms) of the batches, -1 if none; ValueError on a bad length."""
+
+def plain_produce(frame: bytes | bytearray, pos: int, flexible: bool, min_timestamp_ms: int, max_timestamp_ms: int, /
+                  ) -> tuple[int, int, list[tuple[str, int, bytes, int, int]]] | None:
+    """(acks, timeout_ms, [(topic, partition, records, record_count, uncompressed_bytes)]) of a plain Produce
+    body (see the C docstring), or None."""

@@ -12,8 +12,8 @@
 
 #define STAGES 6
 
-/* Add 1 to buckets[i] and ms to sums[i]; -1 with an exception set on failure. */
-static int add(PyObject *bucket_list, PyObject *sums, Py_ssize_t stage, PyObject *bounds, double ms) {
+/* Add times to buckets[stage]'s bucket of ms and ms * times to sums[stage]; -1 with an exception set on failure. */
+static int add(PyObject *bucket_list, PyObject *sums, Py_ssize_t stage, PyObject *bounds, double ms, long long times) {
     Py_ssize_t n = PyTuple_GET_SIZE(bounds);
     Py_ssize_t lo = 0, hi = n;
     while (lo < hi) { /* bisect_left: the first bound >= ms */
@@ -28,12 +28,12 @@ static int add(PyObject *bucket_list, PyObject *sums, Py_ssize_t stage, PyObject
     }
     long long count = PyLong_AsLongLong(PyList_GET_ITEM(buckets, lo));
     if (count == -1 && PyErr_Occurred()) return -1;
-    PyObject *new_count = PyLong_FromLongLong(count + 1);
+    PyObject *new_count = PyLong_FromLongLong(count + times);
     if (new_count == NULL) return -1;
     PyList_SetItem(buckets, lo, new_count); /* steals the reference, drops the old int */
     double sum = PyFloat_AsDouble(PyList_GET_ITEM(sums, stage));
     if (sum == -1.0 && PyErr_Occurred()) return -1;
-    PyObject *new_sum = PyFloat_FromDouble(sum + ms);
+    PyObject *new_sum = PyFloat_FromDouble(sum + ms * (double)times);
     if (new_sum == NULL) return -1;
     PyList_SetItem(sums, stage, new_sum);
     return 0;
@@ -41,17 +41,27 @@ static int add(PyObject *bucket_list, PyObject *sums, Py_ssize_t stage, PyObject
 
 PyDoc_STRVAR(record_doc,
 "record(buckets, sums_ms, bounds_ms, received, dequeued, local_done, response_complete,\n"
-"       response_dequeued, sent, /) -> None\n\n"
+"       response_dequeued, sent, count=1, /) -> None\n\n"
 "RequestMetrics.record's stage times (seconds, any monotonic clock) into ``buckets`` (six lists of\n"
 "len(bounds_ms) + 1 ints) and ``sums_ms`` (six floats), in STAGES order: a negative ``dequeued`` is\n"
 "``received``, a negative ``response_complete`` is ``response_dequeued``, a negative\n"
 "``local_done`` or one after ``response_complete`` is ``response_complete``; a negative stage\n"
-"counts as 0 ms. ``bounds_ms`` is a tuple of floats, ascending (bucket i holds times <= bound i).");
+"counts as 0 ms. ``bounds_ms`` is a tuple of floats, ascending (bucket i holds times <= bound i).\n"
+"``count`` (>= 1): that many responses with these same times, recorded at once.");
 
 static PyObject *record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "record() takes 9 arguments");
+    if (nargs != 9 && nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "record() takes 9 or 10 arguments");
         return NULL;
+    }
+    long long times = 1;
+    if (nargs == 10) {
+        times = PyLong_AsLongLong(args[9]);
+        if (times == -1 && PyErr_Occurred()) return NULL;
+        if (times < 1) {
+            PyErr_SetString(PyExc_ValueError, "record(): count must be >= 1");
+            return NULL;
+        }
     }
     PyObject *buckets = args[0], *sums = args[1], *bounds = args[2];
     if (!PyList_Check(buckets) || PyList_GET_SIZE(buckets) != STAGES || !PyList_Check(sums)
@@ -79,7 +89,7 @@ static PyObject *record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                              response_dequeued - response_complete, sent - response_dequeued, sent - received};
     for (Py_ssize_t i = 0; i < STAGES; i++) {
         double ms = stages[i] > 0 ? stages[i] * 1000.0 : 0.0;
-        if (add(buckets, sums, i, bounds, ms) < 0) return NULL;
+        if (add(buckets, sums, i, bounds, ms, times) < 0) return NULL;
     }
     Py_RETURN_NONE;
 }

@@ -2,5 +2,5 @@
 
 def record(buckets: list[list[int]], sums_ms: list[float], bounds_ms: tuple[float, ...], received: float,
            dequeued: float, local_done: float, response_complete: float, response_dequeued: float,
-           sent: float, /) -> None:
+           sent: float, count: int = 1, /) -> None:
     """``RequestMetrics.record``'s stage times into ``buckets`` and ``sums_ms`` (see the C docstring)."""

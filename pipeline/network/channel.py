@@ -175,10 +175,10 @@ class KafkaChannel:
         state = self.state
         if state.closed:
             return
-        complete, requests = state.complete, self._requests
+        requests = self._requests
         now = trio.current_time()
+        state.complete_unanswered(tokens)
         for token in tokens:
-            complete(token, None)
             request = requests.get(token)
             if request is not None:
                 request.response_at = now
@@ -354,12 +354,22 @@ class KafkaChannel:
         """The responses of ``tokens`` were taken at ``taken`` and written at ``sent`` (s)."""
         record = self._metrics.record
         requests = self._requests
+        # Requests of one read handled in one run share their api and times: recorded at once.
+        same: tuple[int, int, float, float, float, float] | None = None
+        count = 0
         for token in tokens:
             request = requests.pop(token, None)
-            if request is not None and request.header is not RAW_SASL_TOKEN:
-                header = request.header
-                record(header.api_key, header.api_version, request.received_at, request.dequeued_at,
-                       request.local_done_at, request.response_at, taken, sent)
+            if request is not None and (header := request.header) is not RAW_SASL_TOKEN:
+                times = (header.api_key, header.api_version, request.received_at, request.dequeued_at,
+                         request.local_done_at, request.response_at)
+                if times == same:
+                    count += 1
+                    continue
+                if same is not None:
+                    record(*same, taken, sent, count)
+                same, count = times, 1
+        if same is not None:
+            record(*same, taken, sent, count)
 
     async def _write_loop(self, connection_scope: trio.CancelScope) -> None:
         state = self.state

@@ -346,6 +346,14 @@ class ConnectionState:
         if payload is not None:
             self._unsent_bytes += len(payload) + 4
 
+    def complete_unanswered(self, tokens: list[int]) -> None:
+        """``complete(token, None)`` for each of ``tokens``, in order: they get no response.
+
+        Raises:
+            SequencingError: a token is not in flight (the tokens before it are complete).
+        """
+        self._sequencer.complete_unanswered(tokens)
+
     def pop_unanswered(self) -> list[int]:
         """Free the slots of the requests next in line that get no response (acks=0), up to the
         first one with a response or not yet complete; their tokens, in order

@@ -103,6 +103,21 @@ class ResponseSequencer:
         if not self._ordered:
             self._completion_order.append(token)
 
+    def complete_unanswered(self, tokens: list[int]) -> None:
+        """``complete(token, None)`` for each of ``tokens``, in order.
+
+        Raises:
+            SequencingError: a token was never issued, or completed already (those before it are
+                complete).
+        """
+        cids, done = self._cids, self._done
+        for token in tokens:
+            if token not in cids or token in done:
+                raise SequencingError(f"token {token} is not in flight")
+            done[token] = None
+            if not self._ordered:
+                self._completion_order.append(token)
+
     def pop_unanswered(self) -> list[int]:
         """Remove the requests at the head of the writing order that are complete and get no
         response (acks=0), up to the first that is not complete or has a response; return

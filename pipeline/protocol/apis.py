@@ -51,6 +51,7 @@ from .header import API_VERSIONS_KEY
 from .header import RequestHeader
 from .header import is_flexible
 from .header import encode_response
+from .records import MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS
 from .header import readonly_buffer
 from .metadata_encoding import PartitionTuple, TopicTuple, encode_metadata_response
 from ..fastinit import fast_frozen_init
@@ -759,6 +760,21 @@ def produce_body(header: RequestHeader,
     """
     if header.api_key == PRODUCE and 3 <= header.api_version <= 11 and isinstance(frame, (bytes, bytearray)):
         return _records.produce_body(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE)
+    return None
+
+
+def plain_produce_body(header: RequestHeader, frame: bytes | bytearray | memoryview,
+                       ) -> tuple[int, int, list[tuple[str, int, bytes, int, int]]] | None:
+    """``produce_body`` with each partition's records summarized (``summarize_fields``), in one C
+    call (``pipeline._records.plain_produce``): ``(acks, timeout_ms, [(topic, partition, records,
+    record_count, uncompressed_bytes), ...])`` for a Produce request with no transactional id, acks
+    0/1/-1, at least one partition, and every partition's records uncompressed, valid (as
+    ``validate_records`` checks them) and from a producer that is not idempotent or transactional;
+    None for any other request, which the general path then accepts or refuses. Never raises.
+    """
+    if header.api_key == PRODUCE and 3 <= header.api_version <= 11 and isinstance(frame, (bytes, bytearray)):
+        return _records.plain_produce(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE,
+                                      MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
     return None
 
 

@@ -36,7 +36,7 @@ from pipeline.protocol import apis
 from pipeline.protocol.apis import BrokerInfo, PartitionResult, ProducePartition
 from pipeline.protocol.errors import InvalidRequestError, RecordError
 from pipeline.protocol.header import RequestHeader
-from pipeline.protocol.records import (RecordsInfo, has_compressed_batch, summarize_fields, summarize_records,
+from pipeline.protocol.records import (RecordsInfo, has_compressed_batch, summarize_records,
                                        validate_records)
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.network.request_channel import ConnectionHandle, Request, RequestChannel, release_requests
@@ -261,28 +261,19 @@ class KafkaApis:
         allowed): valid only while nothing awaits, so a caller clears them when the run ends.
         Never raises for bad input.
         """
-        body = apis.produce_body(request.header, request.frame)
+        body = apis.plain_produce_body(request.header, request.frame)
         if body is None:
             return None
-        acks, timeout_ms, transactional_id, partitions = body
-        if transactional_id is not None or acks not in (0, 1, -1) or not partitions:
-            return None
-        parts = []
-        for topic, partition, records in partitions:
+        acks, timeout_ms, parts = body
+        for topic, partition, *_ in parts:
             key = (topic, partition)
             ok = checked.get(key)
             if ok is None:
                 if topic not in writable:
                     writable[topic] = self.authorize(request, AclOperation.WRITE, ResourceType.TOPIC, topic)
                 ok = checked[key] = self._check_partition(acks, topic, partition, writable[topic]) == 0
-            if not ok or not records:
+            if not ok:
                 return None
-            summary = summarize_fields(records)
-            # (record_count, batch_count, producer_id, epoch, base_sequence, last_sequence,
-            #  is_transactional, max_timestamp_ms, uncompressed_bytes)
-            if summary is None or summary[2] != -1 or summary[6]:
-                return None
-            parts.append((topic, partition, records, summary[0], summary[8]))
         deadline = request.received_at + max(timeout_ms, MIN_PRODUCE_TIMEOUT_MS) / 1000.0
         self.stats.requests += 1
         return request, acks, deadline, parts

@@ -12,10 +12,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from pipeline.protocol import apis
 from pipeline.protocol.errors import InvalidRequestError
 from pipeline.protocol.header import parse_request_header
+from pipeline.protocol.records import summarize_fields
 from tests.protocol.protocol_helpers import make, ms, request_frame, request_module, sample_request
 
 VERSIONS = range(3, 12)
@@ -106,3 +108,86 @@ def test_a_bytearray_frame_takes_the_fast_path_and_its_records_come_out_as_bytes
         assert all(type(r) is bytes for r in records)
         buffer[header.body_offset:] = bytes(len(buffer) - header.body_offset)  # the buffer is reused or freed
         assert records == [p.records for p in _general(header, frame).partitions if p.records is not None]
+
+
+# ------------------------------------------------------------- plain_produce_body
+
+
+def _plain_expected(header, frame):
+    """What ``plain_produce_body`` must return: ``produce_body`` and ``summarize_fields`` of each
+    partition, under the handler's conditions for a plain request."""
+    body = apis.produce_body(header, frame)
+    if body is None:
+        return None
+    acks, timeout_ms, transactional_id, partitions = body
+    if transactional_id is not None or acks not in (0, 1, -1) or not partitions:
+        return None
+    parts = []
+    for topic, partition, records in partitions:
+        if not records:
+            return None
+        summary = summarize_fields(records)
+        if summary is None or summary[2] != -1 or summary[6]:
+            return None
+        parts.append((topic, partition, records, summary[0], summary[8]))
+    return acks, timeout_ms, parts
+
+
+def _batch(producer_id: int = -1, transactional: bool = False, records: int = 3) -> bytes:
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=int(transactional),
+                                        producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
+                                        base_sequence=0 if producer_id >= 0 else -1, batch_size=1 << 20)
+    for i in range(records):
+        builder.append(i, timestamp=1_700_000_000_000 + i, key=b"k%d" % i, value=b"v" * (10 * i), headers=[])
+    return bytes(builder.build())
+
+
+def _plain_frames(version: int) -> list[bytes]:
+    module = request_module(0, version)
+    Records = type(sample_request(0, version).topic_data[0].partition_data[0].records)
+
+    def produce(*topics, acks=1, transactional_id=None):
+        return request_frame(make(module.ProduceRequest, transactional_id=transactional_id, acks=acks,
+                                  timeout=ms(1500), topic_data=tuple(
+            module.TopicProduceData(name=name, partition_data=tuple(
+                module.PartitionProduceData(index=i, records=None if r is None else Records(r))
+                for i, r in parts)) for name, parts in topics)))
+
+    two = _batch() + _batch(records=1)
+    return [
+        produce(("events", [(0, _batch())])),
+        produce(("events", [(0, _batch()), (2, two)]), ("audit", [(1, _batch(records=7))]), acks=-1),
+        produce(("events", [(0, _batch())]), acks=0),
+        produce(("events", [(0, _batch())]), acks=2),  # not a valid acks: declined
+        produce(("events", [(0, _batch())]), transactional_id="tx"),  # declined
+        produce(("events", [(0, _batch(producer_id=7))])),  # idempotent: declined
+        produce(("events", [(0, _batch(producer_id=7, transactional=True))])),  # declined
+        produce(("events", [(0, None)])),  # null records: declined
+        produce(("events", [(0, b"")])),  # empty records: declined
+        produce(),  # no partition: declined
+    ]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_plain_produce_body_is_produce_body_and_summarize_of_each_partition(version: int) -> None:
+    rng = random.Random(1000 + version)
+    accepted = 0
+    for base in _plain_frames(version):
+        header = parse_request_header(base)
+        body_at = header.body_offset
+        mutants = [base, bytearray(base), base + b"\x00trailing"]
+        mutants += [base[:cut] for cut in range(body_at, len(base), 3)]
+        for _ in range(150):
+            m = bytearray(base)
+            for _ in range(rng.randint(1, 2)):
+                i = rng.randrange(body_at, len(m))
+                m[i] = rng.choice((0x00, 0x01, 0x7F, 0x80, 0xFF, rng.randrange(256)))
+            mutants.append(bytes(m))
+        for mutant in mutants:
+            got = apis.plain_produce_body(header, mutant)
+            assert got == _plain_expected(header, mutant), bytes(mutant)
+            accepted += got is not None
+    assert accepted >= 3  # the three plain frames, at least
+    first = _plain_frames(version)[0]
+    assert apis.plain_produce_body(parse_request_header(first), first) is not None
+    assert apis.plain_produce_body(parse_request_header(first), memoryview(first)) is None  # the general path's

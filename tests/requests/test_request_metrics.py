@@ -147,3 +147,18 @@ def test_the_c_stage_recording_refuses_lists_of_the_wrong_shape():
         record([[0]] * 6, [0.0] * 6, BUCKET_BOUNDS_MS, 0, 0, 0, 0, 0, 0)
     with pytest.raises(TypeError):
         record(good, [0.0] * 6, (1, 2), 0, 0, 0, 0, 0, 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.tuples(*[_times] * 6), st.integers(1, 50))
+def test_a_count_of_responses_with_the_same_times_is_that_many_records(times, count):
+    """``record(..., count)`` (the writer's requests of one run) is ``count`` single records."""
+    once, many = RequestMetrics(), RequestMetrics()
+    for _ in range(count):
+        once.record(PRODUCE, 9, *times)
+    many.record(PRODUCE, 9, *times, count)
+    assert many.apis[PRODUCE].buckets == once.apis[PRODUCE].buckets
+    assert many.apis[PRODUCE].sums_ms == pytest.approx(once.apis[PRODUCE].sums_ms)
+    assert many.apis[PRODUCE].requests == once.apis[PRODUCE].requests == {9: count}
+    with pytest.raises(ValueError):
+        many.record(PRODUCE, 9, *times, 0)

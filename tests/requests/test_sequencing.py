@@ -119,3 +119,51 @@ def test_pop_unanswered_stops_at_a_response_or_an_incomplete_request():
     seq.complete(c, b"response")
     assert seq.pop_unanswered() == [] and seq.has_ready()  # c has a response: the writer's
     assert [(r.token, r.payload) for r in seq.pop_ready()] == [(c, b"response"), (d, None)]
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+@given(data=st.data())
+def test_registering_and_completing_in_batches_is_one_at_a_time(ordered, data):
+    """``register_all`` and ``complete_unanswered`` (the read path's and the acks=0 handler's
+    batches) leave the sequencer as ``register`` and ``complete(token, None)`` one by one do."""
+    cids = data.draw(st.lists(st.integers(-5, 1 << 31), min_size=1, max_size=12))
+    payloads = data.draw(st.lists(st.sampled_from([None, b"r"]), min_size=len(cids), max_size=len(cids)))
+    completion = data.draw(st.permutations(range(len(cids))))
+    cut = data.draw(st.integers(0, len(cids)))
+
+    def run(batched: bool) -> list[tuple[int, int, bytes | None]]:
+        seq = ResponseSequencer(ordered=ordered)
+        if batched:
+            seq.register_all(cids[:cut])
+            seq.register_all(cids[cut:])
+        else:
+            for cid in cids:
+                seq.register(cid)
+        assert seq.next_token == len(cids) and seq.in_flight == len(cids)
+        out: list[tuple[int, int, bytes | None]] = []
+        unanswered: list[int] = []
+        for i in completion:
+            if payloads[i] is None and batched:
+                unanswered.append(i)
+                continue
+            seq.complete_unanswered(unanswered)
+            unanswered = []
+            seq.complete(i, payloads[i])
+            out += [(r.token, r.correlation_id, r.payload) for r in seq.pop_ready()]
+        seq.complete_unanswered(unanswered)
+        out += [(r.token, r.correlation_id, r.payload) for r in seq.pop_ready()]
+        assert seq.in_flight == 0
+        return out
+
+    assert run(True) == run(False)
+
+
+def test_complete_unanswered_refuses_a_token_not_in_flight_after_completing_those_before_it():
+    seq = ResponseSequencer()
+    a, b = seq.register(1), seq.register(2)
+    seq.complete(b, None)
+    with pytest.raises(SequencingError):
+        seq.complete_unanswered([a, b])
+    with pytest.raises(SequencingError):
+        seq.complete_unanswered([7])
+    assert seq.pop_unanswered() == [a, b]
