@@ -55,13 +55,13 @@ CONFIG_NAMES = ("baseline", "multiqueue", "shared-unmuted")
 PRESETS: dict[str, dict] = {
     "smoke": dict(configs=["baseline", "multiqueue", "shared-unmuted"], queues=[2], connections=[4],
                   in_flight=[5], acks=[-1], duration=1.5, requests=20_000, brokers=[], brokers_records=6000,
-                  headline_requests=0, headline_repeats=1),
+                  headline_requests=0, headline_repeats=1, acks0_pairs=0),
     "quick": dict(configs=list(CONFIG_NAMES), queues=[4], connections=[1, 64], in_flight=[5],
                   acks=[-1, 0], duration=2.5, requests=120_000, brokers=[1, 2], brokers_records=100_000,
-                  headline_requests=200, headline_repeats=4),
+                  headline_requests=200, headline_repeats=4, acks0_pairs=3),
     "full": dict(configs=list(CONFIG_NAMES), queues=[1, 2, 4, 8], connections=[1, 8, 64],
                  in_flight=[1, 5], acks=[-1, 0], duration=8.0, requests=250_000, brokers=[1, 2, 4],
-                 brokers_records=200_000, headline_requests=400, headline_repeats=5),
+                 brokers_records=200_000, headline_requests=400, headline_repeats=5, acks0_pairs=3),
 }
 QUICK_BROKERS_MIN_CORES = 4
 """``--quick`` runs brokers N = 2 only on a machine with at least this many cores: below it the
@@ -75,6 +75,11 @@ Spark flush (0.5-2 s) there."""
 HEADLINE_MAX_S = 120.0
 """Bound on the sending time of one headline repeat (a slow machine completes fewer requests;
 the report says how many)."""
+ACKS0_SHAPE = (64, 5, 0)
+"""(C, K, acks) of the acks=0 target (a fraction of the framing ceiling). On a multiqueue server
+every acks=0 shape runs ``acks0_pairs`` times, each right after an echo-ceiling run of the same
+(C, K), and the fraction of the ceiling is taken pair by pair: with one ceiling run per bench,
+minutes away from the run it divided, the ratio swung by +-25 %."""
 QUICK_SHAPES = ((1, 5, -1), (64, 5, -1), (64, 5, 0))
 """(C, K, acks) that ``--quick`` runs: exactly the shapes the targets name."""
 
@@ -88,6 +93,20 @@ def int_list(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError("expected at least one value")
     return values
+
+
+def shape_list(text: str) -> list[tuple[int, int, int]]:
+    """``"1:5:-1,64:5:0"`` -> [(1, 5, -1), (64, 5, 0)]: (C, K, acks) (argparse type)."""
+    shapes = []
+    for item in (v.strip() for v in text.split(",") if v.strip()):
+        try:
+            c, k, acks = (int(x) for x in item.split(":"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a shape is C:K:ACKS, e.g. 64:5:0; got {item!r}") from None
+        shapes.append((c, k, acks))
+    if not shapes:
+        raise argparse.ArgumentTypeError("expected at least one shape")
+    return shapes
 
 
 def config_list(text: str) -> list[str]:
@@ -239,6 +258,9 @@ class BenchOptions:
             ``HEADLINE_SHAPE`` runs, all repeats together (0: that shape is a plain
             ``duration``-bounded run like the others).
         headline_repeats: runs of ``HEADLINE_SHAPE`` per model, interleaved between the models.
+        acks0_pairs: on each multiqueue server, runs of each acks=0 shape, each paired with an
+            echo ceiling run of the same (C, K) just before it (0 or 1: one run, against the
+            ceiling measured first, like the other shapes; ``ACKS0_SHAPE``).
     """
 
     preset: str
@@ -266,6 +288,11 @@ class BenchOptions:
     brokers_client: str = "confluent"
     headline_requests: int = 0
     headline_repeats: int = 1
+    acks0_pairs: int = 0
+
+    def acks0_paired(self) -> bool:
+        """True if acks=0 shapes run in ceiling pairs on multiqueue servers (``ACKS0_SHAPE``)."""
+        return self.ceiling and self.acks0_pairs > 1 and any(a == 0 for _, _, a in self.all_shapes())
 
     def headline(self) -> bool:
         """True if ``HEADLINE_SHAPE`` is run sized by completed requests, before the other shapes."""
@@ -301,6 +328,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of baseline,multiqueue,shared-unmuted")
     p.add_argument("--queues", type=int_list, default=None, help="multiqueue queue counts, e.g. 1,2,4,8")
     p.add_argument("--connections", type=int_list, default=None, help="connection counts C, e.g. 1,8,64")
+    p.add_argument("--shapes", type=shape_list, default=None, metavar="C:K:ACKS,...",
+                   help="exactly these load shapes, in this order, instead of the cross product of "
+                        "--connections, --in-flight and --acks, e.g. 1:5:-1,64:5:0")
     p.add_argument("--in-flight", type=int_list, default=None, help="requests in flight per connection K, e.g. 1,5")
     p.add_argument("--acks", type=int_list, default=None,
                    help="acks values: --acks -1, or a list written --acks=-1,0")
@@ -324,6 +354,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--headline-repeats", type=int, default=None,
                    help="repeats of the C=1, K=5, acks=-1 runs per model, for the ratio's spread "
                         "(default: quick 4, full 5)")
+    p.add_argument("--acks0-pairs", type=int, default=None,
+                   help="multiqueue runs of each acks=0 shape, each right after an echo-ceiling run of its C and K: "
+                        "the acks=0 target takes the median of the pairs' fractions (default: quick and full 3; "
+                        "0 or 1: one run against the ceiling measured first)")
     p.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                    help="skip the echo framing-ceiling measurement")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
@@ -432,6 +466,10 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         brokers = [n for n in brokers if n == 1]
     swept = any(getattr(args, n) is not None for n in ("connections", "in_flight", "acks"))
     shapes = list(QUICK_SHAPES) if preset == "quick" and not swept else None
+    if getattr(args, "shapes", None) is not None:
+        if swept:
+            raise ValueError("--shapes replaces --connections, --in-flight and --acks")
+        shapes = list(args.shapes)
     opts = BenchOptions(
         preset=preset, out=args.out, configs=pick("configs"), queues=pick("queues"),
         connections=pick("connections"), in_flight=pick("in_flight"), acks=pick("acks"), shapes=shapes,
@@ -443,9 +481,15 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
         producers=getattr(args, "producers", None) or 4, brokers_records=pick("brokers_records"),
         brokers_client=getattr(args, "brokers_client", "confluent"),
         headline_requests=pick("headline_requests"), headline_repeats=pick("headline_repeats"),
+        acks0_pairs=pick("acks0_pairs"),
     )
-    if any(c < 1 for c in opts.connections) or max(opts.connections) > 1000:
+    if any(c < 1 for c in opts.connections) or max(opts.connections) > 1000 or any(
+            not 1 <= c <= 1000 for c, _, _ in opts.all_shapes()):
         raise ValueError("--connections must be 1..1000")
+    if any(k < 1 or a not in (-1, 0, 1) for _, k, a in opts.all_shapes()):
+        raise ValueError("a shape's K must be >= 1 and its acks -1, 0 or 1")
+    if not 0 <= opts.acks0_pairs <= 20:
+        raise ValueError("--acks0-pairs must be 0..20")
     if any(k < 1 for k in opts.in_flight) or any(q < 1 for q in opts.queues):
         raise ValueError("--in-flight and --queues must be >= 1")
     if any(a not in (-1, 0, 1) for a in opts.acks):

@@ -11,7 +11,9 @@ topic, SIGTERM (ordered shutdown: everything accepted is flushed; it overlaps
 the next configuration's warm-up and is waited for before anything is
 measured). Finally each configuration's table is read with Spark and every
 run verified. The echo framing ceiling (``pipeline.bench.echo``) is measured
-first with the same shapes. When the plan sizes the headline comparison by
+first with the same shapes; the echo server stays up, and on each multiqueue
+server every acks=0 shape runs ``acks0_pairs`` times, each right after an echo
+run of the same (C, K) that its fraction of the ceiling is taken against. When the plan sizes the headline comparison by
 requests (``BenchOptions.headline``), its C=1, K=5, acks=-1 runs come right
 after the ceiling, on every baseline and multiqueue server at once (warmed up
 there), repeat by repeat across the models (``_headline``).
@@ -344,38 +346,38 @@ def _server_command(config: ServerConfiguration, opts: BenchOptions, data_dir: P
             "--data-dir", str(data_dir), *config.serve_args(opts)]
 
 
-def _measure_ceiling(opts: BenchOptions, out: Path, shapes: list[tuple[int, int]], results: dict,
-                     on_step: Callable[[str], None]) -> dict[str, float]:
+def _ceiling_run(opts: BenchOptions, out: Path, echo: ManagedProcess, sampler: LoadWindow, c: int, k: int,
+                 name: str) -> tuple[RunOutcome, dict, dict]:
+    """One (C, K) load against the echo server: (outcome, figures, its entry for results.json)."""
+    spec = LoadSpec("127.0.0.1", echo.port, protocol="echo", client="raw", topic="echo",
+                    connections=c, in_flight=k, records=opts.records, record_bytes=opts.record_bytes,
+                    partitions=opts.partitions, acks=-1, max_requests=opts.requests, duration_s=opts.duration)
+    o = run_load(spec, out / "runs", name, sampler)
+    f = figures(o, None)
+    v = verify_run(o, None) if o.load else None
+    return o, f, {"shape": o.shape, "figures": f, "error": o.error,
+                  "response_order_violations": v.response_order.violations if v else None}
+
+
+def _measure_ceiling(opts: BenchOptions, out: Path, echo: ManagedProcess, sampler: LoadWindow,
+                     shapes: list[tuple[int, int]], results: dict, on_step: Callable[[str], None]) -> dict[str, float]:
     """Run every (C, K) against the echo server; returns {shape_key: requests/s}."""
     ceiling: dict[str, float] = {}
-    echo = ManagedProcess("echo", [sys.executable, "-m", "pipeline.bench.echo", "--listen", "127.0.0.1:0"],
-                          out / "logs" / "echo.log").start()
-    sampler = Sampler(echo.pid, None)
-    try:
-        for c, k in shapes:
-            on_step(f"ceiling (trio frame echo): C={c} K={k}")
-            spec = LoadSpec("127.0.0.1", echo.port, protocol="echo", client="raw", topic="echo",
-                            connections=c, in_flight=k, records=opts.records, record_bytes=opts.record_bytes,
-                            partitions=opts.partitions, acks=-1, max_requests=opts.requests,
-                            duration_s=opts.duration)
-            o = run_load(spec, out / "runs", f"ceiling-c{c}-k{k}", sampler)
-            f = figures(o, None)
-            v = verify_run(o, None) if o.load else None
-            if f.get("requests_per_s") and not o.error:
-                ceiling[shape_key(c, k)] = f["requests_per_s"]
-            results["ceiling"]["runs"].append({
-                "shape": o.shape, "figures": f, "error": o.error,
-                "response_order_violations": v.response_order.violations if v else None})
-    finally:
-        sampler.close()
-        echo.stop()
+    for c, k in shapes:
+        on_step(f"ceiling (trio frame echo): C={c} K={k}")
+        o, f, entry = _ceiling_run(opts, out, echo, sampler, c, k, f"ceiling-c{c}-k{k}")
+        if f.get("requests_per_s") and not o.error:
+            ceiling[shape_key(c, k)] = f["requests_per_s"]
+        results["ceiling"]["runs"].append(entry)
     return ceiling
 
 
 def _judge(config: ServerConfiguration, entry: dict, o: RunOutcome, rows: list | None, table_error: str | None,
            ceiling: dict[str, float]) -> dict:
     """The run's entry for results.json: figures, verification, status and why."""
-    f = figures(o, ceiling.get(shape_key(o.shape["connections"], o.shape["in_flight"])))
+    paired = o.shape.get("pair_ceiling_requests_per_s")
+    f = figures(o, paired if paired is not None else ceiling.get(shape_key(o.shape["connections"],
+                                                                         o.shape["in_flight"])))
     v = verify_run(o, rows) if o.load is not None else None
     reasons = []
     if o.error:
@@ -441,6 +443,8 @@ def main(opts: BenchOptions) -> int:
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier-spark")
     spark_future: Future | None = None
     ceiling: dict[str, float] = {}
+    echo: ManagedProcess | None = None
+    echo_sampler: Sampler | None = None
     failed_required = False
     servers = [ManagedProcess(c.name, _server_command(c, opts, out / "data" / c.name),
                               out / "logs" / f"{c.name}.log") for c in configs]
@@ -485,7 +489,11 @@ def main(opts: BenchOptions) -> int:
                     step(description)
                     step(advance=1)
 
-                ceiling = _measure_ceiling(opts, out, ceiling_shapes, results, ceiling_step)
+                # The echo server stays up (idle: nothing) for the acks=0 runs' paired ceiling runs.
+                echo = ManagedProcess("echo", [sys.executable, "-m", "pipeline.bench.echo", "--listen", "127.0.0.1:0"],
+                                      out / "logs" / "echo.log").start()
+                echo_sampler = Sampler(echo.pid, None)
+                ceiling = _measure_ceiling(opts, out, echo, echo_sampler, ceiling_shapes, results, ceiling_step)
 
             # The headline comparison first, on every baseline and multiqueue server at once
             # (warmed up here, not again below), its repeats interleaved between the models.
@@ -533,13 +541,31 @@ def main(opts: BenchOptions) -> int:
                             continue  # run in the headline phase
                         step(f"{config.name}: C={c} K={k} acks={acks}")
                         topic = f"bench-{i:02d}-c{c}-k{k}-acks{'m1' if acks == -1 else acks}"
-                        spec = LoadSpec("127.0.0.1", server.port, protocol="kafka", client=opts.client,
-                                        topic=topic, connections=c, in_flight=k, records=opts.records,
-                                        record_bytes=opts.record_bytes, partitions=opts.partitions, acks=acks,
-                                        max_requests=_request_bound(opts, ceiling, c, k, acks),
-                                        duration_s=opts.duration)
-                        outcomes[config.name].append(
-                            run_load(spec, out / "runs", f"{config.name}-{topic}", sampler))
+                        pairs = (opts.acks0_pairs if config.mode == "multiqueue" and echo is not None
+                                 and acks == 0 and opts.acks0_paired() else 0)
+                        for pair in range(max(pairs, 1)):
+                            pair_topic = f"{topic}-pair{pair}" if pairs else topic
+                            spec = LoadSpec("127.0.0.1", server.port, protocol="kafka", client=opts.client,
+                                            topic=pair_topic, connections=c, in_flight=k, records=opts.records,
+                                            record_bytes=opts.record_bytes, partitions=opts.partitions, acks=acks,
+                                            max_requests=_request_bound(opts, ceiling, c, k, acks),
+                                            duration_s=opts.duration)
+                            ceiling_rps = None
+                            if pairs:
+                                assert echo is not None and echo_sampler is not None
+                                step(f"{config.name}: C={c} K={k} acks={acks}, pair {pair + 1}/{pairs}: ceiling")
+                                echo_run, echo_figures, echo_entry = _ceiling_run(
+                                    opts, out, echo, echo_sampler, c, k, f"ceiling-c{c}-k{k}-{config.name}-pair{pair}")
+                                echo_entry["shape"]["pair"] = pair
+                                echo_entry["paired_with"] = config.name
+                                results["ceiling"]["runs"].append(echo_entry)
+                                ceiling_rps = echo_figures.get("requests_per_s") if not echo_run.error else None
+                                step(f"{config.name}: C={c} K={k} acks={acks}, pair {pair + 1}/{pairs}")
+                            o = run_load(spec, out / "runs", f"{config.name}-{pair_topic}", sampler)
+                            if pairs:
+                                o.shape["pair"] = pair
+                                o.shape["pair_ceiling_requests_per_s"] = ceiling_rps
+                            outcomes[config.name].append(o)
                         step(advance=1)
                         if server.proc is not None and server.proc.poll() is not None:
                             break
@@ -553,6 +579,10 @@ def main(opts: BenchOptions) -> int:
             for server in servers:  # only if we are leaving early
                 if server.proc is not None and server.proc.poll() is None:
                     server.kill()
+            if echo_sampler is not None:
+                echo_sampler.close()
+            if echo is not None:
+                echo.stop()
 
         step("verifying the tables")
         spark = None

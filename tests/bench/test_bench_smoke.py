@@ -15,11 +15,13 @@ PLOTS = ("throughput_vs_connections.png", "latency_percentiles.png", "throughput
 
 
 # C=1 beside the preset's C=4 brings in the headline comparison (C=1, K=5, acks=-1 sized by completed
-# requests, repeats interleaved between baseline and multiqueue), at CI size: 2 repeats of 2 requests.
+# requests, repeats interleaved between baseline and multiqueue), at CI size: 2 repeats of 2 requests;
+# C=4 acks=0 the acks=0 runs, on multiqueue each paired with an echo-ceiling run just before it.
 def test_bench_smoke(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--smoke", "--out", str(out),
-                           "--connections", "1,4", "--headline-requests", "4", "--headline-repeats", "2"],
+                           "--shapes", "1:5:-1,4:5:-1,4:5:0", "--acks0-pairs", "2",
+                           "--headline-requests", "4", "--headline-repeats", "2"],
                           capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
@@ -33,10 +35,14 @@ def test_bench_smoke(tmp_path):
         for run in config["runs"]:
             f = run["figures"]
             assert f["requests_per_s"] > 0 and f["records_per_s"] > 0 and f["mb_per_s"] > 0
-            assert 0 < f["latency_ms"]["p50"] <= f["latency_ms"]["p99"] <= f["latency_ms"]["p99.9"]
+            if run["shape"]["acks"] != 0:  # acks=0 requests get no response to time
+                assert 0 < f["latency_ms"]["p50"] <= f["latency_ms"]["p99"] <= f["latency_ms"]["p99.9"]
             assert f["server_cpu_s"] > 0 and f["peak_rss_mb"] > 0
             assert f["server_cpu_s_per_m_records"] == pytest.approx(f["server_cpu_s"] / f["records"] * 1e6)
             assert f["queue_depth_max"] is not None and f["fraction_of_ceiling"] > 0
+            if "pair" in run["shape"]:  # against the ceiling run just before it
+                assert f["fraction_of_ceiling"] == pytest.approx(
+                    f["requests_per_s"] / run["shape"]["pair_ceiling_requests_per_s"])
             v = run["verification"]
             assert v is not None and v["table"] is not None and v["table"]["rows"] > 0
             if config["mode"] != "shared-unmuted":
@@ -59,9 +65,16 @@ def test_bench_smoke(tmp_path):
     [c1] = [t for t in results["targets"] if "C=1" in t["target"]]
     assert "completed requests" in c1["detail"] and c1["status"] in ("met", "not met")
     ablation = next(c for c in results["configurations"] if c["name"] == "shared-unmuted")
-    assert {r["shape"]["connections"] for r in ablation["runs"]} == {1, 4}
+    assert {(r["shape"]["connections"], r["shape"]["acks"]) for r in ablation["runs"]} == {(1, -1), (4, -1), (4, 0)}
 
     assert results["ceiling"]["requests_per_s"]
+    acks0 = {c["name"]: [r["shape"].get("pair") for r in c["runs"] if r["shape"]["acks"] == 0]
+             for c in results["configurations"]}
+    assert acks0 == {"baseline": [None], "multiqueue-q2": [0, 1], "shared-unmuted": [None]}
+    paired = [r for r in results["ceiling"]["runs"] if "pair" in r["shape"]]
+    assert [(r["paired_with"], r["shape"]["pair"], r["shape"]["connections"]) for r in paired] == [
+        ("multiqueue-q2", 0, 4), ("multiqueue-q2", 1, 4)]
+    assert all(r["figures"]["requests_per_s"] > 0 and r["error"] is None for r in paired)
     assert {t["target"] for t in results["targets"]}
     for name in PLOTS:
         assert (out / name).stat().st_size > 1000, name
