@@ -115,11 +115,14 @@ class Request:
         self.frame = b""
 
 
-def release_requests(requests: Sequence[Request]) -> None:
+def release_requests(requests: Sequence[Request], local_done_at: float | None = None) -> None:
     """``Request.release`` of each of ``requests``, their memory returned to each pool in one
-    ``MemoryPool.release`` (one wake-up of muted channels rather than one per request)."""
+    ``MemoryPool.release`` (one wake-up of muted channels rather than one per request); with
+    ``local_done_at`` (s), each request's ``local_done_at`` is set to it too."""
     returned: dict[MemoryPool, int] = {}
     for request in requests:
+        if local_done_at is not None:
+            request.local_done_at = local_done_at
         pool = request.pool
         if pool is not None:
             request.pool = None

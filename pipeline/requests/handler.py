@@ -265,10 +265,11 @@ class KafkaApis:
         if body is None:
             return None
         acks, timeout_ms, parts = body
-        for topic, partition, *_ in parts:
-            key = (topic, partition)
+        for part in parts:
+            key = part[:2]  # (topic, partition)
             ok = checked.get(key)
             if ok is None:
+                topic, partition = key
                 if topic not in writable:
                     writable[topic] = self.authorize(request, AclOperation.WRITE, ResourceType.TOPIC, topic)
                 ok = checked[key] = self._check_partition(acks, topic, partition, writable[topic]) == 0
@@ -789,9 +790,7 @@ class RequestHandler:
             self._failed(requests)
         finally:
             now = trio.current_time()
-            for request in requests:
-                request.local_done_at = now
-            release_requests(requests)
+            release_requests(requests, now)
             log_context.reset(context)
         return now
 

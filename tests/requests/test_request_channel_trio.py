@@ -112,8 +112,9 @@ def test_release_requests_returns_a_runs_memory_in_one_release_per_pool():
         requests.append(Request(None, header, b"x" * size, len(requests), 0.0, size, pool))  # type: ignore[arg-type]
     release_requests(requests)
     assert [p.used for p in pools] == [0, 0] and sorted(wakeups) == [0, 1]
-    assert all(r.frame == b"" and r.pool is None for r in requests)
-    release_requests(requests)  # idempotent, as Request.release
+    assert all(r.frame == b"" and r.pool is None and r.local_done_at == -1.0 for r in requests)
+    release_requests(requests, 2.5)  # idempotent, as Request.release; the handler's done time set
+    assert all(r.local_done_at == 2.5 for r in requests)
     assert [p.used for p in pools] == [0, 0] and sorted(wakeups) == [0, 1]
 
 
