@@ -263,22 +263,26 @@ def verify_run(outcome: RunOutcome, rows: list | None) -> verify.RunVerification
 
 def read_topic_rows(spark: SparkSession, data_dir: Path, topics: list[str]) -> dict[str, list[tuple]]:
     """Stored rows of each of ``topics`` as (partition, offset, record name), read
-    from the table's files in one Spark job (the benchmark's servers never
-    compact, ``serve_args``); the name is None for a foreign key."""
+    from the table's files (the benchmark's servers never compact, ``serve_args``)
+    one Spark job per topic, so that the verifier's driver holds one run's rows at
+    a time (an acks=0 run at ~55k requests/s leaves ~1.4 M; all runs of a
+    server at once overflowed its 1 GiB heap); the name is None for a foreign key."""
     from pyspark.sql import functions as F
 
     from pipeline.table.catalog import read_uncompacted_files
 
-    table = (read_uncompacted_files(spark, data_dir).where(F.col("topic").isin(topics))
-             .select("topic", "partition", "offset", "key").toArrow())
-    rows: dict[str, list[tuple]] = {t: [] for t in topics}
-    for t, p, o, k in zip(table.column("topic").to_pylist(), table.column("partition").to_pylist(),
-                          table.column("offset").to_pylist(), table.column("key").to_pylist()):
-        try:
-            name = parse_record_key(k)
-        except ValueError:
-            name = None
-        rows[t].append((p, o, name))
+    files = read_uncompacted_files(spark, data_dir)
+    rows: dict[str, list[tuple]] = {}
+    for topic in topics:
+        table = files.where(F.col("topic") == topic).select("partition", "offset", "key").toArrow()
+        stored = rows[topic] = []
+        for p, o, k in zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
+                           table.column("key").to_pylist()):
+            try:
+                name = parse_record_key(k)
+            except ValueError:
+                name = None
+            stored.append((p, o, name))
     return rows
 
 
