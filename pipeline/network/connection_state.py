@@ -374,13 +374,13 @@ class ConnectionState:
         once non-empty data has been written; only one send at a time.
         ``sending_tokens`` then names the requests the data answers.
         """
-        ready = self._sequencer.pop_ready()
-        if not ready:
+        tokens, payloads = self._sequencer.pop_ready_payloads()
+        if not tokens:
             return None
-        self.sending_tokens = [r.token for r in ready]
-        frames = [encode_frame(r.payload) for r in ready if r.payload is not None]
-        if not frames:
+        self.sending_tokens = tokens
+        if not payloads:
             return b""
+        frames = [encode_frame(payload) for payload in payloads]
         data = b"".join(frames)
         self._sending_bytes = len(data)
         self._sending_count = len(frames)

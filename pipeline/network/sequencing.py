@@ -144,15 +144,33 @@ class ResponseSequencer:
             return bool(self._completion_order)
         return bool(self._order) and self._order[0] in self._done
 
+    def _ready_tokens(self) -> list[int]:
+        """Take the tokens whose turn has come off the writing order, in that order (their
+        correlation ids and payloads stay for the caller to pop)."""
+        if not self._ordered:
+            tokens, self._completion_order = self._completion_order, []
+            return tokens
+        tokens = []
+        order, done = self._order, self._done
+        while order and order[0] in done:
+            tokens.append(order.popleft())
+        return tokens
+
     def pop_ready(self) -> list[ReadyResponse]:
         """Remove and return the responses that may be written now, in writing order."""
         done, cids = self._done, self._cids
-        if not self._ordered:
-            tokens, self._completion_order = self._completion_order, []
-            return [ReadyResponse(cids.pop(t), done.pop(t), t) for t in tokens]
-        ready: list[ReadyResponse] = []
-        order = self._order
-        while order and order[0] in done:
-            token = order.popleft()
-            ready.append(ReadyResponse(cids.pop(token), done.pop(token), token))
-        return ready
+        return [ReadyResponse(cids.pop(t), done.pop(t), t) for t in self._ready_tokens()]
+
+    def pop_ready_payloads(self) -> tuple[list[int], list[bytes]]:
+        """``pop_ready`` without its objects, for the writer: the tokens of the responses that
+        may be written now, in writing order, and the payloads among them (those that get no
+        response left out), in the same order."""
+        done, cids = self._done, self._cids
+        tokens = self._ready_tokens()
+        payloads = []
+        for token in tokens:
+            del cids[token]
+            payload = done.pop(token)
+            if payload is not None:
+                payloads.append(payload)
+        return tokens, payloads

@@ -167,3 +167,26 @@ def test_complete_unanswered_refuses_a_token_not_in_flight_after_completing_thos
     with pytest.raises(SequencingError):
         seq.complete_unanswered([7])
     assert seq.pop_unanswered() == [a, b]
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+@given(data=st.data())
+def test_the_writers_pop_is_pop_ready_without_its_objects(ordered, data):
+    """``pop_ready_payloads`` takes what ``pop_ready`` would: the same tokens in the same order,
+    and their payloads (no-response ones left out)."""
+    payloads = data.draw(st.lists(st.sampled_from([None, b"a", b"bb"]), min_size=1, max_size=12))
+    completion = data.draw(st.permutations(range(len(payloads))))
+    pop_at = data.draw(st.lists(st.booleans(), min_size=len(payloads), max_size=len(payloads)))
+    sequencers = [ResponseSequencer(ordered=ordered) for _ in range(2)]
+    for seq in sequencers:
+        for i in range(len(payloads)):
+            seq.register(100 + i)
+    for n, i in enumerate(completion):
+        for seq in sequencers:
+            seq.complete(i, payloads[i])
+        if pop_at[n] or n == len(completion) - 1:
+            ready = sequencers[0].pop_ready()
+            tokens, sent = sequencers[1].pop_ready_payloads()
+            assert tokens == [r.token for r in ready]
+            assert sent == [r.payload for r in ready if r.payload is not None]
+    assert sequencers[1].in_flight == 0 and not sequencers[1].has_ready()
