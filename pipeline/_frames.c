@@ -160,7 +160,7 @@ static inline int32_t be32(const uint8_t *p) {
 
 PyDoc_STRVAR(cut_doc,
 "cut(buffer, pos, max_count, budget, max_receive, table, header, request, owner, first_token, now, pool)\n"
-"    -> (requests, pos, used)\n\n"
+"    -> (requests, pos, used, correlation_ids)\n\n"
 "The whole frames at ``buffer[pos:]`` (4-byte big-endian size, then the body; Kafka\n"
 "NetworkReceive), in order, as ``request(owner, header(api_key, api_version, correlation_id,\n"
 "client_id, header_version, body_offset), body, token, now, size, pool)``, tokens counting\n"
@@ -170,7 +170,8 @@ PyDoc_STRVAR(cut_doc,
 "parse_request_header's fast path: shorter than 10 bytes, an api key outside table or marked\n"
 "0xFF there, a null client id or one that is not UTF-8 or reaches the frame's end, or tagged\n"
 "fields in a v2 header. table (a bytearray)[api_key] is the api key's first flexible version, 0xFE for none.\n"
-"Returns the requests, the position after the last one, and their body bytes in all.");
+"Returns the requests, the position after the last one, their body bytes in all, and their\n"
+"correlation ids in order.");
 
 static PyObject *cut(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 12) {
@@ -193,12 +194,12 @@ static PyObject *cut(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *owner = args[8], *now = args[10], *pool = args[11];
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *requests = PyList_New(0);
+    PyObject *requests = PyList_New(0), *correlation_ids = PyList_New(0);
     PyObject *client_id = NULL; /* the last client id decoded, reused while the bytes repeat */
     const uint8_t *client_at = NULL;
     Py_ssize_t client_len = -1;
     long long used = 0;
-    if (requests == NULL) goto error;
+    if (requests == NULL || correlation_ids == NULL) goto error;
     if (pos < 0 || pos > view.len) {
         PyErr_SetString(PyExc_ValueError, "cut(): pos outside the buffer");
         goto error;
@@ -255,12 +256,12 @@ static PyObject *cut(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                 request = layout_make(request_layout, request_fields, 7);
             }
         }
+        int appended = request == NULL ? -1 : PyList_Append(requests, request);
+        if (appended == 0) appended = PyList_Append(correlation_ids, values[2]);
         for (int i = 0; i < 7; i++) Py_XDECREF(values[i]);
         Py_XDECREF(size_obj);
         Py_XDECREF(header);
-        if (request == NULL) goto error;
-        int appended = PyList_Append(requests, request);
-        Py_DECREF(request);
+        Py_XDECREF(request);
         if (appended < 0) goto error;
         pos += SIZE_PREFIX + size;
         used += size;
@@ -268,10 +269,11 @@ static PyObject *cut(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     Py_XDECREF(client_id);
     PyBuffer_Release(&view);
-    return Py_BuildValue("(NnL)", requests, pos, used);
+    return Py_BuildValue("(NnLN)", requests, pos, used, correlation_ids);
 error:
     Py_XDECREF(client_id);
     Py_XDECREF(requests);
+    Py_XDECREF(correlation_ids);
     PyBuffer_Release(&view);
     return NULL;
 }

@@ -8,5 +8,6 @@ class Layout:
 
 def cut(buffer: bytes | bytearray, pos: int, max_count: int, budget: int, max_receive: int, table: bytearray,
         header: Layout, request: Layout, owner: Any, first_token: int, now: float, pool: Any, /,
-        ) -> tuple[list[Any], int, int]:
-    """Whole frames at ``buffer[pos:]`` as requests (see the C docstring): (requests, pos, used bytes)."""
+        ) -> tuple[list[Any], int, int, list[int]]:
+    """Whole frames at ``buffer[pos:]`` as requests (see the C docstring): (requests, pos, used bytes,
+    correlation ids)."""

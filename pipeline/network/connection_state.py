@@ -310,15 +310,15 @@ class ConnectionState:
         if at is None:
             return []
         pool = self._pool
-        requests, position, used = cut(at[0], at[1], room, pool.available, decoder.max_receive_bytes,
-                                       FAST_PATH_TABLE, _HEADER_LAYOUT, make, owner, self._sequencer.next_token,
-                                       now, pool)
+        requests, position, used, correlation_ids = cut(
+            at[0], at[1], room, pool.available, decoder.max_receive_bytes, FAST_PATH_TABLE, _HEADER_LAYOUT, make,
+            owner, self._sequencer.next_token, now, pool)
         if not requests:
             return requests
         if not pool.try_allocate(used):  # pragma: no cover - cut stays within pool.available
             raise AssertionError(f"{used} bytes cut from a pool with {pool.available} available")
         decoder.skip_to(position)
-        self._sequencer.register_all([r.header.correlation_id for r in requests])
+        self._sequencer.register_all(correlation_ids)
         self.mute_reason = None
         self._frame_started = now if decoder.buffered_bytes else None
         self._last_activity = now

@@ -212,15 +212,17 @@ def test_the_fast_path_takes_a_run_of_plain_requests_in_one_call() -> None:
 
 
 def test_cut_stops_at_the_count_and_the_byte_budget() -> None:
-    body = header(3, 1, 0, b"c", b"\xff\xff\xff\xff")
-    parse_request_header(body)
-    data = (struct.pack(">i", len(body)) + body) * 5
-    requests, pos, used = cut(data, 0, 3, 1 << 20, 1 << 20, FAST_PATH_TABLE, layout(RequestHeader),
-                              _REQUEST_LAYOUT, None, 7, 0.0, None)
-    assert [r.token for r in requests] == [7, 8, 9] and pos == 3 * (4 + len(body)) and used == 3 * len(body)
-    requests, pos, used = cut(data, pos, 10, 2 * len(body) - 1, 1 << 20, FAST_PATH_TABLE, layout(RequestHeader),
-                              _REQUEST_LAYOUT, None, 10, 0.0, None)
-    assert len(requests) == 1 and used == len(body)
+    bodies_ = [header(3, 1, 40 + i, b"c", b"\xff\xff\xff\xff") for i in range(5)]
+    parse_request_header(bodies_[0])
+    size = len(bodies_[0])
+    data = b"".join(struct.pack(">i", len(b)) + b for b in bodies_)
+    requests, pos, used, cids = cut(data, 0, 3, 1 << 20, 1 << 20, FAST_PATH_TABLE, layout(RequestHeader),
+                                    _REQUEST_LAYOUT, None, 7, 0.0, None)
+    assert [r.token for r in requests] == [7, 8, 9] and pos == 3 * (4 + size) and used == 3 * size
+    assert cids == [r.header.correlation_id for r in requests] == [40, 41, 42]
+    requests, pos, used, cids = cut(data, pos, 10, 2 * size - 1, 1 << 20, FAST_PATH_TABLE, layout(RequestHeader),
+                                    _REQUEST_LAYOUT, None, 10, 0.0, None)
+    assert len(requests) == 1 and used == size and cids == [43]
     with pytest.raises(ValueError, match="pos outside"):
         cut(data, len(data) + 1, 1, 1, 1, FAST_PATH_TABLE, layout(RequestHeader), _REQUEST_LAYOUT, None, 0, 0.0, None)
 
