@@ -63,20 +63,26 @@ def test_well_formed_frames_take_the_fast_path(version: int) -> None:
         assert apis.decode_produce(header, frame + b"\x00\x01trailing") == view
 
 
+def _mutants(rng: random.Random, base: bytes, body_at: int, count: int, max_flips: int, cut_step: int = 1,
+             ) -> list[bytes]:
+    """``base`` cut after each ``cut_step``-th body byte, then ``count`` copies with 1..``max_flips``
+    body bytes set to edge values (0, 1, 0x7F, 0x80, 0xFF) or random ones."""
+    mutants = [base[:cut] for cut in range(body_at, len(base), cut_step)]
+    for _ in range(count):
+        m = bytearray(base)
+        for _ in range(rng.randint(1, max_flips)):
+            i = rng.randrange(body_at, len(m))
+            m[i] = rng.choice((0x00, 0x01, 0x7F, 0x80, 0xFF, rng.randrange(256)))
+        mutants.append(bytes(m))
+    return mutants
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_mutations_never_change_the_outcome(version: int) -> None:
     rng = random.Random(version)
     for base in _frames(version):
         header = parse_request_header(base)
-        body_at = header.body_offset
-        mutants = [base[:cut] for cut in range(body_at, len(base))]
-        for _ in range(400):
-            m = bytearray(base)
-            for _ in range(rng.randint(1, 3)):
-                i = rng.randrange(body_at, len(m))
-                m[i] = rng.choice((0x00, 0x01, 0x7F, 0x80, 0xFF, rng.randrange(256)))
-            mutants.append(bytes(m))
-        for mutant in mutants:
+        for mutant in _mutants(rng, base, header.body_offset, 400, 3):
             fast = _fast(header, mutant)
             general = _general(header, mutant)
             if fast is not None:
@@ -174,16 +180,8 @@ def test_plain_produce_body_is_produce_body_and_summarize_of_each_partition(vers
     accepted = 0
     for base in _plain_frames(version):
         header = parse_request_header(base)
-        body_at = header.body_offset
         mutants = [base, bytearray(base), base + b"\x00trailing"]
-        mutants += [base[:cut] for cut in range(body_at, len(base), 3)]
-        for _ in range(150):
-            m = bytearray(base)
-            for _ in range(rng.randint(1, 2)):
-                i = rng.randrange(body_at, len(m))
-                m[i] = rng.choice((0x00, 0x01, 0x7F, 0x80, 0xFF, rng.randrange(256)))
-            mutants.append(bytes(m))
-        for mutant in mutants:
+        for mutant in mutants + _mutants(rng, base, header.body_offset, 150, 2, cut_step=3):
             got = apis.plain_produce_body(header, mutant)
             assert got == _plain_expected(header, mutant), bytes(mutant)
             accepted += got is not None
