@@ -282,6 +282,8 @@ static PyObject *columns(PyObject *self, PyObject *args) {
     int32_t *header_offsets = NULL;
     Py_ssize_t headers = 0;
     int any_headers = 0;
+    memset(&key, 0, sizeof(key)); /* all four: column_free of one never initialized is then a no-op */
+    memset(&value, 0, sizeof(value));
     memset(&hkey, 0, sizeof(hkey));
     memset(&hvalue, 0, sizeof(hvalue));
     if (column_init(&key, rows) < 0 || column_init(&value, rows) < 0) goto done;
@@ -723,6 +725,117 @@ static PyObject *plain_produce(PyObject *self, PyObject *args) {
     return result;
 }
 
+PyDoc_STRVAR(plain_run_doc,
+"plain_run(requests, start, checked, now, min_timeout_ms, min_timestamp_ms, max_timestamp_ms)\n"
+"    -> (plains, next)\n\n"
+"The handler's produce run over ``requests[start:]`` (objects with ``header`` (api_key, api_version,\n"
+"body_offset), ``frame``, ``received_at`` and ``dequeued_at``): each Produce v3-v11 request whose\n"
+"frame is bytes or bytearray, whose body ``plain_produce`` reads, and whose every (topic, partition)\n"
+"is True in ``checked`` (the run's memo of partition checks) becomes (request, acks, deadline,\n"
+"parts), with deadline = received_at + max(timeout_ms, min_timeout_ms) / 1000 (s), and gets\n"
+"dequeued_at = now. It stops at the first other request; ``next`` is its index (len(requests) if\n"
+"none). Returns the plains in order.");
+
+static PyObject *plain_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static PyObject *s_header, *s_frame, *s_api_key, *s_api_version, *s_body_offset, *s_received_at,
+        *s_dequeued_at;
+    if (s_header == NULL) {
+        s_header = PyUnicode_InternFromString("header");
+        s_frame = PyUnicode_InternFromString("frame");
+        s_api_key = PyUnicode_InternFromString("api_key");
+        s_api_version = PyUnicode_InternFromString("api_version");
+        s_body_offset = PyUnicode_InternFromString("body_offset");
+        s_received_at = PyUnicode_InternFromString("received_at");
+        s_dequeued_at = PyUnicode_InternFromString("dequeued_at");
+        if (!s_header || !s_frame || !s_api_key || !s_api_version || !s_body_offset || !s_received_at
+                || !s_dequeued_at)
+            return NULL;
+    }
+    if (nargs != 7 || !PyList_Check(args[0]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "plain_run(requests: list, start, checked: dict, now, min_timeout_ms, "
+                                         "min_timestamp_ms, max_timestamp_ms)");
+        return NULL;
+    }
+    PyObject *requests = args[0], *checked = args[2], *now = args[3];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    long long min_timeout = PyLong_AsLongLong(args[4]);
+    long long min_ts = PyLong_AsLongLong(args[5]), max_ts = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    if (i < 0) i = 0;
+    PyObject *plains = PyList_New(0);
+    if (plains == NULL) return NULL;
+    for (; i < PyList_GET_SIZE(requests); i++) {
+        PyObject *request = PyList_GET_ITEM(requests, i);
+        PyObject *header = NULL, *frame = NULL, *body = NULL, *value = NULL;
+        long api_key = -1, version = -1;
+        Py_ssize_t body_offset = -1;
+        int take = 0;
+        if ((header = PyObject_GetAttr(request, s_header)) == NULL) goto error;
+        if ((value = PyObject_GetAttr(header, s_api_key)) == NULL) goto error_item;
+        api_key = PyLong_AsLong(value);
+        Py_CLEAR(value);
+        if ((value = PyObject_GetAttr(header, s_api_version)) == NULL) goto error_item;
+        version = PyLong_AsLong(value);
+        Py_CLEAR(value);
+        if ((value = PyObject_GetAttr(header, s_body_offset)) == NULL) goto error_item;
+        body_offset = PyLong_AsSsize_t(value);
+        Py_CLEAR(value);
+        if (PyErr_Occurred()) goto error_item;
+        if (api_key != 0 || version < 3 || version > 11) goto stop_item;
+        if ((frame = PyObject_GetAttr(request, s_frame)) == NULL) goto error_item;
+        if (!PyBytes_CheckExact(frame) && !PyByteArray_CheckExact(frame)) goto stop_item;
+        Py_buffer view;
+        if (PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE) < 0) goto error_item;
+        body = walk_produce(&view, body_offset, version >= 9, 1, min_ts, max_ts);
+        PyBuffer_Release(&view);
+        if (body == NULL) goto error_item;
+        if (body == Py_None) goto stop_item;
+        /* (acks, timeout_ms, parts): every part's (topic, partition) checked True in this run */
+        PyObject *parts = PyTuple_GET_ITEM(body, 2);
+        take = 1;
+        for (Py_ssize_t k = 0; take && k < PyList_GET_SIZE(parts); k++) {
+            PyObject *key = PyTuple_GetSlice(PyList_GET_ITEM(parts, k), 0, 2);
+            if (key == NULL) goto error_item;
+            PyObject *ok = PyDict_GetItemWithError(checked, key);
+            Py_DECREF(key);
+            if (ok == NULL && PyErr_Occurred()) goto error_item;
+            take = ok == Py_True;
+        }
+        if (!take) goto stop_item;
+        long long timeout_ms = PyLong_AsLongLong(PyTuple_GET_ITEM(body, 1));
+        if ((value = PyObject_GetAttr(request, s_received_at)) == NULL) goto error_item;
+        double received_at = PyFloat_AsDouble(value);
+        Py_CLEAR(value);
+        if (PyErr_Occurred()) goto error_item;
+        double deadline = received_at + (double)(timeout_ms > min_timeout ? timeout_ms : min_timeout) / 1000.0;
+        if (PyObject_SetAttr(request, s_dequeued_at, now) < 0) goto error_item;
+        PyObject *plain = Py_BuildValue("(OOdO)", request, PyTuple_GET_ITEM(body, 0), deadline, parts);
+        if (plain == NULL) goto error_item;
+        int appended = PyList_Append(plains, plain);
+        Py_DECREF(plain);
+        if (appended < 0) goto error_item;
+        Py_DECREF(header);
+        Py_DECREF(frame);
+        Py_DECREF(body);
+        continue;
+    stop_item:
+        Py_XDECREF(header);
+        Py_XDECREF(frame);
+        Py_XDECREF(body);
+        break;
+    error_item:
+        Py_XDECREF(header);
+        Py_XDECREF(frame);
+        Py_XDECREF(body);
+        Py_XDECREF(value);
+        goto error;
+    }
+    return Py_BuildValue("(Nn)", plains, i);
+error:
+    Py_DECREF(plains);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------ max_timestamp */
 
 PyDoc_STRVAR(max_timestamp_doc,
@@ -768,6 +881,7 @@ static PyMethodDef methods[] = {
     {"summarize", summarize, METH_VARARGS, summarize_doc},
     {"produce_body", produce_body, METH_VARARGS, produce_body_doc},
     {"plain_produce", plain_produce, METH_VARARGS, plain_produce_doc},
+    {"plain_run", (PyCFunction)(void (*)(void))plain_run, METH_FASTCALL, plain_run_doc},
     {"max_timestamp", max_timestamp, METH_VARARGS, max_timestamp_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -778,6 +778,18 @@ def plain_produce_body(header: RequestHeader, frame: bytes | bytearray | memoryv
     return None
 
 
+def plain_produce_run(requests: list[Any], start: int, checked: dict[tuple[str, int], bool], now: float,
+                      min_timeout_ms: int) -> tuple[list[tuple[Any, int, float, list[tuple[str, int, bytes, int, int]]]], int]:
+    """``plain_produce_body`` of ``requests[start:]`` in one C call (``pipeline._records.plain_run``),
+    for a handler's produce run: each Produce request (objects with ``header``, ``frame``,
+    ``received_at``, ``dequeued_at``) that ``plain_produce_body`` reads and whose every
+    (topic, partition) is True in ``checked`` becomes ``(request, acks, deadline, parts)``, deadline
+    ``received_at + max(timeout_ms, min_timeout_ms) / 1000`` (s), its ``dequeued_at`` set to
+    ``now``; returns them and the index of the first request it left (``len(requests)`` if none).
+    """
+    return _records.plain_run(requests, start, checked, now, min_timeout_ms, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
+
+
 @fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class PartitionResult:

@@ -279,6 +279,17 @@ class KafkaApis:
         self.stats.requests += 1
         return request, acks, deadline, parts
 
+    def plain_produces(self, requests: list[Request], start: int, checked: dict[tuple[str, int], bool],
+                       now: float) -> tuple[list[PlainProduce], int]:
+        """``plain_produce`` of ``requests[start:]`` while each is a plain Produce request whose
+        partitions are all checked True in ``checked`` (the run's memo), in one C call
+        (``apis.plain_produce_run``), each request's ``dequeued_at`` set to ``now``: the
+        PlainProduces, and the index of the first request left to ``plain_produce`` or
+        ``handle``. Ask ``runs_allowed`` first; the same results as ``plain_produce`` one by one."""
+        plains, end = apis.plain_produce_run(requests, start, checked, now, MIN_PRODUCE_TIMEOUT_MS)
+        self.stats.requests += len(plains)
+        return plains, end
+
     def sequence_run(self, run: list[PlainProduce]) -> None:
         """Sequence a run of ``plain_produce`` requests, in order, as ``handle`` would one by one.
 
@@ -756,7 +767,19 @@ class RequestHandler:
         checked: dict[tuple[str, int], bool] = {}
         writable: dict[str, bool] = {}
         allowed: bool | None = None  # runs_allowed, asked at the first Produce request
-        for request in requests:
+        i, count = 0, len(requests)
+        while i < count:
+            if allowed and checked:
+                # The plain Produce requests whose partitions this run has checked, in one C call.
+                try:
+                    plains, i = apis_.plain_produces(requests, i, checked, now)
+                except Exception:
+                    plains = []  # plain_produce and handle() meet the same request, one by one
+                run += plains
+                if i >= count:
+                    break
+            request = requests[i]
+            i += 1
             request.dequeued_at = now
             if request.header.api_key == PRODUCE:
                 if allowed is None:

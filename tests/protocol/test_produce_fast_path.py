@@ -189,3 +189,37 @@ def test_plain_produce_body_is_produce_body_and_summarize_of_each_partition(vers
     first = _plain_frames(version)[0]
     assert apis.plain_produce_body(parse_request_header(first), first) is not None
     assert apis.plain_produce_body(parse_request_header(first), memoryview(first)) is None  # the general path's
+
+
+def test_plain_produce_run_takes_what_plain_produce_body_takes_while_every_partition_is_checked() -> None:
+    """The handler's run in one C call (``plain_produce_run``): a request is taken, as
+    ``plain_produce_body`` reads it, with its deadline and ``dequeued_at``, while its body is
+    plain and each of its partitions is True in the run's memo; it stops at the first other."""
+    from pipeline.network.request_channel import Request
+
+    frames = _plain_frames(9)
+    plain, two_partitions, acks0, bad_acks = frames[0], frames[1], frames[2], frames[3]
+
+    def request(frame: bytes | bytearray | memoryview, received_at: float = 10.0) -> Request:
+        return Request(None, parse_request_header(bytes(frame)), frame, 0, received_at)  # type: ignore[arg-type]
+
+    checked = {("events", 0): True, ("events", 2): True, ("audit", 1): True}
+    requests = [request(plain), request(bytearray(acks0), 11.5), request(two_partitions), request(bad_acks),
+                request(plain)]
+    plains, end = apis.plain_produce_run(requests, 0, checked, 99.0, 1000)
+    assert end == 3 and [p[0] for p in plains] == requests[:3]
+    for (req, acks, deadline, parts), frame in zip(plains, (plain, acks0, two_partitions)):
+        want_acks, timeout_ms, want_parts = apis.plain_produce_body(req.header, frame)
+        assert (acks, parts) == (want_acks, want_parts)
+        assert deadline == req.received_at + max(timeout_ms, 1000) / 1000.0
+        assert req.dequeued_at == 99.0
+    assert requests[3].dequeued_at == -1.0  # left to the Python path
+    assert apis.plain_produce_run(requests, 4, checked, 99.0, 1000)[1] == 5
+    # A partition not checked yet, or checked False, leaves the request to plain_produce.
+    assert apis.plain_produce_run(requests, 2, {("events", 0): True, ("events", 2): True}, 0.0, 1000) == ([], 2)
+    assert apis.plain_produce_run(requests, 0, {("events", 0): False}, 0.0, 1000) == ([], 0)
+    # Not a plain body, not Produce, or a frame that is no bytes: left too.
+    assert apis.plain_produce_run([request(frames[5])], 0, checked, 0.0, 1000) == ([], 0)  # idempotent
+    metadata = request(request_frame(sample_request(3, 12)))
+    assert apis.plain_produce_run([metadata], 0, checked, 0.0, 1000) == ([], 0)
+    assert apis.plain_produce_run([request(memoryview(plain))], 0, checked, 0.0, 1000) == ([], 0)
