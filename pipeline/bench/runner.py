@@ -55,8 +55,8 @@ from pipeline.bench import verify
 from pipeline.bench.frames import parse_record_key
 from pipeline.bench.loadgen import LoadSpec, split_requests
 from pipeline.bench.options import HEADLINE_MAX_S, HEADLINE_SHAPE, BenchOptions
-from pipeline.bench.processes import (ManagedProcess, Sampler,
-                                      machine)
+from pipeline.bench.processes import (ManagedProcess, Sampler, counter,
+                                      machine, scrape_metrics)
 
 LOAD_GRACE_S = 240.0
 """A load generator may run this much longer than its duration bound (set-up,
@@ -304,6 +304,31 @@ WARMUP_SHAPE = (4, 5, -1)
 """(C, K, acks) of each server's warm-up load: a fresh server's first Spark
 writes take seconds (JIT, directory creation), which no run should measure."""
 WARMUP_S = 1.5
+
+
+TABLE_WAIT_S = 60.0
+"""Bound on the wait, before each paired acks=0 run, for the server's table side to take what
+the previous one left (``_wait_for_table``)."""
+
+
+def _wait_for_table(server: ManagedProcess, timeout_s: float = TABLE_WAIT_S) -> float | None:
+    """Wait until the server holds no record for the table (``pipeline_buffered_records`` 0:
+    none waiting for or in a WAL write or a Spark flush), polled every 100 ms; returns the
+    seconds waited, None if the metrics cannot be read or the bound passed first. An acks=0
+    run leaves seconds of Spark flushes behind it (~1.4 M records), whose CPU the next run
+    would otherwise share: each paired run starts, as the first does, with none."""
+    if server.metrics_port is None:
+        return None
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        try:
+            buffered = counter(scrape_metrics(server.metrics_port), "pipeline_buffered_records")
+        except OSError:
+            return None
+        if buffered == 0:
+            return time.monotonic() - started
+        time.sleep(0.1)
+    return None
 
 
 def _warm_up(config: ServerConfiguration, server: ManagedProcess, opts: BenchOptions, out: Path) -> dict:
@@ -555,8 +580,13 @@ def main(opts: BenchOptions) -> int:
                                             max_requests=_request_bound(opts, ceiling, c, k, acks),
                                             duration_s=opts.duration)
                             ceiling_rps = None
+                            table_wait_s = None
                             if pairs:
                                 assert echo is not None and echo_sampler is not None
+                                if pair:
+                                    step(f"{config.name}: C={c} K={k} acks={acks}, pair {pair + 1}/{pairs}: "
+                                         "waiting for the table side")
+                                    table_wait_s = _wait_for_table(server)
                                 step(f"{config.name}: C={c} K={k} acks={acks}, pair {pair + 1}/{pairs}: ceiling")
                                 echo_run, echo_figures, echo_entry = _ceiling_run(
                                     opts, out, echo, echo_sampler, c, k, f"ceiling-c{c}-k{k}-{config.name}-pair{pair}")
@@ -569,6 +599,7 @@ def main(opts: BenchOptions) -> int:
                             if pairs:
                                 o.shape["pair"] = pair
                                 o.shape["pair_ceiling_requests_per_s"] = ceiling_rps
+                                o.shape["table_wait_s"] = table_wait_s
                             outcomes[config.name].append(o)
                         step(advance=1)
                         if server.proc is not None and server.proc.poll() is not None:

@@ -71,6 +71,8 @@ def test_bench_smoke(tmp_path):
     acks0 = {c["name"]: [r["shape"].get("pair") for r in c["runs"] if r["shape"]["acks"] == 0]
              for c in results["configurations"]}
     assert acks0 == {"baseline": [None], "multiqueue-q2": [0, 1], "shared-unmuted": [None]}
+    waits = [r["shape"]["table_wait_s"] for c in results["configurations"] for r in c["runs"] if "pair" in r["shape"]]
+    assert waits[0] is None and waits[1] is not None and 0 <= waits[1] < 60  # the table side took the first's
     paired = [r for r in results["ceiling"]["runs"] if "pair" in r["shape"]]
     assert [(r["paired_with"], r["shape"]["pair"], r["shape"]["connections"]) for r in paired] == [
         ("multiqueue-q2", 0, 4), ("multiqueue-q2", 1, 4)]
