@@ -726,10 +726,11 @@ static PyObject *plain_produce(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(plain_run_doc,
-"plain_run(requests, start, checked, now, min_timeout_ms, min_timestamp_ms, max_timestamp_ms)\n"
-"    -> (plains, next)\n\n"
+"plain_run(requests, start, checked, now, min_timeout_ms, min_timestamp_ms, max_timestamp_ms,\n"
+"          produce_key, first_version, last_version, first_flexible_version) -> (plains, next)\n\n"
 "The handler's produce run over ``requests[start:]`` (objects with ``header`` (api_key, api_version,\n"
-"body_offset), ``frame``, ``received_at`` and ``dequeued_at``): each Produce v3-v11 request whose\n"
+"body_offset), ``frame``, ``received_at`` and ``dequeued_at``): each request of api key produce_key\n"
+"and a version in [first_version, last_version] (flexible from first_flexible_version) whose\n"
 "frame is bytes or bytearray, whose body ``plain_produce`` reads, and whose every (topic, partition)\n"
 "is True in ``checked`` (the run's memo of partition checks) becomes (request, acks, deadline,\n"
 "parts), with deadline = received_at + max(timeout_ms, min_timeout_ms) / 1000 (s), and gets\n"
@@ -751,11 +752,14 @@ static PyObject *plain_run(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 || !s_dequeued_at)
             return NULL;
     }
-    if (nargs != 7 || !PyList_Check(args[0]) || !PyDict_Check(args[2])) {
+    if (nargs != 11 || !PyList_Check(args[0]) || !PyDict_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "plain_run(requests: list, start, checked: dict, now, min_timeout_ms, "
-                                         "min_timestamp_ms, max_timestamp_ms)");
+                                         "min_timestamp_ms, max_timestamp_ms, produce_key, first_version, "
+                                         "last_version, first_flexible_version)");
         return NULL;
     }
+    long produce_key = PyLong_AsLong(args[7]), first_version = PyLong_AsLong(args[8]);
+    long last_version = PyLong_AsLong(args[9]), first_flexible = PyLong_AsLong(args[10]);
     PyObject *requests = args[0], *checked = args[2], *now = args[3];
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
     long long min_timeout = PyLong_AsLongLong(args[4]);
@@ -781,12 +785,12 @@ static PyObject *plain_run(PyObject *self, PyObject *const *args, Py_ssize_t nar
         body_offset = PyLong_AsSsize_t(value);
         Py_CLEAR(value);
         if (PyErr_Occurred()) goto error_item;
-        if (api_key != 0 || version < 3 || version > 11) goto stop_item;
+        if (api_key != produce_key || version < first_version || version > last_version) goto stop_item;
         if ((frame = PyObject_GetAttr(request, s_frame)) == NULL) goto error_item;
         if (!PyBytes_CheckExact(frame) && !PyByteArray_CheckExact(frame)) goto stop_item;
         Py_buffer view;
         if (PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE) < 0) goto error_item;
-        body = walk_produce(&view, body_offset, version >= 9, 1, min_ts, max_ts);
+        body = walk_produce(&view, body_offset, version >= first_flexible, 1, min_ts, max_ts);
         PyBuffer_Release(&view);
         if (body == NULL) goto error_item;
         if (body == Py_None) goto stop_item;

@@ -29,7 +29,8 @@ def plain_produce(frame: bytes | bytearray, pos: int, flexible: bool, min_timest
     body (see the C docstring), or None."""
 
 def plain_run(requests: list[Any], start: int, checked: dict[tuple[str, int], bool], now: float,
-              min_timeout_ms: int, min_timestamp_ms: int, max_timestamp_ms: int, /,
+              min_timeout_ms: int, min_timestamp_ms: int, max_timestamp_ms: int, produce_key: int,
+              first_version: int, last_version: int, first_flexible_version: int, /,
               ) -> tuple[list[tuple[Any, int, float, list[tuple[str, int, bytes, int, int]]]], int]:
     """(request, acks, deadline, parts) of each plain Produce request from ``start`` on whose partitions are
     all checked True, and the index it stopped at (see the C docstring)."""

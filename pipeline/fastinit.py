@@ -33,6 +33,22 @@ T = TypeVar("T", bound=type)
 _MISSING = dataclasses.MISSING
 
 
+def _slotted_fields(cls: type, user: str, frozen: bool) -> tuple[dataclasses.Field, ...]:
+    """The fields of ``cls``, a slotted dataclass (frozen too if ``frozen``) without
+    ``__post_init__`` whose fields are all plain positional ones (no default factory, no
+    ``init=False``, no keyword-only); else TypeError naming ``user``."""
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or (frozen and not params.frozen) or "__slots__" not in cls.__dict__:
+        raise TypeError(f"{cls.__name__}: {user} needs @dataclass({'frozen=True, ' if frozen else ''}slots=True)")
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__}: {user} does not run __post_init__")
+    fields = dataclasses.fields(cls)
+    for f in fields:
+        if f.default_factory is not _MISSING or not f.init or f.kw_only:
+            raise TypeError(f"{cls.__name__}.{f.name}: {user} takes plain positional fields only")
+    return fields
+
+
 def fast_frozen_init(cls: T) -> T:
     """Class decorator (put it above ``@dataclass``): see the module docstring.
 
@@ -40,17 +56,10 @@ def fast_frozen_init(cls: T) -> T:
         TypeError: ``cls`` is not a frozen slotted dataclass, has a
             ``__post_init__``, or a field with a default factory or ``init=False``.
     """
-    params = getattr(cls, "__dataclass_params__", None)
-    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
-        raise TypeError(f"{cls.__name__}: fast_frozen_init needs @dataclass(frozen=True, slots=True)")
-    if hasattr(cls, "__post_init__"):
-        raise TypeError(f"{cls.__name__}: fast_frozen_init does not run __post_init__")
     namespace: dict[str, object] = {}
     args: list[str] = []
     body: list[str] = []
-    for f in dataclasses.fields(cls):
-        if f.default_factory is not _MISSING or not f.init or f.kw_only:
-            raise TypeError(f"{cls.__name__}.{f.name}: fast_frozen_init takes plain positional fields only")
+    for f in _slotted_fields(cls, "fast_frozen_init", frozen=True):
         if f.default is _MISSING:
             args.append(f.name)
         else:
@@ -79,15 +88,5 @@ def layout(cls: type) -> Layout:
         TypeError: ``cls`` is not a slotted dataclass with plain positional fields (the same
             checks as ``fast_frozen_init``, frozen or not).
     """
-    params = getattr(cls, "__dataclass_params__", None)
-    if params is None or "__slots__" not in cls.__dict__:
-        raise TypeError(f"{cls.__name__}: layout needs @dataclass(slots=True)")
-    if hasattr(cls, "__post_init__"):
-        raise TypeError(f"{cls.__name__}: layout does not run __post_init__")
-    names, defaults = [], []
-    for f in dataclasses.fields(cls):
-        if f.default_factory is not _MISSING or not f.init or f.kw_only:
-            raise TypeError(f"{cls.__name__}.{f.name}: layout takes plain positional fields only")
-        names.append(f.name)
-        defaults.append(f.default)
-    return Layout(cls, tuple(names), tuple(defaults), _MISSING)
+    fields = _slotted_fields(cls, "layout", frozen=False)
+    return Layout(cls, tuple(f.name for f in fields), tuple(f.default for f in fields), _MISSING)

@@ -725,6 +725,8 @@ def produce_view(request: Any) -> ProduceRequestView:
 
 
 _FIRST_FLEXIBLE_PRODUCE = 9
+_PRODUCE_FIRST, _PRODUCE_LAST = SUPPORTED_VERSIONS[PRODUCE]
+"""The Produce versions the C readers (``produce_body``, ``plain_produce_body``, ``plain_produce_run``) take."""
 
 
 def decode_produce(header: RequestHeader, frame: bytes | bytearray | memoryview) -> ProduceRequestView:
@@ -758,7 +760,7 @@ def produce_body(header: RequestHeader,
     or None when it declines and ``decode_produce``'s general path decides (it accepts the
     request, with the same result, or raises). Never raises.
     """
-    if header.api_key == PRODUCE and 3 <= header.api_version <= 11 and isinstance(frame, (bytes, bytearray)):
+    if header.api_key == PRODUCE and _PRODUCE_FIRST <= header.api_version <= _PRODUCE_LAST and isinstance(frame, (bytes, bytearray)):
         return _records.produce_body(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE)
     return None
 
@@ -772,7 +774,7 @@ def plain_produce_body(header: RequestHeader, frame: bytes | bytearray | memoryv
     ``validate_records`` checks them) and from a producer that is not idempotent or transactional;
     None for any other request, which the general path then accepts or refuses. Never raises.
     """
-    if header.api_key == PRODUCE and 3 <= header.api_version <= 11 and isinstance(frame, (bytes, bytearray)):
+    if header.api_key == PRODUCE and _PRODUCE_FIRST <= header.api_version <= _PRODUCE_LAST and isinstance(frame, (bytes, bytearray)):
         return _records.plain_produce(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE,
                                       MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
     return None
@@ -787,7 +789,8 @@ def plain_produce_run(requests: list[Any], start: int, checked: dict[tuple[str, 
     ``received_at + max(timeout_ms, min_timeout_ms) / 1000`` (s), its ``dequeued_at`` set to
     ``now``; returns them and the index of the first request it left (``len(requests)`` if none).
     """
-    return _records.plain_run(requests, start, checked, now, min_timeout_ms, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
+    return _records.plain_run(requests, start, checked, now, min_timeout_ms, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS,
+                              PRODUCE, _PRODUCE_FIRST, _PRODUCE_LAST, _FIRST_FLEXIBLE_PRODUCE)
 
 
 @fast_frozen_init
