@@ -499,23 +499,33 @@ def _timed_consume(server: ManagedProcess, client: str, topic: str, acked: dict[
 def _wait_for_retention(server: ManagedProcess, log_path: Path, wal_dir: Path, acked: dict[int, int],
                         timeout_s: float, console: Console) -> dict:
     """Trickle records to a side topic (each table commit lets retention run) until no segment holds
-    ``TOPIC`` or ``timeout_s`` passes. Returns what was deleted and what is left."""
+    ``TOPIC`` and the server has logged the deletion, or ``timeout_s`` passes. Returns what was deleted
+    and what is left.
+
+    Both are awaited: the server deletes the segment files (in a worker thread) before it logs
+    ``log retention: N WAL segment(s) deleted`` (``LogManager.wal_truncated``), so files already gone
+    do not mean the line is written yet.
+    """
     from confluent_kafka import Producer
+
+    def deleted() -> int:
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        return sum(int(m.group(1)) for m in RETENTION_LINE.finditer(text))
 
     producer = Producer({"bootstrap.servers": f"127.0.0.1:{server.port}"})
     deadline = time.monotonic() + timeout_s
     left = records_in_wal(wal_dir, TOPIC)
+    # Retention may have run before the first look (at the start's first commit): the line is counted then.
+    deleted_segments = deleted()
     try:
-        while left and time.monotonic() < deadline:
+        while (left or not deleted_segments) and time.monotonic() < deadline:
             producer.produce(NUDGE_TOPIC, value=b"x" * 1024)
             producer.flush(10)
             time.sleep(0.5)
             left = records_in_wal(wal_dir, TOPIC)
+            deleted_segments = deleted()
     finally:
         producer.flush(10)
-    # Read after the loop too: retention may have run before the first look (at the start's first commit).
-    text = log_path.read_text(errors="replace")
-    deleted_segments = sum(int(m.group(1)) for m in RETENTION_LINE.finditer(text))
     in_wal = sum(max(0, acked.get(p, 0) - low) for p, low in left.items())
     total = sum(acked.values())
     console.print(f"log retention deleted {deleted_segments} WAL segment(s); {in_wal} of {total} records "
