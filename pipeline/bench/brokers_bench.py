@@ -86,15 +86,19 @@ HISTOGRAM_MAX_US = 600_000_000
 # ------------------------------------------------------------------- producers
 
 
-def _producer(bootstrap: str, topic: str, records: int, record_bytes: int, timeout_s: float, barrier: Barrier,
-              out: Queue[dict]) -> None:
-    """One producer process: ``security_bench.produce`` at librdkafka's defaults, started by ``barrier``;
-    puts its figures (or ``{"error": text}``) on ``out``."""
+def _producer(bootstrap: str, topic: str, records: int, record_bytes: int, timeout_s: float, ready: Barrier,
+              start: Barrier, out: Queue[dict]) -> None:
+    """One producer process: ``security_bench.produce`` at librdkafka's defaults; once set up it waits
+    at ``ready`` (all producers set up), then at ``start`` (the parent's CPU readings are taken), then
+    produces. Puts its figures (or ``{"error": text}``) on ``out``."""
     from pipeline.bench.security_bench import produce
 
+    def go() -> None:
+        ready.wait(120)
+        start.wait(120)
+
     try:
-        figures = produce({"bootstrap.servers": bootstrap}, topic, records, record_bytes, timeout_s,
-                          go=lambda: barrier.wait(120))
+        figures = produce({"bootstrap.servers": bootstrap}, topic, records, record_bytes, timeout_s, go=go)
         figures["acked"] = {str(p): n for p, n in figures["acked"].items()}
         out.put(figures)
     except Exception as exc:  # noqa: BLE001 - reported in the row
@@ -324,16 +328,23 @@ def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: 
                     lambda: kcat_produce(bootstrap, topics[1:], inputs, per, opts.record_bytes, opts.timeout_s))
             else:
                 ctx = multiprocessing.get_context("spawn")
-                out, barrier = ctx.Queue(), ctx.Barrier(opts.producers + 1)
+                out = ctx.Queue()
+                ready, start = ctx.Barrier(opts.producers + 1), ctx.Barrier(opts.producers + 1)
                 workers = [ctx.Process(target=_producer, args=(bootstrap, topics[1 + i], per, opts.record_bytes,
-                                                               opts.timeout_s, barrier, out), daemon=True)
+                                                               opts.timeout_s, ready, start, out), daemon=True)
                            for i in range(opts.producers)]
+
+                def load() -> list[dict]:
+                    # The producers start only now, after _measured's first CPU readings: a 20,000-record
+                    # load can end within the tenths of a second those readings take.
+                    start.wait(180)
+                    return [out.get(timeout=opts.timeout_s + 120) for _ in workers]
+
                 try:
                     for w in workers:
                         w.start()
-                    barrier.wait(180)
-                    figures, broker_window, broker_cpu, connect_window = _measured(
-                        proc.pid, n, connect_pid, lambda: [out.get(timeout=opts.timeout_s + 120) for _ in workers])
+                    ready.wait(180)
+                    figures, broker_window, broker_cpu, connect_window = _measured(proc.pid, n, connect_pid, load)
                 finally:
                     for w in workers:
                         w.join(30)
