@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the commands import these lazily: `pipeline --help` and `to
     from pipeline.metrics import MetricsEndpoint
     from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.server import Server
+    from pipeline.table.catalog import TableConfig
 
 log = logging.getLogger("pipeline")
 
@@ -268,6 +269,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     log.info("listening on %s:%d (%s, %s)", other_host, other_port, name, protocol)
                     print(f"pipeline {config.mode.value}: listening on {other_host}:{other_port} ({name})",
                           flush=True)
+                if server.registry_url is not None:
+                    print(f"pipeline {config.mode.value}: schema registry on {server.registry_url}", flush=True)
                 nursery.start_soon(watch_signals)
                 if early:
                     nursery.start_soon(start_table_side)
@@ -490,6 +493,20 @@ def _table_lock(config: ServerConfig) -> LeaseLock | None:
                      renew_ms=config.broker_heartbeat_interval_ms)
 
 
+def _table_config(config: ServerConfig) -> TableConfig:
+    """``config.table``, its writer schemas looked up in pipeline's own registry's store when it serves
+    one and no external ``schema.registry.url`` is set."""
+    if config.table.schema_registry is not None or config.schema_registry_listener is None:
+        return config.table
+    import dataclasses
+
+    from pipeline.metadata.database import store_target
+    from pipeline.registry.store import REGISTRY_FILE
+
+    return dataclasses.replace(config.table, schema_registry=str(store_target(config.metadata_url, config.data_dir,
+                                                                  REGISTRY_FILE)))
+
+
 def _group_sink(config: ServerConfig) -> SparkGroupSink:
     from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.server import state_dir
@@ -501,7 +518,7 @@ def _group_sink(config: ServerConfig) -> SparkGroupSink:
                           # or one per network namespace in tests/e2e/test_failover.py, on one shared volume).
                           state_dir=state_dir(config),
                           shared_table=config.cluster_brokers is not None or config.cluster_leadership == "database",
-                          table_config=config.table, metastore_uris=config.metastore_uris,
+                          table_config=_table_config(config), metastore_uris=config.metastore_uris,
                           connect_port=config.spark_connect_port or None if not config.spark_remote else None,
                           thrift_port=config.thrift_port or None if not config.spark_remote else None,
                           decode_niceness=DECODE_NICENESS_WITH_WAL_ACKS if config.ack_on == "wal" else 0,

@@ -185,6 +185,8 @@ class ServerConfig:
     authorizer_class_name: str = ""             # [authorizer.class.name]; empty: no authorizer
     super_users: str = ""                       # [super.users]
     allow_everyone_if_no_acl_found: bool = False  # [allow.everyone.if.no.acl.found]
+    schema_registry_listener: str | None = None  # [schema.registry.listeners] http[s]://HOST:PORT; None: off
+    schema_registry_authentication_method: str = "NONE"  # [schema.registry.authentication.method]
 
 
 # -- parsers: (value, text) -> value ---------------------------------------------------------
@@ -254,6 +256,22 @@ def choice(*options: str, convert: Callable[[str], Any] = str) -> Parser:
         return convert(value)
 
     return parse
+
+
+def registry_listener(value: Any, text: bool) -> str:
+    """The Schema Registry's listener, Confluent Schema Registry's ``listeners`` form:
+    ``http://HOST:PORT`` or ``https://HOST:PORT`` (one; port 0 picks a free one)."""
+    from urllib.parse import urlsplit
+
+    url = string(value, text)
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None or parts.path not in ("", "/"):
+        raise ValueError(f"expected http://HOST:PORT or https://HOST:PORT, got {url!r}")
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def listener_list(value: Any, text: bool) -> tuple[str, int, tuple | None]:
@@ -403,7 +421,7 @@ class Key:
             return None
         if self.parse is secret:
             return "[hidden]"
-        if self.parse is metadata_url:
+        if self.parse is metadata_url or self.parse is registry_listener:
             from pipeline.metadata.database import redact_url
 
             return redact_url(value)
@@ -668,6 +686,23 @@ _KEY_LIST: list[Key] = [
     Key("allow.everyone.if.no.acl.found", ("allow_everyone_if_no_acl_found",), boolean,
         "with the authorizer on: allow a resource that no ACL matches (else deny)",
         "--allow-everyone-if-no-acl-found", "true|false", group="security"),
+    # -- the Schema Registry (pipeline.registry)
+    Key("schema.registry.url", ("table.schema_registry",), registry_listener,
+        "an external Confluent-compatible registry (Confluent, Karapace, Apicurio, Redpanda; http[s]://"
+        "[USER:PASSWORD@]HOST:PORT) where avro topics' writer schemas are looked up by the id in a value's "
+        "wire-format header; unset: pipeline's own registry when schema.registry.listeners serves one",
+        "--schema-registry-url", "http[s]://HOST:PORT", unset="pipeline's own registry, if served",
+        group="schema registry"),
+    Key("schema.registry.listeners", ("schema_registry_listener",), registry_listener,
+        "serve a Confluent-compatible Schema Registry on this address: http://HOST:PORT, or https://HOST:PORT "
+        "with ssl.keystore.location's PEM certificate and key (port 0: a free one); its schemas are in the "
+        "metadata store, so every broker serves the same registry",
+        "--schema-registry-listeners", "http[s]://HOST:PORT", unset="off", group="schema registry"),
+    Key("schema.registry.authentication.method", ("schema_registry_authentication_method",),
+        choice("NONE", "BASIC"),
+        "NONE, or BASIC: every registry request needs HTTP basic authentication as one of the broker's "
+        "SCRAM users (`pipeline users add`)",
+        "--schema-registry-authentication-method", "NONE|BASIC", group="schema registry"),
 ]
 
 KEYS: dict[str, Key] = {k.name: k for k in _KEY_LIST}

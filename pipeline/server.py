@@ -273,8 +273,44 @@ class Server:
         self.handlers: list[RequestHandler] = []
         self.apis: KafkaApis | None = None
         self.coordinator: GroupCoordinatorService | None = None
+        self.registry_url: str | None = None
+        """The Schema Registry's base URL once it listens (``schema.registry.listeners``), else None."""
         self.io_wait = IoWaitMeter()
         """The event loop's time waiting for I/O while serving (NetworkProcessorAvgIdlePercent)."""
+
+    async def _serve_registry(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """The Schema Registry (``schema.registry.listeners``) until cancelled; reports its URL.
+
+        Raises:
+            ValueError: https with a PKCS12 keystore (the registry reads a PEM one) or none.
+            OSError: the address cannot be bound.
+        """
+        from urllib.parse import urlsplit
+
+        from pipeline.registry.http import RegistryListener, serve_registry
+        from pipeline.registry.service import SchemaRegistry
+        from pipeline.registry.store import SchemaStore
+
+        c = self.config
+        assert c.schema_registry_listener is not None
+        url = urlsplit(c.schema_registry_listener)
+        certfile = None
+        if url.scheme == "https":
+            if c.ssl_keystore_location is None or c.ssl_keystore_type != "PEM":
+                raise ValueError("schema.registry.listeners https:// needs a PEM ssl.keystore.location "
+                                 "(certificate chain and key)")
+            certfile = c.ssl_keystore_location
+        store = await trio.to_thread.run_sync(SchemaStore.for_data_dir, c.data_dir, c.metadata_url)
+        users = (UserStore.for_data_dir(c.data_dir, c.metadata_url)
+                 if c.schema_registry_authentication_method == "BASIC" else None)
+        try:
+            listener = RegistryListener(url.hostname or "127.0.0.1", url.port or 0, certfile=certfile)
+            await serve_registry(SchemaRegistry(store), listener, users.verify_plain if users else None,
+                                 task_status=task_status)
+        finally:
+            store.close()
+            if users is not None:
+                users.close()
 
     def recover(self) -> Recovered:
         """Replay the WAL into the table and rebuild offsets and producer state (blocking; the sink started).
@@ -589,6 +625,8 @@ class Server:
             await nursery.start(self.logs.run, wall_clock_ms)
             await nursery.start(self.fetch_apis.run)
             await nursery.start(self.sasl_apis.run)
+            if c.schema_registry_listener is not None:
+                self.registry_url = await nursery.start(self._serve_registry)
             if self.catalog.shared:
                 nursery.start_soon(self._watch_metadata, on_delete_topic)
             handlers_done = trio.Event()

@@ -215,6 +215,11 @@ class Supervisor:
             cmd += ["--advertised-listener", f"{member.host}:{member.port}"]
         if c.metrics_port is not None:
             cmd += ["--metrics-port", str(c.metrics_port + member.node_id if c.metrics_port else 0)]
+        if c.schema_registry_listener is not None:  # each broker serves the one registry on a port of its own
+            scheme, _, address = c.schema_registry_listener.partition("://")
+            host, _, port = address.rpartition(":")
+            cmd += ["--schema-registry-listeners",
+                    f"{scheme}://{host}:{int(port) + member.node_id if int(port) else 0}"]
         return cmd
 
     def run(self) -> int:

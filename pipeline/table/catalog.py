@@ -145,6 +145,10 @@ class TableConfig:
         compaction_min_files: ``table.compaction.min.files``.
         file_delete_delay_ms: ``file.delete.delay.ms``.
         topics: per-topic settings; a topic not named has the defaults.
+        schema_registry: where avro topics' values with a Schema Registry header have their
+            writer schema looked up by id (``pipeline.table.values.ValueFormat.registry``): the
+            ``schema.registry.url`` of an external registry, else pipeline's own registry's store
+            when it serves one; None: every value is read with its topic's ``value.schema``.
     """
 
     database: str = DEFAULT_DATABASE
@@ -152,6 +156,7 @@ class TableConfig:
     compaction_min_files: int = DEFAULT_COMPACTION_MIN_FILES
     file_delete_delay_ms: int = DEFAULT_FILE_DELETE_DELAY_MS
     topics: dict[str, TopicTableConfig] = field(default_factory=dict)
+    schema_registry: str | None = None
 
     def topic(self, name: str) -> TopicTableConfig:
         return self.topics.get(name) or TopicTableConfig()
@@ -355,7 +360,8 @@ class TableCatalog:
                 elif c.value_format == "avro":
                     if not c.value_schema:
                         raise ValueError("value.schema (the Avro writer schema) is required for avro")
-                    formats[topic] = ValueFormat.for_avro(c.value_schema, c.value_wire_format)
+                    formats[topic] = ValueFormat.for_avro(c.value_schema, c.value_wire_format,
+                                                          self.config.schema_registry)
                 else:
                     raise ValueError(f"value.format must be json or avro, not {c.value_format!r}")
             except Exception as exc:

@@ -141,6 +141,15 @@ class ValueFormat:
             a ``["null", T]`` union, a 0 or an empty string, so headerless Avro
             topics should say ``"none"``). ``"confluent"``: the header is
             required; a value without it is an error. ``"none"``: never stripped.
+        registry: avro only: where the schema id of a value's wire-format header is looked up
+            (``pipeline.registry.lookup.SchemaLookup``: an ``http(s)://`` registry URL, or the
+            metadata store of pipeline's own registry). The value is then decoded with that
+            writer schema and resolved against ``avro_schema`` as the reader schema (Avro
+            schema resolution: a field the writer lacks takes the reader's default; fastavro's
+            ``schemaless_reader(writer, reader)``). An id the registry does not have, a writer
+            schema that does not resolve, or a non-Avro one, is that record's error. The
+            registry unreachable raises ``RegistryUnavailable`` (the flush is retried, no
+            record is judged on it). None: every value is read with ``avro_schema``.
 
     Raises:
         ValueError: unknown kind or wire format, a json schema with a type this
@@ -156,6 +165,7 @@ class ValueFormat:
     schema: pa.Schema
     avro_schema: dict | None = field(default=None, hash=False)
     wire_format: WireFormat = "auto"
+    registry: str | None = None
     _plan: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
     _fastavro_schema: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
 
@@ -168,6 +178,8 @@ class ValueFormat:
         if self.kind == "json":
             if self.avro_schema is not None:
                 raise ValueError("avro_schema is only for kind 'avro'")
+            if self.registry is not None:
+                raise ValueError("registry is only for kind 'avro'")
             plan = _StructPlan(
                 pa.struct(list(self.schema)),
                 tuple((f.name, _json_plan(f, f.name)) for f in self.schema),
@@ -196,13 +208,14 @@ class ValueFormat:
             raise ValueError(f"kind must be 'json' or 'avro', not {self.kind!r}")
 
     def __reduce__(self) -> tuple[type[ValueFormat], tuple[object, ...]]:
-        return (ValueFormat, (self.kind, self.schema, self.avro_schema, self.wire_format))
+        return (ValueFormat, (self.kind, self.schema, self.avro_schema, self.wire_format, self.registry))
 
     @classmethod
-    def for_avro(cls, avro_schema: dict | str, wire_format: WireFormat = "auto") -> ValueFormat:
+    def for_avro(cls, avro_schema: dict | str, wire_format: WireFormat = "auto",
+                 registry: str | None = None) -> ValueFormat:
         """An avro format whose columns are every field of ``avro_schema``'s record."""
         avro = _load_avro(avro_schema)
-        return cls("avro", avro_to_arrow_schema(avro), avro, wire_format)
+        return cls("avro", avro_to_arrow_schema(avro), avro, wire_format, registry)
 
 
 def split_wire_format(value: bytes) -> tuple[int | None, bytes]:
@@ -445,8 +458,11 @@ def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
     """One dict per value (``_EMPTY`` for a tombstone or a failure, with its error set)."""
     from fastavro import schemaless_reader  # imported here so json topics do not need fastavro
 
+    from pipeline.registry.lookup import RegistryUnavailable, lookup_for
+
     schema = fmt._fastavro_schema
     wire = fmt.wire_format
+    lookup = lookup_for(fmt.registry) if fmt.registry is not None and wire != "none" else None
     rows: list[dict] = []
     append = rows.append
     for i, value in enumerate(raw):
@@ -457,8 +473,12 @@ def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
         try:
             payload = _payload(value, wire)
             fo = io.BytesIO(payload)
+            writer, reader = schema, None
+            if lookup is not None and len(payload) != len(value):  # a header: read with the writer's schema
+                writer = _writer_schema(lookup, int.from_bytes(value[1:WIRE_HEADER_BYTES], "big", signed=True))
+                reader = None if writer is schema else schema
             # the writer schema's root is a record (_avro_root_plan), so the message is a dict
-            record = cast(dict, schemaless_reader(fo, schema, None))
+            record = cast(dict, schemaless_reader(fo, writer, reader))
             if fo.tell() != len(payload):
                 errors[i] = (
                     f"Avro decode failed: {len(payload) - fo.tell()} trailing bytes after the record "
@@ -467,12 +487,50 @@ def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
                 record = _EMPTY
         except _Mismatch as e:
             errors[i] = str(e)
+        except RegistryUnavailable:
+            raise  # not this record's fault: the flush is retried
+        except _WriterSchemaError as e:
+            errors[i] = _one_line(str(e))
+            record = _EMPTY
         except Exception as e:  # noqa: BLE001 - any failure on untrusted bytes is this record's error
             detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             errors[i] = _one_line(f"Avro decode failed: {detail}")
             record = _EMPTY
         append(record)
     return rows
+
+
+class _WriterSchemaError(Exception):
+    """A value's writer schema is unknown to the registry or unusable (that record's error)."""
+
+
+_WRITER_SCHEMAS: dict[tuple[str, int], Any] = {}
+"""(registry target, schema id) -> the parsed fastavro writer schema (ids never change meaning)."""
+
+
+def _writer_schema(lookup: Any, schema_id: int) -> Any:
+    """The fastavro schema of registry id ``schema_id`` (cached per process).
+
+    Raises:
+        _WriterSchemaError: no such id, not an Avro schema, or one fastavro cannot parse.
+        RegistryUnavailable: the registry could not be asked.
+    """
+    key = (lookup.target, schema_id)
+    parsed = _WRITER_SCHEMAS.get(key)
+    if parsed is not None:
+        return parsed
+    found = lookup.schema(schema_id)
+    if found is None:
+        raise _WriterSchemaError(f"schema id {schema_id} is not in the schema registry")
+    schema_type, text = found
+    if schema_type != "AVRO":
+        raise _WriterSchemaError(f"schema id {schema_id} is a {schema_type} schema; the topic's values are Avro")
+    try:
+        parsed = _fastavro_parse(_load_avro(text))
+    except ValueError as e:
+        raise _WriterSchemaError(f"schema id {schema_id}: {e}") from None
+    _WRITER_SCHEMAS[key] = parsed
+    return parsed
 
 
 # --------------------------------------------------------------- the builder

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -78,7 +79,8 @@ def cluster(request, tmp_path_factory, connect_server) -> Iterator[tuple[str, Cl
     # A catalog database of its own: the Connect server's catalog is shared with other tests.
     args = ["--spark-remote", connect_server.url, "--table-database", unique_database(),
             "--authorizer-class-name", "pipeline", "--super-users", "User:ANONYMOUS",
-            "--cluster-leadership", "database", "--ack-on", "spark", "--linger-ms", "20"]
+            "--cluster-leadership", "database", "--ack-on", "spark", "--linger-ms", "20",
+            "--schema-registry-listeners", "http://127.0.0.1:0"]
     if backend == "postgresql":
         args += ["--metadata-url", request.getfixturevalue("postgres_server").create_database("cluster")]
     c = Cluster(tmp_path_factory.mktemp(f"cluster-metadata-{backend}") / "data", BROKERS, *args)
@@ -302,6 +304,46 @@ def test_an_offset_committed_through_broker_0_is_read_through_every_broker_from_
 
 
 # -- leader epochs (KIP-320) ------------------------------------------------------------------------
+
+
+REGISTRY_LINE = re.compile(r"^broker (\d+): .*schema registry on (\S+)")
+
+
+def _registry_urls(c: Cluster) -> dict[int, str]:
+    """Each broker's Schema Registry URL, from the newest line it printed."""
+    urls: dict[int, str] = {}
+    for line in list(c.lines):
+        m = REGISTRY_LINE.match(line)
+        if m:
+            urls[int(m.group(1))] = m.group(2)
+    return urls
+
+
+def test_a_schema_registered_through_broker_0_is_served_by_every_broker(cluster):
+    """Issue 32: every broker serves one registry (its schemas in the metadata store): a schema
+    registered through broker 0's registry (confluent-kafka's client) is read, looked up and
+    checked through the other two."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    backend, c = cluster
+    urls = _until(lambda: (lambda u: u if len(u) == BROKERS else None)(_registry_urls(c)),
+                  "every broker's registry URL", c)
+    v1 = '{"type":"record","name":"Sale","fields":[{"name":"sku","type":"string"}]}'
+    v2 = '{"type":"record","name":"Sale","fields":[{"name":"sku","type":"string"},{"name":"qty","type":"int","default":1}]}'
+    subject = f"sales-{backend}-value"
+    first = SchemaRegistryClient({"url": urls[0]}).register_schema(subject, Schema(v1, "AVRO"))
+    for node in (1, 2):
+        other = SchemaRegistryClient({"url": urls[node]})
+        assert other.get_schema(first).schema_str == v1
+        assert other.lookup_schema(subject, Schema(v1, "AVRO")).schema_id == first
+    second = SchemaRegistryClient({"url": urls[1]}).register_schema(subject, Schema(v2, "AVRO"))
+    latest = SchemaRegistryClient({"url": urls[2]}).get_latest_version(subject)
+    assert (latest.version, latest.schema_id) == (2, second) and second != first
+    with pytest.raises(SchemaRegistryError) as e:  # checked against what broker 1 registered
+        SchemaRegistryClient({"url": urls[2]}).register_schema(
+            subject, Schema('{"type":"record","name":"Sale","fields":[{"name":"sku","type":"int"}]}', "AVRO"))
+    assert e.value.http_status_code == 409
 
 
 def _leaders(address: tuple[str, int], topic: str) -> dict[int, tuple[int, int]]:

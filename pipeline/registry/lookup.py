@@ -1,0 +1,127 @@
+"""Schemas by id for the table side: from pipeline's own registry store or an external registry.
+
+The decode worker reads a registry-framed value (magic byte 0, 4-byte schema id:
+Confluent's wire format) with the schema its producer wrote it with, which only the
+registry knows. ``SchemaLookup`` answers "which schema is id N" from either:
+
+- the metadata store of pipeline's own registry (a SQLite file or a PostgreSQL URL,
+  ``pipeline.registry.store``), read directly: no HTTP hop on the broker's own host;
+- an external Confluent-compatible registry (Confluent, Karapace, Apicurio's ccompat API,
+  Redpanda) at an ``http(s)://`` URL: ``GET /schemas/ids/{id}`` (Confluent's API reference);
+  ``user:password@`` in the URL is sent as HTTP basic authentication.
+
+Ids never change what they name, so a schema found is cached for the process's life; an id
+not found is asked again next time (it may be registered meanwhile on another broker).
+Blocking (database or HTTP I/O); made to be pickled into the decode worker (only the
+target travels).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = ("RegistryUnavailable", "SchemaLookup", "lookup_for")
+
+
+class RegistryUnavailable(RuntimeError):
+    """The registry could not be asked (unreachable, an HTTP error other than 404, a database error):
+    the caller retries later; no record is judged on it."""
+
+
+class SchemaLookup:
+    """id -> (schema type, schema text) from ``target``: an ``http(s)://`` registry URL, or the
+    metadata store of pipeline's registry (a SQLite file path or a ``postgresql://`` URL)."""
+
+    def __init__(self, target: str, timeout_s: float = 10.0) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self._found: dict[int, tuple[str, str]] = {}
+        self._store: Any = None
+        self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[type["SchemaLookup"], tuple[str, float]]:
+        return (SchemaLookup, (self.target, self.timeout_s))
+
+    @property
+    def is_http(self) -> bool:
+        return urlsplit(self.target).scheme in ("http", "https")
+
+    def schema(self, schema_id: int) -> tuple[str, str] | None:
+        """(type, text) of schema ``schema_id`` (type AVRO, PROTOBUF or JSON), None if the registry
+        has no such id.
+
+        Raises:
+            RegistryUnavailable: the registry could not be asked.
+        """
+        found = self._found.get(schema_id)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._http(schema_id) if self.is_http else self._from_store(schema_id)
+        if found is not None:
+            self._found[schema_id] = found
+        return found
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    def _from_store(self, schema_id: int) -> tuple[str, str] | None:
+        from pipeline.registry.store import SchemaStore
+
+        try:
+            if self._store is None:
+                self._store = SchemaStore(self.target)
+            record = self._store.schema(schema_id)
+        except Exception as exc:  # sqlite3.Error, psycopg.Error, a schema newer than this code
+            self.close_quietly()
+            raise RegistryUnavailable(f"the schema registry's store could not be read: {exc}") from exc
+        return None if record is None else (record.schema_type, record.schema)
+
+    def close_quietly(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - it failed already; the next lookup opens it again
+            self._store = None
+
+    def _http(self, schema_id: int) -> tuple[str, str] | None:
+        parts = urlsplit(self.target)
+        headers = {"Accept": "application/vnd.schemaregistry.v1+json"}
+        if parts.username is not None:
+            creds = f"{parts.username}:{parts.password or ''}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(creds).decode()
+            netloc = parts.hostname or ""
+            if parts.port:
+                netloc += f":{parts.port}"
+            parts = parts._replace(netloc=netloc)
+        base = urlunsplit(parts).rstrip("/")
+        request = urllib.request.Request(f"{base}/schemas/ids/{schema_id}", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise RegistryUnavailable(f"the schema registry answered HTTP {exc.code} for id {schema_id}") from exc
+        except (OSError, ValueError) as exc:
+            raise RegistryUnavailable(f"the schema registry could not be asked for id {schema_id}: {exc}") from exc
+        return str(body.get("schemaType") or "AVRO"), str(body["schema"])
+
+
+_LOOKUPS: dict[str, SchemaLookup] = {}
+
+
+def lookup_for(target: str) -> SchemaLookup:
+    """The process's one ``SchemaLookup`` of ``target`` (its cache shared by every flush)."""
+    lookup = _LOOKUPS.get(target)
+    if lookup is None:
+        lookup = _LOOKUPS[target] = SchemaLookup(target)
+    return lookup
