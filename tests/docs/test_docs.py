@@ -14,9 +14,17 @@ listener on the loopback plus a SASL_SSL one, SCRAM, the ACL authorizer) with
 docs/table.md's typed-topic block appended, so the README's snippets and the
 walkthrough's clients meet one JVM, not two.
 
+The README's quickstart is the newcomer's path, run as written: `make serve` (the fixture; make's
+command is `.venv/bin/pipeline serve`), the produce and consume blocks (`.venv/bin/python -
+<<'EOF' ...` in bash from the repository root), `.venv/bin/pipeline sql`, Ctrl-C, and the bench
+command line (parsed by `pipeline bench`'s parser: it takes minutes).
+
 ``test_every_block_is_run_or_marked`` fails when a block of README.md,
 docs/*.md or deploy/README.md is neither in ``RUN`` nor marked
-``<!-- not run: REASON -->`` in the doc (tests/docs/blocks.py).
+``<!-- not run: REASON -->`` in the doc (tests/docs/blocks.py). Blocks that cannot run here
+but can be checked cheaply are in ``CHECKED``: the cluster command lines (resolved by
+`pipeline config show`), every `pipeline bench` line of the docs (its argparse parser), the
+PromQL queries' metric names (a live scrape).
 """
 
 from __future__ import annotations
