@@ -667,6 +667,14 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_docs(args: argparse.Namespace) -> int:
+    """Print docs/configuration.md (``pipeline.config.reference_markdown``)."""
+    from pipeline.config import reference_markdown
+
+    sys.stdout.write(reference_markdown())
+    return 0
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     from pipeline.top import run
 
@@ -739,6 +747,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--format", choices=["table", "json"], default="table",
                       help="a table (default) or JSON: {key: {value, source}}")
     show.set_defaults(func=cmd_config_show)
+    docs = config_sub.add_parser("docs", help="print docs/configuration.md, the reference of every key "
+                                              "(generated from pipeline.config.KEYS and its defaults)")
+    docs.set_defaults(func=cmd_config_docs)
 
     sql = sub.add_parser("sql", help="run Spark SQL over the tables (the current database is `pipeline`)",
                          description="Without --spark-remote, the running server's Spark Connect endpoint "

@@ -754,6 +754,89 @@ def default_value(key: Key) -> Any:
     return values if len(values) > 1 and any(v is not None for v in values) else values[0]
 
 
+REFERENCE_COMMAND = ".venv/bin/pipeline config docs > docs/configuration.md"
+"""How docs/configuration.md is made (tests/docs checks the file equals ``reference_markdown()``)."""
+
+_REFERENCE_INTRO = """\
+# Configuration
+
+<!-- Generated from pipeline/config.py (KEYS, ServerConfig and the dataclasses it names) by
+     `{command}`; do not edit: tests/docs fails when this file differs from that output. -->
+
+Every setting of `pipeline serve` has one **key**: Kafka's property name where
+Kafka has one with that meaning, Spark's or Hive's where they own it, and
+`table.*`, `log.*` or `pipeline.*` for our own. Each key can be given three
+ways, each overriding the one before (defaults < file < environment < flags):
+
+- a TOML file, `--config FILE`: `num.network.threads = 4`,
+  `listeners = "PLAINTEXT://0.0.0.0:9092"`; plus per-topic `[topic."NAME"]`
+  tables with the keys {topic_keys} (file only;
+  [table.md](table.md#configuration)), and `listener.name.<name>.<key>` for a
+  listener's own `ssl.*` keys and `sasl.enabled.mechanisms` (KIP-103, file only;
+  [security.md](security.md));
+- an environment variable `PIPELINE_` + the key upper-cased with dots as
+  underscores: `PIPELINE_NUM_NETWORK_THREADS=4` (every `PIPELINE_*` variable
+  must name a key);
+- a flag of `pipeline serve`, given in the table below (`--log-level` and
+  `--log-format` may also come before the command: `pipeline --log-format json serve`).
+
+`.venv/bin/pipeline config show [--config FILE] [flags...]` prints the
+effective value of every key and where it came from (`default`, `file:PATH`,
+`env:NAME`, `flag:--name`), as a table or with `--format json`. An unknown key
+or a bad value, from any source, stops the server before anything starts,
+naming the key and its source (exit code 2). `pipeline sql`, `pipeline compact`
+and `pipeline users` read the keys they use from the same three sources (their
+`--help` lists them). Sizes are in bytes, times in milliseconds.
+"""
+
+
+def _reference_default(key: Key) -> str:
+    """A key's default as docs/configuration.md shows it: ``Key.show`` of ``default_value``,
+    ``Key.unset`` where the default is None, with sizes in MiB/GiB and times in s/min/h beside
+    exact values."""
+    default = default_value(key)
+    if default is None:
+        return key.unset or "none"
+    shown = key.show(default)
+    if isinstance(shown, bool):
+        return "true" if shown else "false"
+    if shown == "":
+        return "empty"
+    text = f"`{shown}`"
+    if isinstance(shown, int) and shown > 0:  # bool was handled above
+        if key.metavar == "BYTES" and shown >= 1 << 20 and shown % (1 << 20) == 0:
+            text += f" ({shown >> 30} GiB)" if shown % (1 << 30) == 0 else f" ({shown >> 20} MiB)"
+        elif key.metavar == "MS" and shown >= 60_000 and shown % 60_000 == 0:
+            text += f" ({shown // 3_600_000} h)" if shown % 3_600_000 == 0 else f" ({shown // 60_000} min)"
+        elif key.metavar == "MS" and shown >= 1000 and shown % 1000 == 0:
+            text += f" ({shown // 1000} s)"
+    return text
+
+
+def reference_markdown() -> str:
+    """docs/configuration.md: the prose above, then one table per ``Key.group`` (``KEYS`` order)
+    of key, flag, default and meaning, every cell from ``KEYS`` and the dataclasses' defaults.
+
+    Returns:
+        The Markdown text, ending with a newline (``pipeline config docs`` prints it).
+    """
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("<", "\\<")  # a pipe ends a cell; <x> is HTML
+
+    out = [_REFERENCE_INTRO.format(command=REFERENCE_COMMAND,
+                                   topic_keys=", ".join(f"`{name}`" for name in TOPIC_KEYS))]
+    groups: dict[str, list[Key]] = {}
+    for key in KEYS.values():
+        groups.setdefault(key.group, []).append(key)
+    for group, keys in groups.items():
+        out.append(f"\n## {group[0].upper()}{group[1:]}\n\n| key | flag | default | meaning |\n|---|---|---|---|\n")
+        for key in keys:
+            flag = f"{key.flag} {key.metavar}" if key.metavar else key.flag
+            out.append(f"| `{key.name}` | `{cell(flag)}` | {cell(_reference_default(key))} | {cell(key.help)} |\n")
+    return "".join(out)
+
+
 def _get(server: ServerConfig, log: LogConfig, name: str) -> Any:
     if name.startswith("log."):
         return getattr(log, name.removeprefix("log."))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,20 @@ def test_metadata_url_takes_postgresql_urls_only_and_hides_their_password():
     for bad in ("sqlite:///x.db", "db.internal:5432", " "):
         with pytest.raises(ValueError):
             key.parse(bad, True)
+
+
+def test_reference_markdown_has_one_row_per_key_with_its_default():
+    """docs/configuration.md's generator (tests/docs checks the file equals it): a row per key
+    under its --help group, the dataclass default with its unit, cells that stay cells."""
+    from pipeline.config import reference_markdown
+
+    text = reference_markdown()
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(KEYS)
+    assert "| `queued.max.request.bytes` | `--queued-max-request-bytes BYTES` | `104857600` (100 MiB) |" in text
+    assert "| `log.retention.ms` | `--log-retention-ms MS` | `3600000` (1 h) |" in text
+    assert "| `max.connections.per.ip` | `--max-connections-per-ip N` | = max.connections |" in text
+    assert "`--mode multiqueue\\|baseline\\|shared-unmuted`" in text  # a pipe inside a cell is escaped
+    assert "User:\\<subject DN>" in text  # not an HTML tag
+    assert all(len(re.split(r"(?<!\\)\|", line)) == 6 for line in rows)  # 4 cells, no more
+    assert "\n## Request path\n" in text

@@ -14,9 +14,17 @@ listener on the loopback plus a SASL_SSL one, SCRAM, the ACL authorizer) with
 docs/table.md's typed-topic block appended, so the README's snippets and the
 walkthrough's clients meet one JVM, not two.
 
+The README's quickstart is the newcomer's path, run as written: `make serve` (the fixture; make's
+command is `.venv/bin/pipeline serve`), the produce and consume blocks (`.venv/bin/python -
+<<'EOF' ...` in bash from the repository root), `.venv/bin/pipeline sql`, Ctrl-C, and the bench
+command line (parsed by `pipeline bench`'s parser: it takes minutes).
+
 ``test_every_block_is_run_or_marked`` fails when a block of README.md,
 docs/*.md or deploy/README.md is neither in ``RUN`` nor marked
-``<!-- not run: REASON -->`` in the doc (tests/docs/blocks.py).
+``<!-- not run: REASON -->`` in the doc (tests/docs/blocks.py). Blocks that cannot run here
+but can be checked cheaply are in ``CHECKED``: the cluster command lines (resolved by
+`pipeline config show`), every `pipeline bench` line of the docs (its argparse parser), the
+PromQL queries' metric names (a live scrape).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,7 +61,7 @@ RUN: dict[tuple[str, str], str] = {
     ("README.md", "from confluent_kafka import Producer"): "test_readme_producer_and_consumer",
     ("README.md", "from confluent_kafka import Consumer"): "test_readme_producer_and_consumer",
     ("README.md", 'make serve ARGS="--mode multiqueue --queues 8"'): "test_serve_command_lines",
-    ("README.md", "pipeline serve --brokers 2"): "test_serve_command_lines",
+    ("docs/clusters.md", "pipeline serve --brokers 2"): "test_serve_command_lines",
     ("README.md", ".venv/bin/pipeline sql"): "test_sql_while_serving, test_sql_after_stop",
     ("docs/operations.md", "pipeline config show --config /etc/pipeline.toml"): "test_config_show",
     ("docs/operations.md", 'advertised.listeners = "SSL://broker.example.com:9093"'): "test_config_blocks",
@@ -70,9 +79,21 @@ RUN: dict[tuple[str, str], str] = {
 }
 
 
+CHECKED: dict[tuple[str, str], str] = {
+    # (doc, a text that names the block) -> the test that checks it: blocks marked
+    # <!-- not run --> (they need a PostgreSQL server, other hosts, minutes of benchmark or a
+    # Prometheus) whose command lines or names are still checked here by the real parts
+    ("README.md", ".venv/bin/pipeline bench --quick --no-brokers"): "test_bench_command_lines",
+    ("docs/clusters.md", "--brokers 3 --cluster-leadership database"): "test_cluster_command_lines",
+    ("docs/clusters.md", "--node-id 1 --listen 10.0.0.11:9092"): "test_cluster_command_lines",
+    ("docs/operations.md", "sum by (request) (rate(kafka_network_requestmetrics_requests_total"): "test_promql_names",
+}
+
+
 def block(path: str, contains: str) -> Block:
-    """The block ``RUN`` names; a block a test runs must be listed there (so the coverage check knows)."""
-    assert (path, contains) in RUN, f"add ({path!r}, {contains!r}) to RUN"
+    """The block ``RUN`` or ``CHECKED`` names; a block a test runs or checks must be listed there
+    (so the coverage check knows)."""
+    assert (path, contains) in RUN or (path, contains) in CHECKED, f"add ({path!r}, {contains!r}) to RUN"
     return find(path, contains)
 
 
@@ -248,6 +269,9 @@ def server(docs_env, server_config) -> Server:
     """`make serve ARGS=...` once for the module (README, "The two commands"): ports and data
     directory of its own, tables committed every second so queries need not wait 10 s."""
     assert "make serve" in block("README.md", "make serve   # creates .venv").text
+    dry = subprocess.run(["make", "-n", "-C", str(ROOT), "-o", ".venv/.installed", "serve"], capture_output=True,
+                         text=True, check=True, env=docs_env.environ())
+    assert ".venv/bin/pipeline serve" in dry.stdout, dry.stdout  # what the README says make serve runs
     args = (f"--config {server_config} --listen PLAINTEXT://127.0.0.1:{docs_env.kafka_port},"
             f"SASL_SSL://127.0.0.1:{docs_env.sasl_port} --data-dir {docs_env.data_dir} "
             f"--spark-connect-port {docs_env.connect_port} --metrics-port {docs_env.metrics_port} "
@@ -324,6 +348,11 @@ def test_every_block_is_run_or_marked():
             continue
         if b.not_run is not None:
             problems.append(f"{b} is run by {run_by} but marked not run")
+    for name, checked_by in CHECKED.items():
+        try:
+            find(*name)
+        except LookupError as exc:
+            problems.append(f"CHECKED {name} ({checked_by}): {exc}")
     for b in found:
         run = [name for name in RUN if name[0] == b.path and name[1] in b.text]
         if not run and not b.not_run:
@@ -332,13 +361,72 @@ def test_every_block_is_run_or_marked():
     assert len(found) > len(RUN)
 
 
-def test_readme_configuration_table_names_every_key():
-    """README's "Configuration" table: one row per key of pipeline.config.KEYS, with the flag
-    `pipeline serve --help` shows, and no row for a key that does not exist."""
-    from pipeline.config import KEYS
+def test_configuration_reference_is_generated(docs_env):
+    """docs/configuration.md is what `pipeline config docs` prints, through the console script:
+    every key of pipeline.config.KEYS with its flag and its default as the dataclasses define it
+    (a renamed key, flag or changed default fails here until the file is regenerated)."""
+    from pipeline.config import KEYS, REFERENCE_COMMAND, default_value
 
-    rows = dict(re.findall(r"^\| `([a-z0-9.]+)` \| `(--[a-z0-9-]+)", (ROOT / "README.md").read_text(), re.M))
+    generated = docs_env.shell(f"{PIPELINE} config docs").stdout
+    on_disk = (ROOT / "docs" / "configuration.md").read_text()
+    assert on_disk == generated, f"docs/configuration.md is stale: run `{REFERENCE_COMMAND}`"
+    rows = dict(re.findall(r"^\| `([a-z0-9.]+)` \| `(--[a-z0-9-]+)", on_disk, re.M))
     assert rows == {name: key.flag for name, key in KEYS.items()}
+    assert "| `queued.max.requests` | `--queued-max-requests N` | `500` |" in on_disk
+    assert default_value(KEYS["queued.max.requests"]) == 500
+
+
+def bench_lines(text: str) -> list[list[str]]:
+    """The `pipeline bench ...` command lines of a block's text, as argv after `pipeline`
+    (comments dropped, `\\` continuations joined)."""
+    out = []
+    for line in commands(Block("", 0, "", text, None)):
+        if "pipeline bench" not in line:  # e.g. prose or Python in a block that names no bench
+            continue
+        argv = shlex.split(line, comments=True)
+        if argv and argv[0] in ("pipeline", ".venv/bin/pipeline") and argv[1:2] == ["bench"]:
+            out.append(argv[1:])
+    return out
+
+
+def test_bench_command_lines():
+    """Every `pipeline bench` command line of README.md and docs/ (run or not: they take minutes)
+    parses with `pipeline bench`'s own argparse parser and resolves to a plan
+    (pipeline.bench.options.resolve: the ranges and the presets)."""
+    from pipeline.bench.options import resolve
+    from pipeline.cli import build_parser
+
+    parser = build_parser()
+    lines = [(b, argv) for b in all_blocks() for argv in bench_lines(b.text)]
+    readme = block("README.md", ".venv/bin/pipeline bench --quick --no-brokers")
+    assert bench_lines(readme.text) == [["bench", "--quick", "--no-brokers"]]
+    assert len(lines) > 10
+    for b, argv in lines:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            raise AssertionError(f"{b}: `pipeline {shlex.join(argv)}` does not parse") from None
+        needs_kcat = getattr(args, "brokers_client", None) == "kcat" and shutil.which("kcat") is None
+        if not (args.hostile or args.consume or args.security or args.table or args.sustained or needs_kcat):
+            resolve(args)  # (resolve checks kcat is installed: the parse above is the check without it)
+
+
+def test_cluster_command_lines(docs_env):
+    """docs/clusters.md's PostgreSQL and several-hosts command lines, resolved by `pipeline config
+    show` with the same arguments (it opens no database): each key they set, with its source."""
+    [three] = commands(block("docs/clusters.md", "--brokers 3 --cluster-leadership database"))
+    [host] = commands(block("docs/clusters.md", "--node-id 1 --listen 10.0.0.11:9092"))
+    show = " config show --format json "
+    shown = json.loads(docs_env.shell(three.replace(" serve ", show, 1)).stdout)
+    assert shown["pipeline.brokers"] == {"value": 3, "source": "flag:--brokers"}
+    assert shown["pipeline.cluster.leadership"] == {"value": "database", "source": "flag:--cluster-leadership"}
+    assert shown["pipeline.metadata.url"]["source"] == "flag:--metadata-url"
+    assert shown["pipeline.ack.on"] == {"value": "wal", "source": "default"}  # failover needs no --ack-on spark
+    shown = json.loads(docs_env.shell(host.replace(" serve ", show, 1)).stdout)
+    assert shown["node.id"] == {"value": 1, "source": "flag:--node-id"}
+    assert shown["listeners"]["value"] == "PLAINTEXT://10.0.0.11:9092"
+    assert shown["spark.remote"] == {"value": "sc://spark:15002", "source": "flag:--spark-remote"}
+    assert shown["pipeline.data.dir"] == {"value": "/shared/pipeline", "source": "flag:--data-dir"}
 
 
 def test_config_show(docs_env, server_config):
@@ -367,7 +455,7 @@ def test_config_blocks(docs_env, tmp_path):
 
 
 def test_serve_command_lines(docs_env):
-    """README's `make serve ARGS=...` comparisons and the `--brokers 2` command: the command
+    """README's `make serve ARGS=...` comparisons and docs/clusters.md's `--brokers 2` command: the command
     line make would run (`make -n`), resolved by `pipeline config show` with the same arguments
     (each would start a server of its own; the module's server is started through make serve)."""
     lines = commands(block("README.md", 'make serve ARGS="--mode multiqueue --queues 8"'))
@@ -383,7 +471,7 @@ def test_serve_command_lines(docs_env):
         shown = json.loads(docs_env.shell(serve_line.replace(" serve ", " config show --format json ", 1)).stdout)
         for key, value in want.items():
             assert shown[key]["value"] == value and shown[key]["source"].startswith("flag:"), (key, shown[key])
-    [brokers] = commands(block("README.md", "pipeline serve --brokers 2"))
+    [brokers] = commands(block("docs/clusters.md", "pipeline serve --brokers 2"))
     shown = json.loads(docs_env.shell(brokers.replace("pipeline serve", "pipeline config show --format json")).stdout)
     assert shown["pipeline.brokers"]["value"] == 2
     assert shown["pipeline.data.dir"] == {"value": "data", "source": "flag:--data-dir"}
@@ -397,22 +485,30 @@ def test_bench_help(docs_env):
 
 @pytest.mark.slow
 def test_readme_producer_and_consumer(server, docs_env):
-    """The README's two snippets, executed as written (bootstrap address: ``here``)."""
-    producer = docs_env.here(block("README.md", "from confluent_kafka import Producer").text)
-    namespace: dict = {}
-    exec(compile(producer, "README.md producer", "exec"), namespace)
-    assert len(namespace["p"]) == 0  # flushed: nothing left unacknowledged
-    server.produced["orders", 0] += 1
-    consumer = docs_env.here(block("README.md", "from confluent_kafka import Consumer").text)
-    namespace = {}
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(consumer, "README.md consumer", "exec"), namespace)
-    finally:
-        if "c" in namespace:
-            namespace["c"].close()
-    assert out.getvalue().strip() == "b'hello'"
+    """The README's quickstart steps 3 and 4 as a newcomer runs them: each block's shell command
+    (`.venv/bin/python - <<'EOF' ...`) from the repository root, against the make serve server."""
+    docs_env.shell(block("README.md", "from confluent_kafka import Producer").text, timeout=120)
+    server.produced["orders", 0] += 1  # p.flush() returned: acknowledged (the consumer reads it back)
+    result = docs_env.shell(block("README.md", "from confluent_kafka import Consumer").text, timeout=120)
+    assert result.stdout.strip() == "b'hello'", result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_promql_names(server, docs_env):
+    """Every metric docs/operations.md's Prometheus queries name is one the running server exports
+    (a live scrape after the README's produce and consume)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    queries = block("docs/operations.md", "sum by (request) (rate(kafka_network_requestmetrics_requests_total").text
+    named = {m.group(1) for line in queries.splitlines() if not line.startswith("#")
+             for m in re.finditer(r"\b([a-z_][a-z0-9_]*)\s*[{\[]", line)}
+    assert len(named) >= 6, named
+    with urllib.request.urlopen(f"http://127.0.0.1:{docs_env.metrics_port}/metrics", timeout=30) as response:
+        scraped = response.read().decode()
+    exported = {sample.name for family in text_string_to_metric_families(scraped) for sample in family.samples}
+    assert named <= exported, sorted(named - exported)
 
 
 @pytest.mark.slow
