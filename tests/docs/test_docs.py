@@ -76,6 +76,10 @@ RUN: dict[tuple[str, str], str] = {
     ("docs/security.md", "KafkaProducer(bootstrap_servers"): "test_security_clients",
     ("docs/table.md", "SELECT count(*) FROM records"): "test_sql_while_serving",
     ("docs/table.md", '[topic."payments"]'): "server fixture (its --config file)",
+    ("docs/schema-registry.md", 'make serve ARGS="--schema-registry-listeners'): "test_schema_registry_walkthrough",
+    ("docs/schema-registry.md", "from confluent_kafka.schema_registry import Schema"):
+        "test_schema_registry_walkthrough",
+    ("docs/schema-registry.md", "SELECT sensor FROM sensors"): "test_schema_registry_walkthrough",
 }
 
 
@@ -122,6 +126,7 @@ class DocsEnv:
     sasl_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     connect_port: int = field(default_factory=free_port)
+    registry_port: int = field(default_factory=free_port)
     passwords: dict[str, str] = field(default_factory=lambda: {"admin": "admin-secret-1", "alice": "alice-secret-1",
                                                                "bob": "bob-secret-1"})
 
@@ -145,6 +150,7 @@ class DocsEnv:
             ("broker.example.com:9093", f"localhost:{self.sasl_port}"),
             ("broker.example.com", "localhost"),
             ("127.0.0.1:9464", f"127.0.0.1:{self.metrics_port}"),
+            ("127.0.0.1:8081", f"127.0.0.1:{self.registry_port}"),
             ("/etc/pipeline", str(self.etc)),  # also /etc/pipeline.toml -> <tmp>/etc/pipeline.toml
             ("/var/lib/pipeline", str(self.data_dir)),
             ('super.users = "User:admin"', 'super.users = "User:admin;User:ANONYMOUS"'),
@@ -275,6 +281,7 @@ def server(docs_env, server_config) -> Server:
     args = (f"--config {server_config} --listen PLAINTEXT://127.0.0.1:{docs_env.kafka_port},"
             f"SASL_SSL://127.0.0.1:{docs_env.sasl_port} --data-dir {docs_env.data_dir} "
             f"--spark-connect-port {docs_env.connect_port} --metrics-port {docs_env.metrics_port} "
+            f"--schema-registry-listeners http://127.0.0.1:{docs_env.registry_port} "
             "--table-commit-interval-ms 1000")
     log = docs_env.tmp / "serve.log"
     # -o: never reinstall the venv this test runs from (make test has just brought it up to date).
@@ -491,6 +498,34 @@ def test_readme_producer_and_consumer(server, docs_env):
     server.produced["orders", 0] += 1  # p.flush() returned: acknowledged (the consumer reads it back)
     result = docs_env.shell(block("README.md", "from confluent_kafka import Consumer").text, timeout=120)
     assert result.stdout.strip() == "b'hello'", result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_schema_registry_walkthrough(server, docs_env):
+    """docs/schema-registry.md: its serve line resolves to the registry listener (the module's server has
+    one, on a free port); the evolving Avro producer (confluent-kafka's serializers against the server's
+    registry) prints what the page says; both records are rows of the typed table, none a dead letter."""
+    [serve] = commands(block("docs/schema-registry.md", 'make serve ARGS="--schema-registry-listeners'))
+    dry = subprocess.run(["make", "-n", "-o", ".venv/.installed", *shlex.split(serve)[1:]], cwd=ROOT,
+                         capture_output=True, text=True, check=True, env=docs_env.environ())
+    [serve_line] = [x for x in dry.stdout.splitlines() if "bin/pipeline serve" in x]
+    shown = json.loads(docs_env.shell(serve_line.replace(" serve ", " config show --format json ", 1)).stdout)
+    assert shown["schema.registry.listeners"] == {"value": "http://127.0.0.1:8081",
+                                                  "source": "flag:--schema-registry-listeners"}
+    result = docs_env.shell(docs_env.here(block("docs/schema-registry.md",
+                                                "from confluent_kafka.schema_registry import Schema").text),
+                            timeout=120)
+    assert result.stdout.splitlines() == ["versions: [1, 2]", "v3 refused: 409"], result.stdout + result.stderr
+    [query] = commands(block("docs/schema-registry.md", "SELECT sensor FROM sensors"))
+    deadline = time.monotonic() + 240
+    while True:
+        header, *rows = sql_rows(docs_env, query)
+        if rows == [["s-1"], ["s-2"]] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert header == ["sensor"] and rows == [["s-1"], ["s-2"]]
+    header, *rows = sql_rows(docs_env, '.venv/bin/pipeline sql "SELECT count(*) FROM dead_letters WHERE topic = \'sensors\'"')
+    assert rows == [["0"]]
 
 
 @pytest.mark.slow
