@@ -215,7 +215,7 @@ def test_supervisor_restarts_a_dead_broker_and_gives_up_on_a_configuration_error
     import sys
     import threading
 
-    from pipeline import supervisor as sv
+    from pipeline.process import supervisor as sv
 
     marker = tmp_path / "runs"
     # broker 0 dies (status 1) on its first two runs, then stays up; broker 1 lives
