@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection
 
-from pipeline.datadir import endpoints_path, lock_data_dir, table_session, write_endpoints
-from pipeline.lifecycle import (STOP_SIGNALS, StartupInterrupted, StartupSignals, launch_reaper, stop_children,
+from pipeline.process.datadir import endpoints_path, lock_data_dir, table_session, write_endpoints
+from pipeline.process.lifecycle import (STOP_SIGNALS, StartupInterrupted, StartupSignals, launch_reaper, stop_children,
                                 tune_gc_for_serving)
 
 if TYPE_CHECKING:  # the commands import these lazily: `pipeline --help` and `top` stay light
     from pipeline.config import Resolved, ServerConfig
     from pipeline.metadata.locks import LeaseLock
-    from pipeline.metrics import MetricsEndpoint
+    from pipeline.observe.metrics import MetricsEndpoint
     from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.server import Server
     from pipeline.table.catalog import TableConfig
@@ -135,7 +135,7 @@ def _warm_up_protocol() -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
 
-    from pipeline.logs import children_stderr_to_log, setup_logging
+    from pipeline.observe.structured_logs import children_stderr_to_log, setup_logging
     from pipeline.server import Server, can_recover_without_table, state_dir
     from pipeline.table.catalog import TableConfigError
 
@@ -161,7 +161,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     exit_code = 0
     # Until trio's signal receiver is open, a stop signal interrupts start-up
     # where it is (Spark can take a minute to start) and everything started
-    # so far is stopped (pipeline/lifecycle.py).
+    # so far is stopped (pipeline/process/lifecycle.py).
     signals = StartupSignals()
     signals.install()
     try:
@@ -299,7 +299,7 @@ def _start_spark(sink: SparkGroupSink, config: ServerConfig) -> None:
         pipeline.table.catalog.TableConfigError: the tables do not match the configuration.
         Whatever Spark raises when it cannot start.
     """
-    from pipeline.logs import children_stderr_to_log
+    from pipeline.observe.structured_logs import children_stderr_to_log
 
     log.info("starting Spark (%s); data in %s", config.spark_remote or config.spark_master,
              config.data_dir.resolve())
@@ -376,8 +376,8 @@ def _port_taken(host: str, port: int) -> str | None:
 
 
 def _supervise(args: argparse.Namespace, config: ServerConfig, prefix_log: bool = True) -> int:
-    """``serve --brokers N``: run N brokers under a supervisor (``pipeline.supervisor``)."""
-    from pipeline.supervisor import Supervisor
+    """``serve --brokers N``: run N brokers under a supervisor (``pipeline.process.supervisor``)."""
+    from pipeline.process.supervisor import Supervisor
 
     lock = lock_data_dir(config.data_dir)
     if lock is None:
@@ -395,7 +395,7 @@ def _metrics_endpoint(config: ServerConfig) -> MetricsEndpoint | None:
     """
     if config.metrics_port is None:
         return None
-    from pipeline.metrics import MetricsEndpoint
+    from pipeline.observe.metrics import MetricsEndpoint
 
     started = time.monotonic()
     endpoint = MetricsEndpoint()
@@ -455,11 +455,11 @@ def _set_table_ready(endpoint: MetricsEndpoint | None, ready: bool = True) -> No
 
 
 def _set_phase(endpoint: MetricsEndpoint | None, phase: str, server: Server | None = None) -> None:
-    """Tell ``/readyz`` where start-up or shutdown is (a ``pipeline.metrics.Phase`` name);
+    """Tell ``/readyz`` where start-up or shutdown is (a ``pipeline.observe.metrics.Phase`` name);
     ``server``: export its metrics from now on."""
     if endpoint is None:
         return
-    from pipeline.metrics import Phase
+    from pipeline.observe.metrics import Phase
 
     if server is not None:
         endpoint.attach(server)
@@ -550,7 +550,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from pipeline.logs import children_stderr_to_log
+    from pipeline.observe.structured_logs import children_stderr_to_log
     from pipeline.persist.spark_sink import run_sql
 
     from pyspark.errors import PySparkException
@@ -610,7 +610,7 @@ def _json_value(value):
 
 def cmd_compact(args: argparse.Namespace) -> int:
     """Compact every partition that needs it and delete replaced files whose delay has passed (server stopped)."""
-    from pipeline.logs import children_stderr_to_log
+    from pipeline.observe.structured_logs import children_stderr_to_log
     from pipeline.table.catalog import TableCatalog
 
     config = _resolve(args).server
@@ -676,7 +676,7 @@ def cmd_config_docs(args: argparse.Namespace) -> int:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from pipeline.top import run
+    from pipeline.observe.top import run
 
     return run(args.metrics_url, args.interval, once=args.once)
 
@@ -808,7 +808,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.config import KEYS, ConfigError, environment_values, parse_value
-    from pipeline.logs import LogConfig, setup_logging
+    from pipeline.observe.structured_logs import LogConfig, setup_logging
 
     args = build_parser().parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])  # `serve --brokers N` passes them on

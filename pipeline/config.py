@@ -8,7 +8,7 @@ Spark's or Hive's where they own it (``spark.master``, ``spark.remote``,
 ``hive.server2.thrift.port``), and ``table.*``, ``log.*`` or ``pipeline.*``
 for our own. ``KEYS`` maps each key to the ``ServerConfig`` field(s) it sets
 (``table.<field>``: of its ``TableConfig``; ``log.<field>``: of
-``pipeline.logs.LogConfig``), its parser, its help and its flag. Defaults are
+``pipeline.observe.structured_logs.LogConfig``), its parser, its help and its flag. Defaults are
 not repeated here: they are the dataclasses' (``default_value``).
 
 A value comes from, lowest to highest precedence:
@@ -53,9 +53,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from pipeline.cluster import ClusterBroker
+from pipeline.cluster.membership import ClusterBroker
 from pipeline.log.manager import DEFAULT_INDEX_MAX_BYTES
-from pipeline.logs import FORMATS, LogConfig, level_number
+from pipeline.observe.structured_logs import FORMATS, LogConfig, level_number
 from pipeline.network.connection_quotas import DEFAULT_MAX_CONNECTIONS
 from pipeline.network.connection_state import (
     DEFAULT_IDLE_TIMEOUT_MS,
@@ -301,8 +301,8 @@ def tls_protocols(value: Any, text: bool) -> tuple[str, ...]:
 
 def cluster_brokers(value: Any, text: bool) -> tuple:
     """``pipeline.cluster.brokers``: ``ID@HOST:PORT[,...]`` (every broker of the cluster, like Kafka's
-    ``controller.quorum.voters``) -> ``pipeline.cluster.ClusterBroker``s sorted by id."""
-    from pipeline.cluster import parse_brokers
+    ``controller.quorum.voters``) -> ``pipeline.cluster.membership.ClusterBroker``s sorted by id."""
+    from pipeline.cluster.membership import parse_brokers
 
     return parse_brokers(string(value, text))
 

@@ -29,8 +29,8 @@ import trio
 from pipeline.admin.apis import AdminApis, broker_configs
 from pipeline.config import Mode, ServerConfig
 from pipeline.requests.topic_store import FILE as TOPIC_STORE_FILE, TopicStore
-from pipeline.cluster import Cluster, DynamicCluster
-from pipeline.leadership import LeadershipService
+from pipeline.cluster.membership import Cluster, DynamicCluster
+from pipeline.cluster.service import LeadershipService
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.checkpoint import Checkpoint
 from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
@@ -98,7 +98,7 @@ def discard_unacknowledged(c: ServerConfig) -> None:
     """With leadership through the database: a broker starts with no WAL and no checkpoint of its own.
     With ``--ack-on spark`` neither holds anything acknowledged that the table lacks, and a partition
     may have moved to another broker meanwhile, whose offsets a replay of this WAL would collide with;
-    each partition is taken over from the table when this broker leads it (``pipeline.leadership``)."""
+    each partition is taken over from the table when this broker leads it (``pipeline.cluster.service``)."""
     own = state_dir(c)
     wal = own / "wal"
     if wal.is_dir():
@@ -113,7 +113,7 @@ def incarnation_dir(c: ServerConfig, incarnation: uuid.UUID) -> Path:
     checkpoint, ``DATA_DIR/_pipeline/broker-<node.id>/incarnation-<id>``, on the volume every broker
     reaches. A new incarnation starts with an empty one; the one before may hold acknowledged records
     the table lacks, which the controller writes to the table before any partition is taken over
-    (``pipeline.leadership``, ``Server.drain_wal``); its next incarnation deletes it once drained."""
+    (``pipeline.cluster.service``, ``Server.drain_wal``); its next incarnation deletes it once drained."""
     return state_dir(c) / f"incarnation-{incarnation}"
 
 
@@ -242,7 +242,7 @@ class Server:
         own = state_dir(config)
         self.cluster = cluster_of(config)
         self.dynamic = config.cluster_leadership == "database"
-        """Leadership through the metadata database (``pipeline.leadership``)."""
+        """Leadership through the metadata database (``pipeline.cluster.service``)."""
         self.incarnation = uuid.uuid4()
         """This process's incarnation id (its registration's, with leadership through the database)."""
         self.wal_path: str | None = None

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.cli import add_serve_arguments, build_parser, flag_values
 from pipeline.config import ENV_PREFIX, KEYS, ConfigError, default_value, load_config, resolve
-from pipeline.logs import LogConfig
+from pipeline.observe.structured_logs import LogConfig
 from pipeline.config import Mode, ServerConfig
 from pipeline.table.catalog import TableConfig
 

@@ -73,7 +73,7 @@ async def _serve(config: ServerConfig) -> None:
     async with trio.open_nursery() as nursery:
         _host, port = await nursery.start(server.serve)
         try:
-            from pipeline.lifecycle import tune_gc_for_serving
+            from pipeline.process.lifecycle import tune_gc_for_serving
         except ImportError:  # a tree from before issue 13
             pass
         else:

@@ -238,7 +238,7 @@ class NaiveLoop:
 def read_rows(data_dir: Path) -> list[tuple[int, int, tuple[int, int, int] | None]]:
     """``TOPIC``'s rows as (partition, offset, (producer, seq, 0) or None), read through the running
     server's Spark Connect endpoint (its catalog: exact even after a compaction)."""
-    from pipeline.datadir import table_session
+    from pipeline.process.datadir import table_session
     from pipeline.table.layout import DEFAULT_DATABASE, RECORDS_TABLE
 
     spark = table_session(data_dir)
@@ -281,7 +281,7 @@ def verify_table(producers: list[dict], rows: list[tuple[int, int, tuple[int, in
 
 
 def _lag_quantiles(metrics_port: int) -> dict[str, float | None]:
-    from pipeline.top import histogram_quantile, scrape
+    from pipeline.observe.top import histogram_quantile, scrape
 
     buckets = scrape(f"http://127.0.0.1:{metrics_port}/metrics").buckets("pipeline_queryable_lag_ms")
     return {"p50": histogram_quantile(0.5, buckets), "p99": histogram_quantile(0.99, buckets)}

@@ -127,7 +127,7 @@ def _measure(spark: SparkSession, catalog: TableCatalog, repeats: int) -> dict:
 
 def main(opts: TableBenchOptions, argv: list[str] | None = None) -> int:
     from pipeline.bench.processes import ManagedProcess
-    from pipeline.top import histogram_quantile, scrape
+    from pipeline.observe.top import histogram_quantile, scrape
 
     console = Console(width=None if Console().is_terminal else 160)
     out = opts.out
@@ -156,7 +156,7 @@ def main(opts: TableBenchOptions, argv: list[str] | None = None) -> int:
 
     from dataclasses import replace
 
-    from pipeline.datadir import table_session
+    from pipeline.process.datadir import table_session
     from pipeline.table.catalog import TableCatalog, TableConfig
 
     spark = table_session(data_dir, "local[*]", app_name="pipeline-bench-table")

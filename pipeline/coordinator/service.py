@@ -319,7 +319,7 @@ class GroupCoordinatorService:
         return COORDINATOR_LOAD_IN_PROGRESS if loading is not None and loading(group_id) else gc.NOT_COORDINATOR
 
     async def load_groups(self, in_partition: Callable[[str], bool]) -> int:
-        """This broker now coordinates the groups ``in_partition`` accepts (``pipeline.leadership``):
+        """This broker now coordinates the groups ``in_partition`` accepts (``pipeline.cluster.service``):
         their state is dropped and their committed offsets read from the store again (Kafka
         GroupMetadataManager.loadGroupsForPartition); the groups loaded."""
         self._deliver(self.state.unload([g for g in list(self.state.groups) if in_partition(g)]))

@@ -179,7 +179,7 @@ class LogManager:
 
     def reset_partition(self, topic: str, partition: int, end_offset: int,
                         batches: Iterable[tuple[int, int, int, int, int]] = ()) -> None:
-        """This broker leads ``topic``-``partition`` after another one did (``pipeline.leadership``): its log
+        """This broker leads ``topic``-``partition`` after another one did (``pipeline.cluster.service``): its log
         continues at ``end_offset`` (the table's end: every offset below it is read from the table), its
         idempotent producers' state is ``batches`` ((producer id, epoch, first seq, last seq, base offset),
         oldest first); what this broker knew of it before is forgotten and its waiting fetches wake."""

@@ -18,9 +18,9 @@ home-made consensus (issue 24):
   **leader epoch** (+1 per move), the previous leader (``prior_id``) and whether
   that one has **handed off** (everything it accepted is in the table). A new
   leader serves once the prior leader handed off or is not a live member any
-  more (pipeline.leadership), and marks the row **serving** (``serve``) as it
+  more (pipeline.cluster.service), and marks the row **serving** (``serve``) as it
   starts (``Leadership.serving``; recorded, not used by Metadata: see
-  ``pipeline.cluster.DynamicCluster.leader``).
+  ``pipeline.cluster.membership.DynamicCluster.leader``).
 - **producer states**: each idempotent producer batch a leader commits to the
   table is written here first (``record_producers``), with its base offset. A
   new leader takes the rows below the table's end offset (what the table holds)
@@ -35,11 +35,11 @@ home-made consensus (issue 24):
   lacks, and marks it drained together with the producer batches it wrote
   (``wal_drained``), as AutoMQ re-attaches a dead node's WAL volume elsewhere.
   Until no dead WAL is left undrained, no partition is taken over from the
-  table (pipeline.leadership). The node's next incarnation deletes its drained
+  table (pipeline.cluster.service). The node's next incarnation deletes its drained
   directories.
 
 Every write bumps this store's change version (``Database.record_change``) only
-when leadership changed, which brokers poll (pipeline.leadership).
+when leadership changed, which brokers poll (pipeline.cluster.service).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from typing import Callable
 
 import trio
 
-from pipeline.logs import log_context
+from pipeline.observe.structured_logs import log_context
 from pipeline.network.channel import KafkaChannel
 from pipeline.network.connection_quotas import ConnectionQuotas
 from pipeline.network.listeners import PLAINTEXT_LISTENER, Listener
@@ -180,7 +180,7 @@ class Processor:
                     channel.abort(reason)
 
     async def _serve(self, channel: KafkaChannel, ip: str) -> None:
-        # Every line this connection's tasks log carries its id (pipeline.logs).
+        # Every line this connection's tasks log carries its id (pipeline.observe.structured_logs).
         log_context.set((channel.connection_id, None))
         log.debug("processor %d: new connection %s", self.processor_id, channel.connection_id)
         try:

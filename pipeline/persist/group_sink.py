@@ -37,7 +37,7 @@ from typing import Callable, Collection, Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from pipeline.lifecycle import die_with_parent
+from pipeline.process.lifecycle import die_with_parent
 from pipeline.table.arrow import appends_to_table
 from pipeline.log.batch import AppendColumns, PartitionAppend, to_columns
 from pipeline.persist.spark_sink import SparkSink
@@ -222,7 +222,7 @@ class SparkGroupSink:
         """Start the decode worker process (if ``decode_in_subprocess``), without waiting for it.
 
         Call it from the main thread: the worker is told to die with the thread that
-        started it (``PR_SET_PDEATHSIG``, ``pipeline.lifecycle.die_with_parent``), and
+        started it (``PR_SET_PDEATHSIG``, ``pipeline.process.lifecycle.die_with_parent``), and
         ``ProcessPoolExecutor`` starts its process in the thread of the first ``submit``,
         made here. ``start`` calls it when it was not called before.
         """

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Self
 
+from pipeline.process.lifecycle import set_parent_death_signal
+
 LOOPBACK = "127.0.0.1"
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -87,15 +89,6 @@ def _spark_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _set_pdeathsig() -> None:
-    """preexec_fn: the child gets SIGKILL when the thread that started it dies (Linux prctl(2))."""
-    import ctypes
-    import ctypes.util
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
 class SparkProcess:
     """One Spark JVM launched by a ``bin/`` script, its output appended to ``log_path``.
 
@@ -121,7 +114,7 @@ class SparkProcess:
         self.proc = subprocess.Popen(
             self.cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             env=self.env, start_new_session=True,
-            preexec_fn=_set_pdeathsig if self.die_with_parent else None,
+            preexec_fn=set_parent_death_signal if self.die_with_parent else None,
         )
 
     @property

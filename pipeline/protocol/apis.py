@@ -173,7 +173,7 @@ SUPPORTED_VERSIONS.update({
     31: (1, 3),                     # DeleteAcls
     # Transactions (KIP-98/360/447/664): pipeline/requests/txn_apis.py, with InitProducerId
     # above. Not listed by a server that does not run the transaction coordinator (a
-    # cluster of brokers, pipeline.cluster): KafkaApis.withheld.
+    # cluster of brokers, pipeline.cluster.membership): KafkaApis.withheld.
     24: (0, 3),                     # AddPartitionsToTxn (v4: broker-to-broker verification, KIP-890)
     25: (0, 3),                     # AddOffsetsToTxn
     26: (0, 3),                     # EndTxn (v4: TRANSACTION_ABORTABLE, v5: KIP-890 epoch bumps)
@@ -498,7 +498,7 @@ class TopicResolver(Protocol):
 @dataclass(frozen=True, slots=True)
 class BrokerInfo:
     """This broker as advertised in Metadata; alone (``cluster`` None) it is the only broker,
-    leader of every partition and controller; in a cluster (``pipeline.cluster``) the
+    leader of every partition and controller; in a cluster (``pipeline.cluster.membership``) the
     leaders and the controller are the cluster's."""
 
     node_id: int
@@ -509,7 +509,7 @@ class BrokerInfo:
     """(listener name, advertised host, advertised port) of every listener (KIP-103);
     ``host``/``port`` are the first listener's."""
     cluster: Any = None
-    """The ``pipeline.cluster.Cluster`` this broker is a member of; None: alone."""
+    """The ``pipeline.cluster.membership.Cluster`` this broker is a member of; None: alone."""
 
     def leader(self, topic: str, partition: int) -> int:
         """Node id of the leader of ``topic``-``partition``."""
@@ -522,12 +522,12 @@ class BrokerInfo:
 
     def leader_epoch(self, topic: str, partition: int) -> int:
         """The leader epoch of ``topic``-``partition`` (KIP-320): 0 alone or with static leaders, the
-        leadership row's with leadership through the database (``pipeline.cluster``)."""
+        leadership row's with leadership through the database (``pipeline.cluster.membership``)."""
         return 0 if self.cluster is None else self.cluster.leader_epoch(topic, partition)
 
     def taking_over(self, topic: str, partition: int) -> bool:
         """Whether this broker was made leader of ``topic``-``partition`` and is taking it over, not
-        serving it yet (``pipeline.cluster.DynamicCluster.taking_over``); never alone."""
+        serving it yet (``pipeline.cluster.membership.DynamicCluster.taking_over``); never alone."""
         return self.cluster is not None and self.cluster.taking_over(topic, partition)
 
     @property

@@ -29,7 +29,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from pipeline.log.manager import LogManager
-from pipeline.logs import log_context
+from pipeline.observe.structured_logs import log_context
 from pipeline.log.batch import PartitionAppend
 from pipeline.persist.persister import BatchingPersister, Commit, StorageFailedError
 from pipeline.protocol import apis
@@ -100,7 +100,7 @@ class KafkaApis:
         first_producer_id: first id InitProducerId hands out; the server seeds
             it from the wall clock (ms) so ids are not reused across restarts.
             In a cluster of N brokers the k-th id is ``k * N + index`` from k =
-            ``first_producer_id`` (``pipeline.cluster.Cluster.producer_id``).
+            ``first_producer_id`` (``pipeline.cluster.membership.Cluster.producer_id``).
         producer_ids: where ids come from instead (``first_producer_id`` is then unused):
             with a shared metadata database, blocks claimed from it
             (``pipeline.metadata.producer_ids.ProducerIdManager``), unique across hosts.
@@ -459,7 +459,7 @@ class KafkaApis:
         # has_capacity first: the usual case, without a coroutine per request.
         if checked and not self.persister.has_capacity:
             if await self.persister.wait_for_capacity(deadline):
-                # Leadership may have moved while this waited (pipeline.leadership): not sequenced here then.
+                # Leadership may have moved while this waited (pipeline.cluster.service): not sequenced here then.
                 for index, part, _info in checked:
                     if not self.broker.leads(part.topic, part.partition):
                         results[index] = PartitionResult(part.topic, part.partition,
@@ -470,7 +470,7 @@ class KafkaApis:
                 # within the request's timeout rather than hold it (Kafka
                 # REQUEST_TIMED_OUT); nothing of it was sequenced or stored.
                 log.warning("connection %s: produce timed out waiting for persister memory (buffer.memory full)",
-                            request.connection.connection_id)  # the correlation id is on the line (pipeline.logs)
+                            request.connection.connection_id)  # the correlation id is on the line (pipeline.observe.structured_logs)
                 for index, part, _info in checked:
                     results[index] = PartitionResult(part.topic, part.partition, ErrorCode.request_timed_out.value,
                                                      error_message="persistence stalled: buffer.memory full")
@@ -747,7 +747,7 @@ class RequestHandler:
 
     async def _handle_one(self, request: Request) -> float:
         """Handle one request; returns when it was done (trio time, s)."""
-        # What is logged while handling it carries its ids (pipeline.logs).
+        # What is logged while handling it carries its ids (pipeline.observe.structured_logs).
         context = log_context.set((request.connection.connection_id, request.header.correlation_id))
         try:
             await self._apis.handle(request)

@@ -432,11 +432,11 @@ async def test_every_advertised_version_of_every_group_api_is_answered(autojump_
 
 
 async def test_in_a_cluster_each_group_has_one_coordinator(autojump_clock, tmp_path):
-    """pipeline.cluster: FindCoordinator names crc32(group) % N's broker with its address; group
+    """pipeline.cluster.membership: FindCoordinator names crc32(group) % N's broker with its address; group
     requests for a group another broker coordinates answer NOT_COORDINATOR."""
     from dataclasses import replace
 
-    from pipeline.cluster import Cluster, parse_brokers
+    from pipeline.cluster.membership import Cluster, parse_brokers
 
     cluster = Cluster(parse_brokers("0@127.0.0.1:9092,1@10.0.0.2:9093"), 0)
     groups = [f"g{i}" for i in range(20)]

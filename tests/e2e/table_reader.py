@@ -4,7 +4,7 @@
 pipeline's, so ``records`` names the records table) and returns the rows as
 dicts (binary as ``bytes``, structs as dicts, timestamps as tz-aware
 datetimes), through Arrow. Where it runs depends on the data directory, as
-``pipeline sql`` decides (``pipeline.datadir.table_session``):
+``pipeline sql`` decides (``pipeline.process.datadir.table_session``):
 
 * a server runs on it with a Spark Connect endpoint (``DATA_DIR/_pipeline/
   endpoints.json``): in this process, through a Spark Connect client session
@@ -80,11 +80,11 @@ def read_table_until(data_dir: Path, query: str, until: Callable[[list[dict]], b
 def running_server_connect_url(data_dir: Path) -> str | None:
     """The Spark Connect URL of the server running on ``data_dir`` now, or None.
 
-    None when no process holds the data directory's lock (``pipeline.datadir.data_dir_in_use``:
+    None when no process holds the data directory's lock (``pipeline.process.datadir.data_dir_in_use``:
     after a ``kill -9`` the endpoints file outlives the server) or when the running server
     serves no Connect endpoint (the subprocess reader then fails as ``pipeline sql`` does,
     naming the cause)."""
-    from pipeline.datadir import data_dir_in_use, endpoints_path
+    from pipeline.process.datadir import data_dir_in_use, endpoints_path
 
     if not data_dir_in_use(Path(data_dir)):
         return None
@@ -95,7 +95,7 @@ def running_server_connect_url(data_dir: Path) -> str | None:
 
 
 def _read_through_connect(data_dir: Path, remote: str, queries: list[str], timeout_s: float) -> list[list[dict]]:
-    from pipeline.datadir import table_session
+    from pipeline.process.datadir import table_session
     from pipeline.table.layout import DEFAULT_DATABASE
 
     spark = table_session(Path(data_dir), spark_remote=remote)
@@ -142,7 +142,7 @@ def _read_in_a_subprocess(data_dir: Path, queries: list[str], timeout_s: float,
 
 def main(argv: list[str]) -> int:
     data_dir, request, out_dir, *uris = argv
-    from pipeline.datadir import table_session
+    from pipeline.process.datadir import table_session
     from pipeline.table.layout import DEFAULT_DATABASE
 
     queries = json.loads(Path(request).read_text())

@@ -53,7 +53,7 @@ from kio.schema.offset_fetch.v8.response import OffsetFetchResponse
 from kio.serial import entity_reader
 from kio.static.primitive import i8, i32, i64
 
-from pipeline.cluster import OFFSETS_TOPIC, offsets_partition, preferred_leader
+from pipeline.cluster.membership import OFFSETS_TOPIC, offsets_partition, preferred_leader
 from tests.conftest import unique_database
 from tests.e2e import raw_client as rc
 from tests.e2e.cluster_process import Cluster
@@ -240,7 +240,7 @@ def test_an_offset_committed_through_broker_0_is_read_through_every_broker_from_
     backend, c = cluster
     topic = f"cm-{backend}-offsets"
     # A group broker 0 coordinates, so the commit is made there: the controller gives the group's
-    # __consumer_offsets partition to its preferred leader over the three brokers (pipeline.cluster).
+    # __consumer_offsets partition to its preferred leader over the three brokers (pipeline.cluster.membership).
     group = next(g for g in (f"cm-{backend}-group-{i}" for i in range(100))
                  if preferred_leader(OFFSETS_TOPIC, offsets_partition(g), tuple(range(BROKERS))) == 0)
     creator = _admin(c, 0)

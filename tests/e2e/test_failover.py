@@ -54,7 +54,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline.lifecycle import die_with_parent
+from pipeline.process.lifecycle import die_with_parent
 from tests.e2e import netns
 from tests.e2e.server_process import reap
 from tests.e2e.table_reader import read_table

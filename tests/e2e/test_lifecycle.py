@@ -10,7 +10,7 @@ covers the rest of listening before Spark: produce acknowledged at the WAL,
 Steps of tests/e2e/test_durability.py cover the rest: after ``kill -9`` of
 ``pipeline serve`` its decode worker, the multiprocessing resource tracker and
 Spark's JVM (with its Python workers) exit by themselves
-(pipeline/lifecycle.py says how each notices); under SIGTERM with load every
+(pipeline/process/lifecycle.py says how each notices); under SIGTERM with load every
 request the server read is answered (success or a Kafka error) before its
 connection closes, everything acknowledged is in the table exactly once, and
 the server exits 0 in bounded time.

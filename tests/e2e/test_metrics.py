@@ -45,7 +45,7 @@ import pytest
 from rich.console import Console
 
 from pipeline.network.request_metrics import STAGES
-from pipeline.top import Scrape, render, scrape
+from pipeline.observe.top import Scrape, render, scrape
 from tests.e2e import raw_client as rc
 from tests.e2e.server_process import ServerProcess
 from tests.e2e.shared_server import LogCursor, wait_committed

@@ -30,7 +30,7 @@ N = 200
 CHILDREN_GRACE_S = 15.0
 """How long the killed server's children get to end (s). The decode worker dies with it at once
 (PR_SET_PDEATHSIG); a JVM killed half-way through its launch, which reads nothing of ours until
-its gateway is up, is killed by the launch reaper (pipeline.lifecycle.launch_reaper) within
+its gateway is up, is killed by the launch reaper (pipeline.process.lifecycle.launch_reaper) within
 ~0.2 s. Before the reaper it ended only once its gateway was up: over 15 s on a CI runner at
 load 17."""
 

@@ -439,9 +439,9 @@ async def test_a_forgotten_topic_leaves_the_checkpoint_at_once(autojump_clock, t
 
 
 async def test_a_partition_another_broker_leads_is_not_served(autojump_clock, tmp_path):
-    """In a cluster (pipeline.cluster) Fetch and ListOffsets of a partition this broker does not
+    """In a cluster (pipeline.cluster.membership) Fetch and ListOffsets of a partition this broker does not
     lead answer NOT_LEADER_OR_FOLLOWER (6) for that partition alone."""
-    from pipeline.cluster import Cluster, parse_brokers
+    from pipeline.cluster.membership import Cluster, parse_brokers
 
     cluster = Cluster(parse_brokers("0@127.0.0.1:9092,1@127.0.0.1:9093"), 0)
     mine = next(p for p in (0, 1) if cluster.leads("t", p))
@@ -467,7 +467,7 @@ async def test_a_fetch_waits_for_a_partition_this_broker_is_taking_over(patient_
     answer NOT_LEADER_OR_FOLLOWER at once (kafkajs rejoins its group on each such answer). A fetch
     answered early for another partition's data gets it with no error and no records, its high
     watermark the offset asked; one still waiting at its max wait is NOT_LEADER_OR_FOLLOWER."""
-    from pipeline.cluster import DynamicCluster
+    from pipeline.cluster.membership import DynamicCluster
     from pipeline.metadata.leadership import Leadership
 
     view = DynamicCluster(0, "127.0.0.1", 9092)
@@ -506,7 +506,7 @@ async def test_list_offsets_waits_for_a_partition_this_broker_is_taking_over(aut
     """ListOffsets of a partition broker 0 is taking over waits for the take-over (in a task of its own:
     the connection's and other connections' requests go on) and answers its offsets then; one still
     being taken over after ``TAKEOVER_WAIT_MS`` is NOT_LEADER_OR_FOLLOWER."""
-    from pipeline.cluster import DynamicCluster
+    from pipeline.cluster.membership import DynamicCluster
     from pipeline.log.fetch import TAKEOVER_WAIT_MS
     from pipeline.metadata.leadership import Leadership
 
@@ -565,7 +565,7 @@ def list_offsets_v7(correlation_id: int, *parts: tuple[int, int]) -> bytes:
 def _leading_t0_at_epoch_3():
     """Broker 0's view of a cluster led through the database: it leads "t"-0 at leader epoch 3 (loaded),
     broker 1 leads "t"-1 at 5."""
-    from pipeline.cluster import DynamicCluster
+    from pipeline.cluster.membership import DynamicCluster
     from pipeline.metadata.leadership import Leadership
 
     view = DynamicCluster(0, "127.0.0.1", 9092)

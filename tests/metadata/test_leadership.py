@@ -1,5 +1,5 @@
 """The controller row, partition leaders and producer states on both backends (``metadata_target``), and the
-sans-I/O rules a controller and a broker follow (``pipeline.cluster.reassign``, ``DynamicCluster``).
+sans-I/O rules a controller and a broker follow (``pipeline.cluster.membership.reassign``, ``DynamicCluster``).
 
 Two "brokers" are two store instances on one database (or file), as in tests/metadata/test_stores.py.
 """
@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from pipeline.cluster import OFFSETS_PARTITIONS, OFFSETS_TOPIC, DynamicCluster, offsets_partition, preferred_leader, reassign
+from pipeline.cluster.membership import OFFSETS_PARTITIONS, OFFSETS_TOPIC, DynamicCluster, offsets_partition, preferred_leader, reassign
 from pipeline.metadata.brokers import FencedBrokerError
 from pipeline.metadata.leadership import BrokerWal, Leadership, LeadershipStore, NotControllerError, ProducerBatch
 
@@ -243,7 +243,7 @@ def test_metadata_names_a_moved_partitions_assigned_leader_and_only_a_loaded_one
 def test_a_partitions_leader_epoch_is_its_rows_and_0_before_it_has_one():
     """KIP-320: Metadata, Fetch and ListOffsets take a partition's leader epoch from here
     (``BrokerInfo.leader_epoch``); a row's epoch is 1 the first time, so 0 is below every row's."""
-    from pipeline.cluster import Cluster, ClusterBroker
+    from pipeline.cluster.membership import Cluster, ClusterBroker
 
     view = DynamicCluster(1, "127.0.0.1", 9093)
     assert view.leader_epoch("t", 0) == 0

@@ -1,4 +1,4 @@
-"""``pipeline.leadership.LeadershipService`` on a real SQLite metadata file: membership's end, and
+"""``pipeline.cluster.service.LeadershipService`` on a real SQLite metadata file: membership's end, and
 with ``--ack-on wal`` a dead broker's WAL drained before its partitions are taken over.
 
 A clean stop ends the broker's lease (``unregister``); the heartbeat the database then refuses is
@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from pipeline.cluster import DynamicCluster
-from pipeline.leadership import LeadershipService
+from pipeline.cluster.membership import DynamicCluster
+from pipeline.cluster.service import LeadershipService
 from pipeline.log.manager import LogManager
 
 ENDPOINT = (("PLAINTEXT", "127.0.0.1", 9092),)

@@ -1,4 +1,4 @@
-"""The launch reaper (``pipeline.lifecycle.launch_reaper``) with real processes, no Spark.
+"""The launch reaper (``pipeline.process.lifecycle.launch_reaper``) with real processes, no Spark.
 
 A parent process starts a child (``sleep``, standing in for a JVM that reads nothing of ours
 while it launches) inside ``launch_reaper()``:
@@ -22,11 +22,11 @@ import time
 import psutil
 import pytest
 
-from pipeline.lifecycle import REAPER_POLL_S
+from pipeline.process.lifecycle import REAPER_POLL_S
 
 PARENT = textwrap.dedent("""
     import subprocess, sys, time
-    from pipeline.lifecycle import launch_reaper
+    from pipeline.process.lifecycle import launch_reaper
     with launch_reaper():
         child = subprocess.Popen(["sleep", "120"])
         print(child.pid, flush=True)
@@ -53,7 +53,7 @@ def _parent(mode: str) -> tuple[subprocess.Popen[str], psutil.Process]:
 def test_a_parent_killed_inside_the_block_takes_its_children_with_it() -> None:
     parent, child = _parent("die")
     try:
-        reapers = [p for p in psutil.Process(parent.pid).children() if "pipeline.lifecycle" in " ".join(p.cmdline())]
+        reapers = [p for p in psutil.Process(parent.pid).children() if "pipeline.process.lifecycle" in " ".join(p.cmdline())]
         assert len(reapers) == 1
         # The child exists (its pid was printed): let the reaper list it (it lists every REAPER_POLL_S;
         # a child started less than that before the parent dies may be missed, as documented).
@@ -72,7 +72,7 @@ def test_leaving_the_block_releases_the_reaper_and_kills_nothing(mode: str) -> N
     parent, child = _parent(mode)
     try:
         assert parent.stdout is not None and parent.stdout.readline().strip() == "released"
-        reapers = [p for p in psutil.Process(parent.pid).children() if "pipeline.lifecycle" in " ".join(p.cmdline())]
+        reapers = [p for p in psutil.Process(parent.pid).children() if "pipeline.process.lifecycle" in " ".join(p.cmdline())]
         assert reapers == []  # waited for by launch_reaper on the way out
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
         assert parent.stdin is not None

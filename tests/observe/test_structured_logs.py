@@ -1,4 +1,4 @@
-"""Structured logs (pipeline/logs.py): formats, request ids from the context, warnings, children's stderr."""
+"""Structured logs (pipeline/observe/structured_logs.py): formats, request ids from the context, warnings, children's stderr."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 
-from pipeline.logs import LogConfig, children_stderr_to_log, log_context, setup_logging
+from pipeline.observe.structured_logs import LogConfig, children_stderr_to_log, log_context, setup_logging
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def test_context_ids_follow_trio_tasks():
 def test_third_party_warnings_go_to_debug_ours_to_warning(restore_logging):
     out = io.StringIO()
     setup_logging(LogConfig(level="INFO"), out)
-    import pipeline.logs as logs_module
+    import pipeline.observe.structured_logs as logs_module
 
     with warnings.catch_warnings():  # keeps setup_logging's showwarning, restores the filters
         warnings.simplefilter("always")

@@ -1,10 +1,9 @@
-"""ResponseSequencer and OffsetSequencer: ordering rules, no I/O."""
+"""ResponseSequencer: ordering rules, no I/O."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.log.sequencing import OffsetSequencer
 from pipeline.network.sequencing import ResponseSequencer, SequencingError
 
 
@@ -51,18 +50,6 @@ def test_any_completion_order_pops_in_request_order(order, pop_every):
             popped += seq.pop_ready()
     popped += seq.pop_ready()
     assert [r.correlation_id for r in popped] == [1000 + i for i in range(30)]
-
-
-def test_offsets_are_contiguous_per_partition():
-    offsets = OffsetSequencer()
-    assert offsets.assign("t", 0, 3) == 0
-    assert offsets.assign("t", 1, 2) == 0
-    assert offsets.assign("t", 0, 1) == 3
-    assert offsets.log_end_offset("t", 0) == 4
-    offsets.restore("u", 0, 42)
-    assert offsets.assign("u", 0, 1) == 42
-    with pytest.raises(ValueError):
-        offsets.assign("t", 0, 0)
 
 
 def test_unordered_mode_releases_in_completion_order():

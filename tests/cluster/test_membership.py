@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 from kio.schema.errors import ErrorCode
 
-from pipeline.cluster import Cluster, ClusterBroker, format_brokers, parse_brokers
+from pipeline.cluster.membership import Cluster, ClusterBroker, format_brokers, parse_brokers
 from pipeline.config import ConfigError, resolve
 from pipeline.protocol import BrokerInfo, decode_request, metadata_response, parse_request_header
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.handler import KafkaApis
-from pipeline.supervisor import broker_ports, strip_flags
+from pipeline.process.supervisor import broker_ports, strip_flags
 from tests.protocol.protocol_helpers import metadata_request, read_response, request_frame
 
 BROKERS = parse_brokers("1@127.0.0.1:9093,0@127.0.0.1:9092,2@h2:9094")
@@ -117,7 +117,7 @@ def test_metadata_lists_every_broker_and_each_partitions_leader():
 def test_metadata_names_each_partitions_leader_epoch_from_the_database_rows():
     """KIP-320 (Metadata v7+): with leadership through the database a partition's leader epoch is its
     row's (+1 per move); one without a row yet says 0; before v7 there is no field."""
-    from pipeline.cluster import DynamicCluster
+    from pipeline.cluster.membership import DynamicCluster
     from pipeline.metadata.leadership import Leadership
 
     view = DynamicCluster(1, "127.0.0.1", 9093)
@@ -135,7 +135,7 @@ def test_a_leader_that_is_not_a_live_member_is_not_available_in_metadata():
     """Between a broker's lease ending and the controller moving its partitions their rows still name
     it, but it is not a listed broker: Metadata says LEADER_NOT_AVAILABLE with leader -1, as Kafka does
     for an offline leader (kafka-python's poll raised UnknownBrokerIdError on the dangling id)."""
-    from pipeline.cluster import ClusterBroker, DynamicCluster
+    from pipeline.cluster.membership import ClusterBroker, DynamicCluster
     from pipeline.metadata.leadership import Leadership
 
     view = DynamicCluster(1, "127.0.0.1", 9093)
@@ -215,7 +215,7 @@ def test_supervisor_restarts_a_dead_broker_and_gives_up_on_a_configuration_error
     import sys
     import threading
 
-    from pipeline import supervisor as sv
+    from pipeline.process import supervisor as sv
 
     marker = tmp_path / "runs"
     # broker 0 dies (status 1) on its first two runs, then stays up; broker 1 lives

@@ -11,7 +11,7 @@ The supervisor serves nothing itself. It
 3. starts brokers 0..N-1 (``pipeline serve --brokers 1 --node-id i``) on the
    ``--listen`` port and the next N-1 (port 0: N free ports picked first),
    each told the whole cluster (``--cluster-brokers 0@HOST:P0,1@HOST:P1,...``,
-   ``pipeline.cluster``) and the shared Spark (``--spark-remote``), with every
+   ``pipeline.cluster.membership``) and the shared Spark (``--spark-remote``), with every
    other option the supervisor was given; their output lines are printed
    prefixed ``broker I:``, so each broker's ``listening on`` line shows;
 4. restarts a broker that exits (logged, with a back-off that doubles from
@@ -30,8 +30,6 @@ only, which stops them in order.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import logging
 import os
@@ -46,7 +44,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, TextIO
 
-from pipeline.cluster import ClusterBroker, format_brokers
+from pipeline.cluster.membership import ClusterBroker, format_brokers
+from pipeline.process.lifecycle import set_parent_death_signal
 
 if TYPE_CHECKING:
     from pipeline.config import ServerConfig
@@ -66,12 +65,6 @@ STABLE_AFTER_S = 60.0
 # Flags the supervisor sets per broker, removed from what it passes on.
 _OWN_FLAGS = ("--brokers", "--node-id", "--listen", "--advertised-listener", "--cluster-brokers",
               "--spark-master", "--spark-remote", "--metrics-port", "--spark-connect-port", "--thrift-port")
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: SIGKILL this child when the supervisor (its parent thread) dies."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def create_shared_stores(config: ServerConfig) -> None:
@@ -145,7 +138,7 @@ class Broker:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE if self.prefix_log else None,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=set_parent_death_signal)
         self.started_at = time.monotonic()
         self.restart_at = None
         self.pumps = [p for p in self.pumps if p.is_alive()]
@@ -191,7 +184,7 @@ class Supervisor:
         self._starting = True
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        from pipeline.lifecycle import StartupInterrupted
+        from pipeline.process.lifecycle import StartupInterrupted
 
         self._stop.set()
         if self._starting:  # interrupt the Connect server's start where it is (it stops itself)
@@ -224,8 +217,8 @@ class Supervisor:
 
     def run(self) -> int:
         """Start everything, supervise until a stop signal, stop everything. Returns the exit code."""
-        from pipeline.datadir import endpoints_path
-        from pipeline.lifecycle import StartupInterrupted
+        from pipeline.process.datadir import endpoints_path
+        from pipeline.process.lifecycle import StartupInterrupted
         from pipeline.persist.spark_cluster import ConnectServer
         from pipeline.table.catalog import catalog_conf
 

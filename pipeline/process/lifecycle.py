@@ -48,6 +48,28 @@ PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def set_parent_death_signal(signum: int = signal.SIGKILL) -> int:
+    """Have Linux send ``signum`` to the calling process when the thread that started it ends.
+
+    ``PR_SET_PDEATHSIG`` (prctl(2)), the one place it is set: in
+    :func:`die_with_parent` and, as a ``preexec_fn`` (between fork and exec: the
+    setting is kept across exec, cleared by fork), for the brokers a supervisor
+    starts and for Spark's JVMs. prctl(2) ties the signal to the *thread* that
+    forked the child, not to its process. Linux only: a caller that may run
+    elsewhere checks the platform first.
+
+    Args:
+        signum: the signal to receive (default SIGKILL).
+
+    Returns:
+        0, or the errno prctl failed with.
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+        return ctypes.get_errno()
+    return 0
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Make the calling (child) process get SIGKILL when its parent dies.
 
@@ -65,9 +87,9 @@ def die_with_parent(parent_pid: int) -> None:
         parent_pid: the pid of the process that started this one.
     """
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
+        errno = set_parent_death_signal(signal.SIGKILL)
+        if errno:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(errno))
     if os.getppid() != parent_pid:
         os._exit(1)
 
@@ -142,7 +164,7 @@ def launch_reaper() -> Iterator[None]:
 
     For the launch of Spark's JVM: until its gateway is up the JVM reads nothing of ours, so a
     ``kill -9`` of the server then would leave it running until the end of its launch (see the
-    module docstring). The reaper (``python -m pipeline.lifecycle PID``) lists this process's
+    module docstring). The reaper (``python -m pipeline.process.lifecycle PID``) lists this process's
     descendants every ``REAPER_POLL_S``; when its stdin, a pipe from this process, ends without
     a release (this process died, however), it SIGKILLs those it saw last, each checked by its
     start time so that a reused pid is left alone. Leaving the block releases it: it exits and
@@ -152,7 +174,7 @@ def launch_reaper() -> Iterator[None]:
     Raises:
         OSError: the reaper could not be started.
     """
-    reaper = subprocess.Popen([sys.executable, "-m", "pipeline.lifecycle", str(os.getpid())],
+    reaper = subprocess.Popen([sys.executable, "-m", "pipeline.process.lifecycle", str(os.getpid())],
                               stdin=subprocess.PIPE, close_fds=True)
     try:
         yield
@@ -295,5 +317,5 @@ def tune_gc_for_serving() -> None:
     gc.set_threshold(max(threshold0, SERVING_GC_THRESHOLD), threshold1, threshold2)
 
 
-if __name__ == "__main__":  # the launch reaper: python -m pipeline.lifecycle SERVER_PID
+if __name__ == "__main__":  # the launch reaper: python -m pipeline.process.lifecycle SERVER_PID
     sys.exit(_reap(int(sys.argv[1])))

@@ -7,7 +7,7 @@ import math
 import pytest
 from rich.console import Console
 
-from pipeline.top import histogram_quantile, parse_metrics, render
+from pipeline.observe.top import histogram_quantile, parse_metrics, render
 
 INF = math.inf
 
@@ -99,7 +99,7 @@ def test_render_of_an_empty_scrape_does_not_fail():
 def test_top_once_against_nothing_listening_exits_1(capsys):
     import socket
 
-    from pipeline.top import run
+    from pipeline.observe.top import run
 
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it
         s.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""pipeline.metrics without Spark: HdrHistogram -> Prometheus buckets, Kafka names, and the
+"""pipeline.observe.metrics without Spark: HdrHistogram -> Prometheus buckets, Kafka names, and the
 /metrics, /healthz, /readyz endpoint on a real 127.0.0.1 socket through start-up phases."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hdrh.histogram import HdrHistogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.metrics import (
+from pipeline.observe.metrics import (
     LATENCY_BUCKETS_MS,
     MetricsEndpoint,
     Phase,

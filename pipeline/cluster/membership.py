@@ -216,7 +216,7 @@ def reassign(topics: dict[str, int], live: tuple[int, ...], current: dict[tuple[
 
 class DynamicCluster:
     """A broker's view of a cluster whose membership and leadership are in the metadata database
-    (``pipeline.leadership`` keeps it current); sans-I/O, with ``Cluster``'s interface.
+    (``pipeline.cluster.service`` keeps it current); sans-I/O, with ``Cluster``'s interface.
 
     A partition is served here (``leads``) only once this broker is a live member, the partition's
     row names it leader, and it has loaded the partition (``loaded``: offsets from the table's end,

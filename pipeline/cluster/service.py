@@ -1,7 +1,7 @@
 """Membership, the controller and partition leadership through the metadata database (a broker's trio tasks).
 
 With ``pipeline.cluster.leadership = "database"`` a broker does not compute who
-leads what from a fixed list (``pipeline.cluster.Cluster``); it takes part in a
+leads what from a fixed list (``pipeline.cluster.membership.Cluster``); it takes part in a
 cluster whose state is in the shared metadata database (issue 24: an existing
 database, no home-made consensus), as KRaft brokers do with their controller
 (KIP-500, KIP-631):
@@ -18,11 +18,11 @@ database, no home-made consensus), as KRaft brokers do with their controller
    (``pipeline.metadata.leadership``) every ``CONTROLLER_INTERVAL_S``; one holds it.
    It assigns every partition (and each ``__consumer_offsets`` partition, which
    names a group's coordinator) to ``preferred_leader`` over the live members
-   (``pipeline.cluster.reassign``), so a dead member's partitions move to live
+   (``pipeline.cluster.membership.reassign``), so a dead member's partitions move to live
    ones and a member that comes back gets its own back. Each move bumps the
    partition's leader epoch; every write is fenced by the controller epoch.
 3. **Leaders.** Every broker polls the store's change version every
-   ``METADATA_REFRESH_S`` and follows the rows (``pipeline.cluster.DynamicCluster``):
+   ``METADATA_REFRESH_S`` and follows the rows (``pipeline.cluster.membership.DynamicCluster``):
    - a partition it no longer leads stops being served at once
      (NOT_LEADER_OR_FOLLOWER; a group's requests NOT_COORDINATOR); as its *prior*
      leader it then waits until everything it accepted is in the table
@@ -68,7 +68,7 @@ from typing import Any
 
 import trio
 
-from pipeline.cluster import OFFSETS_TOPIC, ClusterBroker, DynamicCluster, offsets_partition, reassign
+from pipeline.cluster.membership import OFFSETS_TOPIC, ClusterBroker, DynamicCluster, offsets_partition, reassign
 from pipeline.coordinator.service import GroupCoordinatorService
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.manager import LogManager
