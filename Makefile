@@ -35,7 +35,7 @@ serve: $(VENV)/.installed
 
 # ruff, the type checker and the import layers, in that order (docs/development.md)
 check: $(VENV)/.installed
-	$(VENV)/bin/ruff check pipeline tests deploy
+	$(VENV)/bin/ruff check pipeline tests deploy .ci/sanitize.py
 	$(VENV)/bin/mypy pipeline deploy/image_check.py
 	$(VENV)/bin/lint-imports
 
