@@ -50,7 +50,7 @@ sanitize: $(VENV)/.installed
 # build and test artifacts only; a Spark session started in the repository without pipeline's
 # configuration leaves spark-warehouse, metastore_db and derby.log here
 clean:
-	rm -rf build spark-warehouse metastore_db derby.log .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf spark-warehouse metastore_db derby.log .pytest_cache .hypothesis .mypy_cache .ruff_cache
 
 # ./data is the default data directory (pipeline.data.dir): `make serve`'s tables, WAL and metadata stores
 clean-data:
