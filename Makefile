@@ -2,6 +2,8 @@
 #   make serve   - install into .venv if needed, run `pipeline serve` (Spark local[*], data in ./data)
 #   make test    - install with the dev extras into .venv if needed, run the static checks, then the whole test suite
 #   make check   - the static checks alone (ruff, mypy, import-linter; seconds)
+#   make sanitize - the C extensions' differential and fuzz tests under AddressSanitizer + UBSan (.ci/sanitize.py)
+#   make clean   - build and test artifacts; make clean-data deletes ./data, the default data directory
 # Pass server options with ARGS, e.g. make serve ARGS="--mode baseline --queues 8".
 
 VENV ?= .venv
@@ -13,16 +15,19 @@ PYTEST_ARGS ?=
 # Three on 2 cores: much of an end-to-end test waits (a JVM's start, a timeout), and a third worker fills it.
 TEST_WORKERS ?= 3
 
-.PHONY: serve check test clean
+.PHONY: serve check test sanitize clean clean-data
 
-# pipeline/_records.c: the C extension pip builds with the package (gcc and the Python headers).
-$(VENV)/.installed: pyproject.toml pipeline/_records.c
+# The C extensions pip builds with the package (gcc and the Python headers; pyproject's ext-modules):
+# an edit of any of them reinstalls, which rebuilds them.
+NATIVE_SOURCES := $(shell find pipeline -name '*.c')
+
+$(VENV)/.installed: pyproject.toml $(NATIVE_SOURCES)
 	@command -v java >/dev/null || { echo "Java 17+ is needed by Spark (e.g. apt-get install openjdk-17-jre-headless)"; exit 1; }
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e '.[dev]'
 	@# the Spark driver's class-data archive (~40 s, once): every later driver starts ~5 s sooner
-	$(VENV)/bin/python -m pipeline.persist.jvm_archive || echo "no class-data archive: Spark drivers start without it"
+	$(VENV)/bin/python -m pipeline.persist.jvm_archive
 	touch $@
 
 serve: $(VENV)/.installed
@@ -30,12 +35,24 @@ serve: $(VENV)/.installed
 
 # ruff, the type checker and the import layers, in that order (docs/development.md)
 check: $(VENV)/.installed
-	$(VENV)/bin/ruff check pipeline tests deploy
+	$(VENV)/bin/ruff check pipeline tests deploy .ci/sanitize.py
 	$(VENV)/bin/mypy pipeline deploy/image_check.py
 	$(VENV)/bin/lint-imports
 
 test: check
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
+# a sanitizer build of the C extensions in a temporary directory (the .venv's stay as they are), then their
+# differential and fuzz tests on it (.ci/run runs it before make test; docs/development.md)
+sanitize: $(VENV)/.installed
+	$(VENV)/bin/python .ci/sanitize.py
+
+# build and test artifacts only; a Spark session started in the repository without pipeline's
+# configuration leaves spark-warehouse, metastore_db and derby.log here
 clean:
-	rm -rf data spark-warehouse metastore_db derby.log .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf spark-warehouse metastore_db derby.log .pytest_cache .hypothesis .mypy_cache .ruff_cache
+
+# ./data is the default data directory (pipeline.data.dir): `make serve`'s tables, WAL and metadata stores
+clean-data:
+	@echo "deleting ./data: every table, WAL segment and metadata store a 'make serve' kept there"
+	rm -rf data

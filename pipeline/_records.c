@@ -70,6 +70,7 @@ static int buffer_reserve(Buffer *b, Py_ssize_t extra) {
 }
 
 static int buffer_append(Buffer *b, const void *src, Py_ssize_t n) {
+    if (n == 0) return 0; /* b->data may still be NULL, and memcpy(NULL, ..., 0) is undefined (UBSan) */
     if (buffer_reserve(b, n) < 0) return -1;
     memcpy(b->data + b->size, src, (size_t)n);
     b->size += n;

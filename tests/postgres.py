@@ -144,19 +144,19 @@ class PostgresServer:
 
 import pytest  # noqa: E402
 
+from tests.missing import missing  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def postgres_server():
     """One PostgreSQL server for the session (per pytest-xdist worker that asks for it), stopped after.
 
-    Without PostgreSQL's binaries the tests that need it are skipped, except under CI (``CI`` set),
+    Without PostgreSQL's binaries the tests that need it are skipped, except under CI (``tests.missing``: ``CI`` set),
     where ``.ci/run`` installs them and their absence is a failure.
     """
     bin_dir = binaries()
     if bin_dir is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL's initdb is missing (.ci/run installs Debian's postgresql)")
-        pytest.skip("PostgreSQL's initdb is missing (apt-get install postgresql)")
+        missing("PostgreSQL's initdb is missing (apt-get install postgresql)")
     server = PostgresServer(bin_dir)
     try:
         server.start()

@@ -7,6 +7,7 @@ imports the chosen benchmark, lazily.
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,24 @@ from pipeline.bench.options import HOSTILE_DEFAULT_DURATION, HOSTILE_DEFAULT_RAT
 
 if TYPE_CHECKING:
     from pipeline.bench.hostile_runner import HostileOptions
+
+
+BENCH_MODULES = {"matplotlib": "matplotlib", "confluent_kafka": "confluent-kafka"}
+"""What only the benchmarks import, module name: distribution name. They are pyproject's ``bench``
+extra, not dependencies of ``pipeline serve`` (tests/bench/test_bench_extra.py holds the two lists
+equal)."""
+
+
+def missing_bench_modules() -> list[str]:
+    """The distributions of ``BENCH_MODULES`` that do not import here (``[]``: all do). Imports them,
+    as the benchmark would (matplotlib ~0.1 s)."""
+    missing = []
+    for module, distribution in BENCH_MODULES.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(distribution)
+    return missing
 
 
 def resolve_hostile(args: argparse.Namespace) -> HostileOptions:
@@ -49,7 +68,16 @@ def _bench_argv() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark ``args`` (parsed by ``add_bench_arguments``) ask for; the exit status."""
+    """Run the benchmark ``args`` (parsed by ``add_bench_arguments``) ask for; the exit status.
+
+    Raises:
+        SystemExit: the ``bench`` extra is not installed (``missing_bench_modules``), or an option
+            is out of range; the message says which.
+    """
+    missing = missing_bench_modules()
+    if missing:
+        raise SystemExit(f"pipeline bench: {', '.join(missing)} missing; the benchmarks need the bench extra: "
+                         "pip install 'pipeline[bench]' (make installs it)")
     if getattr(args, "consume", False):
         from pipeline.bench.consume_bench import main as consume_main, resolve_consume
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import socket
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,7 +177,8 @@ def ephemeral_ports() -> tuple[int, int]:
         return DEFAULT_EPHEMERAL_PORTS
 
 
-def free_listen_port(host: str, avoid: Container[int] = (), tries: int = 200, ports: range | None = None) -> int:
+def free_listen_port(host: str, avoid: Container[int] = (), tries: int = 200,
+                     ports: Sequence[int] | None = None) -> int:
     """A TCP port that ``host`` can listen on now, picked at random from ``ports`` (default:
     ``FREE_PORT_FLOOR`` up to just below the ephemeral range), and not in ``avoid``. For a listener
     another process binds a moment later (the Spark Connect server's): the kernel's port-0 pick
@@ -201,4 +202,4 @@ def free_listen_port(host: str, avoid: Container[int] = (), tries: int = 200, po
             except OSError:
                 continue
         return port
-    raise OSError(f"no free port on {host} in {ports.start}-{ports.stop - 1} after {tries} picks")
+    raise OSError(f"no free port on {host} in {min(ports)}-{max(ports)} after {tries} picks")

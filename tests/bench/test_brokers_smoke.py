@@ -4,11 +4,12 @@ librdkafka producers at default settings, 1 KiB records, ``--ack-on wal``."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
+
+from tests.missing import need_command
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +42,8 @@ def test_brokers_bench_smoke(tmp_path):
     assert "python -m pipeline.bench.brokers_bench --brokers 1,2" in proc.stdout
 
 
-@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (apt-get install kcat; .ci/run does)")
 def test_brokers_bench_with_kcat_producers(tmp_path):
+    need_command("kcat", "kcat")
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--brokers", "1", "--brokers-client", "kcat",
                            "--producers", "2", "--brokers-records", "20000", "--partitions", "2", "--out",
                            str(tmp_path), f"--server-arg={COMMIT_FAST}"], capture_output=True, text=True, timeout=900)

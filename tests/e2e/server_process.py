@@ -20,15 +20,30 @@ TABLE_READY = "table side ready"
 
 _picked: set[int] = set()
 
-TEST_PORTS = range(3000, 9000)
+DEFAULT_PORTS = (
+    range(4040, 4057),  # a Spark driver's UI (spark.ui.port)
+    range(5432, 5433),  # PostgreSQL (Debian's own cluster)
+    range(6066, 6083),  # a standalone Master's REST submission server (spark.master.rest.port; on by default)
+    range(7077, 7094),  # a standalone Master (spark://HOST:7077), compose.yaml's Worker (7078)
+    range(7337, 7338),  # Spark's external shuffle service (spark.shuffle.service.port)
+    range(8080, 8097),  # a Master's web UI (8080), a Worker's (8081)
+)
+"""Ports that Spark and friends bind by default, each with the 16 next ones where Spark tries them
+when it is taken (``Utils.startServiceOnPort``, ``spark.port.maxRetries``). ``TEST_PORTS`` leaves them
+out: test_compose_services_as_local_processes picked 6066 for its metrics proxy in CI, the Spark
+Master it started took 6066 for its REST server first, and the proxy's port answered HTTP 468 (the
+REST server's "unknown protocol version")."""
+
+TEST_PORTS = tuple(port for port in range(3000, 9000) if not any(port in ports for ports in DEFAULT_PORTS))
 """The ports ``free_port`` picks from, one slice per pytest-xdist worker: below
 ``pipeline.network.listeners.FREE_PORT_FLOOR``, where a server under test picks its own (its Spark
-Connect port), and below the defaults (9092, 9093, 9464) a test may start a server on. A port picked
-here is bound a moment (a ``make serve``: seconds) later by another process; no other worker's
-test and no server picks it meanwhile (random picks from one shared range did, in CI)."""
+Connect port), below the defaults (9092, 9093, 9464) a test may start a server on, and outside
+``DEFAULT_PORTS``. A port picked here is bound a moment (a ``make serve``: seconds) later by
+another process; no other worker's test and no server picks it meanwhile (random picks from one
+shared range did, in CI)."""
 
 
-def _worker_ports() -> range:
+def _worker_ports() -> tuple[int, ...]:
     """This pytest-xdist worker's slice of ``TEST_PORTS`` (``PYTEST_XDIST_WORKER`` is ``gwN``); all of it
     outside xdist."""
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

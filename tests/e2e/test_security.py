@@ -40,7 +40,6 @@ once and nothing of the denied topic.
 from __future__ import annotations
 
 import re
-import shutil
 import socket
 import ssl
 import subprocess
@@ -59,6 +58,7 @@ from pipeline.security.users import DEFAULT_ITERATIONS
 from tests.e2e import raw_client as rc
 from tests.e2e.server_process import ServerProcess, free_port
 from tests.e2e.table_reader import read_table
+from tests.missing import need_command
 
 pytestmark = pytest.mark.slow
 
@@ -584,12 +584,11 @@ def kcat(security: Security, *args: str, stdin: str | None = None) -> subprocess
                           input=stdin, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.skipif(shutil.which("kcat") is None,
-                    reason="kcat is not installed (apt-get install kcat; .ci/run installs it)")
 def test_kcat_librdkafka_2_0_produces_and_consumes_over_sasl_ssl_with_scram_sha_512(security):
     """Debian 12's kcat (librdkafka 2.0.2) refused to log in ("SASL Handshake not supported by broker")
     while SaslHandshake v0 was not listed, and sends its SCRAM client nonce twice (librdkafka#4895),
     which Kafka 3.x accepts."""
+    need_command("kcat", "kcat")
     version = subprocess.run(["kcat", "-V"], capture_output=True, text=True, timeout=30).stdout
     topic = "kcat-scram"
     values = [f"kcat-{i}" for i in range(N_KCAT)]

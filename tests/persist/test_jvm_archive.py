@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.persist.jvm_archive import archive_path, existing_archive
+from tests.missing import missing
 
 pytestmark = pytest.mark.slow
 
@@ -14,8 +15,8 @@ def test_a_driver_started_by_build_spark_session_maps_the_archive(spark):
     (``make test`` makes it after installing), the JVM has the file mapped (``/proc/PID/maps``)."""
     archive = existing_archive()
     if archive is None:
-        pytest.skip(f"no archive at {archive_path()}: `python -m pipeline.persist.jvm_archive` makes it "
-                    "(make test does, after installing)")
+        missing(f"no archive at {archive_path()}: `python -m pipeline.persist.jvm_archive` makes it "
+                "(make does, after installing)")
     pid = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getPid()
     with open(f"/proc/{pid}/maps") as maps:
         assert str(archive) in maps.read()
