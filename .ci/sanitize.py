@@ -34,9 +34,9 @@ TEST_FILES = [
     "tests/protocol/test_fuzz_requests.py",  # hostile frames through the request path, and its child process
     "tests/network/test_take_requests.py",  # _frames.cut against next_request
     "tests/network/test_fuzz_framing.py",  # ConnectionState on fuzzed streams
-    "tests/requests/test_request_metrics.py",  # _stages.record against the Python rules
+    "tests/network/test_request_metrics.py",  # _stages.record against the Python rules
     "tests/test_fastinit.py",  # _frames.Layout
-    "tests/persist/test_arrow.py",  # _records.columns into Arrow
+    "tests/table/test_arrow.py",  # _records.columns into Arrow
 ]
 """The tests that run the C extensions against Python, or on hostile input."""
 

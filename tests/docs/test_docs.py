@@ -510,7 +510,7 @@ def test_schema_registry_walkthrough(server, docs_env):
                          capture_output=True, text=True, check=True, env=docs_env.environ())
     [serve_line] = [x for x in dry.stdout.splitlines() if "bin/pipeline serve" in x]
     shown = json.loads(docs_env.shell(serve_line.replace(" serve ", " config show --format json ", 1)).stdout)
-    assert shown["schema.registry.listeners"] == {"value": "http://127.0.0.1:8081",
+    assert shown["schema.registry.listeners"] == {"value": f"http://127.0.0.1:{docs_env.registry_port}",  # here()
                                                   "source": "flag:--schema-registry-listeners"}
     result = docs_env.shell(docs_env.here(block("docs/schema-registry.md",
                                                 "from confluent_kafka.schema_registry import Schema").text),
