@@ -463,6 +463,8 @@ def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
     schema = fmt._fastavro_schema
     wire = fmt.wire_format
     lookup = lookup_for(fmt.registry) if fmt.registry is not None and wire != "none" else None
+    plans: dict[int, tuple[Any, Any]] = {}  # schema id -> (writer, reader: None when it is the writer)
+    unusable: dict[int, _WriterSchemaError] = {}  # schema id -> why (asked once per call)
     rows: list[dict] = []
     append = rows.append
     for i, value in enumerate(raw):
@@ -475,8 +477,18 @@ def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
             fo = io.BytesIO(payload)
             writer, reader = schema, None
             if lookup is not None and len(payload) != len(value):  # a header: read with the writer's schema
-                writer = _writer_schema(lookup, int.from_bytes(value[1:WIRE_HEADER_BYTES], "big", signed=True))
-                reader = None if writer is schema else schema
+                schema_id = int.from_bytes(value[1:WIRE_HEADER_BYTES], "big", signed=True)
+                plan = plans.get(schema_id)
+                if plan is None:
+                    if schema_id in unusable:
+                        raise unusable[schema_id]
+                    try:
+                        found = _writer_schema(lookup, schema_id)
+                    except _WriterSchemaError as e:
+                        unusable[schema_id] = e
+                        raise
+                    plan = plans[schema_id] = (found, None if found == schema else schema)
+                writer, reader = plan
             # the writer schema's root is a record (_avro_root_plan), so the message is a dict
             record = cast(dict, schemaless_reader(fo, writer, reader))
             if fo.tell() != len(payload):
