@@ -115,6 +115,8 @@ def registry_app(registry: SchemaRegistry, authenticate: Authenticate | None = N
         Route("/schemas/ids/{id}/schema",
               handler(lambda q, b: json.loads(str(r.schema_by_id(schema_id(q))["schema"]))), methods=["GET"]),
         Route("/schemas/ids/{id}/versions", handler(lambda q, b: r.schema_versions(schema_id(q))), methods=["GET"]),
+        Route("/schemas/guids/{guid}", handler(lambda q, b: r.schema_by_guid(str(q.path_params["guid"]))),
+              methods=["GET"]),
         Route("/subjects", handler(lambda q, b: r.subjects(_flag(q, "deleted"))), methods=["GET"]),
         Route("/subjects/{subject}", handler(lambda q, b: r.lookup(subject(q), b, _flag(q, "deleted")), body=True),
               methods=["POST"]),

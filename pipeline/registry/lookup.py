@@ -7,7 +7,8 @@ registry knows. ``SchemaLookup`` answers "which schema is id N" from either:
 - the metadata store of pipeline's own registry (a SQLite file or a PostgreSQL URL,
   ``pipeline.registry.store``), read directly: no HTTP hop on the broker's own host;
 - an external Confluent-compatible registry (Confluent, Karapace, Apicurio's ccompat API,
-  Redpanda) at an ``http(s)://`` URL: ``GET /schemas/ids/{id}`` (Confluent's API reference);
+  Redpanda) at an ``http(s)://`` URL: ``GET /schemas/ids/{id}``, or ``GET /schemas/guids/{guid}``
+  for a GUID (Schema Registry 8.0) (Confluent's API reference);
   ``user:password@`` in the URL is sent as HTTP basic authentication.
 
 Ids never change what they name, so a schema found is cached for the process's life; an id
@@ -41,7 +42,7 @@ class SchemaLookup:
     def __init__(self, target: str, timeout_s: float = 10.0) -> None:
         self.target = target
         self.timeout_s = timeout_s
-        self._found: dict[int, tuple[str, str]] = {}
+        self._found: dict[int | str, tuple[str, str]] = {}
         self._store: Any = None
         self._lock = threading.Lock()
 
@@ -59,13 +60,24 @@ class SchemaLookup:
         Raises:
             RegistryUnavailable: the registry could not be asked.
         """
-        found = self._found.get(schema_id)
+        return self._cached(schema_id)
+
+    def schema_by_guid(self, guid: str) -> tuple[str, str] | None:
+        """(type, text) of the schema with GUID ``guid`` (Schema Registry 8.0), None if there is none.
+
+        Raises:
+            RegistryUnavailable: the registry could not be asked.
+        """
+        return self._cached(guid.lower())
+
+    def _cached(self, key: int | str) -> tuple[str, str] | None:
+        found = self._found.get(key)
         if found is not None:
             return found
         with self._lock:
-            found = self._http(schema_id) if self.is_http else self._from_store(schema_id)
+            found = self._http(key) if self.is_http else self._from_store(key)
         if found is not None:
-            self._found[schema_id] = found
+            self._found[key] = found
         return found
 
     def close(self) -> None:
@@ -74,13 +86,13 @@ class SchemaLookup:
                 self._store.close()
                 self._store = None
 
-    def _from_store(self, schema_id: int) -> tuple[str, str] | None:
+    def _from_store(self, key: int | str) -> tuple[str, str] | None:
         from pipeline.registry.store import SchemaStore
 
         try:
             if self._store is None:
                 self._store = SchemaStore(self.target)
-            record = self._store.schema(schema_id)
+            record = self._store.schema(key) if isinstance(key, int) else self._store.schema_by_guid(key)
         except Exception as exc:  # sqlite3.Error, psycopg.Error, a schema newer than this code
             self.close_quietly()
             raise RegistryUnavailable(f"the schema registry's store could not be read: {exc}") from exc
@@ -92,7 +104,7 @@ class SchemaLookup:
         except Exception:  # noqa: BLE001 - it failed already; the next lookup opens it again
             self._store = None
 
-    def _http(self, schema_id: int) -> tuple[str, str] | None:
+    def _http(self, key: int | str) -> tuple[str, str] | None:
         parts = urlsplit(self.target)
         headers = {"Accept": "application/vnd.schemaregistry.v1+json"}
         if parts.username is not None:
@@ -103,16 +115,17 @@ class SchemaLookup:
                 netloc += f":{parts.port}"
             parts = parts._replace(netloc=netloc)
         base = urlunsplit(parts).rstrip("/")
-        request = urllib.request.Request(f"{base}/schemas/ids/{schema_id}", headers=headers)
+        path = f"ids/{key}" if isinstance(key, int) else f"guids/{key}"
+        request = urllib.request.Request(f"{base}/schemas/{path}", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 body = json.loads(response.read())
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
-            raise RegistryUnavailable(f"the schema registry answered HTTP {exc.code} for id {schema_id}") from exc
+            raise RegistryUnavailable(f"the schema registry answered HTTP {exc.code} for {path}") from exc
         except (OSError, ValueError) as exc:
-            raise RegistryUnavailable(f"the schema registry could not be asked for id {schema_id}: {exc}") from exc
+            raise RegistryUnavailable(f"the schema registry could not be asked for {path}: {exc}") from exc
         return str(body.get("schemaType") or "AVRO"), str(body["schema"])
 
 

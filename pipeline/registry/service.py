@@ -6,7 +6,7 @@ and returns the JSON-able answer, or raises ``RegistryError`` with Confluent's
 block (the store's database I/O): the HTTP layer runs them in a worker thread.
 
 Confluent's behaviour kept here, and where it comes from:
-- one global id per distinct schema; registering a schema a subject already has returns
+- one global id (and GUID, Confluent 8) per distinct schema; registering a schema a subject already has returns
   its id without a new version or a check (``POST /subjects/{subject}/versions``);
 - versions count on after deletes (soft-deleted ones included); a permanent delete
   needs a soft delete first (40405);
@@ -96,6 +96,13 @@ class SchemaRegistry:
         """``GET /schemas/ids/{id}``."""
         return _schema_json(self.record(schema_id))
 
+    def schema_by_guid(self, guid: str) -> dict[str, object]:
+        """``GET /schemas/guids/{guid}`` (Confluent 8). Raises 40403."""
+        record = self.store.schema_by_guid(guid)
+        if record is None:
+            raise _schema_not_found()
+        return _schema_json(record)
+
     def schema_versions(self, schema_id: int) -> list[dict[str, object]]:
         """``GET /schemas/ids/{id}/versions``: the (subject, version) pairs that are this schema."""
         self.record(schema_id)
@@ -149,14 +156,14 @@ class SchemaRegistry:
             live = [v for v in history if not v.deleted]
             existing = next((v for v in live if _fingerprint(v.record) == fp), None)
             if existing is not None:
-                return {"id": existing.record.id}
+                return {"id": existing.record.id, "guid": existing.record.guid}
             reasons = compatibility.check(level, parsed, [self._parse_record(v.record) for v in live])
             if reasons:
                 raise RegistryError(409, f"Schema being registered is incompatible with an earlier schema for "
                                          f"subject \"{subject}\", details: {reasons}")
-            schema_id = reg.schema_id(schema_type, text, fp, references)
+            schema_id, guid = reg.schema_id(schema_type, text, fp, references)
             reg.add_version(subject, schema_id)
-        return {"id": schema_id}
+        return {"id": schema_id, "guid": guid}
 
     def lookup(self, subject: str, body: Mapping[str, Any], deleted: bool = False) -> dict[str, object]:
         """``POST /subjects/{subject}``: the version of ``subject`` that is this schema.
@@ -385,4 +392,5 @@ def _schema_json(record: SchemaRecord) -> dict[str, object]:
 
 
 def _version_json(v: SubjectVersion) -> dict[str, object]:
-    return {"subject": v.subject, "version": v.version, "id": v.record.id, **_schema_json(v.record)}
+    return {"subject": v.subject, "version": v.version, "id": v.record.id, "guid": v.record.guid,
+            **_schema_json(v.record)}

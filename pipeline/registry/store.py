@@ -7,8 +7,9 @@ on one machine, PostgreSQL's tables across hosts. So a schema registered through
 broker is read through any other, with no replication of our own.
 
 - ``registry_schemas``: one row per distinct schema (type, canonical text, references),
-  with its global id. Ids are never reused; the same schema registered under several
-  subjects keeps one id (Confluent's behaviour).
+  with its global id and its GUID (Confluent 8's second identifier, which serializers may
+  put in a record header instead of the id). Ids are never reused; the same schema
+  registered under several subjects keeps one id (Confluent's behaviour).
 - ``registry_versions``: (subject, version) -> schema id, with a soft-delete flag.
 - ``registry_config`` / ``registry_mode``: per subject, ``''`` for the global default.
 - ``registry_ids``: one row with the next id; a writing transaction locks it first
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,6 +45,7 @@ MIGRATIONS = (
     Migration(1, sqlite="""
 CREATE TABLE IF NOT EXISTS registry_schemas (
     id INTEGER PRIMARY KEY,
+    guid TEXT NOT NULL UNIQUE,
     schema_type TEXT NOT NULL,
     schema TEXT NOT NULL,
     refs TEXT NOT NULL,
@@ -63,6 +66,7 @@ INSERT INTO registry_ids (singleton, next_id) VALUES (1, 1) ON CONFLICT DO NOTHI
 """, postgresql="""
 CREATE TABLE IF NOT EXISTS registry_schemas (
     id BIGINT PRIMARY KEY,
+    guid TEXT NOT NULL UNIQUE,
     schema_type TEXT NOT NULL,
     schema TEXT NOT NULL,
     refs TEXT NOT NULL,
@@ -99,10 +103,11 @@ class Reference:
 
 @dataclass(frozen=True, slots=True)
 class SchemaRecord:
-    """A registered schema: its global ``id``, ``schema_type`` (AVRO, PROTOBUF, JSON) and text as
-    registered, and its references."""
+    """A registered schema: its global ``id`` and ``guid`` (a UUID's text), ``schema_type`` (AVRO,
+    PROTOBUF, JSON) and text as registered, and its references."""
 
     id: int
+    guid: str
     schema_type: str
     schema: str
     references: tuple[Reference, ...] = field(default=())
@@ -131,10 +136,11 @@ def _refs(text: str) -> tuple[Reference, ...]:
 
 
 def _record(row: tuple) -> SchemaRecord:
-    return SchemaRecord(int(row[0]), row[1], row[2], _refs(row[3]))
+    return SchemaRecord(int(row[0]), row[1], row[2], row[3], _refs(row[4]))
 
 
-_SELECT_VERSION = ("SELECT v.subject, v.version, v.deleted, s.id, s.schema_type, s.schema, s.refs "
+_SCHEMA_COLUMNS = "id, guid, schema_type, schema, refs"
+_SELECT_VERSION = ("SELECT v.subject, v.version, v.deleted, s.id, s.guid, s.schema_type, s.schema, s.refs "
                    "FROM registry_versions v JOIN registry_schemas s ON s.id = v.schema_id ")
 
 
@@ -168,8 +174,14 @@ class SchemaStore:
     def schema(self, schema_id: int) -> SchemaRecord | None:
         """The schema with global id ``schema_id``, None if there is none."""
         with self._db.transaction(write=False) as cur:
-            row = cur.execute("SELECT id, schema_type, schema, refs FROM registry_schemas WHERE id = ?",
-                              (schema_id,)).fetchone()
+            row = cur.execute(f"SELECT {_SCHEMA_COLUMNS} FROM registry_schemas WHERE id = ?", (schema_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def schema_by_guid(self, guid: str) -> SchemaRecord | None:
+        """The schema with GUID ``guid`` (a UUID's text, any case), None if there is none."""
+        with self._db.transaction(write=False) as cur:
+            row = cur.execute(f"SELECT {_SCHEMA_COLUMNS} FROM registry_schemas WHERE guid = ?",
+                              (guid.lower(),)).fetchone()
         return None if row is None else _record(row)
 
     def schema_id(self, fp: str) -> int | None:
@@ -271,18 +283,20 @@ class Registration:
         rows = self._cur.execute(_SELECT_VERSION + "WHERE v.subject = ? ORDER BY v.version", (subject,)).fetchall()
         return [_version(r) for r in rows]
 
-    def schema_id(self, schema_type: str, schema: str, fp: str, references: tuple[Reference, ...]) -> int:
-        """The id of the schema with fingerprint ``fp``: the existing one, else a new id for
-        ``schema`` (kept as given)."""
-        row = self._cur.execute("SELECT id FROM registry_schemas WHERE fingerprint = ?", (fp,)).fetchone()
+    def schema_id(self, schema_type: str, schema: str, fp: str, references: tuple[Reference, ...]
+                  ) -> tuple[int, str]:
+        """(id, guid) of the schema with fingerprint ``fp``: the existing one's, else a new id and a
+        random GUID (UUID 4) for ``schema`` (kept as given)."""
+        row = self._cur.execute("SELECT id, guid FROM registry_schemas WHERE fingerprint = ?", (fp,)).fetchone()
         if row is not None:
-            return int(row[0])
+            return int(row[0]), str(row[1])
         new_id = int(self._cur.execute("UPDATE registry_ids SET next_id = next_id + 1 WHERE singleton = 1 "
                                        "RETURNING next_id - 1").fetchone()[0])
+        guid = str(uuid.uuid4())
         refs = json.dumps([r.to_json() for r in references])
-        self._cur.execute("INSERT INTO registry_schemas (id, schema_type, schema, refs, fingerprint) "
-                          "VALUES (?, ?, ?, ?, ?)", (new_id, schema_type, schema, refs, fp))
-        return new_id
+        self._cur.execute("INSERT INTO registry_schemas (id, guid, schema_type, schema, refs, fingerprint) "
+                          "VALUES (?, ?, ?, ?, ?, ?)", (new_id, guid, schema_type, schema, refs, fp))
+        return new_id, guid
 
     def add_version(self, subject: str, schema_id: int) -> int:
         """Make ``schema_id`` the next version of ``subject`` (after every version it ever had,

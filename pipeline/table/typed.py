@@ -89,7 +89,7 @@ def split_typed(table: pa.Table, formats: dict[str, ValueFormat]) -> FlushTables
         rows = table.filter(pc.equal(topics, topic))
         if rows.num_rows == 0:
             continue
-        columns, errors = parse_values(rows.column("value"), formats[topic])
+        columns, errors = parse_values(rows.column("value"), formats[topic], rows.column("headers"))
         ok = pc.is_null(errors)
         good = rows.filter(ok)
         good_columns = columns.filter(ok)

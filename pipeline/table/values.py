@@ -146,7 +146,9 @@ class ValueFormat:
             metadata store of pipeline's own registry). The value is then decoded with that
             writer schema and resolved against ``avro_schema`` as the reader schema (Avro
             schema resolution: a field the writer lacks takes the reader's default; fastavro's
-            ``schemaless_reader(writer, reader)``). An id the registry does not have, a writer
+            ``schemaless_reader(writer, reader)``). A record's ``__value_schema_id`` header (a
+            GUID or an id, Schema Registry 8.0) names the writer's schema instead, and the value
+            is then all payload. An id the registry does not have, a writer
             schema that does not resolve, or a non-Avro one, is that record's error. The
             registry unreachable raises ``RegistryUnavailable`` (the flush is retried, no
             record is judged on it). None: every value is read with ``avro_schema``.
@@ -284,13 +286,18 @@ def avro_to_arrow_schema(avro_schema: dict | str) -> pa.Schema:
     return pa.schema(list(_avro_root_plan(_load_avro(avro_schema)).type))
 
 
-def parse_values(values: pa.Array | pa.ChunkedArray, fmt: ValueFormat) -> tuple[pa.Table, pa.Array]:
+def parse_values(values: pa.Array | pa.ChunkedArray, fmt: ValueFormat,
+                 headers: pa.Array | pa.ChunkedArray | None = None) -> tuple[pa.Table, pa.Array]:
     """Decode every value of a binary Arrow array.
 
     Args:
         values: ``pa.binary()`` or ``pa.large_binary()`` (array or chunked), the
             raw Kafka values of one flush; null is a tombstone.
         fmt: the topic's value format.
+        headers: the records' headers (``pipeline.table.schema.HEADERS_ARROW_TYPE``), as long as
+            ``values``: with ``fmt.registry``, a ``__value_schema_id`` header names the writer's
+            schema (Schema Registry 8.0) and wins over a payload prefix, as Confluent's
+            ``dual_schema_id_deserializer`` has it.
 
     Returns:
         ``(typed, errors)``: ``typed`` has ``fmt.schema`` and ``len(values)``
@@ -349,7 +356,10 @@ def parse_values(values: pa.Array | pa.ChunkedArray, fmt: ValueFormat) -> tuple[
     if fmt.kind == "json":
         rows = _decode_json(raw, fmt, errors)
     else:
-        rows = _decode_avro(raw, fmt, errors)
+        record_headers = headers.to_pylist() if headers is not None and fmt.registry is not None else None
+        if record_headers is not None and len(record_headers) != len(raw):
+            raise ValueError(f"{len(record_headers)} headers for {len(raw)} values")
+        rows = _decode_avro(raw, fmt, errors, record_headers)
     fields: tuple[tuple[str, Any], ...] = fmt._plan.fields
     columns: list[pa.Array] = [None] * len(fields)
     pending: Sequence[int] = range(len(fields))
@@ -454,17 +464,21 @@ def _decode_json(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
     return rows
 
 
-def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | None]) -> list[dict]:
-    """One dict per value (``_EMPTY`` for a tombstone or a failure, with its error set)."""
+def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | None],
+                 headers: list[list[dict] | None] | None = None) -> list[dict]:
+    """One dict per value (``_EMPTY`` for a tombstone or a failure, with its error set).
+
+    ``headers``: each record's headers (``[{"key": str, "value": bytes}, ...]`` or None), read for
+    a ``__value_schema_id`` header only when ``fmt.registry`` is set."""
     from fastavro import schemaless_reader  # imported here so json topics do not need fastavro
 
     from pipeline.registry.lookup import RegistryUnavailable, lookup_for
 
     schema = fmt._fastavro_schema
     wire = fmt.wire_format
-    lookup = lookup_for(fmt.registry) if fmt.registry is not None and wire != "none" else None
-    plans: dict[int, tuple[Any, Any]] = {}  # schema id -> (writer, reader: None when it is the writer)
-    unusable: dict[int, _WriterSchemaError] = {}  # schema id -> why (asked once per call)
+    lookup = lookup_for(fmt.registry) if fmt.registry is not None else None
+    plans: dict[SchemaKey, tuple[Any, Any]] = {}  # writer's key -> (writer, reader: None when it is the writer)
+    unusable: dict[SchemaKey, _WriterSchemaError] = {}  # writer's key -> why (asked once per call)
     rows: list[dict] = []
     append = rows.append
     for i, value in enumerate(raw):
@@ -473,21 +487,31 @@ def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
             continue
         record = _EMPTY
         try:
-            payload = _payload(value, wire)
+            key = None
+            if lookup is not None:
+                record_headers = headers[i] if headers is not None else None
+                key = _header_schema_key(record_headers) if record_headers else None
+                if key is not None:  # the header names the writer's schema; the value is all payload
+                    payload = value
+                else:
+                    payload = _payload(value, wire)
+                    if len(payload) != len(value):
+                        key = ("id", int.from_bytes(value[1:WIRE_HEADER_BYTES], "big", signed=True))
+            else:
+                payload = _payload(value, wire)
             fo = io.BytesIO(payload)
             writer, reader = schema, None
-            if lookup is not None and len(payload) != len(value):  # a header: read with the writer's schema
-                schema_id = int.from_bytes(value[1:WIRE_HEADER_BYTES], "big", signed=True)
-                plan = plans.get(schema_id)
+            if key is not None:  # read with the writer's schema, resolved against the topic's
+                plan = plans.get(key)
                 if plan is None:
-                    if schema_id in unusable:
-                        raise unusable[schema_id]
+                    if key in unusable:
+                        raise unusable[key]
                     try:
-                        found = _writer_schema(lookup, schema_id)
+                        found = _writer_schema(lookup, key)
                     except _WriterSchemaError as e:
-                        unusable[schema_id] = e
+                        unusable[key] = e
                         raise
-                    plan = plans[schema_id] = (found, None if found == schema else schema)
+                    plan = plans[key] = (found, None if found == schema else schema)
                 writer, reader = plan
             # the writer schema's root is a record (_avro_root_plan), so the message is a dict
             record = cast(dict, schemaless_reader(fo, writer, reader))
@@ -512,36 +536,69 @@ def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
     return rows
 
 
+SchemaKey = tuple[str, int | str]
+"""How a record names its writer's schema: ("id", registry id) or ("guid", GUID text)."""
+
+VALUE_SCHEMA_ID_HEADER = "__value_schema_id"
+"""The record header Confluent's serializers (Schema Registry 8.0, ``header_schema_id_serializer``) put
+the writer schema's identifier in: magic byte 1 + a 16-byte GUID, or magic byte 0 + a 4-byte id."""
+
+
 class _WriterSchemaError(Exception):
     """A value's writer schema is unknown to the registry or unusable (that record's error)."""
 
 
-_WRITER_SCHEMAS: dict[tuple[str, int], Any] = {}
-"""(registry target, schema id) -> the parsed fastavro writer schema (ids never change meaning)."""
-
-
-def _writer_schema(lookup: Any, schema_id: int) -> Any:
-    """The fastavro schema of registry id ``schema_id`` (cached per process).
+def _header_schema_key(headers: list[dict]) -> SchemaKey | None:
+    """The writer schema's key from a record's ``__value_schema_id`` header (the last one), None without.
 
     Raises:
-        _WriterSchemaError: no such id, not an Avro schema, or one fastavro cannot parse.
+        _WriterSchemaError: the header is there but is neither form (Confluent ``SchemaId.from_bytes``).
+    """
+    found = None
+    for h in headers:
+        if h.get("key") == VALUE_SCHEMA_ID_HEADER:
+            found = h.get("value")
+    if found is None:
+        return None
+    if len(found) == 17 and found[0] == 1:
+        import uuid
+
+        return ("guid", str(uuid.UUID(bytes=bytes(found[1:]))))
+    if len(found) == WIRE_HEADER_BYTES and found[0] == WIRE_MAGIC:
+        return ("id", int.from_bytes(found[1:], "big", signed=True))
+    raise _WriterSchemaError(f"header {VALUE_SCHEMA_ID_HEADER} holds {len(found)} bytes starting "
+                             f"{bytes(found[:1]).hex() or 'with nothing'}: neither a GUID (1 + 16 bytes) nor an id "
+                             "(0 + 4 bytes)")
+
+
+_WRITER_SCHEMAS: dict[tuple[str, SchemaKey], Any] = {}
+"""(registry target, writer's key) -> the parsed fastavro writer schema (ids and GUIDs never change meaning)."""
+
+
+def _writer_schema(lookup: Any, key: SchemaKey) -> Any:
+    """The fastavro schema of registry id or GUID ``key`` (cached per process).
+
+    Raises:
+        _WriterSchemaError: no such schema, not an Avro schema, or one fastavro cannot parse.
         RegistryUnavailable: the registry could not be asked.
     """
-    key = (lookup.target, schema_id)
-    parsed = _WRITER_SCHEMAS.get(key)
+    cache_key = (lookup.target, key)
+    parsed = _WRITER_SCHEMAS.get(cache_key)
     if parsed is not None:
         return parsed
-    found = lookup.schema(schema_id)
+    kind, ident = key
+    name = f"schema id {ident}" if kind == "id" else f"schema guid {ident}"
+    found = lookup.schema(int(ident)) if kind == "id" else lookup.schema_by_guid(str(ident))
     if found is None:
-        raise _WriterSchemaError(f"schema id {schema_id} is not in the schema registry")
+        raise _WriterSchemaError(f"{name} is not in the schema registry")
     schema_type, text = found
     if schema_type != "AVRO":
-        raise _WriterSchemaError(f"schema id {schema_id} is a {schema_type} schema; the topic's values are Avro")
+        raise _WriterSchemaError(f"{name} is a {schema_type} schema; the topic's values are Avro")
     try:
         parsed = _fastavro_parse(_load_avro(text))
     except ValueError as e:
-        raise _WriterSchemaError(f"schema id {schema_id}: {e}") from None
-    _WRITER_SCHEMAS[key] = parsed
+        raise _WriterSchemaError(f"{name}: {e}") from None
+    _WRITER_SCHEMAS[cache_key] = parsed
     return parsed
 
 

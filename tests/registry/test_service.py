@@ -5,6 +5,7 @@ Confluent answers with."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
@@ -41,23 +42,32 @@ def code(excinfo: pytest.ExceptionInfo[RegistryError]) -> tuple[int, int]:
 
 
 def test_ids_versions_and_the_same_schema_again(registry):
-    first = registry.register("users-value", V1)["id"]
-    assert registry.register("users-value", V1) == {"id": first}  # no new version, no check
+    registered = registry.register("users-value", V1)
+    first, guid = registered["id"], registered["guid"]
+    assert str(uuid.UUID(guid)) == guid
+    assert registry.register("users-value", V1) == registered  # no new version, no check
     # Whitespace and key order do not make another schema; a registration under another subject keeps the id.
     spaced = {"schema": json.dumps(json.loads(V1["schema"]), indent=2, sort_keys=True)}
-    assert registry.register("other-value", spaced) == {"id": first}
-    second = registry.register("users-value", V2)["id"]
-    assert second != first
+    assert registry.register("other-value", spaced) == registered
+    v2 = registry.register("users-value", V2)
+    second, second_guid = v2["id"], v2["guid"]
+    assert second != first and second_guid != guid
     assert registry.versions("users-value") == [1, 2]
     assert registry.subjects() == ["other-value", "users-value"]
     latest = registry.version("users-value", "latest")
-    assert latest == {"subject": "users-value", "version": 2, "id": second, "schema": V2["schema"]}
+    assert latest == {"subject": "users-value", "version": 2, "id": second, "guid": second_guid,
+                      "schema": V2["schema"]}
+    assert registry.schema_by_guid(second_guid) == registry.schema_by_guid(second_guid.upper()) == {
+        "schema": V2["schema"]}
+    with pytest.raises(RegistryError) as e:
+        registry.schema_by_guid(str(uuid.uuid4()))
+    assert code(e) == (40403, 404)
     assert registry.version("users-value", 1)["id"] == first
     assert registry.schema_by_id(second) == {"schema": V2["schema"]}
     assert registry.schema_versions(first) == [{"subject": "other-value", "version": 1},
                                                {"subject": "users-value", "version": 1}]
     assert registry.lookup("users-value", V1) == {"subject": "users-value", "version": 1, "id": first,
-                                                  "schema": V1["schema"]}
+                                                  "guid": guid, "schema": V1["schema"]}
 
 
 def test_backward_is_the_default_and_refuses_with_409(registry):
@@ -125,7 +135,7 @@ def test_deletes(registry):
     assert registry.delete_version("d", 2) == 2
     assert registry.versions("d") == [1] and registry.versions("d", deleted=True) == [1, 2]
     assert registry.version("d", "latest")["version"] == 1
-    assert registry.register("d", V2) == {"id": second}  # registered again: version 3, the same id
+    assert registry.register("d", V2)["id"] == second  # registered again: version 3, the same id
     assert registry.versions("d") == [1, 3]
     with pytest.raises(RegistryError) as e:
         registry.delete_subject("d", permanent=True)
@@ -210,7 +220,7 @@ def test_two_registries_over_one_store_agree(metadata_target):
     try:
         first = a.register("shared-value", V1)["id"]
         assert b.schema_by_id(first) == {"schema": V1["schema"]}
-        assert b.register("shared-value", V1) == {"id": first}
+        assert b.register("shared-value", V1)["id"] == first
         with pytest.raises(RegistryError):
             b.register("shared-value", V3)
         second = b.register("shared-value", V2)["id"]

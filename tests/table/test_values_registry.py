@@ -98,3 +98,34 @@ def test_writer_schemas_from_a_registry_over_http(registered):
         columns, errors = parse_values(pa.array([old, new], pa.binary()), ValueFormat.for_avro(V2, registry=url))
     assert errors.to_pylist() == [None, None]
     assert columns.to_pylist() == [{"name": "cy", "age": -1}, {"name": "di", "age": 30}]
+
+
+def test_the_schema_id_in_a_record_header(registered):
+    """Schema Registry 8.0's header form, written by confluent-kafka's ``header_schema_id_serializer``
+    (a GUID in ``__value_schema_id``, the value all payload), beside the payload-prefix form, looked up
+    in the store and over HTTP; a header that is neither a GUID nor an id is that record's error."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient, header_schema_id_serializer
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from pipeline.registry.http import RegistryListener
+    from pipeline.table.schema import HEADERS_ARROW_TYPE
+
+    target, registry, _ = registered
+    with running(registry, RegistryListener("127.0.0.1", 0)) as url:
+        client = SchemaRegistryClient({"url": url})
+        by_header = AvroSerializer(client, json.dumps(V1), conf={"schema.id.serializer": header_schema_id_serializer})
+        ctx = SerializationContext("people", MessageField.VALUE, headers=[])
+        in_header = by_header({"name": "eve"}, ctx)
+        [(key, header)] = ctx.headers
+        prefixed = AvroSerializer(client, json.dumps(V2))({"name": "fay", "age": 4},
+                                                          SerializationContext("people", MessageField.VALUE))
+        assert key == "__value_schema_id" and header[0] == 1 and len(header) == 17  # magic 1 + a GUID
+        values = pa.array([in_header, prefixed, in_header], pa.binary())
+        headers = pa.array([[{"key": key, "value": header}], None, [{"key": key, "value": b"\x07junk"}]],
+                           HEADERS_ARROW_TYPE)
+        for where in (target, url):
+            columns, errors = parse_values(values, ValueFormat.for_avro(V2, registry=where), headers)
+            assert columns.to_pylist()[:2] == [{"name": "eve", "age": -1}, {"name": "fay", "age": 4}], where
+            assert errors.to_pylist()[:2] == [None, None]
+            assert "neither a GUID" in errors.to_pylist()[2]
