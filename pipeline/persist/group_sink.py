@@ -46,8 +46,7 @@ from pipeline.table.catalog import (MaintenanceResult, TableCatalog, TableConfig
 from pipeline.log.wal import WalSpan
 from pipeline.table.schema import ARROW_SCHEMA
 from pipeline.table.staging import STAGING_DIR, StagedRecords, Staging, arrow_codec, stage_flush
-from pipeline.table.typed import FlushTables, build_flush, build_flush_from_columns, build_flush_from_wal
-from pipeline.table.values import ValueFormat
+from pipeline.table.typed import FlushTables, TopicFormat, build_flush, build_flush_from_columns, build_flush_from_wal
 
 
 LOCAL_RELATION_MAX_ROWS = 20_000
@@ -91,13 +90,13 @@ def _decode_worker_init(parent_pid: int, niceness: int) -> None:
         os.nice(niceness)
 
 
-def _staged_from_columns(columns: AppendColumns, formats: dict[str, ValueFormat], staging: Staging) -> FlushTables:
+def _staged_from_columns(columns: AppendColumns, formats: dict[str, TopicFormat], staging: Staging) -> FlushTables:
     """The decode worker's job for appends with their bytes: decode, split, stage the records."""
     return stage_flush(build_flush_from_columns(columns, formats), staging)
 
 
 def _staged_from_wal(columns: AppendColumns, wal_directory: str, spans: Sequence[WalSpan],
-                     formats: dict[str, ValueFormat], staging: Staging) -> FlushTables:
+                     formats: dict[str, TopicFormat], staging: Staging) -> FlushTables:
     """The decode worker's job for appends whose bytes are in the WAL: read, decode, split, stage."""
     return stage_flush(build_flush_from_wal(columns, wal_directory, spans, formats), staging)
 
@@ -150,7 +149,7 @@ class SparkGroupSink:
         self._decode_in_subprocess = decode_in_subprocess
         self._decode_niceness = decode_niceness
         self._pool: ProcessPoolExecutor | None = None
-        self._formats: dict[str, ValueFormat] = {}
+        self._formats: dict[str, TopicFormat] = {}
         self._staging: Staging | None = None
 
     @contextlib.contextmanager
@@ -256,9 +255,10 @@ class SparkGroupSink:
             ValueError, kafka.errors.CorruptRecordError: see ``appends_to_table``.
             OSError: a staged file could not be written.
         """
+        formats = self._current_formats()
         if self._pool is None:
-            return stage_flush(build_flush(appends, self._formats), self.staging)
-        return self._pool.submit(_staged_from_columns, to_columns(appends), self._formats, self.staging).result()
+            return stage_flush(build_flush(appends, formats), self.staging)
+        return self._pool.submit(_staged_from_columns, to_columns(appends), formats, self.staging).result()
 
     def to_table_from_wal(self, appends: Sequence[PartitionAppend], wal_directory: str,
                           spans: Sequence[WalSpan]) -> FlushTables:
@@ -270,10 +270,25 @@ class SparkGroupSink:
         Raises:
             OSError: a span could not be read; see ``to_table`` otherwise.
         """
+        formats = self._current_formats()
         if self._pool is None:
-            return _staged_from_wal(to_columns(appends), wal_directory, spans, self._formats, self.staging)
+            return _staged_from_wal(to_columns(appends), wal_directory, spans, formats, self.staging)
         return self._pool.submit(_staged_from_wal, to_columns(appends), wal_directory, list(spans),
-                                 self._formats, self.staging).result()
+                                 formats, self.staging).result()
+
+    def _current_formats(self) -> dict[str, TopicFormat]:
+        """The typed topics' formats for the flush being built: the registry topics' from their
+        subjects' latest versions now (``TableCatalog.registry_format``), the others' as at start.
+
+        Raises:
+            pipeline.registry.lookup.RegistryUnavailable: a registry could not be asked (the
+                flush is retried, as a failed write is).
+        """
+        catalog = self._sink.catalog
+        topics = catalog.registry_topics()
+        if not topics:
+            return self._formats
+        return {**self._formats, **{t: catalog.registry_format(t) for t in topics}}
 
     def write(self, table: FlushTables, exclude: set[tuple[str, int, int]] | None = None) -> None:
         """Write the flush minus the (topic, partition, offset) rows in ``exclude``: its staged

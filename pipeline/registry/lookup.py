@@ -80,6 +80,35 @@ class SchemaLookup:
             self._found[key] = found
         return found
 
+    def latest(self, subject: str) -> tuple[int, str, str] | None:
+        """(id, type, text) of ``subject``'s latest live version, None if it has none. Not cached:
+        a new version may be registered at any time (through any broker).
+
+        Raises:
+            RegistryUnavailable: the registry could not be asked.
+        """
+        with self._lock:
+            if self.is_http:
+                from urllib.parse import quote
+
+                body = self._get(f"subjects/{quote(subject, safe='')}/versions/latest")
+                if body is None:
+                    return None
+                return int(body["id"]), str(body.get("schemaType") or "AVRO"), str(body["schema"])
+            from pipeline.registry.store import SchemaStore
+
+            try:
+                if self._store is None:
+                    self._store = SchemaStore(self.target)
+                versions = self._store.versions(subject)
+            except Exception as exc:  # sqlite3.Error, psycopg.Error
+                self.close_quietly()
+                raise RegistryUnavailable(f"the schema registry's store could not be read: {exc}") from exc
+        if not versions:
+            return None
+        record = versions[-1].record
+        return record.id, record.schema_type, record.schema
+
     def close(self) -> None:
         with self._lock:
             if self._store is not None:
@@ -105,6 +134,15 @@ class SchemaLookup:
             self._store = None
 
     def _http(self, key: int | str) -> tuple[str, str] | None:
+        body = self._get(f"schemas/ids/{key}" if isinstance(key, int) else f"schemas/guids/{key}")
+        return None if body is None else (str(body.get("schemaType") or "AVRO"), str(body["schema"]))
+
+    def _get(self, path: str) -> Any:
+        """The decoded JSON of ``GET {target}/{path}``; None on 404.
+
+        Raises:
+            RegistryUnavailable: any other answer, or none.
+        """
         parts = urlsplit(self.target)
         headers = {"Accept": "application/vnd.schemaregistry.v1+json"}
         if parts.username is not None:
@@ -115,18 +153,16 @@ class SchemaLookup:
                 netloc += f":{parts.port}"
             parts = parts._replace(netloc=netloc)
         base = urlunsplit(parts).rstrip("/")
-        path = f"ids/{key}" if isinstance(key, int) else f"guids/{key}"
-        request = urllib.request.Request(f"{base}/schemas/{path}", headers=headers)
+        request = urllib.request.Request(f"{base}/{path}", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                body = json.loads(response.read())
+                return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
             raise RegistryUnavailable(f"the schema registry answered HTTP {exc.code} for {path}") from exc
         except (OSError, ValueError) as exc:
             raise RegistryUnavailable(f"the schema registry could not be asked for {path}: {exc}") from exc
-        return str(body.get("schemaType") or "AVRO"), str(body["schema"])
 
 
 _LOOKUPS: dict[str, SchemaLookup] = {}

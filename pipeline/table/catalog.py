@@ -35,7 +35,7 @@ from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from pipeline.table.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
 from pipeline.table.staging import StagedRecords, without
-from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables, typed_column_name
+from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables, NoSchema, TopicFormat, typed_column_name
 from pipeline.table.values import ValueFormat, WireFormat
 from pipeline.table.layout import (
     DEFAULT_COMPACTION_MIN_FILES,
@@ -123,7 +123,10 @@ class TopicTableConfig:
             ``json`` or ``avro`` (a table of the topic's own with typed columns,
             ``pipeline.table.typed``).
         value_schema: ``value.schema``: for json a Spark DDL string
-            (``"id BIGINT, name STRING"``), for avro the writer schema (JSON).
+            (``"id BIGINT, name STRING"``), for avro the schema (JSON) the table's columns come
+            from. An avro topic without one takes the latest version of its registry subject
+            (``<topic>-value``) at each commit, and its table's columns follow it
+            (``TableConfig.schema_registry`` must be set).
         value_wire_format: ``value.wire.format``: auto, confluent or none
             (the Schema Registry header, ``pipeline.table.values.ValueFormat``).
     """
@@ -280,6 +283,10 @@ class TableCatalog:
         commit (tables shared with other processes, which may move a partition). A catalog
         call costs ~0.2 s of JVM CPU; this process's own ``maintain`` and ``drop_topic``
         empty the cache."""
+        self._registry_formats: dict[str, tuple[int, TopicFormat]] = {}
+        """Registry topic -> (the latest schema id, its format) as ``registry_format`` last built it."""
+        self._table_columns: dict[str, list[tuple[str, str]]] = {}
+        """Registry topic's table -> its data columns (name, Spark type), as ``_evolve`` last read or made them."""
         self.typed_tables = {
             topic: OwnedTable(f"{self.config.database}.{table_name_for_topic(topic)}",
                               str(self.data_dir / TABLES_DIR / table_name_for_topic(topic)), ("date", "hour"), topic)
@@ -338,15 +345,55 @@ class TableCatalog:
         """The records table as a DataFrame with ``SPARK_SCHEMA`` (columns in ``COLUMNS`` order)."""
         return self.spark.table(self.records_table).select(*COLUMNS)
 
-    def value_formats(self) -> dict[str, ValueFormat]:
-        """topic -> ``ValueFormat`` of every typed topic (a json schema's DDL is parsed by Spark).
+    def registry_topics(self) -> list[str]:
+        """The avro topics whose schema is their registry subject's latest version (no ``value.schema``)."""
+        return [t for t, c in self.config.topics.items()
+                if c.value_format == "avro" and not c.value_schema and self.config.schema_registry is not None]
+
+    def registry_format(self, topic: str) -> TopicFormat:
+        """The format of registry topic ``topic`` now: its subject's (``<topic>-value``) latest version
+        as the table's schema (each value still read with its own writer's schema), or ``NoSchema``
+        (its records dead letters) while the subject has no usable version. Blocking: one registry
+        read; the format is rebuilt only when the latest version changed.
+
+        Raises:
+            pipeline.registry.lookup.RegistryUnavailable: the registry could not be asked.
+        """
+        from pipeline.registry.lookup import lookup_for
+
+        c = self.config.topic(topic)
+        registry = self.config.schema_registry
+        assert registry is not None
+        subject = f"{topic}-value"
+        latest = lookup_for(registry).latest(subject)
+        if latest is None:
+            return NoSchema(f"subject {subject!r} has no schema in the schema registry")
+        schema_id, schema_type, text = latest
+        if schema_type != "AVRO":
+            return NoSchema(f"subject {subject!r}'s latest schema (id {schema_id}) is {schema_type}; "
+                            "the topic's value.format is avro")
+        cached = self._registry_formats.get(topic)
+        if cached is not None and cached[0] == schema_id:
+            return cached[1]
+        fmt: TopicFormat
+        try:
+            fmt = ValueFormat.for_avro(text, c.value_wire_format, registry)
+        except ValueError as exc:
+            fmt = NoSchema(f"subject {subject!r}'s latest schema (id {schema_id}) cannot be a table: {exc}")
+        self._registry_formats[topic] = (schema_id, fmt)
+        return fmt
+
+    def value_formats(self) -> dict[str, TopicFormat]:
+        """topic -> format of every typed topic with a schema in the configuration (a json schema's
+        DDL is parsed by Spark). Registry topics (``registry_topics``) are left out: their format is
+        ``registry_format``'s at each flush.
 
         Raises:
             TableConfigError: a topic's format or schema is unusable (names the topic).
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        formats = {}
+        formats: dict[str, TopicFormat] = {}
         for topic, c in self.config.topics.items():
             if c.value_format is None:
                 continue
@@ -359,7 +406,10 @@ class TableCatalog:
                                                  wire_format=c.value_wire_format)
                 elif c.value_format == "avro":
                     if not c.value_schema:
-                        raise ValueError("value.schema (the Avro writer schema) is required for avro")
+                        if self.config.schema_registry is None:
+                            raise ValueError("value.schema (the Avro schema) is required for avro without a "
+                                             "schema registry (schema.registry.listeners or schema.registry.url)")
+                        continue  # registry_format, at each flush
                     formats[topic] = ValueFormat.for_avro(c.value_schema, c.value_wire_format,
                                                           self.config.schema_registry)
                 else:
@@ -368,7 +418,7 @@ class TableCatalog:
                 raise TableConfigError(f"topic {topic!r}: {str(exc).splitlines()[0]}") from None
         return formats
 
-    def check_typed_tables(self, formats: dict[str, ValueFormat]) -> None:
+    def check_typed_tables(self, formats: dict[str, TopicFormat]) -> None:
         """Refuse to start when a typed topic's existing table has other columns than its format gives.
 
         Every write to it would fail (``insertInto`` matches columns by
@@ -378,8 +428,11 @@ class TableCatalog:
         Raises:
             TableConfigError: names the topic, the table and both column lists.
         """
+        registry_topics = set(self.registry_topics())
         for topic, fmt in formats.items():
             owned = self.typed_tables[topic]
+            if topic in registry_topics or not isinstance(fmt, ValueFormat):
+                continue  # the table's columns follow the registry (_evolve)
             if not self.spark.catalog.tableExists(owned.name):
                 continue
             expected_schema = ARROW_SCHEMA
@@ -488,8 +541,43 @@ class TableCatalog:
             df = df.coalesce(1)
         if not self.spark.catalog.tableExists(owned.name):
             df.write.partitionBy(*owned.partition_columns).option("path", owned.directory).saveAsTable(owned.name)
-        else:
-            df.write.insertInto(owned.name)
+            return
+        if owned.topic is not None and owned.topic in self.registry_topics():
+            try:
+                df = self._evolve(owned, df)
+            except Exception:
+                self._table_columns.pop(owned.name, None)  # another broker may have changed it: read it again
+                raise
+        df.write.insertInto(owned.name)
+
+    def _evolve(self, owned: OwnedTable, df: DataFrame) -> DataFrame:
+        """``df`` with the columns of ``owned``'s table, in its order: a column ``df`` has and the table
+        lacks is added to the table first (``ALTER TABLE ... ADD COLUMNS``: the rows written before
+        read null in it, Parquet files without the column); a column the table has and ``df`` lacks
+        (a field a newer schema dropped) is null. A column of another type is cast by the insert,
+        under Spark's store assignment rules (a widening passes; a narrowing that does not fit fails
+        the write, which is retried).
+
+        Raises:
+            Whatever Spark raises for the catalog calls.
+        """
+        F = _functions(self.spark)
+        columns = self._table_columns.get(owned.name)
+        if columns is None:
+            columns = [(f.name, f.dataType.simpleString()) for f in self.spark.table(owned.name).schema.fields
+                       if f.name not in owned.partition_columns]
+            self._table_columns[owned.name] = columns
+        known = {name for name, _ in columns}
+        incoming = [f for f in df.schema.fields if f.name not in owned.partition_columns]
+        added = [(f.name, f.dataType.simpleString()) for f in incoming if f.name not in known]
+        if added:
+            spec = ", ".join(f"`{name}` {type_}" for name, type_ in added)
+            self.spark.sql(f"ALTER TABLE {owned.name} ADD COLUMNS ({spec})")
+            log.info("table %s: columns added for topic %r: %s", owned.name, owned.topic, spec)
+            columns = self._table_columns[owned.name] = columns + added
+        have = {f.name for f in incoming}
+        return df.select(*[df[name] if name in have else F.lit(None).cast(type_).alias(name) for name, type_ in columns],
+                         *[df[c] for c in owned.partition_columns])
 
     def tables(self, topics: Collection[str] | None = None) -> list[OwnedTable]:
         """The tables that exist: records, typed topics' tables, dead letters.

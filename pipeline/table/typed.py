@@ -38,6 +38,18 @@ DEAD_LETTER_SCHEMA = ARROW_SCHEMA.append(pa.field("error", pa.string()))
 RESERVED_NAMES = frozenset({*COLUMNS, "date", "hour", "error"})
 
 
+@dataclass(frozen=True, slots=True)
+class NoSchema:
+    """A typed topic whose schema cannot be had now (e.g. its registry subject has no version yet):
+    every record of it in a flush is a dead letter with ``reason``, never dropped, never raw."""
+
+    reason: str
+
+
+TopicFormat = ValueFormat | NoSchema
+"""How one typed topic's values are decoded in a flush."""
+
+
 def typed_column_name(name: str) -> str:
     """The column a typed field becomes: its own name, or ``value_<name>`` if that is taken."""
     return f"value_{name}" if name in RESERVED_NAMES else name
@@ -76,7 +88,7 @@ def _without(table: pa.Table, exclude: set[tuple[str, int, int]]) -> pa.Table:
     return table.filter(pa.array(keep, pa.bool_()))
 
 
-def split_typed(table: pa.Table, formats: dict[str, ValueFormat]) -> FlushTables:
+def split_typed(table: pa.Table, formats: dict[str, TopicFormat]) -> FlushTables:
     """Split a decoded flush (``ARROW_SCHEMA``) by destination; see the module docstring."""
     if not formats or table.num_rows == 0:
         return FlushTables(table)
@@ -89,7 +101,11 @@ def split_typed(table: pa.Table, formats: dict[str, ValueFormat]) -> FlushTables
         rows = table.filter(pc.equal(topics, topic))
         if rows.num_rows == 0:
             continue
-        columns, errors = parse_values(rows.column("value"), formats[topic], rows.column("headers"))
+        fmt = formats[topic]
+        if isinstance(fmt, NoSchema):
+            dead.append(rows.append_column("error", pa.array([fmt.reason] * rows.num_rows, pa.string())))
+            continue
+        columns, errors = parse_values(rows.column("value"), fmt, rows.column("headers"))
         ok = pc.is_null(errors)
         good = rows.filter(ok)
         good_columns = columns.filter(ok)
@@ -103,19 +119,19 @@ def split_typed(table: pa.Table, formats: dict[str, ValueFormat]) -> FlushTables
     return FlushTables(raw, typed, dead_letters)
 
 
-def build_flush(appends: Sequence[PartitionAppend], formats: dict[str, ValueFormat]) -> FlushTables:
+def build_flush(appends: Sequence[PartitionAppend], formats: dict[str, TopicFormat]) -> FlushTables:
     """Decode ``appends`` (``appends_to_table``) and split the rows (``split_typed``): the decode worker's job."""
     return split_typed(appends_to_table(appends), formats)
 
 
-def build_flush_from_columns(columns: AppendColumns, formats: dict[str, ValueFormat]) -> FlushTables:
+def build_flush_from_columns(columns: AppendColumns, formats: dict[str, TopicFormat]) -> FlushTables:
     """``build_flush`` of the appends ``pipeline.log.batch.to_columns`` made (the decode worker's
     entry point: columns pickle much more cheaply than the appends themselves)."""
     return build_flush(from_columns(columns), formats)
 
 
 def build_flush_from_wal(columns: AppendColumns, wal_directory: str, spans: Sequence[WalSpan],
-                         formats: dict[str, ValueFormat]) -> FlushTables:
+                         formats: dict[str, TopicFormat]) -> FlushTables:
     """``build_flush_from_columns`` for appends whose records are read from the write-ahead log:
     ``columns``' records column is ignored; append i's records are the bytes of ``spans[i]`` in
     ``wal_directory`` (``pipeline.log.wal.read_spans``). The decode worker's entry point when the
