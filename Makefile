@@ -15,8 +15,8 @@ TEST_WORKERS ?= 3
 
 .PHONY: serve check test clean
 
-# pipeline/_records.c: the C extension pip builds with the package (gcc and the Python headers).
-$(VENV)/.installed: pyproject.toml pipeline/_records.c
+# pipeline/_*.c: the C extensions pip builds with the package (gcc and the Python headers).
+$(VENV)/.installed: pyproject.toml pipeline/_records.c pipeline/_frames.c pipeline/_stages.c
 	@command -v java >/dev/null || { echo "Java 17+ is needed by Spark (e.g. apt-get install openjdk-17-jre-headless)"; exit 1; }
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip

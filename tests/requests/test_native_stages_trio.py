@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import trio
 
 from pipeline import native
 from tests.requests.test_handler_trio import broker, eventually, partition_result, produce
@@ -22,6 +23,9 @@ RUN_STAGES = (native.FRAME_CUT, native.PLAIN_PRODUCE, native.PLAIN_RUN, native.S
 """The stages of a plain produce when handlers take Produce requests in runs (the default)."""
 ONE_BY_ONE_STAGES = (native.FRAME_CUT, native.PRODUCE_BODY, native.RECORDS_SUMMARY, native.STAGE_METRICS)
 """The stages of a plain produce handled one request at a time (``yield_before_sequencing``)."""
+LIMIT_S = 20
+"""Real seconds a test may take (each takes well under one): trio's real clock, since the
+persister's worker threads let an autojump clock run any timeout out."""
 
 
 def test_the_two_paths_cover_every_stage() -> None:
@@ -31,6 +35,11 @@ def test_the_two_paths_cover_every_stage() -> None:
 async def _produce_read(tmp_path, *, one_by_one: bool) -> None:
     """Four plain Produce requests in one read, after one that teaches the frame cut's header table
     Produce (the first frame of an api key takes the Python header parser, by design)."""
+    with trio.fail_after(LIMIT_S):  # a bypass fails the test: it never hangs it
+        await _produce_read_within(tmp_path, one_by_one)
+
+
+async def _produce_read_within(tmp_path, one_by_one: bool) -> None:
     async with broker(tmp_path) as b:
         b.apis.yield_before_sequencing = one_by_one
         client, _ = await b.connect()
@@ -46,7 +55,7 @@ async def _produce_read(tmp_path, *, one_by_one: bool) -> None:
 
 @pytest.mark.trio
 @pytest.mark.parametrize("one_by_one", [False, True], ids=["runs", "one-by-one"])
-async def test_a_plain_produce_takes_every_c_stage_and_no_python_path(autojump_clock, tmp_path, one_by_one) -> None:
+async def test_a_plain_produce_takes_every_c_stage_and_no_python_path(tmp_path, one_by_one) -> None:
     await _produce_read(tmp_path, one_by_one=one_by_one)
     counts = native.counts()
     for stage in ONE_BY_ONE_STAGES if one_by_one else RUN_STAGES:
@@ -59,12 +68,15 @@ async def test_a_plain_produce_takes_every_c_stage_and_no_python_path(autojump_c
 
 
 @pytest.mark.trio
-async def test_an_exception_from_c_fails_the_requests_loudly_with_no_fallback(autojump_clock, tmp_path,
-                                                                              monkeypatch, caplog) -> None:
+async def test_an_exception_from_c_fails_the_requests_loudly_with_no_fallback(tmp_path, monkeypatch, caplog) -> None:
     """The C run raising (a bug, never bad input) is not taken as "not plain": the requests it
     concerned fail as any handler error does (logged with its traceback, the connection closed),
     and the one-by-one Python path never sees them."""
+    with trio.fail_after(LIMIT_S):
+        await _fail_within(tmp_path, monkeypatch, caplog)
 
+
+async def _fail_within(tmp_path, monkeypatch, caplog) -> None:
     def broken(*args: object) -> object:
         raise RuntimeError("the C run failed")
 
