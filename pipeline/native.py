@@ -51,9 +51,10 @@ __all__ = ("FRAME_CUT", "PLAIN_PRODUCE", "PLAIN_RUN", "PRODUCE_BODY", "RECORDS_S
 class Stage:
     """One stage with a C path, and how often each path ran since start (or ``reset_counts``).
 
-    ``native``: items the C did (frames cut, requests or partitions read, metrics recorded).
-    ``python``: items the C declined, which the caller's Python path then took (for
-    ``PLAIN_RUN``: the request it stopped at, left to the one-by-one path).
+    ``native``: items the C did (frames cut, requests or partitions' records read, responses'
+    metrics recorded). ``python``: items the C declined, which the caller's Python path then took
+    (for ``PLAIN_RUN``: the request it stopped at, left to the one-by-one path; a partition's
+    records the handler inflates in a thread are declined twice, before and in ``validate_records``).
     """
 
     name: str
