@@ -738,17 +738,27 @@ PyDoc_STRVAR(plain_run_doc,
 "dequeued_at = now. It stops at the first other request; ``next`` is its index (len(requests) if\n"
 "none). Returns the plains in order.");
 
+/* The attribute names plain_run reads (and sets: dequeued_at), spelled once: the module's
+ * PLAIN_RUN_READS exports them, and pipeline.native checks them against the classes at import. */
+#define A_HEADER "header"
+#define A_FRAME "frame"
+#define A_RECEIVED_AT "received_at"
+#define A_DEQUEUED_AT "dequeued_at"
+#define A_API_KEY "api_key"
+#define A_API_VERSION "api_version"
+#define A_BODY_OFFSET "body_offset"
+
 static PyObject *plain_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static PyObject *s_header, *s_frame, *s_api_key, *s_api_version, *s_body_offset, *s_received_at,
         *s_dequeued_at;
     if (s_header == NULL) {
-        s_header = PyUnicode_InternFromString("header");
-        s_frame = PyUnicode_InternFromString("frame");
-        s_api_key = PyUnicode_InternFromString("api_key");
-        s_api_version = PyUnicode_InternFromString("api_version");
-        s_body_offset = PyUnicode_InternFromString("body_offset");
-        s_received_at = PyUnicode_InternFromString("received_at");
-        s_dequeued_at = PyUnicode_InternFromString("dequeued_at");
+        s_header = PyUnicode_InternFromString(A_HEADER);
+        s_frame = PyUnicode_InternFromString(A_FRAME);
+        s_api_key = PyUnicode_InternFromString(A_API_KEY);
+        s_api_version = PyUnicode_InternFromString(A_API_VERSION);
+        s_body_offset = PyUnicode_InternFromString(A_BODY_OFFSET);
+        s_received_at = PyUnicode_InternFromString(A_RECEIVED_AT);
+        s_dequeued_at = PyUnicode_InternFromString(A_DEQUEUED_AT);
         if (!s_header || !s_frame || !s_api_key || !s_api_version || !s_body_offset || !s_received_at
                 || !s_dequeued_at)
             return NULL;
@@ -914,6 +924,13 @@ PyMODINIT_FUNC PyInit__records(void) {
     crc32c_function = PyObject_GetAttrString(crc32c_module, "crc32c");
     Py_DECREF(crc32c_module);
     if (crc32c_function == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *reads = Py_BuildValue("((ssss)(sss))", A_HEADER, A_FRAME, A_RECEIVED_AT, A_DEQUEUED_AT, A_API_KEY,
+                                    A_API_VERSION, A_BODY_OFFSET);
+    if (reads == NULL || PyModule_AddObject(m, "PLAIN_RUN_READS", reads) < 0) {
+        Py_XDECREF(reads);
         Py_DECREF(m);
         return NULL;
     }

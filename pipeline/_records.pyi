@@ -34,3 +34,6 @@ def plain_run(requests: list[Any], start: int, checked: dict[tuple[str, int], bo
               ) -> tuple[list[tuple[Any, int, float, list[tuple[str, int, bytes, int, int]]]], int]:
     """(request, acks, deadline, parts) of each plain Produce request from ``start`` on whose partitions are
     all checked True, and the index it stopped at (see the C docstring)."""
+
+PLAIN_RUN_READS: tuple[tuple[str, ...], tuple[str, ...]]
+"""The attribute names ``plain_run`` reads: (of a request, of its header)."""

@@ -26,7 +26,7 @@ import dataclasses
 import types
 from typing import TypeVar
 
-from pipeline._frames import Layout
+from pipeline.native import Layout
 
 T = TypeVar("T", bound=type)
 

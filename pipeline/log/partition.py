@@ -27,7 +27,7 @@ import struct
 from array import array
 from dataclasses import dataclass
 
-from pipeline import _records
+from pipeline import native
 from pipeline.fastinit import fast_frozen_init
 
 # RecordBatch v2 header up to maxTimestamp (Kafka DefaultRecordBatch):
@@ -75,7 +75,7 @@ def max_timestamp(records: bytes | bytearray | memoryview) -> int:
     Raises:
         ValueError: a header runs past the end (the bytes were not validated).
     """
-    return _records.max_timestamp(records)
+    return native.max_timestamp(records)
 
 
 def rebase(records: bytearray, base_offset: int) -> None:

@@ -62,7 +62,7 @@ from pipeline.protocol.header import (FAST_PATH_TABLE, RAW_SASL_TOKEN, SASL_HAND
                                       parse_request_header)
 from pipeline.network.sequencing import ResponseSequencer
 from pipeline.fastinit import Layout, fast_frozen_init, layout
-from pipeline._frames import cut
+from pipeline.native import FRAME_CUT, cut_frames
 
 DEFAULT_MAX_IN_FLIGHT: Final = 64
 """Requests per connection read but not yet answered (AutoMQ's cap)."""
@@ -288,13 +288,14 @@ class ConnectionState:
                 raise
             if header.api_key == SASL_HANDSHAKE_KEY and header.api_version == 0:
                 self._sasl_unanswered = True
+        FRAME_CUT.python += 1
         return ReceivedFrame(header, frame, self._sequencer.register(header.correlation_id), pool_bytes)
 
     def take_requests(self, now: float, make: Layout, owner: object) -> list:
         """Every whole request already received that ``next_request`` would return in a row with
         no special case, built by ``make`` (``pipeline.fastinit.layout`` of a slotted dataclass
         whose first fields are: owner, header, frame, token, received at, pool bytes, pool), in
-        one C call (``pipeline._frames.cut``); [] when there is none. Each is registered and holds
+        one C call (``pipeline.native.cut_frames``); [] when there is none. Each is registered and holds
         its frame's bytes of the MemoryPool, as ``next_request``'s would; call ``next_request``
         after it for the next frame, which may need the Python path (incomplete, too large, no
         room in the pool, in-flight or response limits, SASL, a header the fast path leaves).
@@ -310,7 +311,7 @@ class ConnectionState:
         if at is None:
             return []
         pool = self._pool
-        requests, position, used, correlation_ids = cut(
+        requests, position, used, correlation_ids = cut_frames(
             at[0], at[1], room, pool.available, decoder.max_receive_bytes, FAST_PATH_TABLE, _HEADER_LAYOUT, make,
             owner, self._sequencer.next_token, now, pool)
         if not requests:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import trio
 
+from pipeline.native import check_request_classes
 from pipeline.protocol.header import RequestHeader
 from pipeline.network.request_metrics import RequestMetrics
 
@@ -113,6 +114,11 @@ class Request:
             pool, self.pool = self.pool, None
             pool.release(self.pool_bytes)
         self.frame = b""
+
+
+# pipeline._frames.cut builds it and pipeline._records.plain_run reads it (by field position and
+# attribute name): a field renamed or moved here fails this import rather than the fast path.
+check_request_classes(Request, RequestHeader)
 
 
 def release_requests(requests: Sequence[Request], local_done_at: float | None = None) -> None:

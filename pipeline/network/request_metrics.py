@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from pipeline._stages import record as record_stages
+from pipeline.native import record_stages
 
 STAGES: Final = ("RequestQueueTimeMs", "LocalTimeMs", "RemoteTimeMs",
                  "ResponseQueueTimeMs", "ResponseSendTimeMs", "TotalTimeMs")

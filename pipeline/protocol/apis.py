@@ -41,7 +41,7 @@ from kio.static.constants import EntityType
 from kio.static.primitive import i32Timedelta
 from kio.static.primitive import i64
 
-from .. import _records
+from .. import native
 from .errors import InvalidRequestError
 from .errors import UnsupportedVersionError
 from .guard import check_body
@@ -735,7 +735,7 @@ def decode_produce(header: RequestHeader, frame: bytes | bytearray | memoryview)
     The fast path (issue 13; in C since issue 23: kio's decode, the bounds walk that guards
     it and the view took ~9 % of the event loop at acks=0, the same walk in Python ~7 us per
     request) reads a Produce v3-v11 body straight into the view
-    (``pipeline._records.produce_body``): records are ``bytes`` copies of the frame's, as kio
+    (``pipeline.native.produce_body``): records are ``bytes`` copies of the frame's, as kio
     makes them. It takes only what the general path accepts with the same result, and hands
     anything else to it (which then accepts it or raises ``InvalidRequestError``): a frame
     that is neither ``bytes`` nor ``bytearray``, any tagged field, a null where Kafka allows
@@ -756,41 +756,41 @@ def produce_body(header: RequestHeader,
                  frame: bytes | bytearray | memoryview,
                  ) -> tuple[int, int, str | None, list[tuple[str, int, bytes | None]]] | None:
     """The fast path of ``decode_produce`` without the view objects: ``(acks, timeout_ms,
-    transactional_id, [(topic, partition, records), ...])`` (``pipeline._records.produce_body``),
+    transactional_id, [(topic, partition, records), ...])`` (``pipeline.native.produce_body``),
     or None when it declines and ``decode_produce``'s general path decides (it accepts the
     request, with the same result, or raises). Never raises.
     """
-    if header.api_key == PRODUCE and _PRODUCE_FIRST <= header.api_version <= _PRODUCE_LAST and isinstance(frame, (bytes, bytearray)):
-        return _records.produce_body(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE)
+    if header.api_key == PRODUCE and _PRODUCE_FIRST <= header.api_version <= _PRODUCE_LAST:
+        return native.produce_body(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE)
     return None
 
 
 def plain_produce_body(header: RequestHeader, frame: bytes | bytearray | memoryview,
                        ) -> tuple[int, int, list[tuple[str, int, bytes, int, int]]] | None:
     """``produce_body`` with each partition's records summarized (``summarize_fields``), in one C
-    call (``pipeline._records.plain_produce``): ``(acks, timeout_ms, [(topic, partition, records,
+    call (``pipeline.native.plain_produce``): ``(acks, timeout_ms, [(topic, partition, records,
     record_count, uncompressed_bytes), ...])`` for a Produce request with no transactional id, acks
     0/1/-1, at least one partition, and every partition's records uncompressed, valid (as
     ``validate_records`` checks them) and from a producer that is not idempotent or transactional;
     None for any other request, which the general path then accepts or refuses. Never raises.
     """
-    if header.api_key == PRODUCE and _PRODUCE_FIRST <= header.api_version <= _PRODUCE_LAST and isinstance(frame, (bytes, bytearray)):
-        return _records.plain_produce(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE,
-                                      MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
+    if header.api_key == PRODUCE and _PRODUCE_FIRST <= header.api_version <= _PRODUCE_LAST:
+        return native.plain_produce(frame, header.body_offset, header.api_version >= _FIRST_FLEXIBLE_PRODUCE,
+                                    MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
     return None
 
 
 def plain_produce_run(requests: list[Any], start: int, checked: dict[tuple[str, int], bool], now: float,
                       min_timeout_ms: int) -> tuple[list[tuple[Any, int, float, list[tuple[str, int, bytes, int, int]]]], int]:
-    """``plain_produce_body`` of ``requests[start:]`` in one C call (``pipeline._records.plain_run``),
+    """``plain_produce_body`` of ``requests[start:]`` in one C call (``pipeline.native.plain_run``),
     for a handler's produce run: each Produce request (objects with ``header``, ``frame``,
     ``received_at``, ``dequeued_at``) that ``plain_produce_body`` reads and whose every
     (topic, partition) is True in ``checked`` becomes ``(request, acks, deadline, parts)``, deadline
     ``received_at + max(timeout_ms, min_timeout_ms) / 1000`` (s), its ``dequeued_at`` set to
     ``now``; returns them and the index of the first request it left (``len(requests)`` if none).
     """
-    return _records.plain_run(requests, start, checked, now, min_timeout_ms, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS,
-                              PRODUCE, _PRODUCE_FIRST, _PRODUCE_LAST, _FIRST_FLEXIBLE_PRODUCE)
+    return native.plain_run(requests, start, checked, now, min_timeout_ms, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS,
+                            PRODUCE, _PRODUCE_FIRST, _PRODUCE_LAST, _FIRST_FLEXIBLE_PRODUCE)
 
 
 @fast_frozen_init

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from crc32c import crc32c as calc_crc32c  # native; kafka.record.util.calc_crc32c wraps the same call
 from kafka.record.default_records import DefaultRecordBatch
 
-from .. import _records
+from .. import native
 from .compression import DecompressedTooLargeError
 from .compression import DecompressionError
 from .compression import decompress_bounded
@@ -184,18 +184,18 @@ def has_compressed_batch(records: bytes | None) -> bool:
 
 def summarize_records(records: bytes) -> RecordsInfo | None:
     """What ``validate_records`` returns, when every batch of ``records`` is uncompressed and
-    valid (one C call, ``pipeline._records.summarize``: the same checks, ~1 us for a 1 KiB
+    valid (one C call, ``pipeline.native.summarize``: the same checks, ~1 us for a 1 KiB
     batch where the Python walk below took ~8 us); else None, and ``validate_records`` decides
     (it inflates compressed batches, or raises naming what is wrong). Never raises for bad records.
     """
-    summary = _records.summarize(records, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
+    summary = native.summarize(records, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
     return None if summary is None else RecordsInfo(*summary)
 
 
 def summarize_fields(records: bytes) -> tuple[int, int, int, int, int, int, bool, int, int] | None:
     """``summarize_records`` without the object: RecordsInfo's fields as a tuple, in field
     order, or None (the handler's produce runs, where one object per partition shows)."""
-    return _records.summarize(records, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
+    return native.summarize(records, MIN_TIMESTAMP_MS, MAX_TIMESTAMP_MS)
 
 
 def validate_records(records: bytes | None, produce_version: int = ZSTD_MIN_PRODUCE_VERSION) -> RecordsInfo:
@@ -348,7 +348,7 @@ def _check_records(batch: memoryview, index: int, pos: int, count: int, codec: i
 
     ``index`` and ``pos`` (the batch's number and byte position in the
     partition's records) only name it in error messages. The records are read
-    by ``pipeline._records.scan`` (C: no Python object per record).
+    by ``pipeline.native.scan`` (C: no Python object per record).
     """
     records: bytes | memoryview = batch[_HEADER_SIZE:]
     if codec:
@@ -359,8 +359,8 @@ def _check_records(batch: memoryview, index: int, pos: int, count: int, codec: i
         except DecompressionError as exc:
             raise CorruptRecordError(f"batch {index} at byte {pos}: cannot decompress (codec {codec}): {exc}") from None
     try:
-        _, low, high = _records.scan(records, count)
-    except _records.RecordsError as exc:
+        _, low, high = native.scan(records, count)
+    except native.RecordsError as exc:
         message, _, read = exc.args
         if read >= count:
             raise InvalidRecordError(f"batch {index} at byte {pos}: bytes left after the {count} records ({message})") from None

@@ -768,37 +768,45 @@ class RequestHandler:
         writable: dict[str, bool] = {}
         allowed: bool | None = None  # runs_allowed, asked at the first Produce request
         i, count = 0, len(requests)
-        while i < count:
-            if allowed and checked:
-                # The plain Produce requests whose partitions this run has checked, in one C call.
-                try:
+        try:
+            while i < count:
+                if allowed and checked:
+                    # The plain Produce requests whose partitions this run has checked, in one C call
+                    # (it stops at the first request it leaves: that one goes on below).
                     plains, i = apis_.plain_produces(requests, i, checked, now)
-                except Exception:
-                    plains = []  # plain_produce and handle() meet the same request, one by one
-                run += plains
-                if i >= count:
-                    break
-            request = requests[i]
-            i += 1
-            request.dequeued_at = now
-            if request.header.api_key == PRODUCE:
-                if allowed is None:
-                    allowed = apis_.runs_allowed(request.connection)
-                try:
+                    run += plains
+                    if i >= count:
+                        break
+                request = requests[i]
+                request.dequeued_at = now
+                if request.header.api_key == PRODUCE:
+                    if allowed is None:
+                        allowed = apis_.runs_allowed(request.connection)
+                    # None (not plain, or a partition refused): handle() serves it, with its errors.
                     plain = apis_.plain_produce(request, checked, writable) if allowed else None
-                except Exception:
-                    plain = None  # handle() meets the same and answers it
-                if plain is not None:
-                    run.append(plain)
-                    continue
+                    if plain is not None:
+                        run.append(plain)
+                        i += 1
+                        continue
+                i += 1
+                if run:
+                    now = request.dequeued_at = self._end_run(run)
+                    run = []
+                now = await self._handle_one(request)
+                # It may have awaited: leadership, ACLs and buffer.memory may have changed since.
+                checked.clear()
+                writable.clear()
+                allowed = None
+        except Exception:
+            # Reading a run raises only on a bug (bad input is declined, never raised): no fallback
+            # to the one-by-one path, which would hide it; the requests not yet served fail as
+            # _handle_one fails one (logged, their connections closed), after the run read so far.
             if run:
-                now = request.dequeued_at = self._end_run(run)
+                self._end_run(run)
                 run = []
-            now = await self._handle_one(request)
-            # It may have awaited: leadership, ACLs and buffer.memory may have changed since.
-            checked.clear()
-            writable.clear()
-            allowed = None
+            rest = requests[i:]
+            self._failed(rest)
+            release_requests(rest, trio.current_time())
         if run:
             self._end_run(run)
 

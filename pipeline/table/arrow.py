@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import _records
+from pipeline import native
 from pipeline.log.batch import PartitionAppend
 from pipeline.protocol.errors import CorruptRecordError
 from pipeline.protocol.records import InvalidRecordError, record_batches
@@ -103,8 +103,8 @@ def appends_to_table(appends: Sequence[PartitionAppend]) -> pa.Table:
     if n == 0:
         return ARROW_SCHEMA.empty_table()
     try:
-        read = _records.columns(sections, counts)
-    except _records.RecordsError as exc:
+        read = native.columns(sections, counts)
+    except native.RecordsError as exc:
         message, batch, record = exc.args
         raise CorruptRecordError(f"batch {batch} of the flush, record {record}: {message}") from None
 
