@@ -41,50 +41,32 @@ COMPONENT = "schema_registry"
 GLOBAL = ""
 """The subject key of the global compatibility level and mode."""
 
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS registry_schemas (
+    id {big} PRIMARY KEY,
+    guid TEXT NOT NULL UNIQUE,
+    schema_type TEXT NOT NULL,
+    schema TEXT NOT NULL,
+    refs TEXT NOT NULL,
+    fingerprint TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS registry_versions (
+    subject TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    schema_id {big} NOT NULL REFERENCES registry_schemas (id),
+    deleted INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (subject, version)
+);
+CREATE INDEX IF NOT EXISTS registry_versions_by_id ON registry_versions (schema_id);
+CREATE TABLE IF NOT EXISTS registry_config (subject TEXT PRIMARY KEY, compatibility TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS registry_mode (subject TEXT PRIMARY KEY, mode TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS registry_ids (singleton INTEGER PRIMARY KEY CHECK (singleton = 1), next_id {big} NOT NULL);
+INSERT INTO registry_ids (singleton, next_id) VALUES (1, 1) ON CONFLICT DO NOTHING
+"""
+"""The tables, the same on both databases but for the id columns' type (``{big}``)."""
+
 MIGRATIONS = (
-    Migration(1, sqlite="""
-CREATE TABLE IF NOT EXISTS registry_schemas (
-    id INTEGER PRIMARY KEY,
-    guid TEXT NOT NULL UNIQUE,
-    schema_type TEXT NOT NULL,
-    schema TEXT NOT NULL,
-    refs TEXT NOT NULL,
-    fingerprint TEXT NOT NULL UNIQUE
-);
-CREATE TABLE IF NOT EXISTS registry_versions (
-    subject TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    schema_id INTEGER NOT NULL REFERENCES registry_schemas (id),
-    deleted INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (subject, version)
-);
-CREATE INDEX IF NOT EXISTS registry_versions_by_id ON registry_versions (schema_id);
-CREATE TABLE IF NOT EXISTS registry_config (subject TEXT PRIMARY KEY, compatibility TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS registry_mode (subject TEXT PRIMARY KEY, mode TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS registry_ids (singleton INTEGER PRIMARY KEY CHECK (singleton = 1), next_id INTEGER NOT NULL);
-INSERT INTO registry_ids (singleton, next_id) VALUES (1, 1) ON CONFLICT DO NOTHING
-""", postgresql="""
-CREATE TABLE IF NOT EXISTS registry_schemas (
-    id BIGINT PRIMARY KEY,
-    guid TEXT NOT NULL UNIQUE,
-    schema_type TEXT NOT NULL,
-    schema TEXT NOT NULL,
-    refs TEXT NOT NULL,
-    fingerprint TEXT NOT NULL UNIQUE
-);
-CREATE TABLE IF NOT EXISTS registry_versions (
-    subject TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    schema_id BIGINT NOT NULL REFERENCES registry_schemas (id),
-    deleted INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (subject, version)
-);
-CREATE INDEX IF NOT EXISTS registry_versions_by_id ON registry_versions (schema_id);
-CREATE TABLE IF NOT EXISTS registry_config (subject TEXT PRIMARY KEY, compatibility TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS registry_mode (subject TEXT PRIMARY KEY, mode TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS registry_ids (singleton INTEGER PRIMARY KEY CHECK (singleton = 1), next_id BIGINT NOT NULL);
-INSERT INTO registry_ids (singleton, next_id) VALUES (1, 1) ON CONFLICT DO NOTHING
-"""),
+    Migration(1, sqlite=_SCHEMA_V1.format(big="INTEGER"), postgresql=_SCHEMA_V1.format(big="BIGINT")),
 )
 
 
