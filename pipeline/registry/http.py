@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 """The media type of every answer (Confluent Schema Registry API v1)."""
 
+MAX_BODY_BYTES = 16 * 1024 * 1024
+"""Largest request body read (bytes); a larger one is answered 413 without being read whole."""
+
 Authenticate = Callable[[str, str], bool]
 """(user, password) -> whether they are valid; blocking (e.g. ``UserStore.verify_plain``)."""
 
@@ -70,6 +73,20 @@ def _credentials(request: Request) -> tuple[str, str] | None:
     return (user, password) if sep else None
 
 
+async def _read_body(request: Request) -> bytes | None:
+    """The request's body, None once it passes ``MAX_BODY_BYTES`` (declared or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def registry_app(registry: SchemaRegistry, authenticate: Authenticate | None = None) -> Starlette:
     """The ASGI application serving ``registry``'s REST API (routes: Confluent's API reference)."""
 
@@ -83,8 +100,12 @@ def registry_app(registry: SchemaRegistry, authenticate: Authenticate | None = N
                     return response
             payload: Any = None
             if body:
+                raw = await _read_body(request)
+                if raw is None:
+                    return _json({"error_code": 413, "message": f"Request body larger than {MAX_BODY_BYTES} bytes"},
+                                 413)
                 try:
-                    payload = json.loads(await request.body() or b"{}")
+                    payload = json.loads(raw or b"{}")
                 except ValueError as exc:
                     return _json({"error_code": 400, "message": f"Malformed JSON: {exc}"}, 400)
                 if not isinstance(payload, dict):

@@ -3,9 +3,11 @@ its Avro serializers, over real sockets (plain, TLS, basic authentication agains
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +17,7 @@ import pytest
 import trio
 import trustme
 
-from pipeline.registry.http import CONTENT_TYPE, RegistryListener, serve_registry
+from pipeline.registry.http import CONTENT_TYPE, MAX_BODY_BYTES, RegistryListener, serve_registry
 from pipeline.registry.service import SchemaRegistry
 from pipeline.registry.store import SchemaStore
 from pipeline.security.users import UserStore
@@ -132,6 +134,17 @@ def test_error_bodies_and_content_type(url):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(bad, timeout=10)
     assert e.value.code == 400
+    # A body declared larger than the bound is refused before it is sent (or read).
+    conn = http.client.HTTPConnection(*urllib.parse.urlsplit(url).netloc.split(":"), timeout=30)
+    try:
+        conn.putrequest("POST", "/subjects/x/versions")
+        conn.putheader("Content-Type", CONTENT_TYPE)
+        conn.putheader("Content-Length", str(MAX_BODY_BYTES + 1))
+        conn.endheaders()
+        response = conn.getresponse()
+        assert response.status == 413 and json.loads(response.read())["error_code"] == 413
+    finally:
+        conn.close()
 
 
 def test_tls_and_basic_authentication_against_scram_users(tmp_path: Path, store):
