@@ -28,7 +28,7 @@ import trio
 
 from pipeline.admin.apis import AdminApis, broker_configs
 from pipeline.config import Mode, ServerConfig
-from pipeline.requests.topic_store import FILE as TOPIC_STORE_FILE, TopicStore
+from pipeline.metadata.topics import FILE as TOPIC_STORE_FILE, TopicStore
 from pipeline.cluster.membership import Cluster, DynamicCluster
 from pipeline.cluster.service import LeadershipService
 from pipeline.log.batch import PartitionAppend
@@ -512,7 +512,7 @@ class Server:
         request_channel, handler_count = self._build_request_channel()
         self.request_channel = request_channel
         # Topics persist in DATA_DIR/_pipeline/topics.db; a data dir from before the store
-        # brings its checkpoint's topics once (pipeline.requests.topic_store).
+        # brings its checkpoint's topics once (pipeline.metadata.topics).
         self.catalog = TopicCatalog(c.num_partitions, c.auto_create_topics,
                                     {t: max(n, c.num_partitions) for t, n in checkpoint.topics.items()},
                                     store=TopicStore(store_target(c.metadata_url, c.data_dir, TOPIC_STORE_FILE)),

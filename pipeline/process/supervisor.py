@@ -72,7 +72,7 @@ def create_shared_stores(config: ServerConfig) -> None:
     broker starts: two processes creating one at the same moment can fail with "database
     is locked" (switching a new file to WAL journal mode takes an exclusive lock, and SQLite
     does not wait for it); once created, the mode is the file's and opening it just reads it."""
-    from pipeline.requests.topic_store import FILE as TOPICS, TopicStore
+    from pipeline.metadata.topics import FILE as TOPICS, TopicStore
     from pipeline.coordinator.offset_store import STORE_FILE as GROUPS, OffsetStore
     from pipeline.security.acl_store import ACL_STORE_FILE, AclStore
     from pipeline.security.users import UserStore

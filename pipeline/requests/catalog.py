@@ -7,7 +7,7 @@ partitions. Produce to a topic that does not exist is answered with
 UNKNOWN_TOPIC_OR_PARTITION (clients ask Metadata first).
 
 Topics live in memory (Produce asks ``partitions`` for every partition) and,
-when the catalog has a ``TopicStore``, in SQLite (``pipeline.requests.topic_store``):
+when the catalog has a ``TopicStore``, in SQLite (``pipeline.metadata.topics``):
 every change is written there before it shows in memory, except a deletion,
 which hides the topic at once (no produce accepted from then on) and is
 forgotten in the store last, after its data is gone. The admin apis
@@ -26,7 +26,7 @@ from types import MappingProxyType
 import trio
 from kio.schema.errors import ErrorCode
 
-from pipeline.requests.topic_store import NoSuchTopicError, StoredTopic, TopicExistsError, TopicStore
+from pipeline.metadata.topics import NoSuchTopicError, StoredTopic, TopicExistsError, TopicStore
 from pipeline.protocol.apis import topic_id_for, validate_topic_name
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader
 
 from pipeline.admin.apis import AdminApis, broker_configs
-from pipeline.requests.topic_store import TopicStore
+from pipeline.metadata.topics import TopicStore
 from pipeline.admin.topic_configs import ConfigSource, TopicConfigs, broker_topic_defaults
 from pipeline.bench.frames import encode_request
 from pipeline.protocol import apis as papis

@@ -181,7 +181,7 @@ def test_catalogs_sharing_a_store_see_each_others_topics(metadata_target):
     PostgreSQL database (two connections, as brokers on two hosts have)."""
     import trio
 
-    from pipeline.requests.topic_store import TopicStore
+    from pipeline.metadata.topics import TopicStore
 
     a = TopicCatalog(3, True, store=TopicStore(metadata_target("topics.db")))
     b = TopicCatalog(3, True, store=TopicStore(metadata_target("topics.db")))

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from pipeline.coordinator.offset_store import OffsetStore
-from pipeline.requests.topic_store import TopicStore
+from pipeline.metadata.topics import TopicStore
 from pipeline.security.users import UserStore
 from tests.e2e.server_process import ServerProcess
 

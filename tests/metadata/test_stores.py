@@ -26,7 +26,7 @@ from pipeline.metadata.producer_ids import ProducerIdManager, ProducerIdStore
 from pipeline.protocol.apis import topic_id_for
 from pipeline.requests.acl_apis import AclApis
 from pipeline.requests.catalog import TopicCatalog
-from pipeline.requests.topic_store import MIGRATIONS as TOPIC_MIGRATIONS, NoSuchTopicError, StoredTopic, TopicStore
+from pipeline.metadata.topics import MIGRATIONS as TOPIC_MIGRATIONS, NoSuchTopicError, StoredTopic, TopicStore
 from pipeline.security.acl import AclOperation, AclPermissionType, Authorizer, PatternType, ResourceType, binding
 from pipeline.security.acl_store import AclStore
 from pipeline.security.users import UserStore

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 import trio
 
-from pipeline.requests.topic_store import StoredTopic, TopicExistsError, TopicStore
+from pipeline.metadata.topics import StoredTopic, TopicExistsError, TopicStore
 from pipeline.protocol.apis import topic_id_for
 from pipeline.requests.catalog import NoSuchTopicError, TopicCatalog
 
