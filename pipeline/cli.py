@@ -508,6 +508,8 @@ def _table_config(config: ServerConfig) -> TableConfig:
 
 
 def _group_sink(config: ServerConfig) -> SparkGroupSink:
+    from pipeline.metadata.database import store_target
+    from pipeline.metadata.topics import FILE as TOPICS_FILE
     from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.server import state_dir
 
@@ -522,7 +524,9 @@ def _group_sink(config: ServerConfig) -> SparkGroupSink:
                           connect_port=config.spark_connect_port or None if not config.spark_remote else None,
                           thrift_port=config.thrift_port or None if not config.spark_remote else None,
                           decode_niceness=DECODE_NICENESS_WITH_WAL_ACKS if config.ack_on == "wal" else 0,
-                          lock=lock.hold if lock is not None else None)
+                          lock=lock.hold if lock is not None else None,
+                          # value.format / value.schema / value.wire.format set as topic configs
+                          topic_store=store_target(config.metadata_url, config.data_dir, TOPICS_FILE))
 
 
 STOP_TIMEOUT_S = 60.0

@@ -770,8 +770,8 @@ ways, each overriding the one before (defaults < file < environment < flags):
 
 - a TOML file, `--config FILE`: `num.network.threads = 4`,
   `listeners = "PLAINTEXT://0.0.0.0:9092"`; plus per-topic `[topic."NAME"]`
-  tables with the keys {topic_keys} (file only;
-  [table.md](table.md#configuration)), and `listener.name.<name>.<key>` for a
+  tables with the keys {topic_keys} (in the file as defaults; `value.*` are topic
+  configs too, set by CreateTopics and AlterConfigs; [table.md](table.md#configuration)), and `listener.name.<name>.<key>` for a
   listener's own `ssl.*` keys and `sasl.enabled.mechanisms` (KIP-103, file only;
   [security.md](security.md));
 - an environment variable `PIPELINE_` + the key upper-cased with dots as

@@ -12,10 +12,13 @@ Only what is honoured is accepted (Kafka's LogConfig lists ~40 keys; here):
   producer's timestamps; LogAppendTime is not implemented).
 * ``segment.bytes``: read-only, the broker's ``log.segment.bytes``: the WAL's
   segments are shared by every topic, so a per-topic size cannot be honoured.
-* the table settings of ``[topic."<name>"]`` in the config file
-  (``table.partition.granularity``, ``table.retention.days``, ``value.format``,
-  ``value.schema``, ``value.wire.format``): read-only, listed so admin tools
-  show them.
+* the typed-table settings ``value.format`` (raw, json, avro), ``value.schema``
+  and ``value.wire.format``: a topic override takes effect at the table's next
+  commit, no restart (``pipeline.persist.group_sink``); without one, the
+  ``[topic."<name>"]`` table of the config file gives the value
+  (STATIC_BROKER_CONFIG), else the default (raw: the records table).
+* the other table settings of ``[topic."<name>"]`` (``table.partition.granularity``,
+  ``table.retention.days``): read-only, listed so admin tools show them.
 
 Sources and synonyms follow Kafka's DescribeConfigs (KIP-226): a topic
 override is DYNAMIC_TOPIC_CONFIG; otherwise the broker's value, which is
@@ -30,7 +33,7 @@ import enum
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable, Mapping
 
-from pipeline.table.catalog import TableConfig, TopicTableConfig
+from pipeline.table.catalog import TOPIC_CONFIG_FIELDS, TableConfig, TopicTableConfig
 
 
 class ConfigSource(enum.IntEnum):
@@ -117,6 +120,21 @@ def _timestamp_type(text: str) -> str:
     return "CreateTime"
 
 
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.strip() not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return text.strip()
+
+    return parse
+
+
+def _schema_text(text: str) -> str:
+    if not text.strip():
+        raise ValueError("the schema is empty (json: a Spark DDL string; avro: the schema's JSON)")
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class _Alterable:
     name: str
@@ -125,6 +143,7 @@ class _Alterable:
     doc: str
     broker_key: str | None = None     # the broker config it defaults to (its synonym)
     default: str | None = None        # when there is no broker key
+    table_field: str | None = None    # the TopicTableConfig field of the config file that gives its default
 
 
 ALTERABLE: dict[str, _Alterable] = {c.name: c for c in (
@@ -139,6 +158,16 @@ ALTERABLE: dict[str, _Alterable] = {c.name: c for c in (
                default="delete"),
     _Alterable("message.timestamp.type", ConfigType.STRING, _timestamp_type,
                "Only CreateTime: record timestamps are the producer's", default="CreateTime"),
+    _Alterable("value.format", ConfigType.STRING, _choice("raw", "json", "avro"),
+               "How the table side reads the topic's values: raw (bytes in the records table), json or avro "
+               "(a table of the topic's own, a column per field; docs/table.md)", default="raw",
+               table_field=TOPIC_CONFIG_FIELDS["value.format"]),
+    _Alterable("value.schema", ConfigType.STRING, _schema_text,
+               "The typed table's schema: json a Spark DDL string, avro the schema's JSON; unset for avro "
+               "with a schema registry: the latest version of the subject <topic>-value", table_field=TOPIC_CONFIG_FIELDS["value.schema"]),
+    _Alterable("value.wire.format", ConfigType.STRING, _choice("auto", "confluent", "none"),
+               "The Schema Registry header (magic byte 0, 4-byte id) on values: auto, confluent (required) "
+               "or none", default="auto", table_field=TOPIC_CONFIG_FIELDS["value.wire.format"]),
 )}
 """Topic configs a client may set (CreateTopics, IncrementalAlterConfigs)."""
 
@@ -146,9 +175,6 @@ SEGMENT_BYTES = "segment.bytes"
 _TABLE_KEYS: dict[str, str] = {
     "table.partition.granularity": "granularity",
     "table.retention.days": "retention_days",
-    "value.format": "value_format",
-    "value.schema": "value_schema",
-    "value.wire.format": "value_wire_format",
 }
 """Read-only per-topic table settings (``pipeline.config.TOPIC_KEYS``) -> TopicTableConfig field."""
 _TABLE_TYPES = {"table.retention.days": ConfigType.INT}
@@ -258,13 +284,18 @@ class TopicConfigs:
             out[name] = self._check(name, ",".join(items))
         return out
 
-    def value(self, overrides: Mapping[str, str], name: str) -> str:
-        """The effective value of alterable config ``name``: override, else broker value, else default."""
+    def value(self, overrides: Mapping[str, str], name: str, topic: str | None = None) -> str:
+        """The effective value of alterable config ``name``: override, else broker value (or the config
+        file's ``[topic."<topic>"]`` value of a table setting), else default."""
         if name in overrides:
             return overrides[name]
         spec = ALTERABLE[name]
         if spec.broker_key is not None:
             return self.broker[spec.broker_key][0] or ""
+        if spec.table_field is not None and topic is not None:
+            static = _table_text(spec, getattr(self.table.topic(topic), spec.table_field))
+            if static is not None:
+                return static
         return spec.default or ""
 
     def describe(self, topic: str, overrides: Mapping[str, str], keys: Iterable[str] | None = None,
@@ -288,6 +319,10 @@ class TopicConfigs:
                 value, source = self.broker[spec.broker_key]
                 chain.append(Synonym(spec.broker_key, value, source))
             else:
+                static = None if spec.table_field is None else _table_text(
+                    spec, getattr(self.table.topic(topic), spec.table_field))
+                if static is not None:  # the config file's [topic."<name>"] table
+                    chain.append(Synonym(name, static, ConfigSource.STATIC_BROKER_CONFIG))
                 chain.append(Synonym(name, spec.default, ConfigSource.DEFAULT_CONFIG))
             return ConfigEntry(name, chain[0].value, chain[0].source, False, spec.config_type, spec.doc,
                                tuple(chain) if synonyms else ())
@@ -306,6 +341,14 @@ class TopicConfigs:
     def retention(self, overrides: Mapping[str, str]) -> tuple[int, int]:
         """(retention.ms, retention.bytes) in effect: the override or the broker default; -1 = no limit."""
         return int(self.value(overrides, "retention.ms")), int(self.value(overrides, "retention.bytes"))
+
+
+def _table_text(spec: _Alterable, value: Any) -> str | None:
+    """A config file table setting as its topic config's text; None when it is the default."""
+    text = _text(value)
+    if text is None or (spec.table_field is not None and value == _FIELD_DEFAULTS[spec.table_field]):
+        return None
+    return text
 
 
 def broker_topic_defaults(server: Any) -> dict[str, tuple[str | None, ConfigSource]]:

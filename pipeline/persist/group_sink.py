@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import hashlib
 import multiprocessing
+import logging
 import os
 import shutil
 import threading
@@ -46,7 +47,12 @@ from pipeline.table.catalog import (MaintenanceResult, TableCatalog, TableConfig
 from pipeline.log.wal import WalSpan
 from pipeline.table.schema import ARROW_SCHEMA
 from pipeline.table.staging import STAGING_DIR, StagedRecords, Staging, arrow_codec, stage_flush
-from pipeline.table.typed import FlushTables, TopicFormat, build_flush, build_flush_from_columns, build_flush_from_wal
+from pipeline.metadata.database import Target
+from pipeline.metadata.topics import TopicStore
+from pipeline.table.typed import (FlushTables, NoSchema, TopicFormat, build_flush, build_flush_from_columns,
+                                  build_flush_from_wal)
+
+log = logging.getLogger(__name__)
 
 
 LOCAL_RELATION_MAX_ROWS = 20_000
@@ -121,6 +127,9 @@ class SparkGroupSink:
             the ``flock`` (a context manager factory, blocking; e.g.
             ``pipeline.metadata.locks.LeaseLock.hold``: a lock in the metadata database
             for brokers on several hosts).
+        topic_store: the topic store (``pipeline.metadata.topics``; a SQLite file or a PostgreSQL
+            URL) whose topic configs (``value.format``, ``value.schema``, ``value.wire.format``) override
+            the configuration file's at the next flush; None: the configuration file's alone.
         decode_niceness: added to the decode worker process's nice value (``os.nice``):
             with acknowledgements at the WAL, decoding for the table can yield the CPU
             to the front end under load (the table lags a little more, within
@@ -133,7 +142,8 @@ class SparkGroupSink:
                  connect_port: int | None = None, thrift_port: int | None = None,
                  state_dir: str | os.PathLike | None = None, shared_table: bool = False,
                  decode_niceness: int = 0,
-                 lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None) -> None:
+                 lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+                 topic_store: Target | None = None) -> None:
         self._sink = SparkSink(data_dir, master=None if remote else master, remote=remote, spark=spark,
                                table_config=table_config, metastore_uris=metastore_uris,
                                connect_port=connect_port, thrift_port=thrift_port)
@@ -150,6 +160,9 @@ class SparkGroupSink:
         self._decode_niceness = decode_niceness
         self._pool: ProcessPoolExecutor | None = None
         self._formats: dict[str, TopicFormat] = {}
+        self._topic_store_target = topic_store
+        self._topic_store: TopicStore | None = None
+        self._topics_version: int | None = None
         self._staging: Staging | None = None
 
     @contextlib.contextmanager
@@ -285,10 +298,39 @@ class SparkGroupSink:
                 flush is retried, as a failed write is).
         """
         catalog = self._sink.catalog
+        self._apply_topic_configs()
         topics = catalog.registry_topics()
         if not topics:
             return self._formats
         return {**self._formats, **{t: catalog.registry_format(t) for t in topics}}
+
+    def _apply_topic_configs(self) -> None:
+        """Take the topic store's configs over the configuration file's (one read of its change
+        version; the configs themselves only when it moved). A topic whose new settings are unusable,
+        or do not match its existing table, gets ``NoSchema``: its records are dead letters until the
+        settings are fixed, never raw, never lost.
+
+        Raises:
+            sqlite3.Error, psycopg.Error: the store could not be read (the flush is retried).
+        """
+        if self._topic_store_target is None:
+            return
+        if self._topic_store is None:
+            self._topic_store = TopicStore(self._topic_store_target)
+        version = self._topic_store.change_version()
+        if version == self._topics_version:
+            return
+        catalog = self._sink.catalog
+        if catalog.apply_topic_configs({t.name: t.configs for t in self._topic_store.load()}):
+            formats = catalog.value_formats(strict=False)
+            with self.hold_table():
+                mismatches = catalog.typed_table_mismatches(formats)
+            formats.update({t: NoSchema(reason) for t, reason in mismatches.items()})
+            self._formats = formats
+            log.info("topic configs changed: typed topics now %s",
+                     ", ".join(f"{t} ({type(f).__name__ if isinstance(f, NoSchema) else f.kind})"
+                               for t, f in sorted(formats.items())) or "none")
+        self._topics_version = version
 
     def write(self, table: FlushTables, exclude: set[tuple[str, int, int]] | None = None) -> None:
         """Write the flush minus the (topic, partition, offset) rows in ``exclude``: its staged

@@ -24,8 +24,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -136,6 +136,27 @@ class TopicTableConfig:
     value_format: str | None = None
     value_schema: str | None = None
     value_wire_format: WireFormat = "auto"
+
+
+TOPIC_CONFIG_FIELDS = {"value.format": "value_format", "value.schema": "value_schema",
+                       "value.wire.format": "value_wire_format"}
+"""The topic configs (CreateTopics, IncrementalAlterConfigs; ``pipeline.admin.topic_configs``) that set a
+``TopicTableConfig`` field, over the config file's ``[topic."<name>"]`` value; ``value.format`` raw is None."""
+
+
+def with_topic_configs(static: "TableConfig", configs: Mapping[str, Mapping[str, str]]) -> "TableConfig":
+    """``static`` (the config file's table settings) with each topic's ``TOPIC_CONFIG_FIELDS`` overrides
+    (``configs``: topic -> its topic configs) applied."""
+    topics = dict(static.topics)
+    for topic, overrides in configs.items():
+        fields_ = {}
+        for name, attr in TOPIC_CONFIG_FIELDS.items():
+            if name in overrides:
+                value: object = overrides[name]
+                fields_[attr] = None if name == "value.format" and value == "raw" else value
+        if fields_:
+            topics[topic] = replace(static.topic(topic), **fields_)  # type: ignore[arg-type]
+    return replace(static, topics=topics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,11 +308,28 @@ class TableCatalog:
         """Registry topic -> (the latest schema id, its format) as ``registry_format`` last built it."""
         self._table_columns: dict[str, list[tuple[str, str]]] = {}
         """Registry topic's table -> its data columns (name, Spark type), as ``_evolve`` last read or made them."""
-        self.typed_tables = {
-            topic: OwnedTable(f"{self.config.database}.{table_name_for_topic(topic)}",
-                              str(self.data_dir / TABLES_DIR / table_name_for_topic(topic)), ("date", "hour"), topic)
-            for topic, c in self.config.topics.items() if c.value_format is not None
-        }
+        self.static_config = self.config
+        """The table settings of the server's configuration, before any topic config (``apply_topic_configs``)."""
+        self.typed_tables: dict[str, OwnedTable] = {}
+        """Typed topic -> its table: every topic typed now or earlier in this process (its table may hold rows)."""
+        self._add_typed_tables()
+
+    def _add_typed_tables(self) -> None:
+        for topic, c in self.config.topics.items():
+            if c.value_format is not None and topic not in self.typed_tables:
+                name = table_name_for_topic(topic)
+                self.typed_tables[topic] = OwnedTable(f"{self.config.database}.{name}",
+                                                      str(self.data_dir / TABLES_DIR / name), ("date", "hour"), topic)
+
+    def apply_topic_configs(self, configs: Mapping[str, Mapping[str, str]]) -> bool:
+        """Take the topics' configs (topic -> its topic configs, as the topic store holds them) over the
+        configuration file's table settings (``with_topic_configs``); whether the settings in effect changed."""
+        config = with_topic_configs(self.static_config, configs)
+        if config == self.config:
+            return False
+        self.config = config
+        self._add_typed_tables()
+        return True
 
     # -- set-up ------------------------------------------------------------------
 
@@ -383,13 +421,16 @@ class TableCatalog:
         self._registry_formats[topic] = (schema_id, fmt)
         return fmt
 
-    def value_formats(self) -> dict[str, TopicFormat]:
+    def value_formats(self, strict: bool = True) -> dict[str, TopicFormat]:
         """topic -> format of every typed topic with a schema in the configuration (a json schema's
         DDL is parsed by Spark). Registry topics (``registry_topics``) are left out: their format is
         ``registry_format``'s at each flush.
 
+        ``strict`` False (settings changed while serving): a topic whose format or schema is unusable
+        gets ``NoSchema`` (its records dead letters, with the reason) instead of the error.
+
         Raises:
-            TableConfigError: a topic's format or schema is unusable (names the topic).
+            TableConfigError: ``strict`` and a topic's format or schema is unusable (names the topic).
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -415,7 +456,10 @@ class TableCatalog:
                 else:
                     raise ValueError(f"value.format must be json or avro, not {c.value_format!r}")
             except Exception as exc:
-                raise TableConfigError(f"topic {topic!r}: {str(exc).splitlines()[0]}") from None
+                reason = f"topic {topic!r}: {str(exc).splitlines()[0]}"
+                if strict:
+                    raise TableConfigError(reason) from None
+                formats[topic] = NoSchema(reason)
         return formats
 
     def check_typed_tables(self, formats: dict[str, TopicFormat]) -> None:
@@ -428,6 +472,13 @@ class TableCatalog:
         Raises:
             TableConfigError: names the topic, the table and both column lists.
         """
+        for reason in self.typed_table_mismatches(formats).values():
+            raise TableConfigError(reason)
+
+    def typed_table_mismatches(self, formats: dict[str, TopicFormat]) -> dict[str, str]:
+        """topic -> why, for each typed topic (registry topics aside: their tables follow the registry)
+        whose existing table has other columns than its format gives. Blocking (catalog calls)."""
+        mismatches: dict[str, str] = {}
         registry_topics = set(self.registry_topics())
         for topic, fmt in formats.items():
             owned = self.typed_tables[topic]
@@ -443,9 +494,10 @@ class TableCatalog:
             actual = [(f.name, f.dataType.simpleString()) for f in self.spark.table(owned.name).schema.fields
                       if f.name not in owned.partition_columns]
             if actual != expected:
-                raise TableConfigError(
+                mismatches[topic] = (
                     f"topic {topic!r}: table {owned.name} has columns {actual}, its value.format/value.schema "
                     f"give {expected}; drop or rename the table (or ALTER it) before changing the schema")
+        return mismatches
 
     def write_flush(self, flush: FlushTables, exclude: set[tuple[str, int, int]] | None = None) -> None:
         """Write one flush: raw rows to the records table, typed rows to their topics' tables,

@@ -251,6 +251,48 @@ async def test_incremental_alter_then_describe_configs(tmp_path):
     assert [(c.name, c.value, c.synonyms) for c in v1.results[0].configs] == [("retention.ms", "90000", ())]
 
 
+async def test_the_typed_table_settings_are_topic_configs(tmp_path):
+    """value.format, value.schema and value.wire.format: the config file's [topic."<name>"] value is the
+    default (STATIC_BROKER_CONFIG), a topic override (IncrementalAlterConfigs, CreateTopics) wins and is
+    stored with the topic's other configs, where the table side reads it at its next commit."""
+    config = ServerConfig(num_partitions=1, table=TableConfig(topics={"s": TopicTableConfig(value_format="avro")}))
+    a = Admin(tmp_path, config)
+    await a.call(19, 7, timeout=MS, validate_only=False, topics=[
+        creatable("s"), creatable("r"),
+        creatable("j", configs=[("value.format", "json"), ("value.schema", "id BIGINT")])])
+
+    def alter(topic, *configs):
+        return a.call(44, 1, validate_only=False, resources=[
+            {"resource_type": 2, "resource_name": topic,
+             "configs": [{"name": n, "config_operation": op, "value": v} for n, op, v in configs]}])
+
+    async def described(topic):
+        body = await a.call(32, 4, include_synonyms=True, include_documentation=False, resources=[
+            {"resource_type": 2, "resource_name": topic, "configuration_keys": ["value.format", "value.schema"]}])
+        return {c.name: (c.value, c.config_source, c.read_only) for c in body.results[0].configs}
+
+    assert await described("s") == {"value.format": ("avro", ConfigSource.STATIC_BROKER_CONFIG, False),
+                                     "value.schema": (None, ConfigSource.DEFAULT_CONFIG, False)}
+    assert await described("r") == {"value.format": ("raw", ConfigSource.DEFAULT_CONFIG, False),
+                                     "value.schema": (None, ConfigSource.DEFAULT_CONFIG, False)}
+    assert await described("j") == {"value.format": ("json", ConfigSource.DYNAMIC_TOPIC_CONFIG, False),
+                                     "value.schema": ("id BIGINT", ConfigSource.DYNAMIC_TOPIC_CONFIG, False)}
+    body = await alter("r", ("value.format", 0, "avro"), ("value.wire.format", 0, "confluent"))
+    assert int(body.responses[0].error_code) == NONE
+    stored = {t.name: dict(t.configs) for t in TopicStore(tmp_path / "topics.db").load()}
+    assert stored["r"] == {"value.format": "avro", "value.wire.format": "confluent"}  # what the table side reads
+    assert await described("r") == {"value.format": ("avro", ConfigSource.DYNAMIC_TOPIC_CONFIG, False),
+                                     "value.schema": (None, ConfigSource.DEFAULT_CONFIG, False)}
+    for bad in (("value.format", 0, "protobuf"), ("value.wire.format", 0, "maybe"), ("value.schema", 0, " ")):
+        body = await alter("r", bad)
+        assert int(body.responses[0].error_code) == INVALID_CONFIG, bad
+    body = await alter("s", ("value.format", 0, "raw"))
+    assert int(body.responses[0].error_code) == NONE
+    assert (await described("s"))["value.format"] == ("raw", ConfigSource.DYNAMIC_TOPIC_CONFIG, False)
+    body = await alter("s", ("value.format", 1, None))  # DELETE: back to the config file's value
+    assert (await described("s"))["value.format"] == ("avro", ConfigSource.STATIC_BROKER_CONFIG, False)
+
+
 async def test_describe_cluster(tmp_path):
     a = Admin(tmp_path)
     v0 = await a.call(60, 0, include_cluster_authorized_operations=False)

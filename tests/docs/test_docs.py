@@ -80,6 +80,7 @@ RUN: dict[tuple[str, str], str] = {
     ("docs/schema-registry.md", "from confluent_kafka.schema_registry import Schema"):
         "test_schema_registry_walkthrough",
     ("docs/schema-registry.md", "SELECT sensor, celsius FROM readings"): "test_schema_registry_walkthrough",
+    ("docs/schema-registry.md", "incremental_alter_configs"): "test_topic_config_walkthrough",
 }
 
 
@@ -527,6 +528,47 @@ def test_schema_registry_walkthrough(server, docs_env):
             break
         time.sleep(1)
     assert rows and rows[0] == ["sensor", "celsius"] and rows[1:] == want, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_topic_config_walkthrough(server, docs_env):
+    """docs/schema-registry.md, "Make a topic typed without a restart": a raw record of `clicks` lands in the
+    records table; the page's AdminClient block sets value.format=avro (IncrementalAlterConfigs) and reads
+    it back; a registry-framed Avro record produced after that lands in the `clicks` table, no restart."""
+    import json as json_
+
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    bootstrap = f"127.0.0.1:{docs_env.kafka_port}"
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce("clicks", b"raw bytes, before the change")
+    assert producer.flush(30) == 0
+    server.produced["clicks", 0] += 1  # in the records table (the README's query counts it)
+
+    def rows(query: str) -> list[list[str]]:
+        result = docs_env.shell(f'.venv/bin/pipeline sql "{query}"', check=False, **docs_env.table_env())
+        return parse_table(result.stdout)[1:] if result.returncode == 0 else []
+
+    deadline = time.monotonic() + 240
+    while rows("SELECT count(*) FROM records WHERE topic = 'clicks'") != [["1"]]:
+        assert time.monotonic() < deadline, "the raw record never reached the records table"
+        time.sleep(1)
+    result = docs_env.shell(block("docs/schema-registry.md", "incremental_alter_configs").text, timeout=120)
+    assert result.stdout.strip() == "value.format: avro", result.stdout + result.stderr
+    registry = SchemaRegistryClient({"url": f"http://127.0.0.1:{docs_env.registry_port}"})
+    schema = {"type": "record", "name": "Click", "fields": [{"name": "page", "type": "string"}]}
+    value = AvroSerializer(registry, json_.dumps(schema))({"page": "/home"},
+                                                          SerializationContext("clicks", MessageField.VALUE))
+    producer.produce("clicks", value)
+    assert producer.flush(30) == 0
+    deadline = time.monotonic() + 240
+    while rows("SELECT page FROM clicks") != [["/home"]]:
+        assert time.monotonic() < deadline, "the Avro record never reached the clicks table"
+        time.sleep(1)
+    assert rows("SELECT count(*) FROM records WHERE topic = 'clicks'") == [["1"]]  # only the raw one
 
 
 @pytest.mark.slow
