@@ -20,7 +20,7 @@ What it does (issue 24, "The image is built for real"):
    (/dev, /sys, a new /proc, and a fresh directory for each VOLUME, owned as the image's directory is, as a
    new named volume is). It waits until ``/readyz`` on the command's ``--metrics-port`` answers 200 from
    inside (the image's python, as the probes of deploy/ do), runs the image's HEALTHCHECK command the same
-   way, produces ``RECORDS`` records with the image's confluent-kafka to the port of ``--listen`` and waits
+   way, produces ``RECORDS`` records with the image's kafka-python to the port of ``--listen`` and waits
    until the image's Spark has written them to the table (``pipeline_flush_records_total``), then sends the
    STOPSIGNAL and expects exit status 0 within ``STOP_S``.
 
@@ -91,15 +91,17 @@ RECORDS = 10
 PRODUCE_S = 120
 PRODUCE = """
 import sys
-from confluent_kafka import Producer
-errors = []
-producer = Producer({{"bootstrap.servers": "127.0.0.1:{port}", "enable.idempotence": True}})
-for i in range({n}):
-    producer.produce("image-check", value=b"record %d" % i, on_delivery=lambda e, m: e and errors.append(str(e)))
-left = producer.flush(100)
+from kafka import KafkaProducer
+producer = KafkaProducer(bootstrap_servers="127.0.0.1:{port}", enable_idempotence=True, acks="all")
+futures = [producer.send("image-check", value=b"record %d" % i) for i in range({n})]
+producer.flush(100)
+errors = [str(f.exception) for f in futures if f.failed()]
+left = sum(1 for f in futures if not f.is_done)
+producer.close(10)
 sys.exit(f"{{left}} not delivered, errors: {{errors}}" if left or errors else 0)
 """
-"""Run by the image's python inside: ``n`` records with the image's confluent-kafka, each acknowledged."""
+"""Run by the image's python inside: ``n`` records with kafka-python (a dependency of the package; the
+image has no bench extra, so no confluent-kafka), each acknowledged."""
 FLUSHED = """
 import urllib.request
 text = urllib.request.urlopen({url!r}, timeout=5).read().decode()
