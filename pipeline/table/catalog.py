@@ -304,8 +304,9 @@ class TableCatalog:
         commit (tables shared with other processes, which may move a partition). A catalog
         call costs ~0.2 s of JVM CPU; this process's own ``maintain`` and ``drop_topic``
         empty the cache."""
-        self._registry_formats: dict[str, tuple[int, TopicFormat]] = {}
-        """Registry topic -> (the latest schema id, its format) as ``registry_format`` last built it."""
+        self._registry_formats: dict[str, tuple[tuple[int, str], TopicFormat]] = {}
+        """Registry topic -> ((the latest schema id, its value.wire.format), its format) as ``registry_format``
+        last built it."""
         self._table_columns: dict[str, list[tuple[str, str]]] = {}
         """Registry topic's table -> its data columns (name, Spark type), as ``_evolve`` last read or made them."""
         self.static_config = self.config
@@ -411,14 +412,14 @@ class TableCatalog:
             return NoSchema(f"subject {subject!r}'s latest schema (id {schema_id}) is {schema_type}; "
                             "the topic's value.format is avro")
         cached = self._registry_formats.get(topic)
-        if cached is not None and cached[0] == schema_id:
+        if cached is not None and cached[0] == (schema_id, c.value_wire_format):
             return cached[1]
         fmt: TopicFormat
         try:
             fmt = ValueFormat.for_avro(text, c.value_wire_format, registry)
         except ValueError as exc:
             fmt = NoSchema(f"subject {subject!r}'s latest schema (id {schema_id}) cannot be a table: {exc}")
-        self._registry_formats[topic] = (schema_id, fmt)
+        self._registry_formats[topic] = ((schema_id, c.value_wire_format), fmt)
         return fmt
 
     def value_formats(self, strict: bool = True) -> dict[str, TopicFormat]:
