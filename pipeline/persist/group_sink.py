@@ -254,6 +254,9 @@ class SparkGroupSink:
         if self._staging is not None:  # flushes decoded but not committed: the WAL has their records
             shutil.rmtree(self._staging.directory, ignore_errors=True)
             self._staging = None
+        if self._topic_store is not None:
+            self._topic_store.close()
+            self._topic_store = None
         self._sink.stop()
 
     def to_table(self, appends: Sequence[PartitionAppend]) -> FlushTables:
