@@ -51,6 +51,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.utils import floatToGoString
 
+from pipeline import native
 from pipeline.network.connection_state import MuteReason
 from pipeline.network.request_metrics import BUCKET_BOUNDS_MS, STAGES
 
@@ -203,6 +204,7 @@ class ServerCollector:
                                 "accepting, not shutting down), else 0", value=int(ready))
         yield GaugeMetricFamily("pipeline_table_ready", "1 once the table side (Spark) is up and writing, "
                                 "else 0", value=int(self._readiness.table_ready and ready))
+        yield self._native_stages()
         server = self._readiness.server
         if server is None:
             return
@@ -210,6 +212,19 @@ class ServerCollector:
         yield from self._network(server)
         yield from self._topics(server)
         yield from self._persistence(server)
+
+    def _native_stages(self) -> Metric:
+        """``pipeline.native``'s counters: a ``python`` path growing on plain produce traffic (multi-queue)
+        says the C fast path is off."""
+        items = CounterMetricFamily("pipeline_native_stage_items",
+                                    "Items of each stage with a C path, by the path that handled them: native "
+                                    "(C) or python (declined by the C, taken by the Python path)",
+                                    labels=["stage", "path"])
+        for name, (c, py) in native.counts().items():
+            stage = name.replace(" ", "_")
+            items.add_metric([stage, "native"], self._monotonic(f"native {name}", c))
+            items.add_metric([stage, "python"], self._monotonic(f"python {name}", py))
+        return items
 
     # Kafka RequestMetrics, RequestChannel, KafkaRequestHandlerPool
     def _request_metrics(self, s: Server) -> Iterator[Metric]:

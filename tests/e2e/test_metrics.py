@@ -327,6 +327,7 @@ EVERY_FAMILY = (
     "pipeline_buffered_bytes",
     "pipeline_queryable_lag_ms_bucket",
     "pipeline_connections_rejected_total",
+    "pipeline_native_stage_items_total",
     "pipeline_ready",
 )
 

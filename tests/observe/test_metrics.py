@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client import CollectorRegistry
 from hdrh.histogram import HdrHistogram
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -145,3 +146,22 @@ def test_endpoint_listens_on_loopback_only():
         assert endpoint._httpd is not None and endpoint._httpd.server_address[0] == "127.0.0.1"
     finally:
         endpoint.close()
+
+
+def test_the_native_stages_counters_are_exported():
+    """``pipeline_native_stage_items_total{stage, path}`` for every stage of ``pipeline.native``: the C
+    path's count and the Python path's, as the seam counted them."""
+    from prometheus_client import generate_latest
+
+    from pipeline import native
+    from pipeline.observe.metrics import Readiness, ServerCollector
+
+    registry = CollectorRegistry()
+    registry.register(ServerCollector(Readiness()))
+    native.FRAME_CUT.native += 3
+    native.FRAME_CUT.python += 1
+    samples = {(s.labels["stage"], s.labels["path"]): s.value
+               for f in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in f.samples if s.name == "pipeline_native_stage_items_total"}
+    assert {stage for stage, _ in samples} == {s.name.replace(" ", "_") for s in native.STAGES}
+    assert samples["frame_cut", "native"] >= 3 and samples["frame_cut", "python"] >= 1
