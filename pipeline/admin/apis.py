@@ -29,6 +29,7 @@ from kio.schema.errors import ErrorCode
 
 from pipeline.admin.topic_configs import (AlterOp, ConfigEntry, ConfigSource, ConfigType, InvalidConfigError, Synonym,
                                           TopicConfigs)
+from pipeline.network.api_host import ApiHost
 from pipeline.protocol import apis
 from pipeline.protocol.apis import BrokerInfo, validate_topic_name
 from pipeline.requests.catalog import NoSuchTopicError, TopicCatalog, TopicExistsError
@@ -144,7 +145,7 @@ class AdminApis:
         self._authorize: Callable[..., bool] = lambda request, operation, resource_type, name, log_denied=True: True
         """``KafkaApis.authorize`` once registered; everything allowed before (tests without an authorizer)."""
 
-    def register(self, kafka_apis: Any) -> None:
+    def register(self, kafka_apis: ApiHost) -> None:
         """Serve the six admin api keys on ``kafka_apis`` (``KafkaApis.register``); authorize with it."""
         self._authorize = kafka_apis.authorize
         kafka_apis.register(CREATE_TOPICS, self.create_topics)

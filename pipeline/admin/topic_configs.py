@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from pipeline.table.catalog import TOPIC_CONFIG_FIELDS, TableConfig, TopicTableConfig
+
+if TYPE_CHECKING:
+    from pipeline.config import ServerConfig
 
 
 class ConfigSource(enum.IntEnum):
@@ -351,7 +354,7 @@ def _table_text(spec: _Alterable, value: Any) -> str | None:
     return text
 
 
-def broker_topic_defaults(server: Any) -> dict[str, tuple[str | None, ConfigSource]]:
+def broker_topic_defaults(server: ServerConfig) -> dict[str, tuple[str | None, ConfigSource]]:
     """``TopicConfigs.broker`` from a ``ServerConfig``: each key's value, STATIC_BROKER_CONFIG
     when it differs from the default (set in the file, environment or flags), else DEFAULT_CONFIG."""
     from pipeline.config import KEYS, default_value

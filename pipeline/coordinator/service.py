@@ -69,6 +69,7 @@ from pipeline.protocol.apis import (
     OFFSET_FETCH,
     SYNC_GROUP,
 )
+from pipeline.network.api_host import ApiHost
 from pipeline.network.request_channel import Request
 from pipeline.network.request_metrics import add_error
 from pipeline.security.acl import CLUSTER_NAME, AclOperation, ResourceType
@@ -130,7 +131,7 @@ class GroupCoordinatorService:
         coordinator: the state machine (tests pass one with predictable member ids).
     """
 
-    def __init__(self, apis_: Any, config: GroupConfig, store_path: Target,
+    def __init__(self, apis_: ApiHost, config: GroupConfig, store_path: Target,
                  coordinator: GroupCoordinator | None = None) -> None:
         self.apis = apis_
         self.state = coordinator or GroupCoordinator(config)
@@ -152,7 +153,7 @@ class GroupCoordinatorService:
         """FindCoordinator for transactional ids answers this broker (the transaction coordinator is on)."""
 
     @classmethod
-    def for_data_dir(cls, apis_: Any, config: GroupConfig, data_dir: Path,
+    def for_data_dir(cls, apis_: ApiHost, config: GroupConfig, data_dir: Path,
                      metadata_url: str | None = None) -> "GroupCoordinatorService":
         """The service of a server: offsets in ``DATA_DIR/_pipeline/groups.db``, or in the PostgreSQL
         database of ``metadata_url``."""

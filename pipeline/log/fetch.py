@@ -50,6 +50,7 @@ answered undefined (-1, -1), as Kafka does.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +60,9 @@ from kio.schema.errors import ErrorCode
 from pipeline.log.manager import LogManager, OffsetOutOfRange
 from pipeline.protocol import apis
 from pipeline.protocol.apis import FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH
+from pipeline.network.api_host import ApiHost, PartitionCounts
 from pipeline.network.request_channel import Request
+from pipeline.network.request_metrics import RequestMetrics
 from pipeline.network.request_metrics import add_error
 from pipeline.security.acl import AclOperation, ResourceType
 
@@ -130,7 +133,7 @@ class FetchApis:
         apis_: the KafkaApis whose request metrics count errors.
     """
 
-    def __init__(self, logs: LogManager, catalog: Any, request_metrics: Any) -> None:
+    def __init__(self, logs: LogManager, catalog: PartitionCounts, request_metrics: RequestMetrics) -> None:
         self.logs = logs
         self.catalog = catalog
         self._fetch_errors = request_metrics.errors(FETCH)
@@ -139,12 +142,13 @@ class FetchApis:
         self._nursery: trio.Nursery | None = None
         self.fetches = 0
         self.delayed_fetches = 0
-        self._authorize: Any = lambda request, operation, resource_type, name: True
-        self._leads: Any = lambda topic, partition: True
-        self._taking_over: Any = lambda topic, partition: False
-        self._leader_epoch: Any = lambda topic, partition: 0
+        self._authorize: Callable[[Request, AclOperation, ResourceType, str], bool] = (
+            lambda request, operation, resource_type, name: True)
+        self._leads: Callable[[str, int], bool] = lambda topic, partition: True
+        self._taking_over: Callable[[str, int], bool] = lambda topic, partition: False
+        self._leader_epoch: Callable[[str, int], int] = lambda topic, partition: 0
 
-    def register(self, kafka_apis: Any) -> None:
+    def register(self, kafka_apis: ApiHost) -> None:
         # KafkaApis.authorize: Fetch needs TOPIC Read, ListOffsets TOPIC Describe (TOPIC_AUTHORIZATION_FAILED).
         self._authorize = kafka_apis.authorize
         # In a cluster only a partition's leader serves it (others: NOT_LEADER_OR_FOLLOWER).

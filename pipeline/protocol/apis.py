@@ -22,6 +22,7 @@ import io
 import re
 import uuid
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from typing import TYPE_CHECKING, Protocol
@@ -495,6 +496,37 @@ class TopicResolver(Protocol):
         ...
 
 
+class BrokerAddress(Protocol):
+    """A member of a cluster as Metadata names it (``pipeline.cluster.membership.ClusterBroker``)."""
+
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+
+
+class ClusterView(Protocol):
+    """What the request handlers ask of the cluster a broker is a member of: who leads a partition and
+    at which leader epoch (KIP-320), who coordinates a group, who the controller and the brokers are
+    (``pipeline.cluster.membership.Cluster``, static; ``DynamicCluster``, leadership through the
+    database). A Protocol, so the layers below ``cluster`` name it without importing it."""
+
+    @property
+    def brokers(self) -> Sequence[BrokerAddress]: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def controller_id(self) -> int: ...
+    def leader(self, topic: str, partition: int) -> int: ...
+    def leads(self, topic: str, partition: int) -> bool: ...
+    def leader_epoch(self, topic: str, partition: int) -> int: ...
+    def taking_over(self, topic: str, partition: int) -> bool: ...
+    def coordinator(self, group_id: str) -> int: ...
+    def coordinates(self, group_id: str) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerInfo:
     """This broker as advertised in Metadata; alone (``cluster`` None) it is the only broker,
@@ -508,8 +540,8 @@ class BrokerInfo:
     endpoints: tuple[tuple[str, str, int], ...] = ()
     """(listener name, advertised host, advertised port) of every listener (KIP-103);
     ``host``/``port`` are the first listener's."""
-    cluster: Any = None
-    """The ``pipeline.cluster.membership.Cluster`` this broker is a member of; None: alone."""
+    cluster: ClusterView | None = None
+    """The cluster this broker is a member of (``pipeline.cluster.membership``); None: alone."""
 
     def leader(self, topic: str, partition: int) -> int:
         """Node id of the leader of ``topic``-``partition``."""

@@ -27,6 +27,7 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from pipeline.protocol import apis
+from pipeline.network.api_host import ApiHost
 from pipeline.network.request_channel import Request
 from pipeline.security.acl import (CLUSTER_NAME, AclBinding, AclBindingFilter, AclOperation, Authorizer,
                                    InvalidAclError, ResourceType, binding)
@@ -72,7 +73,7 @@ class AclApis:
     def __init__(self, authorizer: Authorizer | None, store: AclStore | None = None) -> None:
         self.authorizer = authorizer
         self.store = store
-        self._kafka_apis: Any = None
+        self._kafka_apis: ApiHost | None = None
         self._version: int | None = None  # the store's change version the authorizer holds; None: unknown
         self._changing = trio.Lock()  # a reload never lands between a change's store write and its apply
 
@@ -97,7 +98,7 @@ class AclApis:
             self._version = version
         return True
 
-    def register(self, kafka_apis: Any) -> None:
+    def register(self, kafka_apis: ApiHost) -> None:
         """Serve DescribeAcls, CreateAcls and DeleteAcls on ``kafka_apis``."""
         self._kafka_apis = kafka_apis
         kafka_apis.register(DESCRIBE_ACLS, self.describe_acls)

@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import trio
 from kio.schema.errors import ErrorCode
 
+from pipeline.cluster.membership import Cluster
 from pipeline.log.manager import LogManager
 from pipeline.observe.structured_logs import log_context
 from pipeline.log.batch import PartitionAppend
@@ -130,12 +131,14 @@ class KafkaApis:
         self.logs = logs
         self.persister = persister
         self.yield_before_sequencing = yield_before_sequencing
-        # In a cluster the ids are interleaved (k * N + this broker's index) so brokers never collide.
+        # In a static cluster the ids are interleaved (k * N + this broker's index) so brokers never
+        # collide; leadership through the database passes producer_ids (blocks from the database).
         cluster = broker.cluster
         self._producer_ids: Iterator[int] = (
             producer_ids if producer_ids is not None
-            else itertools.count(first_producer_id) if cluster is None or cluster.size == 1
-            else map(cluster.producer_id, itertools.count(first_producer_id)))
+            else map(cluster.producer_id, itertools.count(first_producer_id))
+            if isinstance(cluster, Cluster) and cluster.size > 1
+            else itertools.count(first_producer_id))
         self._deadlines: list[tuple[float, int, PendingProduce]] = []
         self._deadline_seq = itertools.count()
         # Compressed records are inflated (up to MAX_UNCOMPRESSED_BATCH_BYTES)
