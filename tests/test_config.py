@@ -213,3 +213,21 @@ def test_reference_markdown_has_one_row_per_key_with_its_default():
     assert "User:\\<subject DN>" in text  # not an HTML tag
     assert all(len(re.split(r"(?<!\\)\|", line)) == 6 for line in rows)  # 4 cells, no more
     assert "\n## Request path\n" in text
+
+
+def test_the_table_side_looks_writer_schemas_up_where_the_registry_is(tmp_path):
+    """schema.registry.url (an external registry) wins; else pipeline's own registry's store when
+    schema.registry.listeners serves one (its SQLite file, or the metadata database); else none."""
+    from dataclasses import replace
+
+    from pipeline.cli import _table_config
+    from pipeline.table.catalog import TableConfig
+
+    base = ServerConfig(data_dir=tmp_path)
+    assert _table_config(base).schema_registry is None
+    served = replace(base, schema_registry_listener="http://127.0.0.1:0")
+    assert _table_config(served).schema_registry == str(tmp_path / "_pipeline" / "registry.db")
+    on_pg = replace(served, metadata_url="postgresql://u@h:5432/db")
+    assert _table_config(on_pg).schema_registry == "postgresql://u@h:5432/db"
+    external = replace(served, table=TableConfig(schema_registry="http://registry:8081"))
+    assert _table_config(external).schema_registry == "http://registry:8081"

@@ -161,6 +161,15 @@ def _pump(stream: IO[bytes], out: TextIO, prefix: str) -> None:
     stream.close()
 
 
+def broker_registry_listener(listener: str, node_id: int) -> str:
+    """Broker ``node_id``'s Schema Registry listener under ``--brokers N``: ``listener``'s
+    (``http[s]://HOST:PORT``, ``pipeline.config.registry_listener``) port + ``node_id``, as the Kafka
+    listeners and the metrics port go; port 0 stays 0 (a free port each)."""
+    scheme, _, address = listener.partition("://")
+    host, _, port = address.rpartition(":")
+    return f"{scheme}://{host}:{int(port) + node_id if int(port) else 0}"
+
+
 class Supervisor:
     """Runs the cluster of ``config.brokers`` brokers (see the module docstring).
 
@@ -209,10 +218,7 @@ class Supervisor:
         if c.metrics_port is not None:
             cmd += ["--metrics-port", str(c.metrics_port + member.node_id if c.metrics_port else 0)]
         if c.schema_registry_listener is not None:  # each broker serves the one registry on a port of its own
-            scheme, _, address = c.schema_registry_listener.partition("://")
-            host, _, port = address.rpartition(":")
-            cmd += ["--schema-registry-listeners",
-                    f"{scheme}://{host}:{int(port) + member.node_id if int(port) else 0}"]
+            cmd += ["--schema-registry-listeners", broker_registry_listener(c.schema_registry_listener, member.node_id)]
         return cmd
 
     def run(self) -> int:

@@ -15,7 +15,7 @@ from pipeline.config import ConfigError, resolve
 from pipeline.protocol import BrokerInfo, decode_request, metadata_response, parse_request_header
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.handler import KafkaApis
-from pipeline.process.supervisor import broker_ports, strip_flags
+from pipeline.process.supervisor import broker_ports, broker_registry_listener, strip_flags
 from tests.protocol.protocol_helpers import metadata_request, read_response, request_frame
 
 BROKERS = parse_brokers("1@127.0.0.1:9093,0@127.0.0.1:9092,2@h2:9094")
@@ -174,6 +174,9 @@ def test_supervisor_argument_handling():
     assert broker_ports("127.0.0.1", 9092, 3) == [9092, 9093, 9094]
     free = broker_ports("127.0.0.1", 0, 3)
     assert len(set(free)) == 3 and all(free)
+    assert [broker_registry_listener("https://[::1]:8081", n) for n in range(3)] == [
+        "https://[::1]:8081", "https://[::1]:8082", "https://[::1]:8083"]
+    assert broker_registry_listener("http://127.0.0.1:0", 2) == "http://127.0.0.1:0"
 
 
 def test_catalogs_sharing_a_store_see_each_others_topics(metadata_target):
