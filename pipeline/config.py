@@ -69,7 +69,7 @@ from pipeline.network.listeners import DEFAULT_PROTOCOL_MAP, Endpoint
 from pipeline.network.memory_pool import DEFAULT_QUEUED_MAX_REQUEST_BYTES
 from pipeline.security.sasl import DEFAULT_MECHANISMS
 from pipeline.security.tls import DEFAULT_HANDSHAKE_TIMEOUT_MS
-from pipeline.table.catalog import TableConfig, TopicTableConfig
+from pipeline.table.catalog import VALUE_FORMATS, TableConfig, TopicTableConfig
 from pipeline.table.layout import (
     DEFAULT_COMMIT_IDLE_MS,
     DEFAULT_COMMIT_INTERVAL_MS,
@@ -712,8 +712,8 @@ ENV_KEYS: dict[str, Key] = {k.env: k for k in _KEY_LIST}
 
 
 def _value_format(v: Any, text: bool = False) -> str:
-    if v not in ("json", "avro"):
-        raise ValueError(f"expected json or avro, got {v!r}")
+    if v not in VALUE_FORMATS:
+        raise ValueError(f"expected one of {', '.join(VALUE_FORMATS)}, got {v!r}")
     return v
 
 

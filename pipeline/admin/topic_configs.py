@@ -33,7 +33,7 @@ import enum
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from pipeline.table.catalog import TOPIC_CONFIG_FIELDS, TableConfig, TopicTableConfig
+from pipeline.table.catalog import TOPIC_CONFIG_FIELDS, VALUE_FORMATS, TableConfig, TopicTableConfig
 
 if TYPE_CHECKING:
     from pipeline.config import ServerConfig
@@ -161,7 +161,7 @@ ALTERABLE: dict[str, _Alterable] = {c.name: c for c in (
                default="delete"),
     _Alterable("message.timestamp.type", ConfigType.STRING, _timestamp_type,
                "Only CreateTime: record timestamps are the producer's", default="CreateTime"),
-    _Alterable("value.format", ConfigType.STRING, _choice("raw", "json", "avro"),
+    _Alterable("value.format", ConfigType.STRING, _choice("raw", *VALUE_FORMATS),
                "How the table side reads the topic's values: raw (bytes in the records table), json or avro "
                "(a table of the topic's own, a column per field; docs/table.md)", default="raw",
                table_field=TOPIC_CONFIG_FIELDS["value.format"]),

@@ -337,9 +337,9 @@ class SchemaRegistry:
         return str(schema_type).upper(), text, references
 
     def _resolved(self, references: tuple[Reference, ...], seen: frozenset[tuple[str, int]] = frozenset()
-                  ) -> list[tuple[str, str]]:
-        """(type, text) of every schema ``references`` reach, dependencies first."""
-        out: list[tuple[str, str]] = []
+                  ) -> list[compatibility.Reference]:
+        """(name, type, text) of every schema ``references`` reach, dependencies first."""
+        out: list[compatibility.Reference] = []
         for ref in references:
             key = (ref.subject, ref.version)
             if key in seen:
@@ -350,7 +350,7 @@ class SchemaRegistry:
                 raise _invalid(f"Invalid schema: reference {ref.name} ({ref.subject} version {ref.version}): "
                                f"{exc.message}") from exc
             out += self._resolved(target.record.references, seen | {key})
-            out.append((target.record.schema_type, target.record.schema))
+            out.append((ref.name, target.record.schema_type, target.record.schema))
         return out
 
     def _parse(self, schema_type: str, text: str, references: tuple[Reference, ...]) -> ParsedSchema:

@@ -36,7 +36,7 @@ from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 from pipeline.table.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
 from pipeline.table.staging import StagedRecords, without
 from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables, NoSchema, TopicFormat, typed_column_name
-from pipeline.table.values import ValueFormat, WireFormat
+from pipeline.table.values import ValueFormat, WireFormat, registry_value_format
 from pipeline.table.layout import (
     DEFAULT_COMPACTION_MIN_FILES,
     DEFAULT_DATABASE,
@@ -137,6 +137,11 @@ class TopicTableConfig:
     value_schema: str | None = None
     value_wire_format: WireFormat = "auto"
 
+
+VALUE_FORMATS: dict[str, str] = {"json": "JSON", "avro": "AVRO"}
+"""``value.format`` -> the Schema Registry schema type its topic's registry subject must hold (a topic
+of that format without ``value.schema`` takes the subject's latest version; ``pipeline.registry``).
+``raw``, the default, is not here: raw values go to the records table."""
 
 TOPIC_CONFIG_FIELDS = {"value.format": "value_format", "value.schema": "value_schema",
                        "value.wire.format": "value_wire_format"}
@@ -385,9 +390,9 @@ class TableCatalog:
         return self.spark.table(self.records_table).select(*COLUMNS)
 
     def registry_topics(self) -> list[str]:
-        """The avro topics whose schema is their registry subject's latest version (no ``value.schema``)."""
+        """The typed topics whose schema is their registry subject's latest version (no ``value.schema``)."""
         return [t for t, c in self.config.topics.items()
-                if c.value_format == "avro" and not c.value_schema and self.config.schema_registry is not None]
+                if c.value_format in VALUE_FORMATS and not c.value_schema and self.config.schema_registry is not None]
 
     def registry_format(self, topic: str) -> TopicFormat:
         """The format of registry topic ``topic`` now: its subject's (``<topic>-value``) latest version
@@ -408,15 +413,16 @@ class TableCatalog:
         if latest is None:
             return NoSchema(f"subject {subject!r} has no schema in the schema registry")
         schema_id, schema_type, text = latest
-        if schema_type != "AVRO":
+        assert c.value_format is not None
+        if schema_type != VALUE_FORMATS[c.value_format]:
             return NoSchema(f"subject {subject!r}'s latest schema (id {schema_id}) is {schema_type}; "
-                            "the topic's value.format is avro")
+                            f"the topic's value.format is {c.value_format}")
         cached = self._registry_formats.get(topic)
         if cached is not None and cached[0] == (schema_id, c.value_wire_format):
             return cached[1]
         fmt: TopicFormat
         try:
-            fmt = ValueFormat.for_avro(text, c.value_wire_format, registry)
+            fmt = registry_value_format(schema_type, text, c.value_wire_format, registry)
         except ValueError as exc:
             fmt = NoSchema(f"subject {subject!r}'s latest schema (id {schema_id}) cannot be a table: {exc}")
         self._registry_formats[topic] = ((schema_id, c.value_wire_format), fmt)
@@ -440,22 +446,24 @@ class TableCatalog:
             if c.value_format is None:
                 continue
             try:
+                if c.value_format not in VALUE_FORMATS:
+                    raise ValueError(f"value.format must be one of {', '.join(VALUE_FORMATS)}, "
+                                     f"not {c.value_format!r}")
+                if not c.value_schema:
+                    if self.config.schema_registry is None:
+                        raise ValueError(f"value.schema is required for {c.value_format} without a schema "
+                                         "registry (schema.registry.listeners or schema.registry.url)")
+                    continue  # registry_format, at each flush
                 if c.value_format == "json":
-                    if not c.value_schema:
-                        raise ValueError("value.schema (a Spark DDL string) is required for json")
                     struct = self.spark.createDataFrame([], c.value_schema).schema
                     formats[topic] = ValueFormat("json", to_arrow_schema(struct, timezone="UTC"),
                                                  wire_format=c.value_wire_format)
                 elif c.value_format == "avro":
-                    if not c.value_schema:
-                        if self.config.schema_registry is None:
-                            raise ValueError("value.schema (the Avro schema) is required for avro without a "
-                                             "schema registry (schema.registry.listeners or schema.registry.url)")
-                        continue  # registry_format, at each flush
                     formats[topic] = ValueFormat.for_avro(c.value_schema, c.value_wire_format,
                                                           self.config.schema_registry)
                 else:
-                    raise ValueError(f"value.format must be json or avro, not {c.value_format!r}")
+                    raise ValueError(f"value.schema is not taken for {c.value_format}: its table follows "
+                                     f"the registry subject {topic}-value")
             except Exception as exc:
                 reason = f"topic {topic!r}: {str(exc).splitlines()[0]}"
                 if strict:

@@ -220,6 +220,20 @@ class ValueFormat:
         return cls("avro", avro_to_arrow_schema(avro), avro, wire_format, registry)
 
 
+def registry_value_format(schema_type: str, text: str, wire_format: WireFormat, registry: str) -> ValueFormat:
+    """The format of a topic whose table follows a registry subject: ``text`` (of Schema Registry
+    type ``schema_type``) gives the table's columns; each value is read as its own writer's schema
+    says, looked up in ``registry`` (``ValueFormat.registry``).
+
+    Raises:
+        ValueError: the schema cannot be a table (named by its path), or the type is not one the
+            table side reads.
+    """
+    if schema_type == "AVRO":
+        return ValueFormat.for_avro(text, wire_format, registry)
+    raise ValueError(f"a {schema_type} schema cannot be a table")
+
+
 def split_wire_format(value: bytes) -> tuple[int | None, bytes]:
     """Split a Confluent Schema Registry header off ``value`` if it has one.
 
