@@ -9,37 +9,26 @@ in which direction (Confluent "Schema Evolution and Compatibility"):
   ``FORWARD_TRANSITIVE``: every version does.
 - ``FULL`` / ``FULL_TRANSITIVE``: both; ``NONE``: no check.
 
-Each schema type is one ``SchemaKind`` (its canonical text, its parser, its reader/writer
-check), looked up by its Confluent name in ``kind``. Avro's is here: it is checked with Apache
-Avro's own ``ReaderWriterCompatibilityChecker`` (the Python port of Java's
-``SchemaCompatibility``, which Confluent's ``AvroSchema.isBackwardCompatible`` uses). Schemas
-are parsed with their references resolved: the referenced subjects' schemas are parsed first
-into the same set of names.
+Each schema type is one ``SchemaKind`` (``pipeline.registry.schema_kind``: its canonical text,
+its parser, its reader/writer check) in a module of its own (``avro_kind``), looked up by its
+Confluent name in ``kind``. Schemas are parsed with their references resolved: the referenced
+subjects' schemas are given first, dependencies before dependents.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+
+from pipeline.registry.avro_kind import AVRO, AvroKind
+from pipeline.registry.schema_kind import InvalidSchema, Reference, SchemaKind
 
 __all__ = ("AVRO", "DEFAULT_LEVEL", "LEVELS", "SCHEMA_TYPES", "InvalidSchema", "ParsedSchema", "Reference",
            "SchemaKind", "canonical", "check", "kind", "parse")
 
-AVRO = "AVRO"
-
-Reference = tuple[str, str, str]
-"""A resolved reference: (its ``name`` as the referencing schema imports it, e.g. an Avro full
-name or a ``.proto`` file name; the referenced schema's type; its text)."""
-
 LEVELS = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE")
 DEFAULT_LEVEL = "BACKWARD"
 """Confluent's default compatibility level (``schema.compatibility.level``)."""
-
-
-class InvalidSchema(ValueError):
-    """The text is not a valid schema of its type, or a reference cannot be resolved (Confluent 42201)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,65 +39,7 @@ class ParsedSchema:
     schema: object
 
 
-class SchemaKind(Protocol):
-    """What the registry needs of one schema type (a module, e.g. ``pipeline.registry.avro_kind``)."""
-
-    def canonical(self, text: str) -> str:
-        """The text two registrations of the same schema share. Raises ``InvalidSchema``."""
-        ...
-
-    def parse(self, text: str, references: Sequence[Reference]) -> object:
-        """The type's own parsed object of ``text`` with ``references`` (dependencies first).
-        Raises ``InvalidSchema``."""
-        ...
-
-    def can_read(self, reader: object, writer: object) -> list[str]:
-        """Why data written with ``writer`` cannot be read with ``reader`` ([] if it can)."""
-        ...
-
-
-class _Avro:
-    """Avro (Apache Avro 1.11 ``avro`` package: parser and ``ReaderWriterCompatibilityChecker``)."""
-
-    @staticmethod
-    def canonical(text: str) -> str:
-        """Compact JSON with sorted object keys (field order, which is in arrays, is kept; so are
-        defaults and docs, which Avro's Parsing Canonical Form would drop though they change what a
-        reader does)."""
-        try:
-            return json.dumps(json.loads(text), separators=(",", ":"), sort_keys=True)
-        except ValueError as exc:
-            raise InvalidSchema(f"Invalid schema: {exc}") from exc
-
-    @staticmethod
-    def parse(text: str, references: Sequence[Reference]) -> object:
-        import avro.errors
-        import avro.name
-        import avro.schema
-
-        names = avro.name.Names()
-        try:
-            for _, ref_type, ref_text in references:
-                if ref_type != AVRO:
-                    raise InvalidSchema(f"Invalid schema: an Avro schema cannot reference a {ref_type} schema")
-                avro.schema.make_avsc_object(json.loads(ref_text), names)
-            return avro.schema.make_avsc_object(json.loads(text), names)
-        except (avro.errors.AvroException, ValueError, TypeError, AttributeError) as exc:
-            raise InvalidSchema(f"Invalid schema: {exc}") from exc
-
-    @staticmethod
-    def can_read(reader: object, writer: object) -> list[str]:
-        from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
-
-        result = ReaderWriterCompatibilityChecker().get_compatibility(reader, writer)  # type: ignore[arg-type]
-        if result.compatibility is SchemaCompatibilityType.compatible:
-            return []
-        locations = sorted(result.locations)
-        return [f"{m} (at {', '.join(locations)})" if locations else m for m in sorted(result.messages)] or [
-            "incompatible"]
-
-
-_KINDS: dict[str, SchemaKind] = {AVRO: _Avro()}
+_KINDS: dict[str, SchemaKind] = {AVRO: AvroKind()}
 SCHEMA_TYPES = tuple(_KINDS)
 """Schema types this registry parses and checks (Confluent's ``/schemas/types``), each with a
 ``SchemaKind`` in ``kind``; another type is refused with 42201."""
