@@ -10,7 +10,7 @@ in which direction (Confluent "Schema Evolution and Compatibility"):
 - ``FULL`` / ``FULL_TRANSITIVE``: both; ``NONE``: no check.
 
 Each schema type is one ``SchemaKind`` (``pipeline.registry.schema_kind``: its canonical text,
-its parser, its reader/writer check) in a module of its own (``avro_kind``), looked up by its
+its parser, its reader/writer check) in a module of its own (``avro_kind``, ``protobuf_kind``), looked up by its
 Confluent name in ``kind``. Schemas are parsed with their references resolved: the referenced
 subjects' schemas are given first, dependencies before dependents.
 """
@@ -21,10 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipeline.registry.avro_kind import AVRO, AvroKind
+from pipeline.registry.protobuf_kind import PROTOBUF, ProtobufKind
 from pipeline.registry.schema_kind import InvalidSchema, Reference, SchemaKind
 
-__all__ = ("AVRO", "DEFAULT_LEVEL", "LEVELS", "SCHEMA_TYPES", "InvalidSchema", "ParsedSchema", "Reference",
-           "SchemaKind", "canonical", "check", "kind", "parse")
+__all__ = ("AVRO", "DEFAULT_LEVEL", "LEVELS", "PROTOBUF", "SCHEMA_TYPES", "InvalidSchema", "ParsedSchema",
+           "Reference", "SchemaKind", "canonical", "check", "formatted", "kind", "parse")
 
 LEVELS = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE")
 DEFAULT_LEVEL = "BACKWARD"
@@ -39,7 +40,7 @@ class ParsedSchema:
     schema: object
 
 
-_KINDS: dict[str, SchemaKind] = {AVRO: AvroKind()}
+_KINDS: dict[str, SchemaKind] = {AVRO: AvroKind(), PROTOBUF: ProtobufKind()}
 SCHEMA_TYPES = tuple(_KINDS)
 """Schema types this registry parses and checks (Confluent's ``/schemas/types``), each with a
 ``SchemaKind`` in ``kind``; another type is refused with 42201."""
@@ -75,6 +76,13 @@ def parse(schema_type: str, text: str, references: Sequence[Reference] = ()) -> 
         InvalidSchema: not a valid schema, or a named type it uses is defined nowhere.
     """
     return ParsedSchema(schema_type, kind(schema_type).parse(text, references))
+
+
+def formatted(parsed: ParsedSchema, fmt: str) -> str | None:
+    """``parsed`` in format ``fmt`` (``GET /schemas/ids/{id}?format=``: Protobuf's ``serialized``), None
+    when its kind has no such format (Confluent then answers the registered text)."""
+    to_format = getattr(kind(parsed.schema_type), "formatted", None)
+    return None if to_format is None else to_format(parsed.schema, fmt)
 
 
 def _can_read(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:

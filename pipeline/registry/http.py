@@ -122,6 +122,9 @@ def registry_app(registry: SchemaRegistry, authenticate: Authenticate | None = N
     def subject(request: Request) -> str:
         return str(request.path_params["subject"])
 
+    def fmt(request: Request) -> str | None:
+        return request.query_params.get("format") or None
+
     def schema_id(request: Request) -> int:
         try:
             return int(request.path_params["id"])
@@ -132,14 +135,14 @@ def registry_app(registry: SchemaRegistry, authenticate: Authenticate | None = N
     routes = [
         Route("/", handler(lambda q, b: {}), methods=["GET"]),
         Route("/schemas/types", handler(lambda q, b: r.schema_types()), methods=["GET"]),
-        Route("/schemas/ids/{id}", handler(lambda q, b: r.schema_by_id(schema_id(q))), methods=["GET"]),
+        Route("/schemas/ids/{id}", handler(lambda q, b: r.schema_by_id(schema_id(q), fmt(q))), methods=["GET"]),
         Route("/schemas/ids/{id}/schema",
               handler(lambda q, b: json.loads(str(r.schema_by_id(schema_id(q))["schema"]))), methods=["GET"]),
         Route("/schemas/ids/{id}/versions", handler(lambda q, b: r.schema_versions(schema_id(q))), methods=["GET"]),
-        Route("/schemas/guids/{guid}", handler(lambda q, b: r.schema_by_guid(str(q.path_params["guid"]))),
+        Route("/schemas/guids/{guid}", handler(lambda q, b: r.schema_by_guid(str(q.path_params["guid"]), fmt(q))),
               methods=["GET"]),
         Route("/subjects", handler(lambda q, b: r.subjects(_flag(q, "deleted"))), methods=["GET"]),
-        Route("/subjects/{subject}", handler(lambda q, b: r.lookup(subject(q), b, _flag(q, "deleted")), body=True),
+        Route("/subjects/{subject}", handler(lambda q, b: r.lookup(subject(q), b, _flag(q, "deleted"), fmt(q)), body=True),
               methods=["POST"]),
         Route("/subjects/{subject}", handler(lambda q, b: r.delete_subject(subject(q), _flag(q, "permanent"))),
               methods=["DELETE"]),
@@ -148,7 +151,7 @@ def registry_app(registry: SchemaRegistry, authenticate: Authenticate | None = N
         Route("/subjects/{subject}/versions", handler(lambda q, b: r.register(subject(q), b), body=True),
               methods=["POST"]),
         Route("/subjects/{subject}/versions/{version}",
-              handler(lambda q, b: r.version(subject(q), q.path_params["version"], _flag(q, "deleted"))),
+              handler(lambda q, b: r.version(subject(q), q.path_params["version"], _flag(q, "deleted"), fmt(q))),
               methods=["GET"]),
         Route("/subjects/{subject}/versions/{version}",
               handler(lambda q, b: r.delete_version(subject(q), q.path_params["version"], _flag(q, "permanent"))),

@@ -92,16 +92,17 @@ class SchemaRegistry:
             self._by_id[schema_id] = record
         return record
 
-    def schema_by_id(self, schema_id: int) -> dict[str, object]:
-        """``GET /schemas/ids/{id}``."""
-        return _schema_json(self.record(schema_id))
+    def schema_by_id(self, schema_id: int, fmt: str | None = None) -> dict[str, object]:
+        """``GET /schemas/ids/{id}[?format=fmt]``."""
+        record = self.record(schema_id)
+        return self._formatted(_schema_json(record), record, fmt)
 
-    def schema_by_guid(self, guid: str) -> dict[str, object]:
-        """``GET /schemas/guids/{guid}`` (Confluent 8). Raises 40403."""
+    def schema_by_guid(self, guid: str, fmt: str | None = None) -> dict[str, object]:
+        """``GET /schemas/guids/{guid}[?format=fmt]`` (Confluent 8). Raises 40403."""
         record = self.store.schema_by_guid(guid)
         if record is None:
             raise _schema_not_found()
-        return _schema_json(record)
+        return self._formatted(_schema_json(record), record, fmt)
 
     def schema_versions(self, schema_id: int) -> list[dict[str, object]]:
         """``GET /schemas/ids/{id}/versions``: the (subject, version) pairs that are this schema."""
@@ -125,10 +126,12 @@ class SchemaRegistry:
             raise _subject_not_found(subject)
         return [v.version for v in versions]
 
-    def version(self, subject: str, version: str | int, deleted: bool = False) -> dict[str, object]:
-        """``GET /subjects/{subject}/versions/{version}`` (``latest`` or -1: the newest live one).
-        Raises 40401, 40402, 42202."""
-        return _version_json(self._version(subject, version, deleted))
+    def version(self, subject: str, version: str | int, deleted: bool = False,
+                fmt: str | None = None) -> dict[str, object]:
+        """``GET /subjects/{subject}/versions/{version}[?format=fmt]`` (``latest`` or -1: the newest
+        live one). Raises 40401, 40402, 42202."""
+        v = self._version(subject, version, deleted)
+        return self._formatted(_version_json(v), v.record, fmt)
 
     def referenced_by(self, subject: str, version: str | int) -> list[int]:
         """``GET /subjects/{subject}/versions/{version}/referencedby``: ids of the schemas that reference it."""
@@ -165,7 +168,8 @@ class SchemaRegistry:
             reg.add_version(subject, schema_id)
         return {"id": schema_id, "guid": guid}
 
-    def lookup(self, subject: str, body: Mapping[str, Any], deleted: bool = False) -> dict[str, object]:
+    def lookup(self, subject: str, body: Mapping[str, Any], deleted: bool = False,
+               fmt: str | None = None) -> dict[str, object]:
         """``POST /subjects/{subject}``: the version of ``subject`` that is this schema.
         Raises 40401 (no such subject), 40403 (not one of its versions), 42201."""
         schema_type, text, references = self._request_schema(body)
@@ -176,7 +180,7 @@ class SchemaRegistry:
             raise _subject_not_found(subject)
         for v in reversed(versions):
             if _fingerprint(v.record) == fp:
-                return _version_json(v)
+                return self._formatted(_version_json(v), v.record, fmt)
         raise _schema_not_found()
 
     def delete_subject(self, subject: str, permanent: bool = False) -> list[int]:
@@ -361,6 +365,16 @@ class SchemaRegistry:
 
     def _parse_record(self, record: SchemaRecord) -> ParsedSchema:
         return self._parse(record.schema_type, record.schema, record.references)
+
+    def _formatted(self, answer: dict[str, object], record: SchemaRecord, fmt: str | None) -> dict[str, object]:
+        """``answer`` with its schema in format ``fmt`` (Confluent's ``format`` parameter: Protobuf's
+        ``serialized``, the base64 ``FileDescriptorProto`` whatever form was registered); a format the
+        schema's type does not have leaves the registered text, as Confluent does."""
+        if fmt:
+            text = compatibility.formatted(self._parse_record(record), fmt)
+            if text is not None:
+                answer["schema"] = text
+        return answer
 
 
 def _fingerprint(record: SchemaRecord) -> str:
