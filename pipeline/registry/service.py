@@ -18,7 +18,7 @@ Confluent's behaviour kept here, and where it comes from:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeline.registry import compatibility
@@ -160,7 +160,8 @@ class SchemaRegistry:
             existing = next((v for v in live if _fingerprint(v.record) == fp), None)
             if existing is not None:
                 return {"id": existing.record.id, "guid": existing.record.guid}
-            reasons = compatibility.check(level, parsed, [self._parse_record(v.record) for v in live])
+            # references read in this transaction: the store's own reads would wait for it to end
+            reasons = compatibility.check(level, parsed, [self._parse_record(v.record, reg.versions) for v in live])
             if reasons:
                 raise RegistryError(409, f"Schema being registered is incompatible with an earlier schema for "
                                          f"subject \"{subject}\", details: {reasons}")
@@ -313,9 +314,15 @@ class SchemaRegistry:
         if self.mode(subject) != "READWRITE":
             raise RegistryError(42205, f"Subject {subject} is in read-only mode")
 
-    def _version(self, subject: str, version: str | int, deleted: bool = False) -> SubjectVersion:
+    def _version(self, subject: str, version: str | int, deleted: bool = False,
+                 read: Callable[[str], list[SubjectVersion]] | None = None) -> SubjectVersion:
+        """``read``: a subject's versions, soft-deleted ones included, in a transaction under way
+        (``Registration.versions``); None: the store's."""
         number = _version_number(version)
-        versions = self.store.versions(subject, deleted)
+        if read is None:
+            versions = self.store.versions(subject, deleted)
+        else:
+            versions = [v for v in read(subject) if deleted or not v.deleted]
         if not versions:
             raise _subject_not_found(subject)
         if number == -1:
@@ -340,8 +347,8 @@ class SchemaRegistry:
             raise _invalid(f"Invalid schema: bad reference: {exc}") from exc
         return str(schema_type).upper(), text, references
 
-    def _resolved(self, references: tuple[Reference, ...], seen: frozenset[tuple[str, int]] = frozenset()
-                  ) -> list[compatibility.Reference]:
+    def _resolved(self, references: tuple[Reference, ...], seen: frozenset[tuple[str, int]] = frozenset(),
+                  read: Callable[[str], list[SubjectVersion]] | None = None) -> list[compatibility.Reference]:
         """(name, type, text) of every schema ``references`` reach, dependencies first."""
         out: list[compatibility.Reference] = []
         for ref in references:
@@ -349,22 +356,24 @@ class SchemaRegistry:
             if key in seen:
                 raise _invalid(f"Invalid schema: reference cycle through {ref.subject} version {ref.version}")
             try:
-                target = self._version(ref.subject, ref.version)
+                target = self._version(ref.subject, ref.version, read=read)
             except RegistryError as exc:
                 raise _invalid(f"Invalid schema: reference {ref.name} ({ref.subject} version {ref.version}): "
                                f"{exc.message}") from exc
-            out += self._resolved(target.record.references, seen | {key})
+            out += self._resolved(target.record.references, seen | {key}, read)
             out.append((ref.name, target.record.schema_type, target.record.schema))
         return out
 
-    def _parse(self, schema_type: str, text: str, references: tuple[Reference, ...]) -> ParsedSchema:
+    def _parse(self, schema_type: str, text: str, references: tuple[Reference, ...],
+               read: Callable[[str], list[SubjectVersion]] | None = None) -> ParsedSchema:
         try:
-            return compatibility.parse(schema_type, text, self._resolved(references))
+            return compatibility.parse(schema_type, text, self._resolved(references, read=read))
         except InvalidSchema as exc:
             raise _invalid(str(exc)) from exc
 
-    def _parse_record(self, record: SchemaRecord) -> ParsedSchema:
-        return self._parse(record.schema_type, record.schema, record.references)
+    def _parse_record(self, record: SchemaRecord,
+                      read: Callable[[str], list[SubjectVersion]] | None = None) -> ParsedSchema:
+        return self._parse(record.schema_type, record.schema, record.references, read)
 
     def _formatted(self, answer: dict[str, object], record: SchemaRecord, fmt: str | None) -> dict[str, object]:
         """``answer`` with its schema in format ``fmt`` (Confluent's ``format`` parameter: Protobuf's
