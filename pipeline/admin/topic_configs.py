@@ -12,7 +12,7 @@ Only what is honoured is accepted (Kafka's LogConfig lists ~40 keys; here):
   producer's timestamps; LogAppendTime is not implemented).
 * ``segment.bytes``: read-only, the broker's ``log.segment.bytes``: the WAL's
   segments are shared by every topic, so a per-topic size cannot be honoured.
-* the typed-table settings ``value.format`` (raw, json, avro), ``value.schema``
+* the typed-table settings ``value.format`` (raw, json, avro, protobuf), ``value.schema``
   and ``value.wire.format``: a topic override takes effect at the table's next
   commit, no restart (``pipeline.persist.group_sink``); without one, the
   ``[topic."<name>"]`` table of the config file gives the value
@@ -162,8 +162,8 @@ ALTERABLE: dict[str, _Alterable] = {c.name: c for c in (
     _Alterable("message.timestamp.type", ConfigType.STRING, _timestamp_type,
                "Only CreateTime: record timestamps are the producer's", default="CreateTime"),
     _Alterable("value.format", ConfigType.STRING, _choice("raw", *VALUE_FORMATS),
-               "How the table side reads the topic's values: raw (bytes in the records table), json or avro "
-               "(a table of the topic's own, a column per field; docs/table.md)", default="raw",
+               "How the table side reads the topic's values: raw (bytes in the records table), json, avro or "
+               "protobuf (a table of the topic's own, a column per field; docs/table.md)", default="raw",
                table_field=TOPIC_CONFIG_FIELDS["value.format"]),
     _Alterable("value.schema", ConfigType.STRING, _schema_text,
                "The typed table's schema: json a Spark DDL string, avro the schema's JSON; unset for avro "

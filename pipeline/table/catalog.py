@@ -120,8 +120,8 @@ class TopicTableConfig:
         retention_days: ``table.retention.days``: time partitions whose date is
             older than this many days are dropped (None: kept forever).
         value_format: ``value.format``: None (raw bytes, the records table),
-            ``json`` or ``avro`` (a table of the topic's own with typed columns,
-            ``pipeline.table.typed``).
+            ``json``, ``avro`` or ``protobuf`` (a table of the topic's own with typed columns,
+            ``pipeline.table.typed``; protobuf always follows its registry subject).
         value_schema: ``value.schema``: for json a Spark DDL string
             (``"id BIGINT, name STRING"``), for avro the schema (JSON) the table's columns come
             from. An avro topic without one takes the latest version of its registry subject
@@ -138,7 +138,7 @@ class TopicTableConfig:
     value_wire_format: WireFormat = "auto"
 
 
-VALUE_FORMATS: dict[str, str] = {"json": "JSON", "avro": "AVRO"}
+VALUE_FORMATS: dict[str, str] = {"json": "JSON", "avro": "AVRO", "protobuf": "PROTOBUF"}
 """``value.format`` -> the Schema Registry schema type its topic's registry subject must hold (a topic
 of that format without ``value.schema`` takes the subject's latest version; ``pipeline.registry``).
 ``raw``, the default, is not here: raw values go to the records table."""

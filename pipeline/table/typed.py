@@ -5,7 +5,7 @@ records are decoded (``build_flush``), so parsing values costs the event
 loop nothing.
 
 * A topic without a value format goes to the records table (``COLUMNS``).
-* A topic with one (``value.format`` json or avro) goes to a table of its
+* A topic with one (``value.format`` json, avro or protobuf) goes to a table of its
   own, ``<database>.<table_name_for_topic(topic)>``: the raw Kafka-source
   columns, then one column per typed field (``pipeline.table.values``). A
   typed field named like a raw column (``key``, ``timestamp``, ...) or a

@@ -1,8 +1,8 @@
-"""Typed values: decode Kafka record values (JSON or Avro) into Arrow columns.
+"""Typed values: decode Kafka record values (JSON, Avro or Protobuf) into Arrow columns.
 
 A topic may declare a value format (issue 11): ``json`` with a schema (a Spark
 DDL string the caller turns into Arrow), or ``avro`` with a writer schema given
-in the config. Every value of a flush is decoded here into typed columns that
+in the config, or (issue 32) ``protobuf`` whose table follows its registry subject. Every value of a flush is decoded here into typed columns that
 sit next to the raw Kafka-source columns; a value that does not decode is
 reported with a one-line reason so the caller can put it in the dead-letter
 table. A bad value never raises and never affects its neighbours.
@@ -152,6 +152,10 @@ class ValueFormat:
             schema that does not resolve, or a non-Avro one, is that record's error. The
             registry unreachable raises ``RegistryUnavailable`` (the flush is retried, no
             record is judged on it). None: every value is read with ``avro_schema``.
+            Kind ``"protobuf"`` needs it: each value is read with its writer's message.
+        protobuf_schema: kind ``"protobuf"`` only: the table's Protobuf schema (its registry
+            subject's latest version, base64 ``FileDescriptorProto`` or ``.proto`` text); the table is
+            its first message and ``schema`` a subset of ``protobuf_to_arrow_schema``'s columns.
 
     Raises:
         ValueError: unknown kind or wire format, a json schema with a type this
@@ -163,11 +167,13 @@ class ValueFormat:
     unpickling.
     """
 
-    kind: Literal["json", "avro"]
+    kind: Literal["json", "avro", "protobuf"]
     schema: pa.Schema
     avro_schema: dict | None = field(default=None, hash=False)
     wire_format: WireFormat = "auto"
     registry: str | None = None
+    protobuf_schema: str | None = None
+    _protobuf_message: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
     _plan: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
     _fastavro_schema: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
 
@@ -177,6 +183,8 @@ class ValueFormat:
         if not isinstance(self.schema, pa.Schema):
             raise ValueError(f"schema must be a pyarrow.Schema, not {type(self.schema).__name__}")
         _check_names([f.name for f in self.schema], "")
+        if self.kind != "protobuf" and self.protobuf_schema is not None:
+            raise ValueError("protobuf_schema is only for kind 'protobuf'")
         if self.kind == "json":
             if self.avro_schema is not None:
                 raise ValueError("avro_schema is only for kind 'avro'")
@@ -206,11 +214,31 @@ class ValueFormat:
             )
             object.__setattr__(self, "_plan", plan)
             object.__setattr__(self, "_fastavro_schema", _fastavro_parse(avro))
+        elif self.kind == "protobuf":
+            if self.avro_schema is not None:
+                raise ValueError("avro_schema is only for kind 'avro'")
+            if self.registry is None:
+                raise ValueError("kind 'protobuf' needs a registry (each value is read with its writer's schema)")
+            message = _load_protobuf(self.protobuf_schema)
+            root = _protobuf_plan(message, "")
+            by_name = dict(root.fields)
+            for f in self.schema:
+                if f.name not in by_name:
+                    raise ValueError(f"field {f.name!r}: not a field of the Protobuf message {message.full_name!r}")
+                if not f.type.equals(by_name[f.name].type) or not f.nullable:
+                    raise ValueError(
+                        f"field {f.name!r}: schema says {f.type}{'' if f.nullable else ' NOT NULL'}, "
+                        f"the Protobuf schema gives {by_name[f.name].type} (see protobuf_to_arrow_schema)"
+                    )
+            plan = _StructPlan(pa.struct(list(self.schema)), tuple((f.name, by_name[f.name]) for f in self.schema))
+            object.__setattr__(self, "_plan", plan)
+            object.__setattr__(self, "_protobuf_message", message)
         else:
-            raise ValueError(f"kind must be 'json' or 'avro', not {self.kind!r}")
+            raise ValueError(f"kind must be 'json', 'avro' or 'protobuf', not {self.kind!r}")
 
     def __reduce__(self) -> tuple[type[ValueFormat], tuple[object, ...]]:
-        return (ValueFormat, (self.kind, self.schema, self.avro_schema, self.wire_format, self.registry))
+        return (ValueFormat, (self.kind, self.schema, self.avro_schema, self.wire_format, self.registry,
+                              self.protobuf_schema))
 
     @classmethod
     def for_avro(cls, avro_schema: dict | str, wire_format: WireFormat = "auto",
@@ -218,6 +246,12 @@ class ValueFormat:
         """An avro format whose columns are every field of ``avro_schema``'s record."""
         avro = _load_avro(avro_schema)
         return cls("avro", avro_to_arrow_schema(avro), avro, wire_format, registry)
+
+    @classmethod
+    def for_protobuf(cls, protobuf_schema: str, wire_format: WireFormat, registry: str) -> ValueFormat:
+        """A protobuf format whose columns are every field of ``protobuf_schema``'s first message."""
+        return cls("protobuf", protobuf_to_arrow_schema(protobuf_schema), None, wire_format, registry,
+                   protobuf_schema)
 
 
 def registry_value_format(schema_type: str, text: str, wire_format: WireFormat, registry: str) -> ValueFormat:
@@ -231,6 +265,8 @@ def registry_value_format(schema_type: str, text: str, wire_format: WireFormat, 
     """
     if schema_type == "AVRO":
         return ValueFormat.for_avro(text, wire_format, registry)
+    if schema_type == "PROTOBUF":
+        return ValueFormat.for_protobuf(text, wire_format, registry)
     raise ValueError(f"a {schema_type} schema cannot be a table")
 
 
@@ -369,6 +405,11 @@ def parse_values(values: pa.Array | pa.ChunkedArray, fmt: ValueFormat,
     errors: list[str | None] = [None] * len(raw)
     if fmt.kind == "json":
         rows = _decode_json(raw, fmt, errors)
+    elif fmt.kind == "protobuf":
+        record_headers = headers.to_pylist() if headers is not None else None
+        if record_headers is not None and len(record_headers) != len(raw):
+            raise ValueError(f"{len(record_headers)} headers for {len(raw)} values")
+        rows = _decode_protobuf(raw, fmt, errors, record_headers)
     else:
         record_headers = headers.to_pylist() if headers is not None and fmt.registry is not None else None
         if record_headers is not None and len(record_headers) != len(raw):
@@ -614,6 +655,345 @@ def _writer_schema(lookup: Any, key: SchemaKey) -> Any:
         raise _WriterSchemaError(f"{name}: {e}") from None
     _WRITER_SCHEMAS[cache_key] = parsed
     return parsed
+
+
+# ------------------------------------------------------------------ protobuf
+#
+# A protobuf topic's table is the first message of its registry subject's latest version; each value
+# is parsed with its writer's message (the schema its id names, the message its indexes name) and
+# turned into a dict by field name for the builder, whose leaves (the Avro ones: the Python types
+# match) make the Arrow columns. Rules: Confluent's Protobuf serdes (the wire format's message
+# indexes, confluent-kafka ``SchemaId.from_bytes``); the mapping: ``protobuf_to_arrow_schema``.
+
+_PB_WRAPPERS = {
+    "google.protobuf.DoubleValue": (pa.float64(), float), "google.protobuf.FloatValue": (pa.float32(), float),
+    "google.protobuf.Int64Value": (pa.int64(), int), "google.protobuf.UInt64Value": (pa.int64(), int),
+    "google.protobuf.Int32Value": (pa.int32(), int), "google.protobuf.UInt32Value": (pa.int64(), int),
+    "google.protobuf.BoolValue": (pa.bool_(), bool), "google.protobuf.StringValue": (pa.string(), str),
+    "google.protobuf.BytesValue": (pa.binary(), bytes),
+}
+_PB_TIMESTAMP = "google.protobuf.Timestamp"
+_PB_MAX_INDEXES = 100_000  # confluent-kafka SchemaId._read_index_array's bound
+
+
+def _pb_scalars() -> dict[int, tuple[pa.DataType, type]]:
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    return {
+        F.TYPE_INT32: (pa.int32(), int), F.TYPE_SINT32: (pa.int32(), int), F.TYPE_SFIXED32: (pa.int32(), int),
+        F.TYPE_INT64: (pa.int64(), int), F.TYPE_SINT64: (pa.int64(), int), F.TYPE_SFIXED64: (pa.int64(), int),
+        F.TYPE_UINT32: (pa.int64(), int), F.TYPE_FIXED32: (pa.int64(), int),
+        F.TYPE_UINT64: (pa.int64(), int), F.TYPE_FIXED64: (pa.int64(), int),
+        F.TYPE_BOOL: (pa.bool_(), bool), F.TYPE_FLOAT: (pa.float32(), float), F.TYPE_DOUBLE: (pa.float64(), float),
+        F.TYPE_STRING: (pa.string(), str), F.TYPE_BYTES: (pa.binary(), bytes), F.TYPE_ENUM: (pa.string(), str),
+    }
+
+
+def _load_protobuf(text: str | None) -> Any:
+    """The table's message ``Descriptor``: the first message of Protobuf schema ``text``.
+
+    Raises:
+        ValueError: no schema, not a Protobuf schema (its reason), or a file without messages.
+    """
+    from pipeline.registry.protobuf_kind import ProtobufKind
+    from pipeline.registry.schema_kind import InvalidSchema
+
+    if not text:
+        raise ValueError("kind 'protobuf' needs protobuf_schema")
+    try:
+        parsed = ProtobufKind.parse(text, ())
+        return parsed.message([0])
+    except InvalidSchema as e:
+        raise ValueError(str(e)) from None
+    except LookupError:
+        raise ValueError("the Protobuf schema has no message") from None
+
+
+def _protobuf_plan(desc: Any, path: str, defining: frozenset[str] = frozenset()) -> _StructPlan:
+    """The struct plan of message ``desc`` (see ``protobuf_to_arrow_schema``). Raises ValueError."""
+    where = f"field {path!r}" if path else "the top level"
+    if desc.full_name in defining:
+        raise ValueError(f"{where}: recursive message {desc.full_name!r} cannot be an Arrow column")
+    if not desc.fields:
+        raise ValueError(f"{where}: message {desc.full_name!r} has no fields (Parquet cannot store an empty struct)")
+    inner = defining | {desc.full_name}
+    subs = []
+    for fd in desc.fields:
+        sub_path = f"{path}.{fd.name}" if path else fd.name
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            key_fd, value_fd = fd.message_type.fields_by_name["key"], fd.message_type.fields_by_name["value"]
+            key = _protobuf_field_plan(key_fd, sub_path + "(key)", inner)
+            item = _protobuf_field_plan(value_fd, sub_path + "[]", inner)
+            plan: Any = _MapPlan(pa.map_(key.type, item.type), key, item)
+        else:
+            plan = _protobuf_field_plan(fd, sub_path + ("[]" if fd.is_repeated else ""), inner)
+            if fd.is_repeated:
+                plan = _ListPlan(pa.list_(pa.field("element", plan.type)), plan)
+        subs.append((fd.name, plan))
+    return _StructPlan(pa.struct([pa.field(name, sub.type) for name, sub in subs]), tuple(subs))
+
+
+def _protobuf_field_plan(fd: Any, path: str, defining: frozenset[str]) -> Any:
+    """The plan of one value of field ``fd`` (an element, for a repeated one)."""
+    if fd.message_type is None:
+        arrow, python = _pb_scalars()[fd.type]
+        return _AvroPlain(arrow, python)
+    name = fd.message_type.full_name
+    if name == _PB_TIMESTAMP:
+        return _AvroTimestamp(TIMESTAMP_TYPE, 1)
+    if name in _PB_WRAPPERS:
+        return _AvroPlain(*_PB_WRAPPERS[name])
+    return _protobuf_plan(fd.message_type, path, defining)
+
+
+def protobuf_to_arrow_schema(text: str) -> pa.Schema:
+    """Arrow schema of the typed columns for Protobuf schema ``text`` (base64 ``FileDescriptorProto`` or
+    ``.proto`` source, without references but to the well-known files): one column per field of
+    its first message, all nullable.
+
+    ==============================================  ====================================
+    Protobuf                                        Arrow
+    ==============================================  ====================================
+    int32, sint32, sfixed32                         int32
+    int64, sint64, sfixed64                         int64
+    uint32, fixed32                                 int64
+    uint64, fixed64                                 int64 (a value past 2^63-1: the record's error)
+    bool / float / double                           bool / float32 / float64
+    string / bytes                                  string / binary
+    enum                                            string (the value's name; an unknown number: its digits)
+    message                                         struct (fields in declaration order)
+    repeated T                                      list<element: T>
+    map<K, V>                                       map<K, V> (K mapped as above)
+    google.protobuf.Timestamp                       timestamp[us, tz=UTC] (nanoseconds truncated)
+    google.protobuf.{Double,Float,...}Value         the wrapped scalar, null when unset
+    ==============================================  ====================================
+
+    Raises:
+        ValueError: not a Protobuf schema, no message, a recursive message or one without fields
+            (named by its path).
+    """
+    return pa.schema(list(_protobuf_plan(_load_protobuf(text), "").type))
+
+
+def _pb_converter(desc: Any) -> Callable[[Any], dict]:
+    """message -> {field name: Python value as the leaves take it} for messages of ``desc``.
+
+    A field with presence (a message, proto3 ``optional``, a oneof member, proto2) that is unset is
+    None; a proto3 scalar without presence is its value (0, "", false when unset: the wire cannot
+    tell). Repeated fields are lists, maps dicts."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    def value_of(fd: Any) -> Callable[[Any], Any] | None:
+        if fd.type == F.TYPE_ENUM:
+            names = {v.number: v.name for v in fd.enum_type.values}
+            return lambda v: names.get(v, str(v))
+        if fd.message_type is None:
+            return None  # the Python value as it is
+        name = fd.message_type.full_name
+        if name == _PB_TIMESTAMP:
+            return lambda m: m.seconds * _US_PER_S + m.nanos // 1000
+        if name in _PB_WRAPPERS:
+            return lambda m: m.value
+        return _pb_converter(fd.message_type)
+
+    steps = []
+    for fd in desc.fields:
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            conv = value_of(fd.message_type.fields_by_name["value"])
+            steps.append((fd.name, "map", False, conv))
+        else:
+            steps.append((fd.name, "list" if fd.is_repeated else "one", fd.has_presence, value_of(fd)))
+
+    def convert(message: Any) -> dict:
+        out: dict[str, Any] = {}
+        for name, shape, presence, conv in steps:
+            v = getattr(message, name)
+            if shape == "one":
+                if presence and not message.HasField(name):
+                    out[name] = None
+                else:
+                    out[name] = v if conv is None else conv(v)
+            elif shape == "list":
+                out[name] = list(v) if conv is None else [conv(x) for x in v]
+            else:
+                out[name] = dict(v) if conv is None else {k: conv(x) for k, x in v.items()}
+        return out
+
+    return convert
+
+
+def _read_zigzag(data: bytes, pos: int) -> tuple[int, int]:
+    """One zigzag varint of ``data`` at ``pos``: (value, next position). Raises _Mismatch."""
+    shift = result = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise _Mismatch("Protobuf message indexes: truncated varint")
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+
+
+def _read_message_indexes(data: bytes, pos: int) -> tuple[list[int], int]:
+    """Confluent's message indexes at ``pos``: a zigzag count (0: ``[0]``, the first message) then the
+    indexes; (indexes, next position). Raises _Mismatch."""
+    count, pos = _read_zigzag(data, pos)
+    if count == 0:
+        return [0], pos
+    if not 0 < count <= _PB_MAX_INDEXES:
+        raise _Mismatch(f"Protobuf message indexes: invalid count {count}")
+    indexes = []
+    for _ in range(count):
+        i, pos = _read_zigzag(data, pos)
+        indexes.append(i)
+    return indexes, pos
+
+
+def _pb_header(headers: list[dict]) -> tuple[SchemaKey, bytes] | None:
+    """(the writer's key, the header's bytes after it) from a record's last ``__value_schema_id`` header;
+    confluent-kafka's ``header_schema_id_serializer`` puts the message indexes there, after the GUID.
+
+    Raises:
+        _WriterSchemaError: the header is neither a GUID (1 + 16 bytes) nor an id (0 + 4 bytes) form.
+    """
+    found = None
+    for h in headers:
+        if h.get("key") == VALUE_SCHEMA_ID_HEADER:
+            found = h.get("value")
+    if found is None:
+        return None
+    found = bytes(found)
+    if len(found) >= 17 and found[0] == 1:
+        import uuid
+
+        return ("guid", str(uuid.UUID(bytes=found[1:17]))), found[17:]
+    if len(found) >= WIRE_HEADER_BYTES and found[0] == WIRE_MAGIC:
+        return ("id", int.from_bytes(found[1:WIRE_HEADER_BYTES], "big", signed=True)), found[WIRE_HEADER_BYTES:]
+    raise _WriterSchemaError(f"header {VALUE_SCHEMA_ID_HEADER} holds {len(found)} bytes starting "
+                             f"{found[:1].hex() or 'with nothing'}: neither a GUID (1 + 16 bytes) nor an id "
+                             "(0 + 4 bytes)")
+
+
+_PB_WRITERS: dict[tuple[str, SchemaKey], Any] = {}
+"""(registry target, writer's key) -> the writer's parsed ``ProtobufSchema`` (ids never change meaning)."""
+_PB_MESSAGES: dict[tuple[str, SchemaKey, tuple[int, ...]], tuple[Any, Callable[[Any], dict], str]] = {}
+"""(registry target, writer's key, message indexes) -> (message class, converter, message full name)."""
+
+
+def _pb_writer_message(lookup: Any, key: SchemaKey, indexes: list[int]) -> tuple[Any, Callable[[Any], dict], str]:
+    """The writer's message class, its converter and its full name (cached per process).
+
+    Raises:
+        _WriterSchemaError: no such schema, not a Protobuf one, not parsable (a reference other than a
+            well-known file: the table side does not resolve them), or no message at ``indexes``.
+        RegistryUnavailable: the registry could not be asked.
+    """
+    cache_key = (lookup.target, key, tuple(indexes))
+    found = _PB_MESSAGES.get(cache_key)
+    if found is not None:
+        return found
+    from google.protobuf.message_factory import GetMessageClass
+
+    from pipeline.registry.protobuf_kind import ProtobufKind
+    from pipeline.registry.schema_kind import InvalidSchema
+
+    kind, ident = key
+    name = f"schema id {ident}" if kind == "id" else f"schema guid {ident}"
+    schema = _PB_WRITERS.get((lookup.target, key))
+    if schema is None:
+        text = lookup.schema(int(ident)) if kind == "id" else lookup.schema_by_guid(str(ident))
+        if text is None:
+            raise _WriterSchemaError(f"{name} is not in the schema registry")
+        schema_type, text = text
+        if schema_type != "PROTOBUF":
+            raise _WriterSchemaError(f"{name} is a {schema_type} schema; the topic's values are Protobuf")
+        try:
+            schema = ProtobufKind.parse(text, ())
+        except InvalidSchema as e:
+            raise _WriterSchemaError(f"{name}: {e}") from None
+        _PB_WRITERS[(lookup.target, key)] = schema
+    try:
+        desc = schema.message(indexes)
+    except LookupError as e:
+        raise _WriterSchemaError(f"{name}: {e}") from None
+    found = _PB_MESSAGES[cache_key] = (GetMessageClass(desc), _pb_converter(desc), desc.full_name)
+    return found
+
+
+def _decode_protobuf(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | None],
+                     headers: list[list[dict] | None] | None = None) -> list[dict]:
+    """One dict per value (``_EMPTY`` for a tombstone or a failure, with its error set).
+
+    Each value names its writer's schema by a ``__value_schema_id`` header (its message indexes after
+    the id in the header, as confluent-kafka writes them, or else at the payload's start) or by the
+    wire-format prefix (magic 0, 4-byte id, message indexes); a value with neither is read with the
+    table's own message. The writer's message must be the table's (same full name)."""
+    from google.protobuf.message_factory import GetMessageClass
+
+    from pipeline.registry.lookup import RegistryUnavailable, lookup_for
+
+    assert fmt.registry is not None
+    lookup = lookup_for(fmt.registry)
+    table_message = fmt._protobuf_message
+    own = (GetMessageClass(table_message), _pb_converter(table_message), table_message.full_name)
+    wire = fmt.wire_format
+    unusable: dict[tuple[SchemaKey, tuple[int, ...]], _WriterSchemaError] = {}
+    rows: list[dict] = []
+    append = rows.append
+    for i, value in enumerate(raw):
+        if value is None:
+            append(_EMPTY)
+            continue
+        record = _EMPTY
+        try:
+            record_headers = headers[i] if headers is not None else None
+            in_header = _pb_header(record_headers) if record_headers else None
+            key: SchemaKey | None = None
+            if in_header is not None:
+                key, rest = in_header
+                if rest:
+                    indexes, _ = _read_message_indexes(rest, 0)
+                    payload = value
+                else:
+                    indexes, start = _read_message_indexes(value, 0)
+                    payload = value[start:]
+            else:
+                payload = _payload(value, wire)
+                if len(payload) != len(value):
+                    key = ("id", int.from_bytes(value[1:WIRE_HEADER_BYTES], "big", signed=True))
+                    indexes, start = _read_message_indexes(value, WIRE_HEADER_BYTES)
+                    payload = value[start:]
+            if key is None:
+                cls, convert, full_name = own
+            else:
+                found = unusable.get((key, tuple(indexes)))
+                if found is not None:
+                    raise found
+                try:
+                    cls, convert, full_name = _pb_writer_message(lookup, key, indexes)
+                except _WriterSchemaError as e:
+                    unusable[(key, tuple(indexes))] = e
+                    raise
+            if full_name != table_message.full_name:
+                raise _WriterSchemaError(f"the value is a {full_name} message; the table's is "
+                                         f"{table_message.full_name}")
+            message = cls()
+            message.ParseFromString(payload)
+            record = convert(message)
+        except _Mismatch as e:
+            errors[i] = str(e)
+        except RegistryUnavailable:
+            raise  # not this record's fault: the flush is retried
+        except _WriterSchemaError as e:
+            errors[i] = _one_line(str(e))
+        except Exception as e:  # noqa: BLE001 - any failure on untrusted bytes is this record's error
+            detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            errors[i] = _one_line(f"Protobuf decode failed: {detail}")
+            record = _EMPTY
+        append(record)
+    return rows
 
 
 # --------------------------------------------------------------- the builder
