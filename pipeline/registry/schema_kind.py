@@ -21,7 +21,11 @@ name or a ``.proto`` file name; the referenced schema's type; its text)."""
 
 
 class SchemaKind(Protocol):
-    """What the registry needs of one schema type (a module, e.g. ``pipeline.registry.avro_kind``)."""
+    """What the registry needs of one schema type (a module, e.g. ``pipeline.registry.avro_kind``).
+
+    A kind may also have ``formatted(parsed, fmt) -> str | None``: its parsed schema in a format of
+    Confluent's ``format`` query parameter (Protobuf's ``serialized``), None for a format it does not
+    have (``compatibility.formatted``)."""
 
     def canonical(self, text: str) -> str:
         """The text two registrations of the same schema share. Raises ``InvalidSchema``."""
