@@ -43,6 +43,7 @@ class SchemaLookup:
         self.target = target
         self.timeout_s = timeout_s
         self._found: dict[int | str, tuple[str, str]] = {}
+        self._references: dict[int | str, tuple[tuple[str, str, str], ...]] = {}
         self._store: Any = None
         self._lock = threading.Lock()
 
@@ -79,6 +80,73 @@ class SchemaLookup:
         if found is not None:
             self._found[key] = found
         return found
+
+    def references(self, key: int | str) -> tuple[tuple[str, str, str], ...]:
+        """Every schema that schema ``key`` (an id, or a GUID's text) references, directly or not, as
+        (name, type, text), dependencies first, as ``pipeline.registry.compatibility.parse`` takes them;
+        () for an unknown key or none (cached: a registered schema's references never change).
+
+        Raises:
+            RegistryUnavailable: the registry could not be asked.
+        """
+        key = key.lower() if isinstance(key, str) else key
+        found = self._references.get(key)
+        if found is None:
+            with self._lock:
+                if self.is_http:
+                    body = self._get(f"schemas/ids/{key}" if isinstance(key, int) else f"schemas/guids/{key}")
+                    direct = [] if body is None else list(body.get("references") or ())
+                else:
+                    record = self._store_call(lambda store: store.schema(key) if isinstance(key, int)
+                                              else store.schema_by_guid(key))
+                    direct = [] if record is None else [r.to_json() for r in record.references]
+                found = tuple(self._resolve(direct, frozenset()))
+            self._references[key] = found
+        return found
+
+    def _resolve(self, direct: list[dict[str, Any]], seen: frozenset[tuple[str, int]]
+                 ) -> list[tuple[str, str, str]]:
+        """(name, type, text) of ``direct`` ({"name", "subject", "version"}) and what they reference,
+        dependencies first; a reference not found or a cycle is left out (the parse then names it)."""
+        from urllib.parse import quote
+
+        out: list[tuple[str, str, str]] = []
+        for ref in direct:
+            subject, version = str(ref["subject"]), int(ref["version"])
+            if (subject, version) in seen:
+                continue
+            if self.is_http:
+                body = self._get(f"subjects/{quote(subject, safe='')}/versions/{version}?deleted=true")
+                if body is None:
+                    continue
+                text, schema_type, nested = str(body["schema"]), str(body.get("schemaType") or "AVRO"), list(
+                    body.get("references") or ())
+            else:
+                versions = self._store_call(lambda store, s=subject: store.versions(s, deleted=True))
+                match = next((v for v in versions if v.version == version), None)
+                if match is None:
+                    continue
+                text, schema_type = match.record.schema, match.record.schema_type
+                nested = [r.to_json() for r in match.record.references]
+            out += self._resolve(nested, seen | {(subject, version)})
+            out.append((str(ref["name"]), schema_type, text))
+        return out
+
+    def _store_call(self, read: Any) -> Any:
+        """``read(store)`` on the metadata store (opened once), under the lock the caller holds.
+
+        Raises:
+            RegistryUnavailable: the store could not be read.
+        """
+        from pipeline.registry.store import SchemaStore
+
+        try:
+            if self._store is None:
+                self._store = SchemaStore(self.target)
+            return read(self._store)
+        except Exception as exc:  # sqlite3.Error, psycopg.Error
+            self.close_quietly()
+            raise RegistryUnavailable(f"the schema registry's store could not be read: {exc}") from exc
 
     def latest(self, subject: str) -> tuple[int, str, str] | None:
         """(id, type, text) of ``subject``'s latest live version, None if it has none. Not cached:

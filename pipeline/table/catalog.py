@@ -421,8 +421,10 @@ class TableCatalog:
         if cached is not None and cached[0] == (schema_id, c.value_wire_format):
             return cached[1]
         fmt: TopicFormat
+        # a Protobuf schema's imports: other subjects' versions (Avro's references are not read yet)
+        references = lookup_for(registry).references(schema_id) if schema_type == "PROTOBUF" else ()
         try:
-            fmt = registry_value_format(schema_type, text, c.value_wire_format, registry)
+            fmt = registry_value_format(schema_type, text, c.value_wire_format, registry, references)
         except ValueError as exc:
             fmt = NoSchema(f"subject {subject!r}'s latest schema (id {schema_id}) cannot be a table: {exc}")
         self._registry_formats[topic] = ((schema_id, c.value_wire_format), fmt)

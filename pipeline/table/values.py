@@ -156,6 +156,8 @@ class ValueFormat:
         protobuf_schema: kind ``"protobuf"`` only: the table's Protobuf schema (its registry
             subject's latest version, base64 ``FileDescriptorProto`` or ``.proto`` text); the table is
             its first message and ``schema`` a subset of ``protobuf_to_arrow_schema``'s columns.
+        protobuf_references: the schemas ``protobuf_schema`` imports, as (import name, type, text),
+            dependencies first (``SchemaLookup.references``); well-known files need none.
 
     Raises:
         ValueError: unknown kind or wire format, a json schema with a type this
@@ -173,6 +175,7 @@ class ValueFormat:
     wire_format: WireFormat = "auto"
     registry: str | None = None
     protobuf_schema: str | None = None
+    protobuf_references: tuple[tuple[str, str, str], ...] = ()
     _protobuf_message: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
     _plan: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
     _fastavro_schema: Any = field(default=None, init=False, repr=False, compare=False, hash=False)
@@ -219,7 +222,7 @@ class ValueFormat:
                 raise ValueError("avro_schema is only for kind 'avro'")
             if self.registry is None:
                 raise ValueError("kind 'protobuf' needs a registry (each value is read with its writer's schema)")
-            message = _load_protobuf(self.protobuf_schema)
+            message = _load_protobuf(self.protobuf_schema, self.protobuf_references)
             root = _protobuf_plan(message, "")
             by_name = dict(root.fields)
             for f in self.schema:
@@ -238,7 +241,7 @@ class ValueFormat:
 
     def __reduce__(self) -> tuple[type[ValueFormat], tuple[object, ...]]:
         return (ValueFormat, (self.kind, self.schema, self.avro_schema, self.wire_format, self.registry,
-                              self.protobuf_schema))
+                              self.protobuf_schema, self.protobuf_references))
 
     @classmethod
     def for_avro(cls, avro_schema: dict | str, wire_format: WireFormat = "auto",
@@ -248,16 +251,19 @@ class ValueFormat:
         return cls("avro", avro_to_arrow_schema(avro), avro, wire_format, registry)
 
     @classmethod
-    def for_protobuf(cls, protobuf_schema: str, wire_format: WireFormat, registry: str) -> ValueFormat:
+    def for_protobuf(cls, protobuf_schema: str, wire_format: WireFormat, registry: str,
+                     references: Sequence[tuple[str, str, str]] = ()) -> ValueFormat:
         """A protobuf format whose columns are every field of ``protobuf_schema``'s first message."""
-        return cls("protobuf", protobuf_to_arrow_schema(protobuf_schema), None, wire_format, registry,
-                   protobuf_schema)
+        return cls("protobuf", protobuf_to_arrow_schema(protobuf_schema, references), None, wire_format, registry,
+                   protobuf_schema, tuple(references))
 
 
-def registry_value_format(schema_type: str, text: str, wire_format: WireFormat, registry: str) -> ValueFormat:
+def registry_value_format(schema_type: str, text: str, wire_format: WireFormat, registry: str,
+                          references: Sequence[tuple[str, str, str]] = ()) -> ValueFormat:
     """The format of a topic whose table follows a registry subject: ``text`` (of Schema Registry
-    type ``schema_type``) gives the table's columns; each value is read as its own writer's schema
-    says, looked up in ``registry`` (``ValueFormat.registry``).
+    type ``schema_type``, with ``references`` resolved: ``SchemaLookup.references``; Protobuf only)
+    gives the table's columns; each value is read as its own writer's schema says, looked up in
+    ``registry`` (``ValueFormat.registry``).
 
     Raises:
         ValueError: the schema cannot be a table (named by its path), or the type is not one the
@@ -266,7 +272,7 @@ def registry_value_format(schema_type: str, text: str, wire_format: WireFormat, 
     if schema_type == "AVRO":
         return ValueFormat.for_avro(text, wire_format, registry)
     if schema_type == "PROTOBUF":
-        return ValueFormat.for_protobuf(text, wire_format, registry)
+        return ValueFormat.for_protobuf(text, wire_format, registry, references)
     raise ValueError(f"a {schema_type} schema cannot be a table")
 
 
@@ -689,8 +695,9 @@ def _pb_scalars() -> dict[int, tuple[pa.DataType, type]]:
     }
 
 
-def _load_protobuf(text: str | None) -> Any:
-    """The table's message ``Descriptor``: the first message of Protobuf schema ``text``.
+def _load_protobuf(text: str | None, references: Sequence[tuple[str, str, str]] = ()) -> Any:
+    """The table's message ``Descriptor``: the first message of Protobuf schema ``text`` (with its
+    ``references``, as ``pipeline.registry.compatibility.parse`` takes them).
 
     Raises:
         ValueError: no schema, not a Protobuf schema (its reason), or a file without messages.
@@ -701,7 +708,7 @@ def _load_protobuf(text: str | None) -> Any:
     if not text:
         raise ValueError("kind 'protobuf' needs protobuf_schema")
     try:
-        parsed = ProtobufKind.parse(text, ())
+        parsed = ProtobufKind.parse(text, references)
         return parsed.message([0])
     except InvalidSchema as e:
         raise ValueError(str(e)) from None
@@ -746,10 +753,11 @@ def _protobuf_field_plan(fd: Any, path: str, defining: frozenset[str]) -> Any:
     return _protobuf_plan(fd.message_type, path, defining)
 
 
-def protobuf_to_arrow_schema(text: str) -> pa.Schema:
+def protobuf_to_arrow_schema(text: str, references: Sequence[tuple[str, str, str]] = ()) -> pa.Schema:
     """Arrow schema of the typed columns for Protobuf schema ``text`` (base64 ``FileDescriptorProto`` or
-    ``.proto`` source, without references but to the well-known files): one column per field of
-    its first message, all nullable.
+    ``.proto`` source; ``references``: the files it imports but the well-known ones, as
+    ``pipeline.registry.compatibility.parse`` takes them): one column per field of its first message,
+    all nullable.
 
     ==============================================  ====================================
     Protobuf                                        Arrow
@@ -772,7 +780,7 @@ def protobuf_to_arrow_schema(text: str) -> pa.Schema:
         ValueError: not a Protobuf schema, no message, a recursive message or one without fields
             (named by its path).
     """
-    return pa.schema(list(_protobuf_plan(_load_protobuf(text), "").type))
+    return pa.schema(list(_protobuf_plan(_load_protobuf(text, references), "").type))
 
 
 def _pb_converter(desc: Any) -> Callable[[Any], dict]:
@@ -886,8 +894,8 @@ def _pb_writer_message(lookup: Any, key: SchemaKey, indexes: list[int]) -> tuple
     """The writer's message class, its converter and its full name (cached per process).
 
     Raises:
-        _WriterSchemaError: no such schema, not a Protobuf one, not parsable (a reference other than a
-            well-known file: the table side does not resolve them), or no message at ``indexes``.
+        _WriterSchemaError: no such schema, not a Protobuf one, not parsable (with its references,
+            ``SchemaLookup.references``), or no message at ``indexes``.
         RegistryUnavailable: the registry could not be asked.
     """
     cache_key = (lookup.target, key, tuple(indexes))
@@ -910,7 +918,7 @@ def _pb_writer_message(lookup: Any, key: SchemaKey, indexes: list[int]) -> tuple
         if schema_type != "PROTOBUF":
             raise _WriterSchemaError(f"{name} is a {schema_type} schema; the topic's values are Protobuf")
         try:
-            schema = ProtobufKind.parse(text, ())
+            schema = ProtobufKind.parse(text, lookup.references(int(ident) if kind == "id" else str(ident)))
         except InvalidSchema as e:
             raise _WriterSchemaError(f"{name}: {e}") from None
         _PB_WRITERS[(lookup.target, key)] = schema

@@ -189,3 +189,45 @@ def test_a_subset_of_the_columns_and_refusals():
         ValueFormat("protobuf", pa.schema([("price", pa.int32())]), registry="unused.db", protobuf_schema=V1)
     with pytest.raises(ValueError, match="needs a registry"):
         ValueFormat("protobuf", pa.schema([("id", pa.string())]), protobuf_schema=V1)
+
+
+MONEY = 'syntax = "proto3"; package common; message Money { int64 units = 1; string currency = 2; }'
+PRICED = ('syntax = "proto3"; package shop; import "common/money.proto";\n'
+          "message Priced { string sku = 1; common.Money price = 2; }")
+
+
+@pytest.mark.parametrize("over_http", [False, True])
+def test_references_are_resolved_for_the_table_and_the_writer(tmp_path, over_http):
+    """A schema importing another subject's version (as confluent-kafka registers an import): the table's
+    columns and each writer's message are built with it, from the store or over HTTP."""
+    from pipeline.registry.http import RegistryListener
+    from pipeline.registry.lookup import SchemaLookup
+    from pipeline.table.values import registry_value_format
+    from tests.registry.test_http import running
+
+    store = SchemaStore(tmp_path / "registry.db")
+    registry = SchemaRegistry(store)
+    registry.register("common/money.proto", {"schema": MONEY, "schemaType": "PROTOBUF"})
+    priced = registry.register("priced-value", {
+        "schema": PRICED, "schemaType": "PROTOBUF",
+        "references": [{"name": "common/money.proto", "subject": "common/money.proto", "version": 1}]})
+    refs = [("common/money.proto", "PROTOBUF", MONEY)]
+    message = GetMessageClass(ProtobufKind.parse(PRICED, refs).message([0]))(sku="s1")
+    message.price.units, message.price.currency = 12, "EUR"
+
+    def check(target: str) -> None:
+        found = SchemaLookup(target).references(priced["id"])
+        assert found == tuple(refs)
+        fmt = registry_value_format("PROTOBUF", PRICED, "auto", target, found)
+        typed, errors = parse_values(pa.array([framed(priced["id"], message)], pa.binary()), fmt)
+        assert errors.to_pylist() == [None]
+        assert typed.to_pylist() == [{"sku": "s1", "price": {"units": 12, "currency": "EUR"}}]
+
+    try:
+        if over_http:
+            with running(registry, RegistryListener("127.0.0.1", 0)) as url:
+                check(url)
+        else:
+            check(str(tmp_path / "registry.db"))
+    finally:
+        store.close()
