@@ -404,8 +404,16 @@ def parse_values(values: pa.Array | pa.ChunkedArray, fmt: ValueFormat,
     is a decoded value outside its Arrow type (a timestamp-millis beyond
     int64 microseconds, a decimal with more than ``p`` digits).
 
+    Protobuf (``kind="protobuf"``): each value is parsed with its writer's message (the schema its
+    wire-format id or ``__value_schema_id`` header names, the message its Confluent message indexes
+    name; a value with neither: the table's message) and its fields matched to the columns by name
+    (``protobuf_to_arrow_schema``); a field the writer's message lacks is null. An unknown id, a
+    non-Protobuf schema, another message than the table's, bytes that do not parse, or a value outside
+    its column (a ``uint64`` past int64) is the record's error.
+
     Raises:
         TypeError: ``values`` is not binary.
+        RegistryUnavailable: avro or protobuf with ``fmt.registry``: the registry could not be asked.
     """
     raw = _binary_pylist(values)
     errors: list[str | None] = [None] * len(raw)
