@@ -283,7 +283,7 @@ async def test_the_typed_table_settings_are_topic_configs(tmp_path):
     assert stored["r"] == {"value.format": "avro", "value.wire.format": "confluent"}  # what the table side reads
     assert await described("r") == {"value.format": ("avro", ConfigSource.DYNAMIC_TOPIC_CONFIG, False),
                                      "value.schema": (None, ConfigSource.DEFAULT_CONFIG, False)}
-    for bad in (("value.format", 0, "protobuf"), ("value.wire.format", 0, "maybe"), ("value.schema", 0, " ")):
+    for bad in (("value.format", 0, "thrift"), ("value.wire.format", 0, "maybe"), ("value.schema", 0, " ")):
         body = await alter("r", bad)
         assert int(body.responses[0].error_code) == INVALID_CONFIG, bad
     body = await alter("s", ("value.format", 0, "raw"))
