@@ -62,7 +62,10 @@ RUN: dict[tuple[str, str], str] = {
     ("README.md", "from confluent_kafka import Consumer"): "test_readme_producer_and_consumer",
     ("README.md", 'make serve ARGS="--mode multiqueue --queues 8"'): "test_serve_command_lines",
     ("docs/clusters.md", "pipeline serve --brokers 2"): "test_serve_command_lines",
-    ("README.md", ".venv/bin/pipeline sql"): "test_sql_while_serving, test_sql_after_stop",
+    ("README.md", "FROM records GROUP BY"): "test_sql_while_serving, test_sql_after_stop",
+    ("README.md", 'make serve ARGS="--schema-registry-listeners'): "test_readme_avro_producer",
+    ("README.md", "AvroSerializer"): "test_readme_avro_producer",
+    ("README.md", "FROM sales"): "test_readme_avro_producer",
     ("docs/operations.md", "pipeline config show --config /etc/pipeline.toml"): "test_config_show",
     ("docs/operations.md", 'advertised.listeners = "SSL://broker.example.com:9093"'): "test_config_blocks",
     ("docs/operations.md", "pipeline top --metrics-url"): "test_top",
@@ -501,19 +504,56 @@ def test_readme_producer_and_consumer(server, docs_env):
     assert result.stdout.strip() == "b'hello'", result.stdout + result.stderr
 
 
-@pytest.mark.slow
-def test_schema_registry_walkthrough(server, docs_env):
-    """docs/schema-registry.md: its serve line resolves to the registry listener (the module's server has
-    one, on a free port); the evolving Avro producer (confluent-kafka's serializers against the server's
-    registry) prints what the page says; both records are rows of the registry topic's table, which
-    gained version 2's column without a restart."""
-    [serve] = commands(block("docs/schema-registry.md", 'make serve ARGS="--schema-registry-listeners'))
+def check_registry_serve_line(docs_env: DocsEnv, doc: str) -> None:
+    """``doc``'s `make serve ARGS="--schema-registry-listeners ..."` resolves (make -n) to a serve line whose
+    configuration has the registry listener (the module's server has one, on a free port: ``here()``)."""
+    [serve] = commands(block(doc, 'make serve ARGS="--schema-registry-listeners'))
     dry = subprocess.run(["make", "-n", "-o", ".venv/.installed", *shlex.split(serve)[1:]], cwd=ROOT,
                          capture_output=True, text=True, check=True, env=docs_env.environ())
     [serve_line] = [x for x in dry.stdout.splitlines() if "bin/pipeline serve" in x]
     shown = json.loads(docs_env.shell(serve_line.replace(" serve ", " config show --format json ", 1)).stdout)
     assert shown["schema.registry.listeners"] == {"value": f"http://127.0.0.1:{docs_env.registry_port}",  # here()
                                                   "source": "flag:--schema-registry-listeners"}
+
+
+def poll_rows(docs_env: DocsEnv, query: str, want: list[list[str]], timeout: float = 240) -> list[list[str]]:
+    """``query``'s rows (header first) once its body is ``want`` or ``timeout`` s have passed (no table
+    before the first commit: no rows)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = docs_env.shell(query, check=False, **docs_env.table_env())
+        rows = parse_table(result.stdout) if result.returncode == 0 else []
+        if rows[1:] == want or time.monotonic() > deadline:
+            return rows
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_readme_avro_producer(server, docs_env):
+    """README quickstart steps 2, 5 and 6: the serve line has the registry; the Avro producer block (run
+    twice: a newcomer's second run finds the topic there) lands its records as the `sales` table's
+    columns; no dead letters."""
+    check_registry_serve_line(docs_env, "README.md")
+    produce = block("README.md", "AvroSerializer").text
+    for _ in range(2):
+        result = docs_env.shell(docs_env.here(produce), timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+    [query] = commands(block("README.md", "FROM sales"))
+    want = [["s-1", "9.5"], ["s-2", "12.0"]] * 2  # in offset order: both runs' records
+    rows = poll_rows(docs_env, query, want)
+    assert rows and rows[0] == ["id", "amount"] and rows[1:] == want, rows
+    dead = poll_rows(docs_env, """.venv/bin/pipeline sql "SELECT count(*) FROM dead_letters WHERE topic = 'sales'" """,
+                     [["0"]], timeout=0)
+    assert dead[1:] in ([["0"]], []), dead  # [] : no dead letter was ever written, so no table
+
+
+@pytest.mark.slow
+def test_schema_registry_walkthrough(server, docs_env):
+    """docs/schema-registry.md: its serve line resolves to the registry listener (the module's server has
+    one, on a free port); the evolving Avro producer (confluent-kafka's serializers against the server's
+    registry) prints what the page says; both records are rows of the registry topic's table, which
+    gained version 2's column without a restart."""
+    check_registry_serve_line(docs_env, "docs/schema-registry.md")
     result = docs_env.shell(docs_env.here(block("docs/schema-registry.md",
                                                 "from confluent_kafka.schema_registry import Schema").text),
                             timeout=120)
@@ -705,7 +745,7 @@ def test_sql_while_serving(server, docs_env):
     docs/table.md's partition-pruned query."""
     endpoints = json.loads((docs_env.data_dir / "_pipeline" / "endpoints.json").read_text())
     assert endpoints["spark_connect"] == f"sc://127.0.0.1:{docs_env.connect_port}"
-    [command] = commands(block("README.md", ".venv/bin/pipeline sql"))
+    [command] = commands(block("README.md", "FROM records GROUP BY"))
     assert server.produced, "the producing tests ran first"
     want = expected_rows(server.produced)
     deadline = time.monotonic() + 240
@@ -745,6 +785,6 @@ def test_sql_after_stop(server, docs_env):
     """The same README query with the server stopped (and compacted): a session of its own on the
     data directory's metastore, the same rows."""
     assert server.make.poll() is not None, "test_stop_with_ctrl_c runs first"
-    [command] = commands(block("README.md", ".venv/bin/pipeline sql"))
+    [command] = commands(block("README.md", "FROM records GROUP BY"))
     header, *rows = sql_rows(docs_env, command)
     assert sorted(rows) == expected_rows(server.produced)
