@@ -348,6 +348,15 @@ def deliver(producer, topic: str, value: bytes, server: Server) -> None:
 # --- tests ------------------------------------------------------------------------------------------
 
 
+README_MAX_LINES = 180
+"""Issue 36: the README is a front page a newcomer reads whole; the reference lives in docs/."""
+
+
+def test_readme_is_a_front_page():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines: move reference material to docs/"
+
+
 def test_every_block_is_run_or_marked():
     found = all_blocks()
     problems = []
