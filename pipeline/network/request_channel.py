@@ -53,9 +53,12 @@ class ConnectionHandle(Protocol):
     """The listener name the connection came in on (Kafka ``listeners``: ``PLAINTEXT``, ``SASL_SSL``, a custom name)."""
     security_protocol: str
     """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (Kafka ``listener.security.protocol.map``)."""
-    principal: str
-    """Who the client is, Kafka's ``KafkaPrincipal`` as ``type:name``: ``User:ANONYMOUS`` until
-    authentication says otherwise (the SASL user, or the mTLS certificate's subject)."""
+    @property
+    def principal(self) -> str:
+        """Who the client is, Kafka's ``KafkaPrincipal`` as ``type:name``: ``User:ANONYMOUS`` until
+        authentication says otherwise (the SASL user, or the mTLS certificate's subject)."""
+        ...
+
     peer_host: str
     """The client's IP address (ACLs match on it)."""
 
@@ -72,6 +75,10 @@ class ConnectionHandle(Protocol):
     def set_raw_sasl_tokens(self, raw: bool) -> None:
         """The next frames are raw SASL tokens (True: after a SaslHandshake v0, KIP-43) or
         requests again (False: authentication completed); call before completing that answer."""
+
+    def authenticated(self, principal: str) -> None:
+        """SASL authentication completed as ``principal`` (``User:name``): the requests after it
+        are that principal's (Kafka ``KafkaChannel.principal`` after ``SaslServerAuthenticator``)."""
 
 
 @dataclass(slots=True, eq=False)

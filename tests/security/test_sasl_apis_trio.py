@@ -54,6 +54,9 @@ class Connection:
     def close(self, reason: str) -> None:
         self.closed.append(reason)
 
+    def authenticated(self, principal: str) -> None:
+        self.principal = principal
+
 
 class Broker:
     def __init__(self, tmp_path, delay_ms: int = 0) -> None:
