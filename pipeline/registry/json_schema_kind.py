@@ -116,6 +116,9 @@ _TYPES = {"string": "string", "integer": "number", "number": "number", "boolean"
           "object": "object", "array": "array"}
 _NOT_SCHEMAS = frozenset({"enum", "const", "default", "examples"})
 """Keywords whose values are data, not schemas (a ``$ref`` in them is not a reference)."""
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "definitions", "$defs", "dependencies",
+                          "dependentSchemas"})
+"""Keywords whose values map names to schemas."""
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,10 @@ def _check_refs(schema: object, resolver: Resolver) -> None:
         except Unresolvable:
             raise InvalidSchema(f"Invalid schema: $ref {schema['$ref']!r} resolves to nothing") from None
     for key, value in schema.items():
-        if key not in _NOT_SCHEMAS:
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            for sub in value.values():  # its keys are names ("enum" may be a property), its values schemas
+                _check_refs(sub, resolver)
+        elif key not in _NOT_SCHEMAS:
             _check_refs(value, resolver)
 
 

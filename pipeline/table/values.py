@@ -315,7 +315,8 @@ def parse_values(values: pa.Array | pa.ChunkedArray, fmt: ValueFormat,
         headers: the records' headers (``pipeline.table.schema.HEADERS_ARROW_TYPE``), as long as
             ``values``: with ``fmt.registry``, a ``__value_schema_id`` header names the writer's
             schema (Schema Registry 8.0) and wins over a payload prefix, as Confluent's
-            ``dual_schema_id_deserializer`` has it.
+            ``dual_schema_id_deserializer`` has it. For json (self-describing: the header is not looked
+            up) under wire format ``confluent``, a value with that header needs no prefix.
 
     Returns:
         ``(typed, errors)``: ``typed`` has ``fmt.schema`` and ``len(values)``

@@ -127,6 +127,7 @@ def test_recursive_schemas_end():
     ('{"pattern": "("}', "regex"),
     ('{"properties": {"a": {"$ref": "#/definitions/missing"}}}', "'#/definitions/missing' resolves to nothing"),
     ('{"$ref": "address.json"}', "'address.json' resolves to nothing"),
+    ('{"properties": {"enum": {"$ref": "#/$defs/gone"}}}', "'#/\\$defs/gone' resolves to nothing"),  # a property
 ])
 def test_invalid_schemas(text, why):
     with pytest.raises(InvalidSchema, match=why):

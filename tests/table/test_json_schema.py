@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -54,6 +56,33 @@ def test_the_mapping():
     assert all(f.nullable for f in schema)
     assert json_schema_to_arrow('{"properties": {"a": {"items": {"type": "integer"}}}}') == pa.schema(
         [("a", pa.list_(pa.field("element", pa.int64())))])  # kinds inferred without "type"
+
+
+def mapping_rows() -> list[tuple[str, str]]:
+    """docs/table.md's "JSON Schema types as columns" rows: (a JSON Schema of the first cell, the Spark type)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "table.md").read_text()
+    start = text.index("### JSON Schema types as columns")
+    section = text[start:text.index("\n#", start)]
+    rows = []
+    for line in section.splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| `") and len(cells) == 2:
+            spark = re.fullmatch(r"`(.+?)`( \(.*\))? \|", cells[1])
+            assert spark, line
+            rows += [(schema, spark.group(1)) for schema in re.findall(r"`(.+?)`", cells[0]) if schema[0] == "{"]
+    assert len(rows) >= 15, rows
+    return rows
+
+
+@pytest.mark.parametrize("schema, spark", mapping_rows())
+def test_each_row_of_the_docs_mapping_table(schema, spark):
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    defs = {"definitions": {"X": {"type": "integer"}}, "$defs": {"X": {"type": "integer"}}}
+    columns = json_schema_to_arrow({"type": "object", "properties": {"f": json.loads(schema)}, **defs})
+    found = from_arrow_type(columns.field("f").type).simpleString()
+    assert found == spark
+    assert columns.field("f").nullable
 
 
 @pytest.mark.parametrize("schema, why", [
