@@ -10,7 +10,7 @@ in which direction (Confluent "Schema Evolution and Compatibility"):
 - ``FULL`` / ``FULL_TRANSITIVE``: both; ``NONE``: no check.
 
 Each schema type is one ``SchemaKind`` (``pipeline.registry.schema_kind``: its canonical text,
-its parser, its reader/writer check) in a module of its own (``avro_kind``), looked up by its
+its parser, its reader/writer check) in a module of its own (``avro_kind``, ``json_schema_kind``), looked up by its
 Confluent name in ``kind``. Schemas are parsed with their references resolved: the referenced
 subjects' schemas are given first, dependencies before dependents.
 """
@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipeline.registry.avro_kind import AVRO, AvroKind
+from pipeline.registry.json_schema_kind import JSON, JsonSchemaKind
 from pipeline.registry.schema_kind import InvalidSchema, Reference, SchemaKind
 
 __all__ = ("AVRO", "DEFAULT_LEVEL", "LEVELS", "SCHEMA_TYPES", "InvalidSchema", "ParsedSchema", "Reference",
@@ -39,7 +40,7 @@ class ParsedSchema:
     schema: object
 
 
-_KINDS: dict[str, SchemaKind] = {AVRO: AvroKind()}
+_KINDS: dict[str, SchemaKind] = {AVRO: AvroKind(), JSON: JsonSchemaKind()}
 SCHEMA_TYPES = tuple(_KINDS)
 """Schema types this registry parses and checks (Confluent's ``/schemas/types``), each with a
 ``SchemaKind`` in ``kind``; another type is refused with 42201."""

@@ -84,6 +84,8 @@ RUN: dict[tuple[str, str], str] = {
         "test_schema_registry_walkthrough",
     ("docs/schema-registry.md", "SELECT sensor, celsius FROM readings"): "test_schema_registry_walkthrough",
     ("docs/schema-registry.md", "incremental_alter_configs"): "test_topic_config_walkthrough",
+    ("docs/schema-registry.md", "JSONSerializer(json.dumps(v1), registry)"): "test_json_schema_walkthrough",
+    ("docs/schema-registry.md", "SELECT meter, kwh FROM meters"): "test_json_schema_walkthrough",
 }
 
 
@@ -618,6 +620,52 @@ def test_topic_config_walkthrough(server, docs_env):
         assert time.monotonic() < deadline, "the Avro record never reached the clicks table"
         time.sleep(1)
     assert rows("SELECT count(*) FROM records WHERE topic = 'clicks'") == [["1"]]  # only the raw one
+
+
+@pytest.mark.slow
+def test_json_schema_walkthrough(server, docs_env):
+    """docs/schema-registry.md, "JSON Schema" (issue 32): the page's block creates `meters` typed json
+    (CreateTopics config) and produces with confluent-kafka's JSONSerializer against the server's
+    registry, v1 then v2, one record with the id in a `__value_schema_id` header; v3 is refused. The
+    page's query shows every record, v1's null in v2's column, and none is a dead letter. Then a
+    version 4 adds a property: the live table gains its column (ALTER TABLE), the older rows null in it."""
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    result = docs_env.shell(docs_env.here(block("docs/schema-registry.md",
+                                                "JSONSerializer(json.dumps(v1), registry)").text), timeout=120)
+    assert result.stdout.splitlines() == ["versions: [1, 2]", "v3 refused: 409"], result.stdout + result.stderr
+
+    def rows(query: str, want: list[list[str]]) -> list[list[str]]:
+        deadline = time.monotonic() + 240
+        while True:
+            result = docs_env.shell(query, check=False, **docs_env.table_env())
+            found = parse_table(result.stdout) if result.returncode == 0 else []  # no table before the first commit
+            if found[1:] == want or time.monotonic() > deadline:
+                return found
+            time.sleep(1)
+
+    [query] = commands(block("docs/schema-registry.md", "SELECT meter, kwh FROM meters"))
+    want = [["m-1", "NULL"], ["m-2", "2.5"], ["m-3", "0.5"]]
+    found = rows(query, want)
+    assert found and found[0] == ["meter", "kwh"] and found[1:] == want, found
+
+    registry = SchemaRegistryClient({"url": f"http://127.0.0.1:{docs_env.registry_port}"})
+    v4 = {"type": "object", "additionalProperties": False, "properties": {
+        "meter": {"type": "string"}, "kwh": {"type": "number"}, "site": {"type": "string"}}}
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{docs_env.kafka_port}"})
+    producer.produce("meters", JSONSerializer(json.dumps(v4), registry)(
+        {"meter": "m-4", "kwh": 1.0, "site": "north"}, SerializationContext("meters", MessageField.VALUE)))
+    assert producer.flush(30) == 0
+    want = [["m-1", "NULL"], ["m-2", "NULL"], ["m-3", "NULL"], ["m-4", "north"]]
+    found = rows('.venv/bin/pipeline sql "SELECT meter, site FROM meters ORDER BY offset"', want)
+    assert found[1:] == want, found
+    dead = docs_env.shell(".venv/bin/pipeline sql \"SELECT count(*) FROM dead_letters WHERE topic = 'meters'\"",
+                          check=False, **docs_env.table_env())
+    assert parse_table(dead.stdout)[1:] == [["0"]] or "TABLE_OR_VIEW_NOT_FOUND" in dead.stdout + dead.stderr, \
+        dead.stdout + dead.stderr
 
 
 @pytest.mark.slow

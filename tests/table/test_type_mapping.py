@@ -18,7 +18,8 @@ TABLE_MD = Path(__file__).resolve().parents[2] / "docs" / "table.md"
 
 def mapping_rows() -> list[tuple[str, str]]:
     text = TABLE_MD.read_text()
-    section = text[text.index("### Avro types as columns"):text.index("## Configuration")]
+    start = text.index("### Avro types as columns")
+    section = text[start:text.index("\n#", start)]  # to the next heading
     rows = re.findall(r"^\| `(.+?)` \| `(.+?)` \|$", section, flags=re.M)
     assert len(rows) >= 20, rows
     return rows
