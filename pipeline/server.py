@@ -622,8 +622,7 @@ class Server:
         trio.lowlevel.add_instrument(self.io_wait)
         async with trio.open_nursery() as nursery:
             if self.leadership is not None:
-                self.leadership.persister, self.leadership.coordinator = persister, self.coordinator
-                await nursery.start(self.leadership.run)
+                await nursery.start(self.leadership.run, persister, self.coordinator)
             await nursery.start(persister.run)
             await nursery.start(self.apis.run_timeouts)
             await nursery.start(self.coordinator.run)

@@ -201,6 +201,10 @@ class KafkaChannel:
         (``ConnectionState.raw_sasl_tokens``)."""
         self.state.raw_sasl_tokens = raw
 
+    def identified(self, software: tuple[str, str]) -> None:
+        """The client's (name, version) from ApiVersions v3+ (``ConnectionHandle.identified``, KIP-511)."""
+        self.client_software = software
+
     def authenticated(self, principal: str) -> None:
         """SASL authentication completed as ``principal`` (``ConnectionHandle.authenticated``)."""
         self.principal = principal

@@ -228,7 +228,7 @@ class KafkaApis:
                 payload, software = apis.api_versions_response(
                     header, request.frame, self.request_metrics.errors(API_VERSIONS), self.withheld)
                 if software is not None:
-                    request.connection.client_software = software
+                    request.connection.identified(software)
                     log.info("connection %s: client %s %s", request.connection.connection_id, *software)
                 request.connection.complete(request.token, payload)
             elif header.api_key == METADATA:
