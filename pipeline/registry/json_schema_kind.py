@@ -61,7 +61,7 @@ from fractions import Fraction
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from pipeline.registry.schema_kind import InvalidSchema, Reference
+from pipeline.registry.schema_kind import InvalidSchema, Reference, canonical_json, load_json_schema
 
 if TYPE_CHECKING:
     from referencing import Registry
@@ -134,14 +134,7 @@ class JsonSchemaKind:
     """JSON Schema (Confluent ``JSON``): ``jsonschema`` checks it, ``referencing`` resolves it, the
     compatibility check is Confluent's (module docstring)."""
 
-    @staticmethod
-    def canonical(text: str) -> str:
-        """Compact JSON with sorted object keys (what Confluent's ``JsonSchema.canonicalString`` does
-        with its own key order)."""
-        try:
-            return json.dumps(json.loads(text), separators=(",", ":"), sort_keys=True)
-        except ValueError as exc:
-            raise InvalidSchema(f"Invalid schema: {exc}") from exc
+    canonical = staticmethod(canonical_json)  # Confluent's JsonSchema.canonicalString, with its own key order
 
     @staticmethod
     def parse(text: str, references: Sequence[Reference]) -> ParsedJsonSchema:
@@ -197,14 +190,7 @@ def differences(original: ParsedJsonSchema, update: ParsedJsonSchema) -> list[tu
 # --------------------------------------------------------------------------- parsing
 
 
-def _load(text: str) -> dict | bool:
-    try:
-        schema = json.loads(text)
-    except ValueError as exc:
-        raise InvalidSchema(f"Invalid schema: {exc}") from None
-    if not isinstance(schema, dict | bool):
-        raise InvalidSchema(f"Invalid schema: a JSON schema is an object or a boolean, not {type(schema).__name__}")
-    return schema
+_load = load_json_schema
 
 
 def _pointer(path: Iterator[Any] | Sequence[Any]) -> str:

@@ -68,12 +68,11 @@ def json_schema_to_arrow(schema: dict | bool | str) -> pa.Schema:
     from referencing import Registry, Resource
     from referencing.jsonschema import DRAFT7
 
+    from pipeline.registry.schema_kind import load_json_schema
+
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError as exc:
-            raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(schema, dict | bool):
+        schema = load_json_schema(schema)  # InvalidSchema is a ValueError
+    elif not isinstance(schema, dict | bool):
         raise ValueError(f"a JSON schema is an object or a boolean, not {type(schema).__name__}")
     root = Resource.from_contents(schema, default_specification=DRAFT7)
     resolver = Registry().with_resource("", root).resolver(base_uri="")
