@@ -7,7 +7,7 @@ class Layout:
     def __call__(self, *fields: Any) -> Any: ...
 
 def cut(buffer: bytes | bytearray, pos: int, max_count: int, budget: int, max_receive: int, table: bytearray,
-        header: Layout, request: Layout, owner: Any, first_token: int, now: float, pool: Any, /,
+        header: Layout, request: Layout, owner: object, first_token: int, now: float, pool: object, /,
         ) -> tuple[list[Any], int, int, list[int]]:
     """Whole frames at ``buffer[pos:]`` as requests (see the C docstring): (requests, pos, used bytes,
     correlation ids)."""

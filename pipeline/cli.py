@@ -451,7 +451,7 @@ def _spark_whereabouts(sink: SparkGroupSink, config: ServerConfig) -> str:
 def _set_table_ready(endpoint: MetricsEndpoint | None, ready: bool = True) -> None:
     """Tell ``/readyz`` whether the table side (Spark) is up."""
     if endpoint is not None:
-        endpoint.readiness.table_ready = ready
+        endpoint.set_table_ready(ready)
 
 
 def _set_phase(endpoint: MetricsEndpoint | None, phase: str, server: Server | None = None) -> None:
@@ -463,7 +463,7 @@ def _set_phase(endpoint: MetricsEndpoint | None, phase: str, server: Server | No
 
     if server is not None:
         endpoint.attach(server)
-    endpoint.readiness.phase = Phase[phase]
+    endpoint.set_phase(Phase[phase])
 
 
 DECODE_NICENESS_WITH_WAL_ACKS = 10

@@ -136,8 +136,8 @@ def check_request_classes(request_cls: type, header_cls: type) -> None:
 
 
 def cut_frames(buffer: bytes | bytearray, pos: int, max_count: int, budget: int, max_receive: int, table: bytearray,
-               header: Any, request: Any, owner: Any, first_token: int, now: float, pool: Any,
-               ) -> tuple[list[Any], int, int, list[int]]:
+               header: _frames.Layout, request: _frames.Layout, owner: object, first_token: int, now: float,
+               pool: object) -> tuple[list[Any], int, int, list[int]]:
     """``FRAME_CUT``'s C path (``_frames.cut``, see its docstring): (requests, position after them,
     their frame bytes, their correlation ids). The frame it stops before goes to the Python path
     (``ConnectionState.next_request``, which counts it with ``FRAME_CUT.python``)."""

@@ -17,6 +17,7 @@ then cancel what is left.
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 import uuid
 from contextlib import AbstractContextManager, nullcontext
@@ -151,7 +152,7 @@ def build_listeners(c: ServerConfig) -> list[tuple[Endpoint, Listener]]:
         ValueError: a listener name missing from ``listener.security.protocol.map``.
     """
     out = []
-    contexts: dict[TlsSettings, object] = {}  # listeners with the same settings share one context
+    contexts: dict[TlsSettings, ssl.SSLContext] = {}  # listeners with the same settings share one context
     for endpoint in listener_endpoints(c):
         protocol = security_protocol(endpoint.name, c.listener_security_protocol_map)
         context = None
@@ -256,9 +257,7 @@ class Server:
         self.leadership: LeadershipService | None = None
         self.wal = WriteAheadLog(own / "wal", segment_bytes=config.log_segment_bytes)
         self.store = StateStore(own)
-        self.logs = LogManager(wal=self.wal,
-                               retention=lambda topic: (config.log_retention_ms, config.log_retention_bytes),
-                               index_max_bytes=config.wal_index_max_bytes)
+        self.logs = LogManager(wal=self.wal, retention=self._retention, index_max_bytes=config.wal_index_max_bytes)
         """Every partition's log: offsets, producer state, high watermarks, reads, WAL retention."""
         self.recovered: Recovered | None = None
         self._shutdown = trio.Event()
@@ -344,14 +343,21 @@ class Server:
         return self.recovered
 
     def _start_logs(self, recovered: Recovered) -> None:
-        self.logs.state = LogState.from_checkpoint(recovered.checkpoint)
-        self.logs.start(recovered.checkpoint.end_offsets)
+        self.logs.start(LogState.from_checkpoint(recovered.checkpoint), recovered.checkpoint.end_offsets)
 
     def _attach_table(self) -> None:
         catalog = getattr(self.sink, "catalog", None)
         if catalog is not None:
             # Offsets whose WAL segments retention deleted are read from the tables.
-            self.logs.table = TableReader(catalog.spark, catalog, warm=True)
+            self.logs.attach_table(TableReader(catalog.spark, catalog, warm=True))
+
+    def _retention(self, topic: str) -> tuple[int, int]:
+        """(retention.ms, retention.bytes) of ``topic`` for the logs: its topic configs once the topic
+        catalog is built (``TopicCatalog.retention``), the broker's defaults before."""
+        catalog: TopicCatalog | None = getattr(self, "catalog", None)
+        if catalog is None:
+            return self.config.log_retention_ms, self.config.log_retention_bytes
+        return catalog.retention(topic)
 
     def drain_wal(self, directory: Path) -> list[PartitionAppend]:
         """A dead broker incarnation's WAL (``directory``: its ``wal/`` and checkpoint, as
@@ -516,14 +522,23 @@ class Server:
         self.catalog = TopicCatalog(c.num_partitions, c.auto_create_topics,
                                     {t: max(n, c.num_partitions) for t, n in checkpoint.topics.items()},
                                     store=TopicStore(store_target(c.metadata_url, c.data_dir, TOPIC_STORE_FILE)),
-                                    retention_defaults=(c.log_retention_ms, c.log_retention_bytes))
-        # With a metadata database, brokers on other hosts may change topics at any time.
-        self.catalog.shared = self.cluster is not None and self.cluster.size > 1 or bool(c.metadata_url) or self.dynamic
+                                    retention_defaults=(c.log_retention_ms, c.log_retention_bytes),
+                                    # With a metadata database, brokers on other hosts may change topics at any time.
+                                    shared=(self.cluster is not None and self.cluster.size > 1 or bool(c.metadata_url)
+                                            or self.dynamic))
         # Producer ids: from the wall clock on one machine; with a metadata database, blocks claimed
         # from it (Kafka's ProducerIdManager), so no two brokers on any hosts hand out the same id.
         producer_ids = (ProducerIdManager(ProducerIdStore(store_target(c.metadata_url, c.data_dir,
                                                                        PRODUCER_ID_STORE_FILE)), c.node_id)
                         if c.metadata_url or self.dynamic else None)
+        # ACLs (authorizer.class.name set): DATA_DIR/_pipeline/acls.db, checked by every api
+        # through KafkaApis.authorize; off, the ACL apis answer SECURITY_DISABLED.
+        acl_store = (AclStore(store_target(c.metadata_url, c.data_dir, ACL_STORE_FILE)) if c.authorizer_class_name
+                     else None)
+        authorizer = (Authorizer(acl_store.load(), parse_super_users(c.super_users), c.allow_everyone_if_no_acl_found)
+                      if acl_store is not None else None)
+        if authorizer is not None:
+            log.info("authorizer on: %d ACL(s), %d super user(s)", len(authorizer.acls), len(authorizer.super_users))
         self.apis = KafkaApis(
             broker,
             self.catalog,
@@ -533,6 +548,7 @@ class Server:
             yield_before_sequencing=c.mode is not Mode.MULTIQUEUE,
             request_metrics=request_channel.metrics,
             producer_ids=producer_ids,
+            authorizer=authorizer,
         )
         # Consumer groups: JoinGroup/SyncGroup/Heartbeat/LeaveGroup, committed offsets in
         # DATA_DIR/_pipeline/groups.db, FindCoordinator and the group admin apis.
@@ -550,8 +566,6 @@ class Server:
             self.transactions.register()
         self.fetch_apis = FetchApis(self.logs, self.apis.catalog, request_channel.metrics)
         self.fetch_apis.register(self.apis)
-
-        self.logs.retention = self.catalog.retention
 
         async def on_delete_topic(topic: str) -> None:
             # Kafka deletes a topic's data: everything already accepted for it
@@ -575,16 +589,7 @@ class Server:
                                   {e.name: tuple(listener_config(c, e.name).sasl_enabled_mechanisms.split(","))
                                    for e in listener_endpoints(c)})
         self.sasl_apis.register(self.apis)
-        # ACLs (authorizer.class.name set): DATA_DIR/_pipeline/acls.db, checked by every api
-        # through KafkaApis.authorize; off, the ACL apis answer SECURITY_DISABLED.
-        acl_store = (AclStore(store_target(c.metadata_url, c.data_dir, ACL_STORE_FILE)) if c.authorizer_class_name
-                     else None)
-        if acl_store is not None:
-            self.apis.authorizer = Authorizer(acl_store.load(), parse_super_users(c.super_users),
-                                              c.allow_everyone_if_no_acl_found)
-            log.info("authorizer on: %d ACL(s), %d super user(s)", len(self.apis.authorizer.acls),
-                     len(self.apis.authorizer.super_users))
-        self.acl_apis = AclApis(self.apis.authorizer, acl_store)
+        self.acl_apis = AclApis(authorizer, acl_store)
         self.acl_apis.register(self.apis)
         mute = c.mode is Mode.BASELINE
         ordered = c.mode is not Mode.SHARED_UNMUTED
@@ -604,9 +609,11 @@ class Server:
             log.warning("socket.request.max.bytes %d > queued.max.request.bytes %d: requests larger "
                         "than the pool are refused", c.socket_request_max_bytes, pool.capacity)
 
-        def channel_factory(connection_id: str, stream: trio.abc.Stream) -> KafkaChannel:
+        def channel_factory(connection_id: str, stream: trio.abc.Stream, listener: Listener,
+                            principal: str) -> KafkaChannel:
             state = ConnectionState(pool, limits, trio.current_time(), ordered=ordered)
-            return KafkaChannel(connection_id, stream, request_channel, state, memory)
+            return KafkaChannel(connection_id, stream, request_channel, state, memory, listener=listener.name,
+                                security_protocol=listener.security_protocol, principal=principal)
 
         self.processors = [Processor(i, channel_factory, self.quotas) for i in range(c.network_threads)]
         acceptor = Acceptor(listeners, self.processors, self.quotas, kinds)
@@ -615,8 +622,7 @@ class Server:
         trio.lowlevel.add_instrument(self.io_wait)
         async with trio.open_nursery() as nursery:
             if self.leadership is not None:
-                self.leadership.persister, self.leadership.coordinator = persister, self.coordinator
-                await nursery.start(self.leadership.run)
+                await nursery.start(self.leadership.run, persister, self.coordinator)
             await nursery.start(persister.run)
             await nursery.start(self.apis.run_timeouts)
             await nursery.start(self.coordinator.run)

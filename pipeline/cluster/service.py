@@ -182,8 +182,16 @@ class LeadershipService:
         if batches:
             store.record_producers(self.cluster.node_id, epoch, batches)
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Open the store, then membership, the controller and the leadership watch until cancelled."""
+    async def run(self, persister: BatchingPersister | None = None, coordinator: GroupCoordinatorService | None = None,
+                  *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Open the store, then membership, the controller and the leadership watch until cancelled.
+
+        ``persister``: the broker's (its commits are fenced by ``before_table_write``; a partition taken
+        over is loaded only after what it holds is written); ``coordinator``: the group coordinator,
+        whose groups load and unload as ``__consumer_offsets`` partitions move here and away. Both
+        are built after this service (the persister's ``before_table_write`` is this service's), so
+        they come here; None in tests of membership alone."""
+        self.persister, self.coordinator = persister, coordinator
         self.store = await trio.to_thread.run_sync(LeadershipStore, self.target)
         try:
             async with trio.open_nursery() as nursery:

@@ -148,9 +148,17 @@ class GroupCoordinatorService:
         """Transactions written (each one fsync)."""
         self.pending_transactional: Callable[[str], set[tuple[str, int]]] = lambda group_id: set()
         """The partitions of a group with offsets an open transaction commits (TxnOffsetCommit);
-        set by the transaction coordinator (``pipeline.requests.txn_apis``)."""
+        from the transaction coordinator (``serve_transactions``)."""
         self.transactions_served = False
         """FindCoordinator for transactional ids answers this broker (the transaction coordinator is on)."""
+
+    def serve_transactions(self, pending_transactional: Callable[[str], set[tuple[str, int]]]) -> None:
+        """The transaction coordinator is on (``pipeline.requests.txn_apis.TransactionApis.register``):
+        FindCoordinator answers for transactional ids, and OffsetFetch with ``require_stable`` asks
+        ``pending_transactional(group_id)`` which partitions an open transaction commits offsets of
+        (KIP-447: those answer UNSTABLE_OFFSET_COMMIT)."""
+        self.transactions_served = True
+        self.pending_transactional = pending_transactional
 
     @classmethod
     def for_data_dir(cls, apis_: ApiHost, config: GroupConfig, data_dir: Path,

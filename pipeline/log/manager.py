@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import trio
 
@@ -56,11 +56,19 @@ EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP = -2, -1, -3
 """ListOffsets special timestamps (Kafka ListOffsetsRequest; -3 is KIP-734)."""
 
 
+class TableRecords(Protocol):
+    """What a table read returns (``pipeline.table.reader.TableSlice``)."""
+
+    @property
+    def records(self) -> bytes:
+        """Zero or more concatenated RecordBatch v2, offsets ascending."""
+
+
 class TableSource(Protocol):
     """The table side of reads (``pipeline.table.reader.TableReader``); blocking, thread-safe."""
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int, *, end: int,
-             min_one: bool = True) -> Any:
+             min_one: bool = True) -> TableRecords:
         """Records of offsets in [offset, end) as RecordBatch v2 bytes (``.records``), at most
         ``max_bytes`` but with ``min_one`` at least one record (KIP-74)."""
 
@@ -151,10 +159,16 @@ class LogManager:
 
     # -- the partitions ----------------------------------------------------
 
-    def start(self, end_offsets: dict[tuple[str, int], int]) -> None:
-        """After recovery: every recovered record is durable, so each high watermark is its end offset."""
+    def start(self, state: LogState, end_offsets: dict[tuple[str, int], int]) -> None:
+        """After recovery: ``state`` (the recovered offsets and producer state) is the logs' own, and
+        every recovered record is durable, so each high watermark is its end offset."""
+        self.state = state
         for (topic, partition), end in end_offsets.items():
             self.log(topic, partition).advance_high_watermark(end)
+
+    def attach_table(self, table: TableSource) -> None:
+        """Read the offsets the WAL no longer has from ``table`` from now on (the table side is up)."""
+        self.table = table
 
     def log(self, topic: str, partition: int) -> PartitionLog:
         """The partition's log, created empty (high watermark 0) on first use."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 from kio.schema.errors import ErrorCode
 
@@ -49,7 +49,7 @@ class BatchMetadata:
     first_seq: int
     last_seq: int
     base_offset: int
-    ticket: Any = None
+    ticket: object = None
 
 
 @fast_frozen_init
@@ -133,7 +133,7 @@ class ProducerStateManager:
         return _APPEND
 
     def update(self, producer_id: int, epoch: int, topic: str, partition: int,
-               first_seq: int, last_seq: int, base_offset: int, ticket: Any = None) -> None:
+               first_seq: int, last_seq: int, base_offset: int, ticket: object = None) -> None:
         """Record an appended batch (after ``check`` said APPEND, or on recovery)."""
         if producer_id == NO_PRODUCER_ID:
             return

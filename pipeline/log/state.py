@@ -11,7 +11,6 @@ checkpoint and the write-ahead log. All three advance through
 
 from __future__ import annotations
 
-from typing import Any
 
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.checkpoint import Checkpoint
@@ -37,7 +36,7 @@ class LogState:
         state.producers.restore(checkpoint.producers)
         return state
 
-    def apply(self, append: PartitionAppend, ticket: Any = None) -> None:
+    def apply(self, append: PartitionAppend, ticket: object = None) -> None:
         """Advance by one sequenced append (Kafka UnifiedLog.append / ProducerAppendInfo).
 
         The log end offset becomes at least ``base_offset + record_count``;

@@ -116,6 +116,10 @@ class KafkaChannel:
         request_channel: where requests go.
         state: the connection's rules (owns the frame decoder and response order).
         memory: wake-ups for memory returned to the state's MemoryPool.
+        listener: the listener name it came in on (Kafka ``listeners``).
+        security_protocol: that listener's (Kafka ``listener.security.protocol.map``).
+        principal: who the client is before any SASL exchange: ``ANONYMOUS``, or an mTLS
+            certificate's subject.
         drain_timeout_s: how long a closing connection may wait for its
             in-flight responses (seconds).
     """
@@ -128,13 +132,16 @@ class KafkaChannel:
         state: ConnectionState,
         memory: MemoryWaiters,
         *,
+        listener: str = "PLAINTEXT",
+        security_protocol: str = "PLAINTEXT",
+        principal: str = ANONYMOUS,
         drain_timeout_s: float = 60.0,
     ) -> None:
         self.connection_id = connection_id
         self.client_software: tuple[str, str] | None = None
-        self.listener = "PLAINTEXT"
-        self.security_protocol = "PLAINTEXT"
-        self.principal = ANONYMOUS
+        self.listener = listener
+        self.security_protocol = security_protocol
+        self.principal = principal
         self.peer_host = _peer_host(connection_id)
         self.close_reason: str | None = None
         self.state = state
@@ -193,6 +200,14 @@ class KafkaChannel:
         """The next frames are raw SASL tokens (True, after a SaslHandshake v0) or requests again
         (``ConnectionState.raw_sasl_tokens``)."""
         self.state.raw_sasl_tokens = raw
+
+    def identified(self, software: tuple[str, str]) -> None:
+        """The client's (name, version) from ApiVersions v3+ (``ConnectionHandle.identified``, KIP-511)."""
+        self.client_software = software
+
+    def authenticated(self, principal: str) -> None:
+        """SASL authentication completed as ``principal`` (``ConnectionHandle.authenticated``)."""
+        self.principal = principal
 
     def close(self, reason: str) -> None:
         """Close with a logged reason: stop reading, answer what is in flight, close."""

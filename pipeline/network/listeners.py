@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import random
 import socket
+import ssl
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 """Kafka's SecurityProtocol values a listener may speak."""
@@ -150,7 +150,7 @@ class Listener:
 
     name: str = "PLAINTEXT"
     security_protocol: str = "PLAINTEXT"
-    ssl_context: Any = None
+    ssl_context: ssl.SSLContext | None = None
     handshake_timeout_s: float = 10.0
 
 

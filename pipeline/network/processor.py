@@ -64,7 +64,7 @@ class Processor:
     Args:
         processor_id: index of this Processor (0-based).
         channel_factory: builds the KafkaChannel of a new connection from its
-            id and stream.
+            id, stream, listener and principal (``ANONYMOUS``, or the mTLS client's).
         quotas: told when a connection closes (the Acceptor admitted it).
         new_connection_queue_size: connections that may wait to be taken up
             (Kafka's per-Processor newConnections queue, default 20).
@@ -73,7 +73,7 @@ class Processor:
     def __init__(
         self,
         processor_id: int,
-        channel_factory: Callable[[str, trio.abc.Stream], KafkaChannel],
+        channel_factory: Callable[[str, trio.abc.Stream, Listener, str], KafkaChannel],
         quotas: ConnectionQuotas,
         new_connection_queue_size: int = 20,
     ) -> None:
@@ -135,10 +135,7 @@ class Processor:
                     nursery.start_soon(self._secure_and_serve, connection_id(stream), stream, ip, listener)
 
     def _new_channel(self, conn_id: str, stream: trio.abc.Stream, listener: Listener, principal: str) -> KafkaChannel:
-        channel = self._channel_factory(conn_id, stream)
-        channel.listener = listener.name
-        channel.security_protocol = listener.security_protocol
-        channel.principal = principal
+        channel = self._channel_factory(conn_id, stream, listener, principal)
         self.channels.add(channel)
         self.connections_created[listener.name] += 1
         return channel
@@ -146,6 +143,7 @@ class Processor:
     async def _secure_and_serve(self, conn_id: str, stream: trio.SocketStream, ip: str, listener: Listener) -> None:
         """TLS handshake under the listener's deadline, then serve; a failed one closes this connection only."""
         log_context.set((conn_id, None))
+        assert listener.ssl_context is not None  # accept() sends only TLS listeners' connections here
         try:
             secured, principal = await server_handshake(stream, listener.ssl_context, listener.handshake_timeout_s)
         except BaseException as exc:

@@ -47,15 +47,22 @@ class ConnectionHandle(Protocol):
     """What a handler may do with the connection a request came from."""
 
     connection_id: str
-    client_software: tuple[str, str] | None
-    """(client_software_name, client_software_version) from ApiVersions v3+ (KIP-511)."""
+
+    @property
+    def client_software(self) -> tuple[str, str] | None:
+        """(client_software_name, client_software_version) from ApiVersions v3+ (KIP-511)."""
+        ...
+
     listener: str
     """The listener name the connection came in on (Kafka ``listeners``: ``PLAINTEXT``, ``SASL_SSL``, a custom name)."""
     security_protocol: str
     """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (Kafka ``listener.security.protocol.map``)."""
-    principal: str
-    """Who the client is, Kafka's ``KafkaPrincipal`` as ``type:name``: ``User:ANONYMOUS`` until
-    authentication says otherwise (the SASL user, or the mTLS certificate's subject)."""
+    @property
+    def principal(self) -> str:
+        """Who the client is, Kafka's ``KafkaPrincipal`` as ``type:name``: ``User:ANONYMOUS`` until
+        authentication says otherwise (the SASL user, or the mTLS certificate's subject)."""
+        ...
+
     peer_host: str
     """The client's IP address (ACLs match on it)."""
 
@@ -72,6 +79,14 @@ class ConnectionHandle(Protocol):
     def set_raw_sasl_tokens(self, raw: bool) -> None:
         """The next frames are raw SASL tokens (True: after a SaslHandshake v0, KIP-43) or
         requests again (False: authentication completed); call before completing that answer."""
+
+    def identified(self, software: tuple[str, str]) -> None:
+        """The client named itself in ApiVersions v3+: (client_software_name, client_software_version),
+        KIP-511 (Kafka keeps it on the channel for metrics and logs)."""
+
+    def authenticated(self, principal: str) -> None:
+        """SASL authentication completed as ``principal`` (``User:name``): the requests after it
+        are that principal's (Kafka ``KafkaChannel.principal`` after ``SaslServerAuthenticator``)."""
 
 
 @dataclass(slots=True, eq=False)

@@ -441,7 +441,7 @@ class MetricsEndpoint:
 
         endpoint = MetricsEndpoint()
         port = endpoint.start(9464)        # before Spark: /readyz says 503 "starting Spark"
-        endpoint.readiness.phase = Phase.RECOVERING
+        endpoint.set_phase(Phase.RECOVERING)
         endpoint.attach(server)            # the server's metrics from now on
         ...
         endpoint.close()
@@ -462,6 +462,14 @@ class MetricsEndpoint:
     def attach(self, server: Server) -> None:
         """Export ``server``'s metrics and let ``/readyz`` watch its shutdown."""
         self.readiness.server = server
+
+    def set_phase(self, phase: Phase) -> None:
+        """Where start-up or shutdown is now (``/readyz`` is ready only in ``Phase.SERVING``)."""
+        self.readiness.phase = phase
+
+    def set_table_ready(self, ready: bool) -> None:
+        """Whether the table side (Spark) is up (``/readyz`` says what waits for it while it is not)."""
+        self.readiness.table_ready = ready
 
     def start(self, port: int) -> int:
         """Listen on ``host:port`` (0: a free port) and serve in a daemon thread; returns the port.

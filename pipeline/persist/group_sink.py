@@ -197,7 +197,7 @@ class SparkGroupSink:
         self._sink.catalog.check_typed_tables(self._formats)
         self._staging = self._start_staging()
         if self._table_lock is not None:  # other brokers may move partitions (compaction): no cache
-            self._sink.catalog.partition_directories = None
+            self._sink.catalog.share_partitions()
         warmup = pa.table({"warmup": pa.array([1], pa.int32())})
         path = os.path.join(self._state_dir, "warmup")
         self._sink.spark.createDataFrame(warmup).write.mode("overwrite").parquet(path)

@@ -53,11 +53,12 @@ bytes) more than memory, which holds only what waits for the WAL write.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Generic, Literal, Protocol, Sequence, TypeVar, runtime_checkable
 
 import trio
 from hdrh.histogram import HdrHistogram
@@ -119,15 +120,19 @@ class Commit:
                 log.exception("commit callback failed")
 
 
-class GroupSink(Protocol):
+FlushT = TypeVar("FlushT")
+"""A sink's decoded flush (``pipeline.table.typed.FlushTables`` for ``SparkGroupSink``): the persister
+only passes what ``to_table`` returned back to ``write``."""
+
+
+class GroupSink(Protocol[FlushT]):
     """The table side, blocking (each call runs in a worker thread)."""
 
-    def to_table(self, appends: Sequence[PartitionAppend]) -> Any:
-        """Decode the appends' records once into the flush's rows: a ``pa.Table``, or
-        ``pipeline.table.typed.FlushTables`` (rows by destination table); the persister
-        only passes it back to ``write``."""
+    def to_table(self, appends: Sequence[PartitionAppend]) -> FlushT:
+        """Decode the appends' records once into the flush's rows (e.g. ``pipeline.table.typed.FlushTables``,
+        rows by destination table)."""
 
-    def write(self, table: Any, exclude: set[tuple[str, int, int]] | None = None) -> None:
+    def write(self, table: FlushT, exclude: set[tuple[str, int, int]] | None = None) -> None:
         """Write ``table`` (what ``to_table`` returned) minus the (topic, partition, offset) rows in ``exclude``."""
 
     def present_offsets(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> set[tuple[str, int, int]]:
@@ -136,13 +141,16 @@ class GroupSink(Protocol):
     # Optional: a sink may also be a WalReadingSink and a MaintainedSink (below).
 
 
+_FlushT_co = TypeVar("_FlushT_co", covariant=True)
+
+
 @runtime_checkable
-class WalReadingSink(Protocol):
+class WalReadingSink(Protocol[_FlushT_co]):
     """A GroupSink that decodes records read back from the WAL. When the sink has it, the
     persister drops record bytes once they are in the WAL and uses it for every flush."""
 
     def to_table_from_wal(self, appends: Sequence[PartitionAppend], wal_directory: str,
-                          spans: Sequence[WalSpan]) -> Any:
+                          spans: Sequence[WalSpan]) -> _FlushT_co:
         """Same as ``to_table``, but the appends come without their record bytes (``records``
         empty, ``size_bytes`` kept): append i's records are the bytes at ``spans[i]`` =
         (segment, position, length) of the WAL in ``wal_directory`` (``pipeline.log.wal.read_spans``)."""
@@ -243,7 +251,11 @@ class _Held:
     hold_from: WalPosition | None
 
 
-_GAVE_UP = object()
+class _GaveUp(enum.Enum):
+    GAVE_UP = 0
+
+
+_GAVE_UP = _GaveUp.GAVE_UP
 """``BatchingPersister._prepare``: given up at shutdown."""
 
 
@@ -271,7 +283,7 @@ def offset_ranges(appends: Sequence[PartitionAppend]) -> dict[tuple[str, int], t
     return ranges
 
 
-class BatchingPersister:
+class BatchingPersister(Generic[FlushT]):
     """See the module docstring.
 
     Args:
@@ -314,7 +326,7 @@ class BatchingPersister:
 
     def __init__(
         self,
-        sink: GroupSink,
+        sink: GroupSink[FlushT],
         wal: WriteAheadLog,
         store: StateStore,
         checkpoint: Checkpoint,
@@ -736,7 +748,7 @@ class BatchingPersister:
         mostly JVM time. Overlapping them makes a flush cycle cost the larger
         of the two, not their sum.
         """
-        send, receive = trio.open_memory_channel[tuple[FlushGroup[_SparkWaiter], Any]](0)
+        send, receive = trio.open_memory_channel[tuple[FlushGroup[_SparkWaiter], FlushT | None]](0)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._spark_writer, receive)
             async with send:
@@ -800,7 +812,7 @@ class BatchingPersister:
             with trio.move_on_at(deadline / 1000.0 if deadline is not None else float("inf")):
                 await self._spark_wakeup.wait()
 
-    async def _prepare(self, group: FlushGroup[_SparkWaiter]) -> Any:
+    async def _prepare(self, group: FlushGroup[_SparkWaiter]) -> FlushT | None | Literal[_GaveUp.GAVE_UP]:
         """Decode one group for its write (the sink may stage files there: ``SparkGroupSink``), retried
         with backoff as a failed write is (a full or missing table directory fails it too); None for a
         group with nothing for the table (see ``_write_wal``), ``_GAVE_UP`` if given up at shutdown."""
@@ -916,7 +928,7 @@ class BatchingPersister:
                          result.deleted_directories, result.seconds)
         self._next_maintenance = trio.current_time() + self._maintenance_interval_s
 
-    def _commit(self, appends: Sequence[PartitionAppend], table: Any,
+    def _commit(self, appends: Sequence[PartitionAppend], table: FlushT | None,
                 exclude: set[tuple[str, int, int]] | None) -> None:
         """One try of a table write (blocking): ``before_table_write``, then the write, under ``table_lock``."""
         with self._table_lock():
@@ -925,7 +937,7 @@ class BatchingPersister:
             if table is not None:
                 self._sink.write(table, exclude)
 
-    async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: Any,
+    async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: FlushT | None,
                            exclude: set[tuple[str, int, int]] | None = None) -> bool:
         """Write one group (minus the rows in ``exclude``) until it succeeds; False if given up at shutdown."""
         self._in_spark_write = group.size_bytes

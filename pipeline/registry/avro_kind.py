@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from pipeline.registry.schema_kind import InvalidSchema, Reference
+from pipeline.registry.schema_kind import InvalidSchema, Reference, canonical_json
 
 __all__ = ("AVRO", "AvroKind")
 
@@ -18,15 +18,7 @@ AVRO = "AVRO"
 class AvroKind:
     """Avro (Apache Avro 1.11 ``avro`` package: parser and ``ReaderWriterCompatibilityChecker``)."""
 
-    @staticmethod
-    def canonical(text: str) -> str:
-        """Compact JSON with sorted object keys (field order, which is in arrays, is kept; so are
-        defaults and docs, which Avro's Parsing Canonical Form would drop though they change what a
-        reader does)."""
-        try:
-            return json.dumps(json.loads(text), separators=(",", ":"), sort_keys=True)
-        except ValueError as exc:
-            raise InvalidSchema(f"Invalid schema: {exc}") from exc
+    canonical = staticmethod(canonical_json)
 
     @staticmethod
     def parse(text: str, references: Sequence[Reference]) -> object:

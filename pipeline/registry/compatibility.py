@@ -10,7 +10,8 @@ in which direction (Confluent "Schema Evolution and Compatibility"):
 - ``FULL`` / ``FULL_TRANSITIVE``: both; ``NONE``: no check.
 
 Each schema type is one ``SchemaKind`` (``pipeline.registry.schema_kind``: its canonical text,
-its parser, its reader/writer check) in a module of its own (``avro_kind``, ``protobuf_kind``), looked up by its
+its parser, its reader/writer check) in a module of its own (``avro_kind``, ``json_schema_kind``,
+``protobuf_kind``), looked up by its
 Confluent name in ``kind``. Schemas are parsed with their references resolved: the referenced
 subjects' schemas are given first, dependencies before dependents.
 """
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipeline.registry.avro_kind import AVRO, AvroKind
+from pipeline.registry.json_schema_kind import JSON, JsonSchemaKind
 from pipeline.registry.protobuf_kind import PROTOBUF, ProtobufKind
 from pipeline.registry.schema_kind import InvalidSchema, Reference, SchemaKind
 
@@ -40,7 +42,7 @@ class ParsedSchema:
     schema: object
 
 
-_KINDS: dict[str, SchemaKind] = {AVRO: AvroKind(), PROTOBUF: ProtobufKind()}
+_KINDS: dict[str, SchemaKind] = {AVRO: AvroKind(), JSON: JsonSchemaKind(), PROTOBUF: ProtobufKind()}
 SCHEMA_TYPES = tuple(_KINDS)
 """Schema types this registry parses and checks (Confluent's ``/schemas/types``), each with a
 ``SchemaKind`` in ``kind``; another type is refused with 42201."""

@@ -24,8 +24,11 @@ import json
 import threading
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from pipeline.registry.store import SchemaStore
 
 __all__ = ("RegistryUnavailable", "SchemaLookup", "lookup_for")
 
@@ -44,7 +47,7 @@ class SchemaLookup:
         self.timeout_s = timeout_s
         self._found: dict[int | str, tuple[str, str]] = {}
         self._references: dict[int | str, tuple[tuple[str, str, str], ...]] = {}
-        self._store: Any = None
+        self._store: SchemaStore | None = None  # opened on first use (this object is pickled to decode workers)
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[type["SchemaLookup"], tuple[str, float]]:

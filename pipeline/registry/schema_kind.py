@@ -5,10 +5,11 @@ Sans-I/O: a kind parses and compares schema texts; the store and the REST API ar
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ("InvalidSchema", "Reference", "SchemaKind")
+__all__ = ("InvalidSchema", "Reference", "SchemaKind", "canonical_json", "load_json_schema")
 
 
 class InvalidSchema(ValueError):
@@ -39,3 +40,32 @@ class SchemaKind(Protocol):
     def can_read(self, reader: object, writer: object) -> list[str]:
         """Why data written with ``writer`` cannot be read with ``reader`` ([] if it can)."""
         ...
+
+
+def canonical_json(text: str) -> str:
+    """Compact JSON with sorted object keys: the canonical text of a schema written in JSON (Avro, JSON
+    Schema). Array order (Avro's fields) is kept, and so are defaults and docs, which Avro's Parsing
+    Canonical Form would drop though they change what a reader does.
+
+    Raises:
+        InvalidSchema: ``text`` is not JSON.
+    """
+    try:
+        return json.dumps(json.loads(text), separators=(",", ":"), sort_keys=True)
+    except ValueError as exc:
+        raise InvalidSchema(f"Invalid schema: {exc}") from exc
+
+
+def load_json_schema(text: str) -> dict | bool:
+    """A JSON Schema's text as its object (or a boolean schema).
+
+    Raises:
+        InvalidSchema: not JSON, or neither an object nor a boolean.
+    """
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise InvalidSchema(f"Invalid schema: {exc}") from None
+    if not isinstance(schema, dict | bool):
+        raise InvalidSchema(f"Invalid schema: a JSON schema is an object or a boolean, not {type(schema).__name__}")
+    return schema

@@ -47,12 +47,14 @@ class TopicCatalog:
         store: where topics persist; None keeps them in memory only (tests, benchmarks).
         retention_defaults: (log.retention.ms, log.retention.bytes), what
             ``retention`` returns for a topic without overrides (-1: no limit).
+        shared: the store is shared with other broker processes (a cluster): ``refresh`` takes
+            their changes; a name not found is looked up in the store again first.
         clock: wall-clock seconds, for creation times.
     """
 
     def __init__(self, num_partitions: int = 1, auto_create: bool = True,
                  initial: dict[str, int] | None = None, *, store: TopicStore | None = None,
-                 retention_defaults: tuple[int, int] = (-1, -1),
+                 retention_defaults: tuple[int, int] = (-1, -1), shared: bool = False,
                  clock: Callable[[], float] = time.time) -> None:
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
@@ -76,9 +78,7 @@ class TopicCatalog:
             self._version = store.change_version()
             self._topics = {t.name: t for t in store.load()}
         self._by_id = {t.topic_id: t.name for t in self._topics.values()}
-        self.shared = False
-        """The store is shared with other broker processes (a cluster): ``refresh`` takes
-        their changes; a name not found is looked up in the store again first."""
+        self.shared = shared
         self.deleted_elsewhere: list[str] = []
         """Topics ``refresh`` found deleted by another broker, for the server to drop its
         own data of (``Server._watch_metadata``), oldest first."""

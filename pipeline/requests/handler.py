@@ -23,7 +23,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -45,6 +45,9 @@ from pipeline.network.request_metrics import RequestMetrics, add_error
 from pipeline.log.producer_state import BatchMetadata, Verdict
 from pipeline.security.acl import CLUSTER_NAME, AclOperation, Authorizer, ResourceType
 from pipeline.requests.acl_apis import authorize_request
+
+if TYPE_CHECKING:
+    from pipeline.requests.txn_apis import TransactionApis
 
 log = logging.getLogger(__name__)
 
@@ -151,12 +154,23 @@ class KafkaApis:
         self._produce_errors = self.request_metrics.errors(PRODUCE)
         self._served: dict[int, ApiHandler] = {}
         self.is_authenticated: Callable[[ConnectionHandle], bool] = lambda connection: False
-        """Whether a SASL_* connection completed authentication; no one has until SASL is wired
-        (``pipeline.requests.sasl_apis.SaslApis.register``)."""
+        """Whether a SASL_* connection completed authentication; no one has until SASL is served
+        (``serve_sasl``)."""
         self.authorizer = authorizer
-        self.transactions: Any = None
-        """The transaction coordinator (``pipeline.requests.txn_apis.TransactionApis.register``); None:
-        transactions are not served (a cluster of brokers) and their apis are not advertised."""
+        self.transactions: TransactionApis | None = None
+        """The transaction coordinator (``serve_transactions``); None: transactions are not served
+        (a cluster of brokers) and their apis are not advertised."""
+
+    def serve_sasl(self, is_authenticated: Callable[[ConnectionHandle], bool]) -> None:
+        """SASL is served (``pipeline.requests.sasl_apis.SaslApis.register``): ``is_authenticated``
+        says whether a SASL_* connection completed authentication (until then it may send only
+        ApiVersions, SaslHandshake and SaslAuthenticate, Kafka's ``SaslServerAuthenticator``)."""
+        self.is_authenticated = is_authenticated
+
+    def serve_transactions(self, coordinator: TransactionApis) -> None:
+        """Transactions are served by ``coordinator`` (``TransactionApis.register``): transactional
+        produce and InitProducerId go to it, and ApiVersions advertises the transaction apis."""
+        self.transactions = coordinator
 
     @property
     def withheld(self) -> frozenset[int]:
@@ -214,7 +228,7 @@ class KafkaApis:
                 payload, software = apis.api_versions_response(
                     header, request.frame, self.request_metrics.errors(API_VERSIONS), self.withheld)
                 if software is not None:
-                    request.connection.client_software = software
+                    request.connection.identified(software)
                     log.info("connection %s: client %s %s", request.connection.connection_id, *software)
                 request.connection.complete(request.token, payload)
             elif header.api_key == METADATA:
@@ -447,8 +461,9 @@ class KafkaApis:
                         info = validate_records(part.records, header.api_version)
                     if info.is_transactional and self.transactions is None:
                         error = ErrorCode.transactional_id_authorization_failed.value
-                    elif info.is_transactional and (error := self.transactions.state.check_produce(
-                            info.producer_id, info.producer_epoch, part.topic, part.partition)):
+                    elif info.is_transactional and self.transactions is not None and (
+                            error := self.transactions.state.check_produce(
+                                info.producer_id, info.producer_epoch, part.topic, part.partition)):
                         pass  # not in the producer's ongoing transaction, or fenced
                     else:
                         transactional = transactional or info.is_transactional

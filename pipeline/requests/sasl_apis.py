@@ -38,7 +38,7 @@ import datetime
 import logging
 import weakref
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -98,7 +98,8 @@ class SaslApis:
         """Failed SASL authentications by listener name (Kafka socket-server-metrics failed-authentication-total)."""
         self.successful_by_listener: Counter[str] = Counter()
         """Completed SASL authentications by listener name (Kafka successful-authentication-total)."""
-        self._authorize: Any = lambda request, operation, resource_type, name, log_denied=True: True
+        self._authorize: Callable[[Request, AclOperation, ResourceType, str], bool] = (
+            lambda request, operation, resource_type, name: True)
         """``KafkaApis.authorize`` once registered."""
 
     def register(self, kafka_apis: KafkaApis) -> None:
@@ -107,7 +108,7 @@ class SaslApis:
         kafka_apis.register(SASL_AUTHENTICATE, self._authenticate)
         kafka_apis.register(DESCRIBE_USER_SCRAM_CREDENTIALS, self._describe)
         kafka_apis.register(ALTER_USER_SCRAM_CREDENTIALS, self._alter)
-        kafka_apis.is_authenticated = self.is_authenticated
+        kafka_apis.serve_sasl(self.is_authenticated)
         self._authorize = kafka_apis.authorize
 
     def _cluster_allowed(self, request: Request, operation: AclOperation) -> bool:
@@ -213,7 +214,7 @@ class SaslApis:
 
     def _authenticated(self, connection: ConnectionHandle, server: SaslServer) -> None:
         assert server.principal is not None
-        connection.principal = server.principal
+        connection.authenticated(server.principal)
         self.throttle.success(connection.peer_host)
         self.successful_by_listener[connection.listener] += 1
         log.info("connection %s from %s authenticated as %s (%s%s)", connection.connection_id,

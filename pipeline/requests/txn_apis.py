@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -29,12 +29,15 @@ from kio.static.primitive import i32, i64
 
 from pipeline.coordinator import transactions as tx
 from pipeline.coordinator.transactions import TransactionCoordinator, TransactionMetadata, TxnState
+from pipeline.coordinator.service import GroupCoordinatorService
 from pipeline.coordinator.txn_store import STORE_FILE, PendingOffsets, TransactionStore
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.control import ABORT, COMMIT, build_marker
+from pipeline.log.manager import LogManager
+from pipeline.network.api_host import ApiHost
 from pipeline.network.request_channel import Request
 from pipeline.network.request_metrics import add_error
-from pipeline.persist.persister import Commit, StorageFailedError
+from pipeline.persist.persister import BatchingPersister, Commit, StorageFailedError
 from pipeline.metadata.database import Target, is_postgres_url, store_target
 from pipeline.protocol import apis
 from pipeline.security.acl import AclOperation, ResourceType
@@ -59,6 +62,26 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class TransactionHost(ApiHost, Protocol):
+    """What the transaction coordinator needs of the broker's ``KafkaApis`` (``pipeline.requests.handler``)
+    beyond ``ApiHost``: the logs' producer state, the persister that writes the markers, producer ids,
+    and to be told it serves transactions."""
+
+    @property
+    def logs(self) -> LogManager:
+        """Every partition's log (producer state: which transactions are open)."""
+
+    @property
+    def persister(self) -> BatchingPersister:
+        """Where control markers (COMMIT/ABORT) are appended."""
+
+    def next_producer_id(self) -> int:
+        """A producer id no one has (InitProducerId)."""
+
+    def serve_transactions(self, coordinator: TransactionApis) -> None:
+        """Transactions are served by ``coordinator``."""
+
+
 class TransactionApis:
     """See the module docstring.
 
@@ -69,7 +92,7 @@ class TransactionApis:
         max_timeout_ms: ``transaction.max.timeout.ms``.
     """
 
-    def __init__(self, kafka_apis: Any, groups: Any, store_path: Target,
+    def __init__(self, kafka_apis: TransactionHost, groups: GroupCoordinatorService, store_path: Target,
                  max_timeout_ms: int = tx.DEFAULT_MAX_TIMEOUT_MS) -> None:
         self.apis = kafka_apis
         self.groups = groups
@@ -84,7 +107,8 @@ class TransactionApis:
         self.closing = False
 
     @classmethod
-    def for_data_dir(cls, kafka_apis: Any, groups: Any, data_dir: Path, max_timeout_ms: int,
+    def for_data_dir(cls, kafka_apis: TransactionHost, groups: GroupCoordinatorService, data_dir: Path,
+                     max_timeout_ms: int,
                      metadata_url: str | None = None) -> "TransactionApis":
         """The apis of a server: state in ``DATA_DIR/_pipeline/transactions.db``, or in the PostgreSQL
         database of ``metadata_url``."""
@@ -96,9 +120,8 @@ class TransactionApis:
                              (END_TXN, self._end_txn), (TXN_OFFSET_COMMIT, self._txn_offset_commit),
                              (DESCRIBE_TRANSACTIONS, self._describe), (LIST_TRANSACTIONS, self._list)):
             self.apis.register(key, handler)
-        self.apis.transactions = self
-        self.groups.transactions_served = True
-        self.groups.pending_transactional = self._pending_partitions
+        self.apis.serve_transactions(self)
+        self.groups.serve_transactions(self._pending_partitions)
 
     def _pending_partitions(self, group_id: str) -> set[tuple[str, int]]:
         return {key for offsets in self.pending.values() for key in offsets.get(group_id, {})}

@@ -840,6 +840,11 @@ class TableCatalog:
                  sum(f.size for f in files), n)
         return len(files), n
 
+    def share_partitions(self) -> None:
+        """Other processes share these tables and may move a partition (their compaction): stop
+        caching partition directories (``partition_directories``); every commit asks the catalog."""
+        self.partition_directories = None
+
     def _forget_partition_directories(self) -> None:
         """Partitions are about to move or go: ``commit_staged`` asks the catalog again."""
         if self.partition_directories is not None:

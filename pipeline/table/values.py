@@ -271,6 +271,10 @@ def registry_value_format(schema_type: str, text: str, wire_format: WireFormat, 
     """
     if schema_type == "AVRO":
         return ValueFormat.for_avro(text, wire_format, registry)
+    if schema_type == "JSON":  # self-describing: read by property name, no writer schema needed
+        from pipeline.table.json_schema import json_schema_to_arrow
+
+        return ValueFormat("json", json_schema_to_arrow(text), wire_format=wire_format)
     if schema_type == "PROTOBUF":
         return ValueFormat.for_protobuf(text, wire_format, registry, references)
     raise ValueError(f"a {schema_type} schema cannot be a table")
@@ -353,7 +357,8 @@ def parse_values(values: pa.Array | pa.ChunkedArray, fmt: ValueFormat,
         headers: the records' headers (``pipeline.table.schema.HEADERS_ARROW_TYPE``), as long as
             ``values``: with ``fmt.registry``, a ``__value_schema_id`` header names the writer's
             schema (Schema Registry 8.0) and wins over a payload prefix, as Confluent's
-            ``dual_schema_id_deserializer`` has it.
+            ``dual_schema_id_deserializer`` has it. For json (self-describing: the header is not looked
+            up) under wire format ``confluent``, a value with that header needs no prefix.
 
     Returns:
         ``(typed, errors)``: ``typed`` has ``fmt.schema`` and ``len(values)``
@@ -418,7 +423,9 @@ def parse_values(values: pa.Array | pa.ChunkedArray, fmt: ValueFormat,
     raw = _binary_pylist(values)
     errors: list[str | None] = [None] * len(raw)
     if fmt.kind == "json":
-        rows = _decode_json(raw, fmt, errors)
+        # a record whose __value_schema_id header names its schema has no prefix to require
+        json_headers = headers.to_pylist() if headers is not None and fmt.wire_format == "confluent" else None
+        rows = _decode_json(raw, fmt, errors, json_headers)
     elif fmt.kind == "protobuf":
         record_headers = headers.to_pylist() if headers is not None else None
         if record_headers is not None and len(record_headers) != len(raw):
@@ -482,8 +489,13 @@ def _payload(value: bytes, wire_format: WireFormat) -> bytes:
     return value
 
 
-def _decode_json(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | None]) -> list[dict]:
-    """One dict per value (``_EMPTY`` for a tombstone or a failure, with its error set)."""
+def _decode_json(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | None],
+                 headers: list[list[dict] | None] | None = None) -> list[dict]:
+    """One dict per value (``_EMPTY`` for a tombstone or a failure, with its error set).
+
+    ``headers``: each record's headers, given under wire format ``confluent``: a record with a
+    ``__value_schema_id`` header (Schema Registry 8.0) is all payload, no prefix required. (Under
+    ``auto`` such a value, JSON text, has no prefix to strip anyway.)"""
     # Exact numbers only when a decimal column needs them (float parsing is faster).
     decoder = json.JSONDecoder(parse_float=Decimal) if _has_decimal(fmt._plan) else json.JSONDecoder()
     # The C scanner alone handles a value without surrounding whitespace (the
@@ -499,7 +511,7 @@ def _decode_json(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
             append(_EMPTY)
             continue
         try:
-            if wire != "none":
+            if wire != "none" and not (headers is not None and _names_schema(headers[i])):
                 value = _payload(value, wire)
             text = value.decode("utf-8")
             try:
@@ -611,6 +623,11 @@ SchemaKey = tuple[str, int | str]
 VALUE_SCHEMA_ID_HEADER = "__value_schema_id"
 """The record header Confluent's serializers (Schema Registry 8.0, ``header_schema_id_serializer``) put
 the writer schema's identifier in: magic byte 1 + a 16-byte GUID, or magic byte 0 + a 4-byte id."""
+
+
+def _names_schema(headers: list[dict] | None) -> bool:
+    """Whether a record's headers have a ``__value_schema_id`` header."""
+    return bool(headers) and any(h.get("key") == VALUE_SCHEMA_ID_HEADER for h in headers or ())
 
 
 class _WriterSchemaError(Exception):

@@ -186,9 +186,8 @@ def test_catalogs_sharing_a_store_see_each_others_topics(metadata_target):
 
     from pipeline.metadata.topics import TopicStore
 
-    a = TopicCatalog(3, True, store=TopicStore(metadata_target("topics.db")))
-    b = TopicCatalog(3, True, store=TopicStore(metadata_target("topics.db")))
-    a.shared = b.shared = True
+    a = TopicCatalog(3, True, store=TopicStore(metadata_target("topics.db")), shared=True)
+    b = TopicCatalog(3, True, store=TopicStore(metadata_target("topics.db")), shared=True)
     assert a.describe("auto", True) == (0, 3)  # auto-created on a ...
     assert b.partitions("auto") == 3  # ... known on b at once: a miss rereads the store
     trio.run(a.create, "made", 5, {"retention.ms": "1000"})

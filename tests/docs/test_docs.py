@@ -62,7 +62,10 @@ RUN: dict[tuple[str, str], str] = {
     ("README.md", "from confluent_kafka import Consumer"): "test_readme_producer_and_consumer",
     ("README.md", 'make serve ARGS="--mode multiqueue --queues 8"'): "test_serve_command_lines",
     ("docs/clusters.md", "pipeline serve --brokers 2"): "test_serve_command_lines",
-    ("README.md", ".venv/bin/pipeline sql"): "test_sql_while_serving, test_sql_after_stop",
+    ("README.md", "FROM records GROUP BY"): "test_sql_while_serving, test_sql_after_stop",
+    ("README.md", 'make serve ARGS="--schema-registry-listeners'): "test_readme_avro_producer",
+    ("README.md", "AvroSerializer"): "test_readme_avro_producer",
+    ("README.md", "FROM sales"): "test_readme_avro_producer",
     ("docs/operations.md", "pipeline config show --config /etc/pipeline.toml"): "test_config_show",
     ("docs/operations.md", 'advertised.listeners = "SSL://broker.example.com:9093"'): "test_config_blocks",
     ("docs/operations.md", "pipeline top --metrics-url"): "test_top",
@@ -81,6 +84,8 @@ RUN: dict[tuple[str, str], str] = {
         "test_schema_registry_walkthrough",
     ("docs/schema-registry.md", "SELECT sensor, celsius FROM readings"): "test_schema_registry_walkthrough",
     ("docs/schema-registry.md", "incremental_alter_configs"): "test_topic_config_walkthrough",
+    ("docs/schema-registry.md", "JSONSerializer(json.dumps(v1), registry)"): "test_json_schema_walkthrough",
+    ("docs/schema-registry.md", "SELECT meter, kwh FROM meters"): "test_json_schema_walkthrough",
     ("docs/schema-registry.md", "ProtobufSerializer(V1, registry)"): "test_protobuf_walkthrough",
     ("docs/schema-registry.md", "SELECT sku, qty, coupon FROM carts"): "test_protobuf_walkthrough",
 }
@@ -347,6 +352,15 @@ def deliver(producer, topic: str, value: bytes, server: Server) -> None:
 # --- tests ------------------------------------------------------------------------------------------
 
 
+README_MAX_LINES = 180
+"""Issue 36: the README is a front page a newcomer reads whole; the reference lives in docs/."""
+
+
+def test_readme_is_a_front_page():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines: move reference material to docs/"
+
+
 def test_every_block_is_run_or_marked():
     found = all_blocks()
     problems = []
@@ -503,19 +517,56 @@ def test_readme_producer_and_consumer(server, docs_env):
     assert result.stdout.strip() == "b'hello'", result.stdout + result.stderr
 
 
-@pytest.mark.slow
-def test_schema_registry_walkthrough(server, docs_env):
-    """docs/schema-registry.md: its serve line resolves to the registry listener (the module's server has
-    one, on a free port); the evolving Avro producer (confluent-kafka's serializers against the server's
-    registry) prints what the page says; both records are rows of the registry topic's table, which
-    gained version 2's column without a restart."""
-    [serve] = commands(block("docs/schema-registry.md", 'make serve ARGS="--schema-registry-listeners'))
+def check_registry_serve_line(docs_env: DocsEnv, doc: str) -> None:
+    """``doc``'s `make serve ARGS="--schema-registry-listeners ..."` resolves (make -n) to a serve line whose
+    configuration has the registry listener (the module's server has one, on a free port: ``here()``)."""
+    [serve] = commands(block(doc, 'make serve ARGS="--schema-registry-listeners'))
     dry = subprocess.run(["make", "-n", "-o", ".venv/.installed", *shlex.split(serve)[1:]], cwd=ROOT,
                          capture_output=True, text=True, check=True, env=docs_env.environ())
     [serve_line] = [x for x in dry.stdout.splitlines() if "bin/pipeline serve" in x]
     shown = json.loads(docs_env.shell(serve_line.replace(" serve ", " config show --format json ", 1)).stdout)
     assert shown["schema.registry.listeners"] == {"value": f"http://127.0.0.1:{docs_env.registry_port}",  # here()
                                                   "source": "flag:--schema-registry-listeners"}
+
+
+def poll_rows(docs_env: DocsEnv, query: str, want: list[list[str]], timeout: float = 240) -> list[list[str]]:
+    """``query``'s rows (header first) once its body is ``want`` or ``timeout`` s have passed (no table
+    before the first commit: no rows)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = docs_env.shell(query, check=False, **docs_env.table_env())
+        rows = parse_table(result.stdout) if result.returncode == 0 else []
+        if rows[1:] == want or time.monotonic() > deadline:
+            return rows
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_readme_avro_producer(server, docs_env):
+    """README quickstart steps 2, 5 and 6: the serve line has the registry; the Avro producer block (run
+    twice: a newcomer's second run finds the topic there) lands its records as the `sales` table's
+    columns; no dead letters."""
+    check_registry_serve_line(docs_env, "README.md")
+    produce = block("README.md", "AvroSerializer").text
+    for _ in range(2):
+        result = docs_env.shell(docs_env.here(produce), timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+    [query] = commands(block("README.md", "FROM sales"))
+    want = [["s-1", "9.5"], ["s-2", "12.0"]] * 2  # in offset order: both runs' records
+    rows = poll_rows(docs_env, query, want)
+    assert rows and rows[0] == ["id", "amount"] and rows[1:] == want, rows
+    dead = poll_rows(docs_env, """.venv/bin/pipeline sql "SELECT count(*) FROM dead_letters WHERE topic = 'sales'" """,
+                     [["0"]], timeout=0)
+    assert dead[1:] in ([["0"]], []), dead  # [] : no dead letter was ever written, so no table
+
+
+@pytest.mark.slow
+def test_schema_registry_walkthrough(server, docs_env):
+    """docs/schema-registry.md: its serve line resolves to the registry listener (the module's server has
+    one, on a free port); the evolving Avro producer (confluent-kafka's serializers against the server's
+    registry) prints what the page says; both records are rows of the registry topic's table, which
+    gained version 2's column without a restart."""
+    check_registry_serve_line(docs_env, "docs/schema-registry.md")
     result = docs_env.shell(docs_env.here(block("docs/schema-registry.md",
                                                 "from confluent_kafka.schema_registry import Schema").text),
                             timeout=120)
@@ -571,6 +622,52 @@ def test_topic_config_walkthrough(server, docs_env):
         assert time.monotonic() < deadline, "the Avro record never reached the clicks table"
         time.sleep(1)
     assert rows("SELECT count(*) FROM records WHERE topic = 'clicks'") == [["1"]]  # only the raw one
+
+
+@pytest.mark.slow
+def test_json_schema_walkthrough(server, docs_env):
+    """docs/schema-registry.md, "JSON Schema" (issue 32): the page's block creates `meters` typed json
+    (CreateTopics config) and produces with confluent-kafka's JSONSerializer against the server's
+    registry, v1 then v2, one record with the id in a `__value_schema_id` header; v3 is refused. The
+    page's query shows every record, v1's null in v2's column, and none is a dead letter. Then a
+    version 4 adds a property: the live table gains its column (ALTER TABLE), the older rows null in it."""
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    result = docs_env.shell(docs_env.here(block("docs/schema-registry.md",
+                                                "JSONSerializer(json.dumps(v1), registry)").text), timeout=120)
+    assert result.stdout.splitlines() == ["versions: [1, 2]", "v3 refused: 409"], result.stdout + result.stderr
+
+    def rows(query: str, want: list[list[str]]) -> list[list[str]]:
+        deadline = time.monotonic() + 240
+        while True:
+            result = docs_env.shell(query, check=False, **docs_env.table_env())
+            found = parse_table(result.stdout) if result.returncode == 0 else []  # no table before the first commit
+            if found[1:] == want or time.monotonic() > deadline:
+                return found
+            time.sleep(1)
+
+    [query] = commands(block("docs/schema-registry.md", "SELECT meter, kwh FROM meters"))
+    want = [["m-1", "NULL"], ["m-2", "2.5"], ["m-3", "0.5"]]
+    found = rows(query, want)
+    assert found and found[0] == ["meter", "kwh"] and found[1:] == want, found
+
+    registry = SchemaRegistryClient({"url": f"http://127.0.0.1:{docs_env.registry_port}"})
+    v4 = {"type": "object", "additionalProperties": False, "properties": {
+        "meter": {"type": "string"}, "kwh": {"type": "number"}, "site": {"type": "string"}}}
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{docs_env.kafka_port}"})
+    producer.produce("meters", JSONSerializer(json.dumps(v4), registry)(
+        {"meter": "m-4", "kwh": 1.0, "site": "north"}, SerializationContext("meters", MessageField.VALUE)))
+    assert producer.flush(30) == 0
+    want = [["m-1", "NULL"], ["m-2", "NULL"], ["m-3", "NULL"], ["m-4", "north"]]
+    found = rows('.venv/bin/pipeline sql "SELECT meter, site FROM meters ORDER BY offset"', want)
+    assert found[1:] == want, found
+    dead = docs_env.shell(".venv/bin/pipeline sql \"SELECT count(*) FROM dead_letters WHERE topic = 'meters'\"",
+                          check=False, **docs_env.table_env())
+    assert parse_table(dead.stdout)[1:] == [["0"]] or "TABLE_OR_VIEW_NOT_FOUND" in dead.stdout + dead.stderr, \
+        dead.stdout + dead.stderr
 
 
 @pytest.mark.slow
@@ -733,7 +830,7 @@ def test_sql_while_serving(server, docs_env):
     docs/table.md's partition-pruned query."""
     endpoints = json.loads((docs_env.data_dir / "_pipeline" / "endpoints.json").read_text())
     assert endpoints["spark_connect"] == f"sc://127.0.0.1:{docs_env.connect_port}"
-    [command] = commands(block("README.md", ".venv/bin/pipeline sql"))
+    [command] = commands(block("README.md", "FROM records GROUP BY"))
     assert server.produced, "the producing tests ran first"
     want = expected_rows(server.produced)
     deadline = time.monotonic() + 240
@@ -773,6 +870,6 @@ def test_sql_after_stop(server, docs_env):
     """The same README query with the server stopped (and compacted): a session of its own on the
     data directory's metastore, the same rows."""
     assert server.make.poll() is not None, "test_stop_with_ctrl_c runs first"
-    [command] = commands(block("README.md", ".venv/bin/pipeline sql"))
+    [command] = commands(block("README.md", "FROM records GROUP BY"))
     header, *rows = sql_rows(docs_env, command)
     assert sorted(rows) == expected_rows(server.produced)

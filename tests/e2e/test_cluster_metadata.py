@@ -70,6 +70,10 @@ NOT_COORDINATOR = 16
 FENCED_LEADER_EPOCH = 74
 
 
+DATABASES: dict[str, str] = {}
+"""backend -> the catalog database of that backend's cluster."""
+
+
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def cluster(request, tmp_path_factory, connect_server) -> Iterator[tuple[str, Cluster]]:
     """``pipeline serve --brokers 3`` with leadership through the database and an authorizer
@@ -77,7 +81,8 @@ def cluster(request, tmp_path_factory, connect_server) -> Iterator[tuple[str, Cl
     PostgreSQL database."""
     backend = request.param
     # A catalog database of its own: the Connect server's catalog is shared with other tests.
-    args = ["--spark-remote", connect_server.url, "--table-database", unique_database(),
+    DATABASES[backend] = unique_database()
+    args = ["--spark-remote", connect_server.url, "--table-database", DATABASES[backend],
             "--authorizer-class-name", "pipeline", "--super-users", "User:ANONYMOUS",
             "--cluster-leadership", "database", "--ack-on", "spark", "--linger-ms", "20",
             "--schema-registry-listeners", "http://127.0.0.1:0"]
@@ -344,6 +349,49 @@ def test_a_schema_registered_through_broker_0_is_served_by_every_broker(cluster)
         SchemaRegistryClient({"url": urls[2]}).register_schema(
             subject, Schema('{"type":"record","name":"Sale","fields":[{"name":"sku","type":"int"}]}', "AVRO"))
     assert e.value.http_status_code == 409
+
+
+def test_a_registry_topic_created_through_one_broker_lands_as_columns_from_every_leader(cluster, connect_spark):
+    """Issue 32 on a cluster: a topic created through broker 1 with ``value.format=avro`` (a topic config
+    in the shared metadata store), its schema registered through broker 2's registry by confluent-kafka's
+    serializer, its records produced to three partitions led by different brokers: every broker's table
+    side reads the topic config and the writer schema, and the typed table holds every record, no dead
+    letters."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from pipeline.table.layout import table_name_for_topic
+
+    backend, c = cluster
+    urls = _until(lambda: (lambda u: u if len(u) == BROKERS else None)(_registry_urls(c)),
+                  "every broker's registry URL", c)
+    topic = f"ledger_{backend}"
+    host, port = c.addresses[1]
+    admin = AdminClient({"bootstrap.servers": f"{host}:{port}"})  # kept alive until the answer
+    admin.create_topics([NewTopic(topic, 3, config={"value.format": "avro"})])[topic].result(30)
+    schema = '{"type":"record","name":"Entry","fields":[{"name":"n","type":"long"},{"name":"memo","type":"string"}]}'
+    serialize = AvroSerializer(SchemaRegistryClient({"url": urls[2]}), schema)
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    producer = Producer({"bootstrap.servers": c.bootstrap(), "enable.idempotence": True})
+    for n in range(30):
+        producer.produce(topic, serialize({"n": n, "memo": f"m{n}"}, ctx), partition=n % 3)
+    assert producer.flush(60) == 0
+    leaders = {leader for leader, _ in _leaders(c.addresses[0], topic).values()}
+    table = f"{DATABASES[backend]}.{table_name_for_topic(topic)}"
+    deadline = time.monotonic() + 120
+    rows: list[tuple] = []
+    while len(rows) < 30 and time.monotonic() < deadline:  # each broker commits its partitions' rows
+        time.sleep(1)
+        if connect_spark.catalog.tableExists(table):
+            rows = [tuple(x) for x in connect_spark.sql(f"SELECT partition, n, memo FROM {table}").collect()]
+    assert sorted(rows) == sorted((n % 3, n, f"m{n}") for n in range(30))
+    dead = f"{DATABASES[backend]}.dead_letters"
+    assert not connect_spark.catalog.tableExists(dead) or connect_spark.sql(
+        f"SELECT count(*) FROM {dead} WHERE topic = '{topic}'").first()[0] == 0
+    assert len(leaders) > 1, leaders  # the rows came through more than one broker's table side
 
 
 def _leaders(address: tuple[str, int], topic: str) -> dict[int, tuple[int, int]]:

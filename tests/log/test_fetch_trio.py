@@ -120,8 +120,7 @@ async def broker(tmp_path, *, ack_on: str = "wal", segment_bytes: int = 64 << 20
     else:
         wal.open(None, logs.index_wal_entry)
         checkpoint = Checkpoint()
-    logs.state = LogState.from_checkpoint(checkpoint)
-    logs.start(checkpoint.end_offsets)
+    logs.start(LogState.from_checkpoint(checkpoint), checkpoint.end_offsets)
     persister = BatchingPersister(sink, wal, store, checkpoint, FlushPolicy(linger_ms=commit_linger_ms), ack_on=ack_on,  # type: ignore[arg-type]
                                   log_listener=logs)
     request_channel = MultiQueueRequestChannel(2, 100)

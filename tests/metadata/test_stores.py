@@ -146,8 +146,7 @@ def test_a_catalog_and_an_authorizer_reload_what_another_broker_changed_and_noth
     # Broker A writes through its stores; broker B has a catalog and an authorizer of its own.
     topics_a, acls_a = TopicStore(metadata_target("topics.db")), AclStore(metadata_target("acls.db"))
     topics_b, acls_b = TopicStore(metadata_target("topics.db")), AclStore(metadata_target("acls.db"))
-    catalog_b = TopicCatalog(store=topics_b)
-    catalog_b.shared = True
+    catalog_b = TopicCatalog(store=topics_b, shared=True)
     authorizer_b = Authorizer(acls_b.load())
     apis_b = AclApis(authorizer_b, acls_b)
 

@@ -262,9 +262,11 @@ async def serving(
     quotas = ConnectionQuotas()
     channels: dict[tuple[str, int], KafkaChannel] = {}
 
-    def channel_factory(connection_id: str, stream: MemorySocketStream) -> KafkaChannel:
+    def channel_factory(connection_id: str, stream: MemorySocketStream, listener: Listener,
+                        principal: str) -> KafkaChannel:
         state = ConnectionState(pool, connection_limits, trio.current_time(), ordered=ordered)
-        channel = KafkaChannel(connection_id, stream, request_channel, state, memory)
+        channel = KafkaChannel(connection_id, stream, request_channel, state, memory, listener=listener.name,
+                               security_protocol=listener.security_protocol, principal=principal)
         channels[stream.socket.remote] = channel
         return channel
 

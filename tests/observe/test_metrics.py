@@ -106,22 +106,22 @@ def test_endpoint_answers_health_and_readiness_through_the_phases(tmp_path):
 
         server = Server(ServerConfig(data_dir=tmp_path, queued_max_request_bytes=1 << 20), sink=None)  # type: ignore[arg-type]
         endpoint.attach(server)
-        endpoint.readiness.phase = Phase.RECOVERING
+        endpoint.set_phase(Phase.RECOVERING)
         assert get(f"{base}/readyz") == (503, "recovering from the write-ahead log\n")
         metrics = scrape(f"{base}/metrics")
         assert metrics["kafka_network_socketserver_memorypoolavailable"] == 1 << 20
         assert metrics["kafka_network_socketserver_memorypoolused"] == 0
         assert metrics["pipeline_wal_size_bytes"] == 0
 
-        endpoint.readiness.phase = Phase.STARTING_LISTENER
+        endpoint.set_phase(Phase.STARTING_LISTENER)
         assert get(f"{base}/readyz")[0] == 503
-        endpoint.readiness.phase = Phase.SERVING
-        endpoint.readiness.table_ready = False  # --ack-on wal: listening while Spark starts
+        endpoint.set_phase(Phase.SERVING)
+        endpoint.set_table_ready(False)  # --ack-on wal: listening while Spark starts
         status, body = get(f"{base}/readyz")
         assert status == 200 and body.startswith("ready: produce is acknowledged at the WAL; the table side is "
                                                  "starting Spark"), body
         assert scrape(f"{base}/metrics")["pipeline_table_ready"] == 0.0
-        endpoint.readiness.table_ready = True
+        endpoint.set_table_ready(True)
         assert get(f"{base}/readyz") == (200, "ready\n")
         assert scrape(f"{base}/metrics")["pipeline_ready"] == 1.0
         assert scrape(f"{base}/metrics")["pipeline_table_ready"] == 1.0
@@ -130,7 +130,7 @@ def test_endpoint_answers_health_and_readiness_through_the_phases(tmp_path):
         server.shutdown()
         assert get(f"{base}/readyz") == (503, "shutting down\n")
         assert scrape(f"{base}/metrics")["pipeline_ready"] == 0.0
-        endpoint.readiness.phase = Phase.STOPPING
+        endpoint.set_phase(Phase.STOPPING)
         assert get(f"{base}/readyz") == (503, "stopping\n")
         assert get(f"{base}/healthz") == (200, "ok\n")
     finally:

@@ -98,6 +98,36 @@ def test_avro_producer_evolves_and_an_incompatible_version_is_refused(url):
     assert client.get_versions("users-value") == [1, 2]
 
 
+def test_json_schema_producer_evolves_and_an_incompatible_version_is_refused(url):
+    """JSON Schema (issue 32) with confluent-kafka's JSONSerializer and JSONDeserializer: v1 (a closed
+    content model), v2 (an optional property added: BACKWARD), v3 (a property's type changed: 409)."""
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+
+    def closed(**properties: str) -> str:
+        return json.dumps({"type": "object", "additionalProperties": False,
+                           "properties": {name: {"type": t} for name, t in properties.items()}})
+
+    v1, v2, v3 = closed(sensor="string"), closed(sensor="string", celsius="number"), closed(sensor="integer")
+    client = SchemaRegistryClient({"url": url})
+    assert "JSON" in urllib.request.urlopen(f"{url}/schemas/types", timeout=10).read().decode()
+    ctx = SerializationContext("readings", MessageField.VALUE)
+    first = JSONSerializer(v1, client)({"sensor": "s-1"}, ctx)
+    second = JSONSerializer(v2, client)({"sensor": "s-2", "celsius": 21.5}, ctx)
+    assert first[0] == second[0] == 0 and first[1:5] != second[1:5]
+    assert client.get_versions("readings-value") == [1, 2]
+    assert client.get_latest_version("readings-value").schema.schema_type == "JSON"
+    # The consumer's deserializer validates each value against its writer's schema, fetched by id.
+    assert JSONDeserializer(None, schema_registry_client=client)(first, ctx) == {"sensor": "s-1"}
+    assert JSONDeserializer(v2, schema_registry_client=client)(second, ctx) == {"sensor": "s-2", "celsius": 21.5}
+    with pytest.raises(SchemaRegistryError) as e:
+        client.register_schema("readings-value", Schema(v3, "JSON"))
+    assert e.value.http_status_code == 409
+    assert client.test_compatibility("readings-value", Schema(v3, "JSON")) is False
+    with pytest.raises(SchemaRegistryError) as e:
+        client.register_schema("readings-value", Schema('{"type": "strin"}', "JSON"))
+    assert e.value.error_code == 42201
+
+
 def test_another_broker_over_the_same_store_serves_the_schema(store, url):
     """A second registry over the same database (another broker of the cluster) reads what the first registered."""
     first = SchemaRegistryClient({"url": url})

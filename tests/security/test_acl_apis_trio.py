@@ -143,7 +143,7 @@ async def test_produce_without_write_is_refused_and_never_stored(autojump_clock,
             AclBinding(T, "*", LIT, ALICE, "*", AclOperation.WRITE, ALLOW),
             AclBinding(T, "t", LIT, ALICE, "*", AclOperation.WRITE, DENY)])
         client, channel = await b.connect()
-        channel.principal = ALICE
+        channel.authenticated(ALICE)
         await client.send(two_topic_produce(1))
         await client.wait_responses(1)
         response = rc.decode_produce_response(client.responses[0][1])
@@ -184,7 +184,7 @@ async def test_metadata_hides_and_refuses_topics_without_describe(autojump_clock
         b.apis.authorizer = Authorizer([AclBinding(T, "u", LIT, ALICE, "*", AclOperation.READ, ALLOW),
                                         AclBinding(T, "new", LIT, ALICE, "*", AclOperation.DESCRIBE, ALLOW)])
         client, channel = await b.connect()
-        channel.principal = ALICE
+        channel.authenticated(ALICE)
         await client.send(metadata(1, None) + metadata(2, "t", "u", "new"))
         await client.wait_responses(2)
         assert topics(client.responses[0][1]) == {"u": NONE}  # "t" left out of the listing
@@ -202,7 +202,7 @@ async def test_fetch_and_list_offsets_need_read_and_describe(autojump_clock, tmp
         await client.wait_responses(2)
         b.apis.authorizer = Authorizer([AclBinding(T, "u", LIT, ALICE, "*", AclOperation.READ, ALLOW)])
         reader, channel = await b.connect()
-        channel.principal = ALICE
+        channel.authenticated(ALICE)
         await reader.send(ft.fetch(3, ("t", 0, 0), ("u", 0, 0)))
         await reader.wait_responses(1)
         got = ft.fetched(reader.responses[0][1])
@@ -228,7 +228,7 @@ async def test_transactions_need_transactional_id_write(patient_clock, tmp_path)
             AclBinding(T, "*", LIT, ALICE, "*", AclOperation.WRITE, ALLOW),
             AclBinding(ResourceType.TRANSACTIONAL_ID, "mine", LIT, ALICE, "*", AclOperation.WRITE, ALLOW)])
         raw, channel = await b.connect()
-        channel.principal = ALICE
+        channel.authenticated(ALICE)
         c = GroupClient(raw)
         timeout = datetime.timedelta(seconds=60)
         refused = await c.call("init_producer_id", 5, transactional_id="theirs", transaction_timeout=timeout,

@@ -54,6 +54,12 @@ class Connection:
     def close(self, reason: str) -> None:
         self.closed.append(reason)
 
+    def authenticated(self, principal: str) -> None:
+        self.principal = principal
+
+    def identified(self, software: tuple[str, str]) -> None:
+        self.client_software = software
+
 
 class Broker:
     def __init__(self, tmp_path, delay_ms: int = 0) -> None:

@@ -72,9 +72,10 @@ async def tls_listener(context: ssl.SSLContext, handshake_timeout_s: float = 5.0
     quotas = ConnectionQuotas()
     channels: list[KafkaChannel] = []
 
-    def factory(connection_id: str, stream: trio.abc.Stream) -> KafkaChannel:
+    def factory(connection_id: str, stream: trio.abc.Stream, listener: Listener, principal: str) -> KafkaChannel:
         channel = KafkaChannel(connection_id, stream, request_channel,
-                               ConnectionState(pool, limits, trio.current_time()), memory)
+                               ConnectionState(pool, limits, trio.current_time()), memory, listener=listener.name,
+                               security_protocol=listener.security_protocol, principal=principal)
         channels.append(channel)
         return channel
 
