@@ -17,8 +17,10 @@ The worker also writes the records table's Parquet files (``pipeline.table.stagi
 Arrow's C++ writer) into this sink's staging directory, and only their names come
 back; ``write`` commits them to the catalog (``TableCatalog.commit_staged``: the
 partitions, then one rename per file). A Spark append of the same rows took 30-50x
-more CPU (docs/benchmarks.md, "Table side"). Typed topics' rows and dead letters come
-back as Arrow tables (pickle's Arrow IPC buffers) and go through Spark appends.
+more CPU (docs/benchmarks.md, "Table side"). Typed topics' rows are staged the same
+way (``stage_typed``; committed by ``commit_staged_typed``, which falls back to a Spark
+append when the table's columns are not the files'); dead letters come back as an
+Arrow table (pickle's Arrow IPC buffers) and go through a Spark append.
 """
 
 from __future__ import annotations
@@ -265,7 +267,7 @@ class SparkGroupSink:
         files (``pipeline.table.staging.stage_flush``); in the worker process if any.
 
         Returns:
-            The flush: ``records`` is a ``StagedRecords``, typed rows and dead letters Arrow tables.
+            The flush: ``records`` and each typed topic's rows are ``StagedRecords``, the dead letters an Arrow table.
 
         Raises:
             ValueError, kafka.errors.CorruptRecordError: see ``appends_to_table``.
@@ -337,16 +339,20 @@ class SparkGroupSink:
 
     def write(self, table: FlushTables, exclude: set[tuple[str, int, int]] | None = None) -> None:
         """Write the flush minus the (topic, partition, offset) rows in ``exclude``: its staged
-        records committed (``TableCatalog.commit_staged``), one Spark append per other
-        destination table with rows (``TableCatalog.write_flush``). Repeatable after a failure
+        files committed (``TableCatalog.commit_staged``, ``commit_staged_typed``), one Spark append
+        per other destination table with rows (``TableCatalog.write_flush``). Repeatable after a failure
         (files already committed are skipped; ``exclude`` then names their rows)."""
         exclude = exclude or set()
+        staged = {t: v for t, v in table.typed.items() if isinstance(v, StagedRecords)}
+        arrow = {t: v for t, v in table.typed.items() if not isinstance(v, StagedRecords)}
         if isinstance(table.records, StagedRecords):
-            rest = FlushTables(ARROW_SCHEMA.empty_table(), table.typed, table.dead_letters).without(exclude)
-            flush = FlushTables(table.records, rest.typed, rest.dead_letters)
+            rest = FlushTables(ARROW_SCHEMA.empty_table(), arrow, table.dead_letters).without(exclude)
+            flush = FlushTables(table.records, {**rest.typed, **staged}, rest.dead_letters)
         else:
-            flush = table.without(exclude)
-        spark_rows = flush.num_rows - (flush.records.num_rows if isinstance(flush.records, StagedRecords) else 0)
+            rest = FlushTables(table.records, arrow, table.dead_letters).without(exclude)
+            flush = FlushTables(rest.records, {**rest.typed, **staged}, rest.dead_letters)
+        spark_rows = flush.num_rows - sum(t.num_rows for t in [flush.records, *staged.values()]
+                                          if isinstance(t, StagedRecords))
         if spark_rows:
             # Small appends are faster as a LocalRelation planned on the driver
             # (measured 0.24 s vs 0.45 s median for 3,200 rows); large ones as
