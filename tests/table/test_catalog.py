@@ -304,7 +304,8 @@ def test_staged_typed_rows_commit_as_files_once_the_table_takes_them(spark, tmp_
     assert catalog.commit_staged_typed(owned, first.typed["pay"]) == 0  # no table yet: a Spark append made it
     assert not any(os.path.exists(f.path) for f in first.typed["pay"].files)
     second = flush(3, 3)  # offsets 3..5, hours 0 and 1
-    catalog.write_flush(second, exclude={("pay", 0, 4)})  # offset 4 is "already in": left out
+    # as files this time (offsets 3 and 4 in hour 0, 5 in hour 1); offset 4 is "already in": left out
+    assert catalog.commit_staged_typed(owned, second.typed["pay"], exclude={("pay", 0, 4)}) == 2
     assert not any(os.path.exists(f.path) for f in second.typed["pay"].files)
     assert ids() == [(0, 0, "k0", 0), (1, 1, "k1", 0), (2, 2, "k2", 1), (3, 3, "k3", 0), (5, 5, "k5", 1)]
 
