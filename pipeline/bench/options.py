@@ -187,6 +187,9 @@ class SustainedBenchOptions:
         naive_with_server: start the naive loop's JVM beside the server's (``--smoke``: shorter;
             the server's time to ready then includes two JVM start-ups at once) rather than
             once the server is ready.
+        value_format: ``"raw"``: the records table only; ``"avro"``: then, on the same server
+            (started with its Schema Registry), the same load of registry-framed Avro values
+            to a ``value.format=avro`` topic, measured into its typed table.
     """
 
     out: Path = Path("bench-results/sustained")
@@ -199,9 +202,14 @@ class SustainedBenchOptions:
     timeout_s: float = 900.0
     server_args: list[str] = field(default_factory=list)
     naive_with_server: bool = False
+    value_format: str = "raw"
 
     def check(self) -> "SustainedBenchOptions":
         """Raises ValueError naming the option out of range."""
+        if self.value_format not in ("raw", "avro"):
+            raise ValueError(f"--value-format must be raw or avro, not {self.value_format!r}")
+        if self.value_format == "avro" and not 600 <= self.record_bytes <= 8000:
+            raise ValueError("--record-bytes must be 600..8,000 with --value-format avro")
         if not 1 <= self.producers <= 16 or not self.producers <= self.records <= 20_000_000:
             raise ValueError("--producers must be 1..16 and --sustained-records producers..20,000,000")
         if not 1 <= self.record_bytes <= 1_000_000 or not 1 <= self.partitions <= 256:
@@ -228,7 +236,8 @@ def resolve_sustained(args: argparse.Namespace) -> SustainedBenchOptions:
         out=args.out if args.out != Path("bench-results") else Path("bench-results") / "sustained",
         records=records, record_bytes=args.record_bytes or d.record_bytes,
         producers=getattr(args, "producers", None) or d.producers, partitions=args.partitions or d.partitions,
-        buffer_memory=buffer_memory, server_args=list(args.server_arg), naive_with_server=args.preset == "smoke").check()
+        buffer_memory=buffer_memory, server_args=list(args.server_arg), naive_with_server=args.preset == "smoke",
+        value_format=getattr(args, "value_format", None) or d.value_format).check()
 
 
 @dataclass(slots=True)
@@ -431,6 +440,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                            help=f"--sustained: records, all producers (default {SUSTAINED_RECORDS}; --smoke "
                                 f"{SUSTAINED_SMOKE_RECORDS}); with --record-bytes 100 the default measures CPU per "
                                 "record at 100 B (it then fits buffer.memory)")
+    sustained.add_argument("--value-format", choices=("raw", "avro"), default=None,
+                           help="--sustained: raw (default) measures the records table; avro then runs the same "
+                                "load again on the same server, started with its Schema Registry: registry-framed "
+                                "Avro values (16 fields, padded to --record-bytes) to a value.format=avro topic whose "
+                                "table follows its registry subject; both MB/s, acknowledged and queryable, and "
+                                "typed / raw")
     hostile = p.add_argument_group("hostile clients (--hostile)")
     hostile.add_argument("--hostile", action="store_true",
                          help="good producers at a steady rate, alone and then beside every hostile client on "

@@ -3,6 +3,7 @@
     pipeline bench --sustained                      # 2 x 300,000 records of 1 KiB: 614 MB > 256 MiB
     pipeline bench --sustained --record-bytes 100   # CPU per record at 100 B (61 MB: fits the buffer)
     pipeline bench --sustained --smoke              # CI size: 2 x 5,000 records
+    pipeline bench --sustained --value-format avro  # then the same load as Avro into a typed table
 
 One ``pipeline serve`` at its defaults (``--ack-on wal``, ``buffer.memory``
 256 MiB, one free Spark Connect port) but ``--metrics-port 0`` (the bench reads
@@ -35,6 +36,18 @@ together by a barrier once every producer exists. The order:
    gapless, in each producer's send order). Lost: acknowledged records not
    in the table, plus records never acknowledged. Duplicated: records or
    offsets stored twice.
+With ``--value-format avro`` the server also serves its Schema Registry
+(``--schema-registry-listeners`` on a free port), and after step 4 the same
+server takes a typed phase: ``AVRO_SCHEMA`` registered under
+``AVRO_TOPIC-value`` (confluent-kafka's ``SchemaRegistryClient``), the topic
+``AVRO_TOPIC`` created with ``value.format=avro`` and no ``value.schema`` (its
+table follows the subject), an unmeasured warm-up to it (which creates its
+table), then steps 3 and 4 again with registry-framed Avro values
+(``avro_values.AvroValues``, exactly ``--record-bytes`` each): queryable means
+a row of the topic's typed table; the table must hold every acknowledged
+record, every typed column set (but the optional one) and no dead letter. The
+headline: both phases' acknowledged-and-queryable MB/s and typed / raw.
+
 5. The server stops (SIGTERM, ordered); then, with nothing else of the bench
    running, the naive loop writes the same number of records, ``naive_records_per_write``
    (100,000) per write: its MB/s is the ratio's denominator (ratio = sustained
@@ -51,6 +64,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -60,6 +74,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from pipeline.bench.avro_values import AVRO_SCHEMA, AvroValues
 from pipeline.bench.naive_spark import TOPIC, RandomValues, parse_key, record_key
 from pipeline.bench.options import SustainedBenchOptions
 from pipeline.bench.processes import ManagedProcess, Sampler, cpu_by_process, cpu_by_role, machine
@@ -75,15 +90,28 @@ WARMUP_RECORDS = 5000
 DRAIN_TIMEOUT_S = 900.0
 """Bound on the wait for the table to catch up (after the warm-up; after the load)."""
 NAIVE_START_TIMEOUT_S = 600.0
+WARMUP_PRODUCER = 99
+"""The producer number in the warm-up's keys (the typed phase's warm-up shares the measured topic)."""
+AVRO_TOPIC = f"{TOPIC}-avro"
+"""The typed phase's topic (``--value-format avro``): ``value.format=avro``, no ``value.schema``."""
 
 
 # ------------------------------------------------------------------- producers
 
 
+def _values(record_bytes: int, seed: int, schema_id: int | None) -> RandomValues | AvroValues:
+    """The values of one producer: random bytes, or registry-framed Avro of writer schema ``schema_id``."""
+    if schema_id is None:
+        return RandomValues(record_bytes, seed=seed)
+    return AvroValues(record_bytes, schema_id, seed=seed)
+
+
 def _produce(bootstrap: str, producer: int, records: int, record_bytes: int, timeout_s: float, barrier: Barrier,
-             out: Queue[dict]) -> None:
+             out: Queue[dict], topic: str = TOPIC, schema_id: int | None = None) -> None:
     """One producer process: librdkafka at default settings, ``records`` keyed records
-    (``record_key(producer, seq)``) as fast as acknowledged; puts its figures on ``out``:
+    (``record_key(producer, seq)``) to ``topic`` as fast as acknowledged, random values
+    (``schema_id`` None) or registry-framed Avro ones (``avro_values.AvroValues``, made
+    before the barrier); puts its figures on ``out``:
     ``sent``, ``acked``, ``bytes`` (value + key bytes acknowledged), ``t_start``/``t_last_ack``
     (``time.perf_counter``: CLOCK_MONOTONIC, comparable between processes), ``cpu_s`` (this
     process, all threads, over the load), ``partition``/``offset`` (per seq, bytes of an
@@ -91,7 +119,7 @@ def _produce(bootstrap: str, producer: int, records: int, record_bytes: int, tim
     try:
         from confluent_kafka import Producer
 
-        values = RandomValues(record_bytes, seed=producer)
+        values = _values(record_bytes, producer, schema_id)
         partition, offset = array("i", [-1]) * records, array("q", [-1]) * records
         state = {"acked": 0, "bytes": 0, "last": 0.0}
         errors: list[str] = []
@@ -115,7 +143,7 @@ def _produce(bootstrap: str, producer: int, records: int, record_bytes: int, tim
         sent = 0
         while sent < records and time.perf_counter() < deadline:
             try:
-                p.produce(TOPIC, key=record_key(producer, sent), value=values.value(sent), on_delivery=on_delivery)
+                p.produce(topic, key=record_key(producer, sent), value=values.value(sent), on_delivery=on_delivery)
                 sent += 1
             except BufferError:  # librdkafka's queue is full: serve delivery reports until it drains a little
                 p.poll(0.05)
@@ -131,25 +159,40 @@ def _produce(bootstrap: str, producer: int, records: int, record_bytes: int, tim
         out.put({"producer": producer, "error": f"{type(exc).__name__}: {exc}"})
 
 
-def _warm_up(bootstrap: str, records: int, record_bytes: int) -> None:
-    """``records`` records to ``TOPIC-warmup`` (a fresh server's first Spark writes take seconds).
+def _warm_up(bootstrap: str, records: int, record_bytes: int, topic: str = f"{TOPIC}-warmup",
+             schema_id: int | None = None) -> dict:
+    """``records`` records of producer ``WARMUP_PRODUCER`` to ``topic`` (a fresh server's first Spark
+    writes take seconds; a typed topic's first write creates its table), values as ``_produce``'s.
+    Returns where they were acknowledged, as ``_produce``'s figures have it (``producer``, ``sent``,
+    ``partition``, ``offset``: for ``verify_table``).
 
     Raises RuntimeError if any is not acknowledged within 120 s."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap})
-    values = RandomValues(record_bytes, seed=99)
+    values = _values(record_bytes, 99, schema_id)
+    partition, offset = array("i", [-1]) * records, array("q", [-1]) * records
     failed: list[str] = []
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            failed.append(str(err))
+            return
+        seq = int((msg.key() or b"").partition(b"-")[2])
+        partition[seq], offset[seq] = msg.partition() or 0, msg.offset() or 0
+
     for seq in range(records):
         while True:
             try:
-                p.produce(f"{TOPIC}-warmup", key=record_key(9, seq), value=values.value(seq),
-                          on_delivery=lambda err, _msg: failed.append(str(err)) if err else None)
+                p.produce(topic, key=record_key(WARMUP_PRODUCER, seq), value=values.value(seq),
+                          on_delivery=on_delivery)
                 break
             except BufferError:
                 p.poll(0.05)
     if p.flush(120) or failed:
         raise RuntimeError(f"warm-up not acknowledged: {failed[:3]}")
+    return {"producer": WARMUP_PRODUCER, "sent": records, "partition": partition.tobytes(),
+            "offset": offset.tobytes()}
 
 
 # ------------------------------------------------------------------- the naive loop
@@ -235,24 +278,48 @@ class NaiveLoop:
 # ------------------------------------------------------------------- verification
 
 
-def read_rows(data_dir: Path) -> list[tuple[int, int, tuple[int, int, int] | None]]:
-    """``TOPIC``'s rows as (partition, offset, (producer, seq, 0) or None), read through the running
-    server's Spark Connect endpoint (its catalog: exact even after a compaction)."""
+def read_rows(data_dir: Path, table: str | None = None,
+              topic: str = TOPIC) -> list[tuple[int, int, tuple[int, int, int] | None]]:
+    """``topic``'s rows in ``table`` (default: the records table) as (partition, offset, (producer,
+    seq, 0) or None), read through the running server's Spark Connect endpoint (its catalog: exact
+    even after a compaction)."""
     from pipeline.process.datadir import table_session
     from pipeline.table.layout import DEFAULT_DATABASE, RECORDS_TABLE
 
     spark = table_session(data_dir)
     try:
-        table = spark.sql(f"SELECT partition, offset, key FROM {DEFAULT_DATABASE}.{RECORDS_TABLE} "
-                          f"WHERE topic = '{TOPIC}'").toArrow()
+        rows_of = spark.sql(f"SELECT partition, offset, key FROM {DEFAULT_DATABASE}.{table or RECORDS_TABLE} "
+                            f"WHERE topic = '{topic}'").toArrow()
     finally:
         spark.stop()
     rows: list[tuple[int, int, tuple[int, int, int] | None]] = []
-    for p, o, k in zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
-                       table.column("key").to_pylist()):
+    for p, o, k in zip(rows_of.column("partition").to_pylist(), rows_of.column("offset").to_pylist(),
+                       rows_of.column("key").to_pylist()):
         name = parse_key(k)
         rows.append((p, o, None if name is None else (name[0], name[1], 0)))
     return rows
+
+
+def typed_table_counts(data_dir: Path, table: str, topic: str) -> dict[str, int]:
+    """``topic``'s rows in its typed ``table`` and in the dead letters, the warm-up's included:
+    ``rows``, ``decoded`` (rows whose every typed column but the optional ``referrer`` is set)
+    and ``dead_letters``; read through the running server's Spark Connect endpoint."""
+    from pipeline.process.datadir import table_session
+    from pipeline.table.layout import DEFAULT_DATABASE
+    from pipeline.table.typed import DEAD_LETTERS_TABLE
+
+    required = [f["name"] for f in AVRO_SCHEMA["fields"] if f["name"] != "referrer"]
+    spark = table_session(data_dir)
+    try:
+        decoded = " AND ".join(f"`{name}` IS NOT NULL" for name in required)
+        rows, good = spark.sql(f"SELECT count(*), count_if({decoded}) FROM {DEFAULT_DATABASE}.{table}").collect()[0]
+        dead = 0
+        if spark.catalog.tableExists(f"{DEFAULT_DATABASE}.{DEAD_LETTERS_TABLE}"):
+            dead = spark.sql(f"SELECT count(*) FROM {DEFAULT_DATABASE}.{DEAD_LETTERS_TABLE} "
+                             f"WHERE topic = '{topic}'").collect()[0][0]
+    finally:
+        spark.stop()
+    return {"rows": rows, "decoded": good, "dead_letters": dead}
 
 
 def verify_table(producers: list[dict], rows: list[tuple[int, int, tuple[int, int, int] | None]]) -> dict:
@@ -360,6 +427,28 @@ def summary_md(result: dict) -> str:
     per_m = f.get("cpu_s_per_m_records") or {}
     for role, cpu in f["cpu_s"].items():
         lines.append(f"| {role} | {cpu:.1f} | {fmt(per_m.get(role))} |")
+    typed = result.get("typed") or {}
+    if typed.get("figures"):
+        tf, tv, counts = typed["figures"], typed.get("verification") or {}, typed.get("counts") or {}
+        tper_m = tf.get("cpu_s_per_m_records") or {}
+        lines += ["", f"Typed phase, same server: {tf['records_acked']:,} Avro values of {o['record_bytes']} B "
+                  f"(registry-framed, schema id {typed['schema_id']}) to `{typed['topic']}` (`value.format=avro`, "
+                  f"its table `{typed['table']}` following the subject `{typed['topic']}-value`).", "",
+                  "| figure | raw table | typed Avro table | typed / raw |", "| --- | --- | --- | --- |",
+                  f"| acknowledged MB/s | {fmt(f['acked_mb_per_s'])} | {fmt(tf['acked_mb_per_s'])} | "
+                  f"{fmt(f.get('typed_acked_ratio'), '.2f')} |",
+                  f"| lag: last acknowledgement to all queryable, s | {fmt(f['lag_to_queryable_s'])} | "
+                  f"{fmt(tf['lag_to_queryable_s'])} | |",
+                  f"| **acknowledged and queryable MB/s** | {fmt(f['sustained_mb_per_s'])} | "
+                  f"{fmt(tf['sustained_mb_per_s'])} | **{fmt(f.get('typed_sustained_ratio'), '.2f')}** |",
+                  f"| rows (typed: the warm-up's included) / lost / duplicated | {v.get('rows', '-')} / "
+                  f"{v.get('lost', '-')} / "
+                  f"{v.get('duplicated', '-')} | {tv.get('rows', '-')} / {tv.get('lost', '-')} / "
+                  f"{tv.get('duplicated', '-')} | |",
+                  f"| dead letters / rows with a typed column null | | {counts.get('dead_letters', '-')} / "
+                  f"{counts['rows'] - counts['decoded'] if counts else '-'} | |"]
+        for role in tf["cpu_s"]:
+            lines.append(f"| CPU s per million records: {role} | {fmt(per_m.get(role))} | {fmt(tper_m.get(role))} | |")
     lines += ["", f"Reproduce: `{result['command']}`"]
     return "\n".join(lines) + "\n"
 
@@ -367,9 +456,98 @@ def summary_md(result: dict) -> str:
 # ------------------------------------------------------------------------ main
 
 
-def _server_command(opts: SustainedBenchOptions, data_dir: Path) -> list[str]:
+def _server_command(opts: SustainedBenchOptions, data_dir: Path, registry_url: str | None = None) -> list[str]:
+    registry = [] if registry_url is None else ["--schema-registry-listeners", registry_url]
     return [sys.executable, "-m", "pipeline.cli", "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
-            "--metrics-port", "0", *opts.server_args]
+            "--metrics-port", "0", *registry, *opts.server_args]
+
+
+def _load(opts: SustainedBenchOptions, bootstrap: str, server: ManagedProcess, topic: str,
+          schema_id: int | None) -> tuple[list[dict], float | None, dict[str, float], dict]:
+    """One measured load (module docstring, step 3) of ``opts.records`` records to ``topic``: the
+    producers' figures (sorted by producer), the instant (``perf_counter``) the table held everything
+    (None: not within ``DRAIN_TIMEOUT_S``), CPU seconds by role over that window, and the sampler's
+    window (peak RSS)."""
+    from pipeline.bench.security_bench import wait_for_table
+
+    per = [opts.records // opts.producers + (i < opts.records % opts.producers) for i in range(opts.producers)]
+    ctx = multiprocessing.get_context("spawn")
+    queue, barrier = ctx.Queue(), ctx.Barrier(opts.producers + 1)
+    workers = [ctx.Process(target=_produce, args=(bootstrap, i, n, opts.record_bytes, opts.timeout_s, barrier,
+                                                  queue, topic, schema_id), daemon=True) for i, n in enumerate(per)]
+    sampler = Sampler(server.pid, None)  # peak RSS only: no /metrics scrapes to count in the server's CPU
+    queryable_at: float | None = None
+    try:
+        for w in workers:
+            w.start()
+        barrier.wait(180)
+        cpu0 = cpu_by_process(server.pid)
+        sampler.begin()
+        producers = sorted((queue.get(timeout=opts.timeout_s + 120) for _ in workers), key=lambda f: f["producer"])
+        if wait_for_table([server.metrics_port], DRAIN_TIMEOUT_S) is not None:
+            queryable_at = time.perf_counter()
+        cpu = cpu_by_role(cpu0, cpu_by_process(server.pid))
+        window = sampler.end()
+    finally:
+        sampler.close()
+        for w in workers:
+            w.join(30)
+            if w.is_alive():
+                w.kill()
+    return producers, queryable_at, cpu, window
+
+
+def register_schema(registry_url: str, subject: str) -> int:
+    """Register ``AVRO_SCHEMA`` under ``subject`` (confluent-kafka's ``SchemaRegistryClient``); its id."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    return SchemaRegistryClient({"url": registry_url}).register_schema(subject, Schema(json.dumps(AVRO_SCHEMA), "AVRO"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _typed_phase(opts: SustainedBenchOptions, bootstrap: str, server: ManagedProcess, registry_url: str,
+                 data_dir: Path, say: Callable[[str], None]) -> dict:
+    """The typed phase (``--value-format avro``), on the server the raw phase used: ``AVRO_SCHEMA``
+    registered under ``AVRO_TOPIC-value``, ``AVRO_TOPIC`` created with ``value.format=avro`` (its
+    table follows that subject), a warm-up to it that creates its table, then the same load as the
+    raw phase's with registry-framed Avro values; its figures, checked against the typed table
+    (``verify_table``: the warm-up's records included) and the dead letters. Raises RuntimeError
+    if the table does not catch up."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from pipeline.bench.security_bench import wait_for_table
+    from pipeline.table.layout import table_name_for_topic
+
+    out: dict[str, Any] = {"topic": AVRO_TOPIC, "table": table_name_for_topic(AVRO_TOPIC)}
+    out["schema_id"] = schema_id = register_schema(registry_url, f"{AVRO_TOPIC}-value")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(AVRO_TOPIC, opts.partitions, 1,
+                                             config={"value.format": "avro"})]).values():
+        fut.result(60)
+    del admin
+    say(f"typed phase: schema id {schema_id} under {AVRO_TOPIC}-value, topic {AVRO_TOPIC} (value.format=avro); "
+        "warming its table up")
+    warm = _warm_up(bootstrap, min(WARMUP_RECORDS, opts.records), opts.record_bytes, AVRO_TOPIC, schema_id)
+    if wait_for_table([server.metrics_port], DRAIN_TIMEOUT_S) is None:
+        raise RuntimeError("the typed warm-up did not reach the table")
+    say(f"typed load: {opts.producers} producers, {opts.records:,} Avro values of {opts.record_bytes} B")
+    producers, queryable_at, cpu, window = _load(opts, bootstrap, server, AVRO_TOPIC, schema_id)
+    out["peak_rss_mb"] = window.get("peak_rss_bytes", 0) / 2**20
+    out["producers"] = [{k: v for k, v in f.items() if k not in ("partition", "offset")} for f in producers]
+    out["figures"] = figures(opts, producers, queryable_at, cpu, None)
+    if queryable_at is None:
+        raise RuntimeError(f"the typed table did not catch up within {DRAIN_TIMEOUT_S:.0f} s")
+    say("verifying every acknowledged Avro record against the typed table and the dead letters")
+    done = [f for f in producers if "error" not in f]
+    # the warm-up's records are in the same table, before the load's: checked too
+    out["verification"] = verify_table([warm, *done], read_rows(data_dir, out["table"], AVRO_TOPIC))
+    out["counts"] = typed_table_counts(data_dir, out["table"], AVRO_TOPIC)
+    return out
 
 
 def run(opts: SustainedBenchOptions, say: Callable[[str], None]) -> dict:
@@ -384,7 +562,8 @@ def run(opts: SustainedBenchOptions, say: Callable[[str], None]) -> dict:
     shutil.rmtree(out / "naive", ignore_errors=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"server": {}, "producers": [], "verification": None, "naive": None, "error": None}
-    server = ManagedProcess("sustained", _server_command(opts, data_dir), out / "logs" / "server.log")
+    registry_url = f"http://127.0.0.1:{_free_port()}" if opts.value_format == "avro" else None
+    server = ManagedProcess("sustained", _server_command(opts, data_dir, registry_url), out / "logs" / "server.log")
     naive = NaiveLoop(opts, out / "naive", out / "logs" / "naive-spark.log")
     result["server"]["command"] = "pipeline " + " ".join(server.cmd[3:])
     say(f"starting `{result['server']['command']}`")
@@ -413,33 +592,10 @@ def run(opts: SustainedBenchOptions, say: Callable[[str], None]) -> dict:
         naive.wait_ready()
         result["naive_startup_s"] = naive.startup_s
 
-        per = [opts.records // opts.producers + (i < opts.records % opts.producers) for i in range(opts.producers)]
-        say(f"load: {opts.producers} producers x ~{per[0]:,} records of {opts.record_bytes} B "
-            f"(~{sum(per) * opts.record_bytes / 1e6:.0f} MB of values)")
-        ctx = multiprocessing.get_context("spawn")
-        queue, barrier = ctx.Queue(), ctx.Barrier(opts.producers + 1)
-        workers = [ctx.Process(target=_produce, args=(bootstrap, i, n, opts.record_bytes, opts.timeout_s, barrier,
-                                                      queue), daemon=True) for i, n in enumerate(per)]
-        sampler = Sampler(server.pid, None)  # peak RSS only: no /metrics scrapes to count in the server's CPU
-        try:
-            for w in workers:
-                w.start()
-            barrier.wait(180)
-            cpu0 = cpu_by_process(server.pid)
-            sampler.begin()
-            producers = sorted((queue.get(timeout=opts.timeout_s + 120) for _ in workers),
-                               key=lambda f: f["producer"])
-            say("acknowledged; waiting for the table to hold everything")
-            if wait_for_table([server.metrics_port], DRAIN_TIMEOUT_S) is not None:
-                queryable_at = time.perf_counter()
-            cpu = cpu_by_role(cpu0, cpu_by_process(server.pid))
-            window = sampler.end()
-        finally:
-            sampler.close()
-            for w in workers:
-                w.join(30)
-                if w.is_alive():
-                    w.kill()
+        per = opts.records // opts.producers
+        say(f"load: {opts.producers} producers x ~{per:,} records of {opts.record_bytes} B "
+            f"(~{opts.records * opts.record_bytes / 1e6:.0f} MB of values)")
+        producers, queryable_at, cpu, window = _load(opts, bootstrap, server, TOPIC, None)
         result["server"]["peak_rss_mb"] = window.get("peak_rss_bytes", 0) / 2**20
         result["server"]["queryable_lag_ms"] = _lag_quantiles(server.metrics_port) if server.metrics_port else None
         result["producers"] = [{k: v for k, v in f.items() if k not in ("partition", "offset")} for f in producers]
@@ -448,6 +604,9 @@ def run(opts: SustainedBenchOptions, say: Callable[[str], None]) -> dict:
         say("verifying every acknowledged record against the table")
         done = [f for f in producers if "error" not in f]
         result["verification"] = verify_table(done, read_rows(data_dir))
+        if registry_url is not None:
+            result["typed"] = {"registry": registry_url}
+            result["typed"] |= _typed_phase(opts, bootstrap, server, registry_url, data_dir, say)
     except Exception as exc:  # noqa: BLE001 - reported in the results
         result["error"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -463,7 +622,21 @@ def run(opts: SustainedBenchOptions, say: Callable[[str], None]) -> dict:
     finally:
         result["naive_exit_code"] = naive.close()
     result["figures"] = figures(opts, producers, queryable_at, cpu, result["naive"])
+    typed = (result.get("typed") or {}).get("figures")
+    if typed is not None:
+        result["figures"] |= typed_ratios(result["figures"], typed)
     return result
+
+
+def typed_ratios(raw: dict, typed: dict) -> dict[str, float | None]:
+    """The typed phase against the raw one (``figures`` of each): both MB/s and typed / raw,
+    acknowledged and acknowledged-and-queryable (``sustained``). Pure."""
+    out: dict[str, float | None] = {}
+    for what in ("acked", "sustained"):
+        t, r = typed.get(f"{what}_mb_per_s"), raw.get(f"{what}_mb_per_s")
+        out[f"typed_{what}_mb_per_s"] = t
+        out[f"typed_{what}_ratio"] = t / r if t and r else None
+    return out
 
 
 def failures(result: dict) -> list[str]:
@@ -474,9 +647,22 @@ def failures(result: dict) -> list[str]:
         reasons.append("the table was not verified")
     elif v["lost"] or v["duplicated"] or v["violations"]:
         reasons.append(f"{v['lost']} lost, {v['duplicated']} duplicated, {v['violations']} violation(s)")
-    for f in result.get("producers") or []:
-        if f.get("error") or f.get("errors") or f.get("timed_out"):
-            reasons.append(f"producer {f['producer']}: {f.get('error') or f.get('errors') or 'timed out'}")
+    typed = result.get("typed") or {}
+    for phase, producers in (("", result.get("producers") or []), ("typed phase ", typed.get("producers") or [])):
+        for f in producers:
+            if f.get("error") or f.get("errors") or f.get("timed_out"):
+                reasons.append(f"{phase}producer {f['producer']}: {f.get('error') or f.get('errors') or 'timed out'}")
+    if "registry" in typed:
+        tv, counts = typed.get("verification"), typed.get("counts")
+        if tv is None or counts is None:
+            reasons.append("the typed table was not verified")
+        else:
+            if tv["lost"] or tv["duplicated"] or tv["violations"]:
+                reasons.append(f"typed table: {tv['lost']} lost, {tv['duplicated']} duplicated, "
+                               f"{tv['violations']} violation(s)")
+            if counts["dead_letters"] or counts["decoded"] != counts["rows"]:
+                reasons.append(f"typed table: {counts['dead_letters']} dead letter(s), "
+                               f"{counts['rows'] - counts['decoded']} row(s) with a typed column null")
     if result["server"].get("exit_code") not in (0, None):
         reasons.append(f"server exited with {result['server']['exit_code']}")
     if result.get("naive_exit_code") not in (0, None):

@@ -4,8 +4,9 @@ Every method blocks (Spark jobs, CPU-bound decoding) and is called from a
 worker thread by the persister or by start-up recovery, one call at a time
 per method.
 
-Decoding records (kafka.record, ~4-10 us per record in Python) runs in a
-separate process by default: in a thread it would hold the GIL in 5 ms slices
+Decoding records (kafka.record, ~4-10 us per record in Python) runs in
+separate processes by default (``DECODE_WORKERS``; a flush holding typed topics'
+records is split between them, ``split_for_decoding``): in a thread it would hold the GIL in 5 ms slices
 and slow the event loop serving requests, and it could not overlap with the
 Spark write on another core. The persister's flushes send the worker the
 appends' fields (one list per field, ``batch.to_columns``, which pickles ~4x
@@ -17,8 +18,10 @@ The worker also writes the records table's Parquet files (``pipeline.table.stagi
 Arrow's C++ writer) into this sink's staging directory, and only their names come
 back; ``write`` commits them to the catalog (``TableCatalog.commit_staged``: the
 partitions, then one rename per file). A Spark append of the same rows took 30-50x
-more CPU (docs/benchmarks.md, "Table side"). Typed topics' rows and dead letters come
-back as Arrow tables (pickle's Arrow IPC buffers) and go through Spark appends.
+more CPU (docs/benchmarks.md, "Table side"). Typed topics' rows are staged the same
+way (``stage_typed``; committed by ``commit_staged_typed``, which falls back to a Spark
+append when the table's columns are not the files'); dead letters come back as an
+Arrow table (pickle's Arrow IPC buffers) and go through a Spark append.
 """
 
 from __future__ import annotations
@@ -54,6 +57,13 @@ from pipeline.table.typed import (FlushTables, NoSchema, TopicFormat, build_flus
 
 log = logging.getLogger(__name__)
 
+
+DECODE_WORKERS = 2
+"""Decode worker processes. One decodes a flush while the Spark stage commits the one before; a
+flush holding typed topics' records (``split_for_decoding``) is split between them, since parsing
+its values costs ~8x what decoding the records does (docs/benchmarks.md, "Typed Avro")."""
+SPLIT_MIN_BYTES = 8 * 1024 * 1024
+"""A flush with typed topics' records is split between the decode workers from this many record bytes on."""
 
 LOCAL_RELATION_MAX_ROWS = 20_000
 """Flushes with fewer rows go to Spark as a LocalRelation (see ``write``)."""
@@ -105,6 +115,52 @@ def _staged_from_wal(columns: AppendColumns, wal_directory: str, spans: Sequence
                      formats: dict[str, TopicFormat], staging: Staging) -> FlushTables:
     """The decode worker's job for appends whose bytes are in the WAL: read, decode, split, stage."""
     return stage_flush(build_flush_from_wal(columns, wal_directory, spans, formats), staging)
+
+
+def split_for_decoding(appends: Sequence[PartitionAppend], spans: Sequence[WalSpan], formats: dict[str, TopicFormat],
+                       workers: int = DECODE_WORKERS) -> list[tuple[list[PartitionAppend], list[WalSpan]]]:
+    """``appends`` (with their WAL ``spans``) in at most ``workers`` parts of about equal record bytes,
+    cut between appends, to decode at once: one part unless some append is of a typed topic (in
+    ``formats``) and the records weigh ``SPLIT_MIN_BYTES`` or more (a raw flush is cheap to decode,
+    and one part keeps it one file per partition). Pure."""
+    total = sum(span[2] for span in spans)
+    if workers < 2 or total < SPLIT_MIN_BYTES or not any(a.topic in formats for a in appends):
+        return [(list(appends), list(spans))]
+    parts: list[tuple[list[PartitionAppend], list[WalSpan]]] = [([], [])]
+    done, share = 0, total / workers
+    for append, span in zip(appends, spans):
+        if done >= share * len(parts) and len(parts) < workers:
+            parts.append(([], []))
+        parts[-1][0].append(append)
+        parts[-1][1].append(span)
+        done += span[2]
+    return parts
+
+
+def merge_flushes(flushes: Sequence[FlushTables]) -> FlushTables:
+    """One flush of the parts ``split_for_decoding`` made, decoded and staged: their staged files
+    together, their Arrow tables (dead letters, typed rows without staging) concatenated. Pure."""
+    if len(flushes) == 1:
+        return flushes[0]
+
+    def together(tables: list) -> object:
+        if all(isinstance(t, StagedRecords) for t in tables):
+            return StagedRecords(tuple(f for t in tables for f in t.files))
+        return pa.concat_tables(tables)
+
+    topics = sorted({t for f in flushes for t in f.typed})
+    return FlushTables(together([f.records for f in flushes]),
+                       {t: together([f.typed[t] for f in flushes if t in f.typed]) for t in topics},
+                       pa.concat_tables([f.dead_letters for f in flushes]))
+
+
+def _discard(flush: FlushTables) -> None:
+    """Remove a flush's staged files (its other part failed: the retry decodes it all again)."""
+    for table in [flush.records, *flush.typed.values()]:
+        if isinstance(table, StagedRecords):
+            for f in table.files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f.path)
 
 
 class SparkGroupSink:
@@ -205,7 +261,10 @@ class SparkGroupSink:
             self.start_decoder()
         if self._pool is not None:
             # import pyarrow, kafka, this module and Parquet's writer there now
-            self._pool.submit(_staged_from_columns, to_columns([]), {}, self.staging).result()
+            warming = [self._pool.submit(_staged_from_columns, to_columns([]), {}, self.staging)
+                       for _ in range(DECODE_WORKERS)]
+            for future in warming:
+                future.result()
 
     def _start_staging(self) -> Staging:
         """This sink's staging directory, emptied: ``TABLE_DIR/_staging/<hash of the state
@@ -242,10 +301,11 @@ class SparkGroupSink:
             # spawn, not fork: forking a process that runs a JVM gateway and
             # threads is unsafe. The worker dies with this process, however
             # it dies (kill -9 included), and so does the resource tracker.
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+            self._pool = ProcessPoolExecutor(DECODE_WORKERS, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_decode_worker_init,
                                              initargs=(os.getpid(), self._decode_niceness))
-            self._pool.submit(appends_to_table, [])  # the worker process starts now, in this thread
+            for _ in range(DECODE_WORKERS):  # each submit starts a process while none is idle: all now, here
+                self._pool.submit(appends_to_table, [])
 
     def stop(self) -> None:
         if self._pool is not None:
@@ -265,7 +325,7 @@ class SparkGroupSink:
         files (``pipeline.table.staging.stage_flush``); in the worker process if any.
 
         Returns:
-            The flush: ``records`` is a ``StagedRecords``, typed rows and dead letters Arrow tables.
+            The flush: ``records`` and each typed topic's rows are ``StagedRecords``, the dead letters an Arrow table.
 
         Raises:
             ValueError, kafka.errors.CorruptRecordError: see ``appends_to_table``.
@@ -281,7 +341,9 @@ class SparkGroupSink:
         """``to_table`` for appends whose records stayed only in the WAL (``records`` is empty):
         append i's records are read back from ``spans[i]`` of ``wal_directory`` where they are
         decoded (the worker process if any), so record bytes are neither kept nor pickled by
-        the server's process (``pipeline.table.typed.build_flush_from_wal``).
+        the server's process (``pipeline.table.typed.build_flush_from_wal``). A flush holding typed
+        topics' records is decoded in parts by the workers at once (``split_for_decoding``,
+        ``merge_flushes``); if a part fails, the others' staged files are removed and it raises.
 
         Raises:
             OSError: a span could not be read; see ``to_table`` otherwise.
@@ -289,8 +351,20 @@ class SparkGroupSink:
         formats = self._current_formats()
         if self._pool is None:
             return _staged_from_wal(to_columns(appends), wal_directory, spans, formats, self.staging)
-        return self._pool.submit(_staged_from_wal, to_columns(appends), wal_directory, list(spans),
-                                 formats, self.staging).result()
+        futures = [self._pool.submit(_staged_from_wal, to_columns(part), wal_directory, part_spans, formats,
+                                     self.staging)
+                   for part, part_spans in split_for_decoding(appends, spans, formats)]
+        done, failure = [], None
+        for future in futures:
+            try:
+                done.append(future.result())
+            except Exception as exc:  # noqa: BLE001 - raised below, once every part is settled
+                failure = failure or exc
+        if failure is not None:
+            for flush in done:
+                _discard(flush)
+            raise failure
+        return merge_flushes(done)
 
     def _current_formats(self) -> dict[str, TopicFormat]:
         """The typed topics' formats for the flush being built: the registry topics' from their
@@ -337,16 +411,20 @@ class SparkGroupSink:
 
     def write(self, table: FlushTables, exclude: set[tuple[str, int, int]] | None = None) -> None:
         """Write the flush minus the (topic, partition, offset) rows in ``exclude``: its staged
-        records committed (``TableCatalog.commit_staged``), one Spark append per other
-        destination table with rows (``TableCatalog.write_flush``). Repeatable after a failure
+        files committed (``TableCatalog.commit_staged``, ``commit_staged_typed``), one Spark append
+        per other destination table with rows (``TableCatalog.write_flush``). Repeatable after a failure
         (files already committed are skipped; ``exclude`` then names their rows)."""
         exclude = exclude or set()
+        staged = {t: v for t, v in table.typed.items() if isinstance(v, StagedRecords)}
+        arrow = {t: v for t, v in table.typed.items() if not isinstance(v, StagedRecords)}
         if isinstance(table.records, StagedRecords):
-            rest = FlushTables(ARROW_SCHEMA.empty_table(), table.typed, table.dead_letters).without(exclude)
-            flush = FlushTables(table.records, rest.typed, rest.dead_letters)
+            rest = FlushTables(ARROW_SCHEMA.empty_table(), arrow, table.dead_letters).without(exclude)
+            flush = FlushTables(table.records, {**rest.typed, **staged}, rest.dead_letters)
         else:
-            flush = table.without(exclude)
-        spark_rows = flush.num_rows - (flush.records.num_rows if isinstance(flush.records, StagedRecords) else 0)
+            rest = FlushTables(table.records, arrow, table.dead_letters).without(exclude)
+            flush = FlushTables(rest.records, {**rest.typed, **staged}, rest.dead_letters)
+        spark_rows = flush.num_rows - sum(t.num_rows for t in [flush.records, *staged.values()]
+                                          if isinstance(t, StagedRecords))
         if spark_rows:
             # Small appends are faster as a LocalRelation planned on the driver
             # (measured 0.24 s vs 0.45 s median for 3,200 rows); large ones as

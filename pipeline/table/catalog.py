@@ -30,11 +30,12 @@ from pathlib import Path
 from types import ModuleType
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
 from pipeline.table.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
-from pipeline.table.staging import StagedRecords, without
+from pipeline.table.staging import StagedFile, StagedRecords, without
 from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables, NoSchema, TopicFormat, typed_column_name
 from pipeline.table.values import ValueFormat, WireFormat, registry_value_format
 from pipeline.table.layout import (
@@ -309,6 +310,11 @@ class TableCatalog:
         commit (tables shared with other processes, which may move a partition). A catalog
         call costs ~0.2 s of JVM CPU; this process's own ``maintain`` and ``drop_topic``
         empty the cache."""
+        self._typed_partition_directories: dict[str, dict[tuple, str]] = {}
+        """Typed topic's table -> its ``partition_directories`` (not kept when that is None)."""
+        self._file_columns: dict[tuple[str, str], bool] = {}
+        """(typed table, staged files' Arrow schema) -> whether the files can be committed as they are
+        (``_takes_files``); emptied by every Spark append to a typed table and by ``maintain``."""
         self._registry_formats: dict[str, tuple[tuple[int, str], TopicFormat]] = {}
         """Registry topic -> ((the latest schema id, its value.wire.format), its format) as ``registry_format``
         last built it."""
@@ -514,10 +520,10 @@ class TableCatalog:
         """Write one flush: raw rows to the records table, typed rows to their topics' tables,
         dead letters to theirs; one Spark job per destination with rows.
 
-        ``flush.records`` is either an Arrow table (a Spark append, ``write``) or the
-        flush's staged files (``pipeline.table.staging.StagedRecords``, committed by
-        ``commit_staged`` minus the rows in ``exclude``); ``exclude`` applies to staged
-        records only (an Arrow table's caller filters it first).
+        ``flush.records`` and each of ``flush.typed`` is either an Arrow table (a Spark append,
+        ``write``) or the flush's staged files (``pipeline.table.staging.StagedRecords``, committed
+        by ``commit_staged`` / ``commit_staged_typed`` minus the rows in ``exclude``); ``exclude``
+        applies to staged files only (an Arrow table's caller filters it first).
 
         Raises:
             Whatever Spark raises; rows already written before the failure are
@@ -528,7 +534,9 @@ class TableCatalog:
         else:
             self.write(flush.records)
         for topic, table in flush.typed.items():
-            if table.num_rows:
+            if isinstance(table, StagedRecords):
+                self.commit_staged_typed(self.typed_tables[topic], table, exclude)
+            elif table.num_rows:
                 self._write_owned(self.typed_tables[topic], table)
         if flush.dead_letters.num_rows:
             self._write_owned(self.dead_letters, flush.dead_letters)
@@ -566,34 +574,86 @@ class TableCatalog:
             OSError: a file could not be read, rewritten or moved.
             Whatever Spark raises for the catalog calls.
         """
-        files = [f for f in staged.files if os.path.exists(f.path)]
-        if exclude:
-            kept = (without(f, exclude, codec) for f in files)
-            files = [f for f in kept if f is not None]
+        files = _present(staged, exclude, codec)
+        if files:
+            self._commit_files(self.records, files, self.partition_directories)
+        return len(files)
+
+    def commit_staged_typed(self, owned: OwnedTable, staged: StagedRecords,
+                            exclude: set[tuple[str, int, int]] | None = None, codec: str = "snappy") -> int:
+        """Commit a typed topic's staged files (``pipeline.table.staging.stage_typed``) to its table
+        ``owned`` as ``commit_staged`` does, when the table exists and its data columns are the
+        files' (names and Spark types, in order: what a Spark append would have written). Otherwise
+        (the table's first rows, a registry subject's new version adding or dropping a field, a
+        column whose name or type differs) the files' rows are appended with Spark instead
+        (``_write_owned``: it creates or evolves the table), and the files removed.
+
+        Returns:
+            The files committed (0 when Spark appended the rows).
+
+        Raises:
+            OSError: a file could not be read, rewritten or moved.
+            Whatever Spark raises for the catalog calls or the append.
+        """
+        files = _present(staged, exclude, codec)
         if not files:
             return 0
-        cache = self.partition_directories
+        schema = pq.read_schema(files[0].path)  # every file of a flush has the flush's columns
+        if not self._takes_files(owned, schema):
+            self._write_owned(owned, pa.concat_tables([pq.read_table(f.path) for f in files]))
+            for f in files:
+                os.unlink(f.path)
+            return 0
+        cache = None
+        if self.partition_directories is not None:
+            cache = self._typed_partition_directories.setdefault(owned.name, {})
+        try:
+            self._commit_files(owned, files, cache)
+        except Exception:
+            self._file_columns.clear()  # the table may have changed under us: ask the catalog again
+            raise
+        return len(files)
+
+    def _takes_files(self, owned: OwnedTable, schema: pa.Schema) -> bool:
+        """Whether ``owned`` exists and its data columns are, in order, those a Spark append of
+        rows of ``schema`` would give it (cached per table and schema until ``_write_owned``)."""
+        key = (owned.name, schema.to_string(show_field_metadata=False, show_schema_metadata=False))
+        takes = self._file_columns.get(key)
+        if takes is None:
+            if not self.spark.catalog.tableExists(owned.name):
+                return False
+            incoming = [(f.name, f.dataType.simpleString())
+                        for f in self.spark.createDataFrame(schema.empty_table()).schema.fields]
+            actual = [(f.name, f.dataType.simpleString()) for f in self.spark.table(owned.name).schema.fields
+                      if f.name not in owned.partition_columns]
+            takes = self._file_columns[key] = incoming == actual
+        return takes
+
+    def _commit_files(self, owned: OwnedTable, files: list[StagedFile], cache: dict[tuple, str] | None) -> None:
+        """Register the partitions of ``files`` in ``owned`` (one ``ALTER TABLE ... ADD IF NOT
+        EXISTS``), then rename each file into its partition's directory (``commit_staged``).
+        ``cache``: partition -> directory, read and filled (None: ask the catalog)."""
         directories = dict(cache) if cache is not None else {}
         specs: dict[tuple, dict[str, object]] = {}
         for f in files:
             if f.partition not in directories:
                 specs.setdefault(f.partition, dict(f.partition))
         if specs:
-            self.spark.sql(f"ALTER TABLE {self.records_table} ADD IF NOT EXISTS " + " ".join(
+            self.spark.sql(f"ALTER TABLE {owned.name} ADD IF NOT EXISTS " + " ".join(
                 f"PARTITION ({partition_spec_sql(v)})" for v in specs.values()))
         for key, values in specs.items():
-            path = local_path(self.partition_location(values))
+            path = local_path(self.partition_location(values, owned))
             if path is None:
-                raise OSError(f"partition {values} of {self.records_table} is not on a local filesystem")
+                raise OSError(f"partition {values} of {owned.name} is not on a local filesystem")
             os.makedirs(path, exist_ok=True)
             directories[key] = path
             if cache is not None:
                 cache[key] = path
         for f in files:
             os.rename(f.path, os.path.join(directories[f.partition], os.path.basename(f.path)))
-        return len(files)
 
     def _write_owned(self, owned: OwnedTable, table: pa.Table) -> None:
+        self._file_columns.clear()  # the append may create or change the table
         table = add_time_partitions(table, self.config.day_topics)
         if "hour" not in owned.partition_columns:
             table = table.drop_columns(["hour"])
@@ -849,6 +909,8 @@ class TableCatalog:
         """Partitions are about to move or go: ``commit_staged`` asks the catalog again."""
         if self.partition_directories is not None:
             self.partition_directories.clear()
+        self._typed_partition_directories.clear()
+        self._file_columns.clear()
 
     def resume_journal(self) -> None:
         """Settle compactions a crash cut short: keep whichever directory the catalog points at."""
@@ -897,6 +959,16 @@ class TableCatalog:
     def pending_deletions(self) -> list[str]:
         """Directories waiting for ``file.delete.delay.ms`` (tests, ``pipeline compact``)."""
         return [e["delete"] for e in Journal(self._journal_path).entries if "delete" in e]
+
+
+def _present(staged: StagedRecords, exclude: set[tuple[str, int, int]] | None, codec: str) -> list[StagedFile]:
+    """The files of ``staged`` still in the staging directory (an earlier attempt moved the
+    others), each without the rows in ``exclude`` (``staging.without``)."""
+    files = [f for f in staged.files if os.path.exists(f.path)]
+    if exclude:
+        kept = (without(f, exclude, codec) for f in files)
+        files = [f for f in kept if f is not None]
+    return files
 
 
 def read_uncompacted_files(spark: SparkSession, data_dir: str | os.PathLike[str]) -> DataFrame:

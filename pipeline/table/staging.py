@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import dataclass
+from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -100,7 +101,8 @@ class StagedFile:
 
 @dataclass(frozen=True, slots=True)
 class StagedRecords:
-    """A flush's records-table rows, written to staged files (``stage_records``)."""
+    """A flush's rows of one table, written to staged files: the records table's
+    (``stage_records``) or a typed topic's (``stage_typed``)."""
 
     files: tuple[StagedFile, ...] = ()
 
@@ -142,6 +144,42 @@ def stage_records(table: pa.Table, staging_dir: str, day_topics: frozenset[str] 
     return StagedRecords(tuple(files))
 
 
+TYPED_PARTITION_COLUMNS = ("date", "hour")
+"""A typed topic's table's partition columns (``TableCatalog.typed_tables``)."""
+
+
+def stage_typed(table: pa.Table, staging_dir: str, day_topics: frozenset[str] = frozenset(),
+                codec: str = "snappy") -> StagedRecords:
+    """Write a typed topic's rows (``ARROW_SCHEMA`` + its typed columns, ``pipeline.table.typed``)
+    as one Parquet file per (date, hour) partition, as ``stage_records`` does for the records
+    table: every column but ``date`` and ``hour`` in the file, in ``table``'s order (the order
+    a Spark append of the same rows gives the table), no dictionary and no statistics for
+    ``value``. Spark reads such a file by column name, so ``TableCatalog.commit_staged_typed``
+    commits it only to a table whose columns are the file's (else it appends the rows with Spark).
+
+    Raises:
+        OSError: a file could not be written (nothing written is left behind).
+    """
+    if table.num_rows == 0:
+        return StagedRecords()
+    columns = list(table.column_names)
+    typed = [c for c in columns if c not in COLUMNS]
+    table = add_time_partitions(table, day_topics)
+    keys = table.select(list(TYPED_PARTITION_COLUMNS)).group_by(list(TYPED_PARTITION_COLUMNS), use_threads=False) \
+        .aggregate([]).to_pylist()
+    files = []
+    try:
+        for values in keys:
+            rows = table if len(keys) == 1 else table.filter(_partition_mask(table, values, TYPED_PARTITION_COLUMNS))
+            files.append(_write(rows, staging_dir, tuple((c, values[c]) for c in TYPED_PARTITION_COLUMNS), codec,
+                                columns, [*DICTIONARY_COLUMNS, *typed]))
+    except BaseException:
+        for f in files:
+            _unlink(f.path)
+        raise
+    return StagedRecords(tuple(files))
+
+
 def without(staged: StagedFile, exclude: set[tuple[str, int, int]], codec: str = "snappy") -> StagedFile | None:
     """``staged`` minus the rows in ``exclude``: the same file if it holds none of them, else a
     new staged file in its place (None if no row is left); the old file is removed.
@@ -152,7 +190,9 @@ def without(staged: StagedFile, exclude: set[tuple[str, int, int]], codec: str =
     if not staged.holds_any(exclude):
         return staged
     table = pq.read_table(staged.path)
-    topic = next(v for c, v in staged.partition if c == "topic")
+    columns = list(table.column_names)
+    # the records table's files: topic is a partition column; a typed table's: one topic, a data column
+    topic = next((v for c, v in staged.partition if c == "topic"), None) or staged.ranges[0][0]
     keep = [(topic, p, o) not in exclude for p, o in zip(table.column("partition").to_pylist(),
                                                           table.column("offset").to_pylist())]
     table = table.filter(pa.array(keep, pa.bool_()))
@@ -161,6 +201,9 @@ def without(staged: StagedFile, exclude: set[tuple[str, int, int]], codec: str =
         return None
     for c, v in staged.partition:
         table = table.append_column(c, pa.array([v] * table.num_rows, _partition_type(c)))
+    if "topic" in columns:  # a typed table's file: its own columns again
+        return _write(table, os.path.dirname(staged.path), staged.partition, codec, columns,
+                      [*DICTIONARY_COLUMNS, *(c for c in columns if c not in COLUMNS)])
     return _write(table, os.path.dirname(staged.path), staged.partition, codec)
 
 
@@ -168,9 +211,10 @@ def _partition_type(column: str) -> pa.DataType:
     return pa.int32() if column == "hour" else pa.string()
 
 
-def _partition_mask(table: pa.Table, values: dict[str, object]) -> pa.ChunkedArray:
+def _partition_mask(table: pa.Table, values: dict[str, object],
+                    partition_columns: tuple[str, ...] = PARTITION_COLUMNS) -> pa.ChunkedArray:
     mask = None
-    for c in PARTITION_COLUMNS:
+    for c in partition_columns:
         column = table.column(c)
         v = values[c]
         m = pc.is_null(column) if v is None else pc.fill_null(pc.equal(column, pa.scalar(v, column.type)), False)
@@ -178,13 +222,16 @@ def _partition_mask(table: pa.Table, values: dict[str, object]) -> pa.ChunkedArr
     return mask
 
 
-def _write(rows: pa.Table, staging_dir: str, partition: tuple[tuple[str, object], ...], codec: str) -> StagedFile:
+def _write(rows: pa.Table, staging_dir: str, partition: tuple[tuple[str, object], ...], codec: str,
+           columns: Sequence[str] = DATA_COLUMNS, dictionary: Sequence[str] = DICTIONARY_COLUMNS) -> StagedFile:
+    """``rows``' ``columns`` as one Parquet file (one row group), ``dictionary`` columns dictionary
+    encoded and with min/max statistics."""
     ranges = rows.group_by(["topic", "partition"], use_threads=False).aggregate(
         [("offset", "min"), ("offset", "max")]).to_pylist()
     path = os.path.join(staging_dir, f"part-{uuid.uuid4().hex}.c000.{'' if codec == 'none' else codec + '.'}parquet")
     try:
-        pq.write_table(rows.select(list(DATA_COLUMNS)), path, compression=codec,
-                       use_dictionary=DICTIONARY_COLUMNS, write_statistics=STATISTICS_COLUMNS,
+        pq.write_table(rows.select(list(columns)), path, compression=codec,
+                       use_dictionary=list(dictionary), write_statistics=list(dictionary),
                        row_group_size=max(rows.num_rows, 1))
     except BaseException:
         _unlink(path)
@@ -216,9 +263,12 @@ class Staging:
 
 
 def stage_flush(flush: FlushTables, staging: Staging) -> FlushTables:
-    """``flush`` with its records-table rows written to staged files (``stage_records``);
-    the typed tables and dead letters stay Arrow tables (Spark appends them)."""
+    """``flush`` with its records-table rows and its typed topics' rows written to staged files
+    (``stage_records``, ``stage_typed``); the dead letters stay an Arrow table (Spark appends them)."""
     if isinstance(flush.records, StagedRecords):
         return flush
+    typed = {topic: table if isinstance(table, StagedRecords)
+             else stage_typed(table, staging.directory, staging.day_topics, staging.codec)
+             for topic, table in flush.typed.items()}
     return FlushTables(stage_records(flush.records, staging.directory, staging.day_topics, staging.codec),
-                       flush.typed, flush.dead_letters)
+                       typed, flush.dead_letters)

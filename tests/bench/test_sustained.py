@@ -70,3 +70,46 @@ def test_cpu_by_role_counts_new_processes_from_zero():
     before = {1: ("front end", 10.0), 2: ("JVM", 50.0)}
     after = {1: ("front end", 12.5), 2: ("JVM", 58.0), 3: ("decode worker", 1.5)}
     assert cpu_by_role(before, after) == {"front end": 2.5, "JVM": 8.0, "decode worker": 1.5}
+
+
+def test_avro_values_decode_with_the_registered_schema_and_are_distinct():
+    import io
+
+    from fastavro import parse_schema, schemaless_reader
+
+    from pipeline.bench.avro_values import AVRO_SCHEMA, POOL, AvroValues
+
+    values = AvroValues(1024, schema_id=7, seed=1)
+    schema = parse_schema(AVRO_SCHEMA)
+    for seq in (0, 1, POOL - 1, POOL, 100_000):
+        value = values.value(seq)
+        assert len(value) == 1024 and value[:5] == b"\x00\x00\x00\x00\x07"  # magic byte, schema id 7
+        payload = io.BytesIO(value[5:])
+        record = schemaless_reader(payload, schema, None)
+        assert payload.tell() == 1019  # nothing left after the record
+        assert set(record) == {f["name"] for f in AVRO_SCHEMA["fields"]} and record["payload"]
+    assert len({values.value(i) for i in range(5000)}) == 5000
+    with pytest.raises(ValueError, match="--record-bytes 300"):
+        AvroValues(300, schema_id=7)
+
+
+def test_typed_ratios_and_failures_of_the_typed_phase():
+    from pipeline.bench.sustained_bench import typed_ratios
+
+    r = typed_ratios({"acked_mb_per_s": 100.0, "sustained_mb_per_s": 80.0},
+                     {"acked_mb_per_s": 90.0, "sustained_mb_per_s": 20.0})
+    assert r == {"typed_acked_mb_per_s": 90.0, "typed_acked_ratio": 0.9,
+                 "typed_sustained_mb_per_s": 20.0, "typed_sustained_ratio": 0.25}
+    assert typed_ratios({"acked_mb_per_s": 100.0}, {"acked_mb_per_s": None})["typed_acked_ratio"] is None
+
+    ok = {"error": None, "verification": {"lost": 0, "duplicated": 0, "violations": 0}, "producers": [],
+          "server": {"exit_code": 0}, "naive_exit_code": 0,
+          "typed": {"registry": "http://127.0.0.1:1", "verification": {"lost": 0, "duplicated": 0, "violations": 0},
+                    "counts": {"rows": 5, "decoded": 5, "dead_letters": 0},
+                    "producers": [{"producer": 1, "errors": [], "timed_out": False}]}}
+    assert failures(ok) == []
+    bad = ok | {"typed": ok["typed"] | {"counts": {"rows": 5, "decoded": 4, "dead_letters": 2},
+                                        "producers": [{"producer": 1, "errors": [], "timed_out": True}]}}
+    assert failures(bad) == ["typed phase producer 1: timed out",
+                             "typed table: 2 dead letter(s), 1 row(s) with a typed column null"]
+    assert failures(ok | {"typed": {"registry": "http://127.0.0.1:1"}}) == ["the typed table was not verified"]

@@ -7,6 +7,7 @@ in another process are in ``tests/e2e/test_table.py``.
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import datetime, timedelta, timezone
 
@@ -268,3 +269,52 @@ def test_typed_rows_and_dead_letters_land_and_a_changed_schema_is_refused_at_sta
     with pytest.raises(ValueError, match="topic 'bad': value.schema"):
         TableCatalog(spark, tmp_path / "data", TableConfig(database=database, topics={
             "bad": TopicTableConfig(value_format="json")})).value_formats()
+
+
+def test_staged_typed_rows_commit_as_files_once_the_table_takes_them(spark, tmp_path):
+    """A typed topic's staged files (``stage_typed``): the table's first rows go through a Spark
+    append (it creates the table), later flushes are committed as files, a retry's ``exclude``
+    leaves out rows already in, and files whose columns the table does not have go through Spark."""
+    from pipeline.table.staging import StagedRecords, Staging, stage_flush
+    from pipeline.table.typed import split_typed
+
+    database = unique_database()
+    config = TableConfig(database=database, topics={
+        "pay": TopicTableConfig(value_format="json", value_schema="id BIGINT, key STRING")})
+    catalog = TableCatalog(spark, tmp_path / "data", config)
+    catalog.ensure()
+    formats = catalog.value_formats()
+    staging = Staging(str(tmp_path / "staging"))
+    (tmp_path / "staging").mkdir()
+
+    def flush(base: int, n: int):
+        table = rows("pay", n, DAY0, timedelta(minutes=30), base=base)
+        values = [b'{"id": %d, "key": "k%d"}' % (base + i, base + i) for i in range(n)]
+        table = table.set_column(table.column_names.index("value"), "value", pa.array(values, pa.binary()))
+        staged = stage_flush(split_typed(table, formats), staging)
+        assert isinstance(staged.typed["pay"], StagedRecords) and staged.typed["pay"].num_rows == n
+        return staged
+
+    def ids():
+        return [(r["offset"], r["id"], r["value_key"], r["hour"])
+                for r in spark.table(f"{database}.pay").orderBy("offset").collect()]
+
+    owned = catalog.typed_tables["pay"]
+    first = flush(0, 3)
+    assert catalog.commit_staged_typed(owned, first.typed["pay"]) == 0  # no table yet: a Spark append made it
+    assert not any(os.path.exists(f.path) for f in first.typed["pay"].files)
+    second = flush(3, 3)  # offsets 3..5, hours 0 and 1
+    # as files this time (offsets 3 and 4 in hour 0, 5 in hour 1); offset 4 is "already in": left out
+    assert catalog.commit_staged_typed(owned, second.typed["pay"], exclude={("pay", 0, 4)}) == 2
+    assert not any(os.path.exists(f.path) for f in second.typed["pay"].files)
+    assert ids() == [(0, 0, "k0", 0), (1, 1, "k1", 0), (2, 2, "k2", 1), (3, 3, "k3", 0), (5, 5, "k5", 1)]
+
+    other = TableCatalog(spark, tmp_path / "data", TableConfig(database=database, topics={
+        "pay": TopicTableConfig(value_format="json", value_schema="id BIGINT, key STRING, extra STRING")}))
+    wider = split_typed(rows("pay", 1, DAY0, timedelta(minutes=1), base=6).set_column(
+        1, "value", pa.array([b'{"id": 6, "key": "k6", "extra": "x"}'], pa.binary())), other.value_formats())
+    staged = stage_flush(wider, staging).typed["pay"]
+    with pytest.raises(Exception):  # noqa: B017 - not the table's columns: the Spark append refuses them
+        catalog.commit_staged_typed(owned, staged)
+    assert all(os.path.exists(f.path) for f in staged.files)  # kept for the retry
+    assert ids()[-1][:2] == (5, 5)
