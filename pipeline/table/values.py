@@ -602,19 +602,25 @@ def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
                     f"(payload {len(payload)} bytes)"
                 )
                 record = _EMPTY
-        except _Mismatch as e:
-            errors[i] = str(e)
         except RegistryUnavailable:
             raise  # not this record's fault: the flush is retried
-        except _WriterSchemaError as e:
-            errors[i] = _one_line(str(e))
-            record = _EMPTY
         except Exception as e:  # noqa: BLE001 - any failure on untrusted bytes is this record's error
-            detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            errors[i] = _one_line(f"Avro decode failed: {detail}")
+            errors[i] = _decode_error(e, "Avro")
             record = _EMPTY
         append(record)
     return rows
+
+
+def _decode_error(e: Exception, what: str) -> str:
+    """The one-line dead-letter reason of a value that failed to decode (``what``: "Avro", "Protobuf"):
+    a missing wire-format header or an unusable writer schema as they say, else ``"<what> decode failed:
+    <exception>"``."""
+    if isinstance(e, _Mismatch):
+        return str(e)
+    if isinstance(e, _WriterSchemaError):
+        return _one_line(str(e))
+    detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    return _one_line(f"{what} decode failed: {detail}")
 
 
 SchemaKey = tuple[str, int | str]
@@ -1015,15 +1021,10 @@ def _decode_protobuf(raw: list[bytes | None], fmt: ValueFormat, errors: list[str
             message = cls()
             message.ParseFromString(payload)
             record = convert(message)
-        except _Mismatch as e:
-            errors[i] = str(e)
         except RegistryUnavailable:
             raise  # not this record's fault: the flush is retried
-        except _WriterSchemaError as e:
-            errors[i] = _one_line(str(e))
         except Exception as e:  # noqa: BLE001 - any failure on untrusted bytes is this record's error
-            detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            errors[i] = _one_line(f"Protobuf decode failed: {detail}")
+            errors[i] = _decode_error(e, "Protobuf")
             record = _EMPTY
         append(record)
     return rows

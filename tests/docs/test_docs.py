@@ -573,14 +573,8 @@ def test_schema_registry_walkthrough(server, docs_env):
     assert result.stdout.splitlines() == ["versions: [1, 2]", "v3 refused: 409"], result.stdout + result.stderr
     [query] = commands(block("docs/schema-registry.md", "SELECT sensor, celsius FROM readings"))
     want = [["s-1", "NULL"], ["s-2", "21.5"]]
-    deadline = time.monotonic() + 240
-    while True:
-        result = docs_env.shell(query, check=False, **docs_env.table_env())
-        rows = parse_table(result.stdout) if result.returncode == 0 else []  # no table before the first commit
-        if rows[1:] == want or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert rows and rows[0] == ["sensor", "celsius"] and rows[1:] == want, result.stdout + result.stderr
+    rows = poll_rows(docs_env, query, want)
+    assert rows and rows[0] == ["sensor", "celsius"] and rows[1:] == want, rows
 
 
 @pytest.mark.slow
@@ -640,18 +634,9 @@ def test_json_schema_walkthrough(server, docs_env):
                                                 "JSONSerializer(json.dumps(v1), registry)").text), timeout=120)
     assert result.stdout.splitlines() == ["versions: [1, 2]", "v3 refused: 409"], result.stdout + result.stderr
 
-    def rows(query: str, want: list[list[str]]) -> list[list[str]]:
-        deadline = time.monotonic() + 240
-        while True:
-            result = docs_env.shell(query, check=False, **docs_env.table_env())
-            found = parse_table(result.stdout) if result.returncode == 0 else []  # no table before the first commit
-            if found[1:] == want or time.monotonic() > deadline:
-                return found
-            time.sleep(1)
-
     [query] = commands(block("docs/schema-registry.md", "SELECT meter, kwh FROM meters"))
     want = [["m-1", "NULL"], ["m-2", "2.5"], ["m-3", "0.5"]]
-    found = rows(query, want)
+    found = poll_rows(docs_env, query, want)
     assert found and found[0] == ["meter", "kwh"] and found[1:] == want, found
 
     registry = SchemaRegistryClient({"url": f"http://127.0.0.1:{docs_env.registry_port}"})
@@ -662,7 +647,7 @@ def test_json_schema_walkthrough(server, docs_env):
         {"meter": "m-4", "kwh": 1.0, "site": "north"}, SerializationContext("meters", MessageField.VALUE)))
     assert producer.flush(30) == 0
     want = [["m-1", "NULL"], ["m-2", "NULL"], ["m-3", "NULL"], ["m-4", "north"]]
-    found = rows('.venv/bin/pipeline sql "SELECT meter, site FROM meters ORDER BY offset"', want)
+    found = poll_rows(docs_env, '.venv/bin/pipeline sql "SELECT meter, site FROM meters ORDER BY offset"', want)
     assert found[1:] == want, found
     dead = docs_env.shell(".venv/bin/pipeline sql \"SELECT count(*) FROM dead_letters WHERE topic = 'meters'\"",
                           check=False, **docs_env.table_env())
@@ -680,14 +665,8 @@ def test_protobuf_walkthrough(server, docs_env):
     assert result.stdout.splitlines() == ["versions: [1, 2]", "v3 refused: 409"], result.stdout + result.stderr
     [query] = commands(block("docs/schema-registry.md", "SELECT sku, qty, coupon FROM carts"))
     want = [["a-1", "2", "NULL"], ["a-2", "1", "SPRING"], ["a-3", "5", "FALL"]]
-    deadline = time.monotonic() + 240
-    while True:
-        result = docs_env.shell(query, check=False, **docs_env.table_env())
-        rows = parse_table(result.stdout) if result.returncode == 0 else []  # no table before the first commit
-        if rows[1:] == want or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert rows and rows[0] == ["sku", "qty", "coupon"] and rows[1:] == want, result.stdout + result.stderr
+    rows = poll_rows(docs_env, query, want)
+    assert rows and rows[0] == ["sku", "qty", "coupon"] and rows[1:] == want, rows
     dead = docs_env.shell('.venv/bin/pipeline sql "SELECT count(*) FROM dead_letters WHERE topic = \'carts\'"',
                           check=False, **docs_env.table_env())
     if dead.returncode == 0:

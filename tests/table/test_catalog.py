@@ -241,16 +241,22 @@ def test_retention_drops_old_day_partitions_through_the_catalog(catalog):
     assert not list((catalog.data_dir / "tables" / "records" / "topic=daily").glob("date=2026-11-2[01]"))
 
 
-@pytest.mark.slow
-def test_typed_rows_and_dead_letters_land_and_a_changed_schema_is_refused_at_start(spark, tmp_path):
-    from pipeline.table.typed import split_typed
-
+def _pay_catalog(spark, tmp_path):
+    """(database, catalog, formats) of a catalog in a database of its own whose topic "pay" is typed json
+    (``id BIGINT, key STRING``), its tables created."""
     database = unique_database()
     config = TableConfig(database=database, topics={
         "pay": TopicTableConfig(value_format="json", value_schema="id BIGINT, key STRING")})
     catalog = TableCatalog(spark, tmp_path / "data", config)
     catalog.ensure()
-    formats = catalog.value_formats()
+    return database, catalog, catalog.value_formats()
+
+
+@pytest.mark.slow
+def test_typed_rows_and_dead_letters_land_and_a_changed_schema_is_refused_at_start(spark, tmp_path):
+    from pipeline.table.typed import split_typed
+
+    database, catalog, formats = _pay_catalog(spark, tmp_path)
     table = rows("pay", 3, DAY0, timedelta(seconds=1))
     values = [b'{"id": 1, "key": "a"}', b"{oops", b'{"id": 3}']
     table = table.set_column(table.column_names.index("value"), "value", pa.array(values, pa.binary()))
@@ -278,12 +284,7 @@ def test_staged_typed_rows_commit_as_files_once_the_table_takes_them(spark, tmp_
     from pipeline.table.staging import StagedRecords, Staging, stage_flush
     from pipeline.table.typed import split_typed
 
-    database = unique_database()
-    config = TableConfig(database=database, topics={
-        "pay": TopicTableConfig(value_format="json", value_schema="id BIGINT, key STRING")})
-    catalog = TableCatalog(spark, tmp_path / "data", config)
-    catalog.ensure()
-    formats = catalog.value_formats()
+    database, catalog, formats = _pay_catalog(spark, tmp_path)
     staging = Staging(str(tmp_path / "staging"))
     (tmp_path / "staging").mkdir()
 
