@@ -59,9 +59,11 @@ log = logging.getLogger(__name__)
 
 
 DECODE_WORKERS = 2
-"""Decode worker processes. One decodes a flush while the Spark stage commits the one before; a
-flush holding typed topics' records (``split_for_decoding``) is split between them, since parsing
-its values costs ~8x what decoding the records does (docs/benchmarks.md, "Typed Avro")."""
+"""Decode worker processes of a server with typed topics. One decodes a flush while the Spark stage
+commits the one before; a flush holding typed topics' records (``split_for_decoding``) is split
+between them, since parsing its values costs ~8x what decoding the records does (docs/benchmarks.md,
+"Typed Avro"). A server whose configuration has no typed topic and no schema registry starts one
+(a raw flush is never split); see ``SparkGroupSink.decode_workers``."""
 SPLIT_MIN_BYTES = 8 * 1024 * 1024
 """A flush with typed topics' records is split between the decode workers from this many record bytes on."""
 
@@ -115,6 +117,15 @@ def _staged_from_wal(columns: AppendColumns, wal_directory: str, spans: Sequence
                      formats: dict[str, TopicFormat], staging: Staging) -> FlushTables:
     """The decode worker's job for appends whose bytes are in the WAL: read, decode, split, stage."""
     return stage_flush(build_flush_from_wal(columns, wal_directory, spans, formats), staging)
+
+
+def _stored_typed_topics(target: Target) -> bool:
+    """Whether a topic of the topic store at ``target`` has a ``value.format`` other than raw (blocking, one read)."""
+    store = TopicStore(target)
+    try:
+        return any(t.configs.get("value.format", "raw") != "raw" for t in store.load())
+    finally:
+        store.close()
 
 
 def split_for_decoding(appends: Sequence[PartitionAppend], spans: Sequence[WalSpan], formats: dict[str, TopicFormat],
@@ -213,6 +224,14 @@ class SparkGroupSink:
         self._holding = threading.RLock()
         self._hold_depth = 0
         self._decode_in_subprocess = decode_in_subprocess
+        config = table_config or TableConfig()
+        typed = (config.schema_registry is not None or any(c.value_format for c in config.topics.values())
+                 or (topic_store is not None and _stored_typed_topics(topic_store)))
+        self.decode_workers = DECODE_WORKERS if typed else 1
+        """Decode worker processes: ``DECODE_WORKERS`` when the server starts with typed topics (in the
+        configuration file or the topic store's configs) or a schema registry, else 1. Fixed at start: a
+        worker must be started from the main thread (``start_decoder``), so a topic made typed later
+        (IncrementalAlterConfigs) on a server without a registry is decoded by the one worker, unsplit."""
         self._decode_niceness = decode_niceness
         self._pool: ProcessPoolExecutor | None = None
         self._formats: dict[str, TopicFormat] = {}
@@ -262,7 +281,7 @@ class SparkGroupSink:
         if self._pool is not None:
             # import pyarrow, kafka, this module and Parquet's writer there now
             warming = [self._pool.submit(_staged_from_columns, to_columns([]), {}, self.staging)
-                       for _ in range(DECODE_WORKERS)]
+                       for _ in range(self.decode_workers)]
             for future in warming:
                 future.result()
 
@@ -301,10 +320,10 @@ class SparkGroupSink:
             # spawn, not fork: forking a process that runs a JVM gateway and
             # threads is unsafe. The worker dies with this process, however
             # it dies (kill -9 included), and so does the resource tracker.
-            self._pool = ProcessPoolExecutor(DECODE_WORKERS, mp_context=multiprocessing.get_context("spawn"),
+            self._pool = ProcessPoolExecutor(self.decode_workers, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_decode_worker_init,
                                              initargs=(os.getpid(), self._decode_niceness))
-            for _ in range(DECODE_WORKERS):  # each submit starts a process while none is idle: all now, here
+            for _ in range(self.decode_workers):  # each submit starts a process while none is idle: all now, here
                 self._pool.submit(appends_to_table, [])
 
     def stop(self) -> None:
@@ -353,7 +372,7 @@ class SparkGroupSink:
             return _staged_from_wal(to_columns(appends), wal_directory, spans, formats, self.staging)
         futures = [self._pool.submit(_staged_from_wal, to_columns(part), wal_directory, part_spans, formats,
                                      self.staging)
-                   for part, part_spans in split_for_decoding(appends, spans, formats)]
+                   for part, part_spans in split_for_decoding(appends, spans, formats, self.decode_workers)]
         done, failure = [], None
         for future in futures:
             try:

@@ -599,7 +599,7 @@ class TableCatalog:
         if not files:
             return 0
         schema = pq.read_schema(files[0].path)  # every file of a flush has the flush's columns
-        if not self._takes_files(owned, schema):
+        if not self._takes_files(owned, schema, files[0].path):
             self._write_owned(owned, pa.concat_tables([pq.read_table(f.path) for f in files]))
             for f in files:
                 os.unlink(f.path)
@@ -614,16 +614,19 @@ class TableCatalog:
             raise
         return len(files)
 
-    def _takes_files(self, owned: OwnedTable, schema: pa.Schema) -> bool:
+    def _takes_files(self, owned: OwnedTable, schema: pa.Schema, sample: str) -> bool:
         """Whether ``owned`` exists and its data columns are, in order, those a Spark append of
-        rows of ``schema`` would give it (cached per table and schema until ``_write_owned``)."""
+        rows of ``schema`` would give it (cached per table and schema until ``_write_owned``).
+        ``sample``: a staged file of that schema, whose first row Spark types (Spark Connect cannot
+        infer a schema from an empty table: CANNOT_INFER_EMPTY_SCHEMA)."""
         key = (owned.name, schema.to_string(show_field_metadata=False, show_schema_metadata=False))
         takes = self._file_columns.get(key)
         if takes is None:
             if not self.spark.catalog.tableExists(owned.name):
                 return False
+            first_row = pq.ParquetFile(sample).read_row_group(0).slice(0, 1)
             incoming = [(f.name, f.dataType.simpleString())
-                        for f in self.spark.createDataFrame(schema.empty_table()).schema.fields]
+                        for f in self.spark.createDataFrame(first_row).schema.fields]
             actual = [(f.name, f.dataType.simpleString()) for f in self.spark.table(owned.name).schema.fields
                       if f.name not in owned.partition_columns]
             takes = self._file_columns[key] = incoming == actual
