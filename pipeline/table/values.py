@@ -553,61 +553,71 @@ def _decode_avro(raw: list[bytes | None], fmt: ValueFormat, errors: list[str | N
     a ``__value_schema_id`` header only when ``fmt.registry`` is set."""
     from fastavro import schemaless_reader  # imported here so json topics do not need fastavro
 
-    from pipeline.registry.lookup import RegistryUnavailable, lookup_for
+    from pipeline.registry.lookup import lookup_for
 
     schema = fmt._fastavro_schema
     wire = fmt.wire_format
     lookup = lookup_for(fmt.registry) if fmt.registry is not None else None
     plans: dict[SchemaKey, tuple[Any, Any]] = {}  # writer's key -> (writer, reader: None when it is the writer)
     unusable: dict[SchemaKey, _WriterSchemaError] = {}  # writer's key -> why (asked once per call)
+
+    def decode(i: int, value: bytes) -> dict:
+        key = None
+        if lookup is not None:
+            record_headers = headers[i] if headers is not None else None
+            key = _header_schema_key(record_headers) if record_headers else None
+            if key is not None:  # the header names the writer's schema; the value is all payload
+                payload = value
+            else:
+                payload = _payload(value, wire)
+                if len(payload) != len(value):
+                    key = ("id", int.from_bytes(value[1:WIRE_HEADER_BYTES], "big", signed=True))
+        else:
+            payload = _payload(value, wire)
+        fo = io.BytesIO(payload)
+        writer, reader = schema, None
+        if key is not None:  # read with the writer's schema, resolved against the topic's
+            plan = plans.get(key)
+            if plan is None:
+                if key in unusable:
+                    raise unusable[key]
+                try:
+                    found = _writer_schema(lookup, key)
+                except _WriterSchemaError as e:
+                    unusable[key] = e
+                    raise
+                plan = plans[key] = (found, None if found == schema else schema)
+            writer, reader = plan
+        # the writer schema's root is a record (_avro_root_plan), so the message is a dict
+        record = cast(dict, schemaless_reader(fo, writer, reader))
+        if fo.tell() != len(payload):
+            raise _Mismatch(f"Avro decode failed: {len(payload) - fo.tell()} trailing bytes after the "
+                            f"record (payload {len(payload)} bytes)")
+        return record
+
+    return _decode_each(raw, errors, decode, "Avro")
+
+
+def _decode_each(raw: list[bytes | None], errors: list[str | None], decode: Callable[[int, bytes], dict],
+                 what: str) -> list[dict]:
+    """``decode(i, value)`` for each value: one dict per value, ``_EMPTY`` for a tombstone (None) or a
+    value whose decode raised (``errors[i]`` set to its one-line reason, :func:`_decode_error`).
+    ``RegistryUnavailable`` is not a record's fault: it propagates and the flush is retried."""
+    from pipeline.registry.lookup import RegistryUnavailable
+
     rows: list[dict] = []
     append = rows.append
     for i, value in enumerate(raw):
         if value is None:
             append(_EMPTY)
             continue
-        record = _EMPTY
         try:
-            key = None
-            if lookup is not None:
-                record_headers = headers[i] if headers is not None else None
-                key = _header_schema_key(record_headers) if record_headers else None
-                if key is not None:  # the header names the writer's schema; the value is all payload
-                    payload = value
-                else:
-                    payload = _payload(value, wire)
-                    if len(payload) != len(value):
-                        key = ("id", int.from_bytes(value[1:WIRE_HEADER_BYTES], "big", signed=True))
-            else:
-                payload = _payload(value, wire)
-            fo = io.BytesIO(payload)
-            writer, reader = schema, None
-            if key is not None:  # read with the writer's schema, resolved against the topic's
-                plan = plans.get(key)
-                if plan is None:
-                    if key in unusable:
-                        raise unusable[key]
-                    try:
-                        found = _writer_schema(lookup, key)
-                    except _WriterSchemaError as e:
-                        unusable[key] = e
-                        raise
-                    plan = plans[key] = (found, None if found == schema else schema)
-                writer, reader = plan
-            # the writer schema's root is a record (_avro_root_plan), so the message is a dict
-            record = cast(dict, schemaless_reader(fo, writer, reader))
-            if fo.tell() != len(payload):
-                errors[i] = (
-                    f"Avro decode failed: {len(payload) - fo.tell()} trailing bytes after the record "
-                    f"(payload {len(payload)} bytes)"
-                )
-                record = _EMPTY
+            append(decode(i, value))
         except RegistryUnavailable:
-            raise  # not this record's fault: the flush is retried
+            raise
         except Exception as e:  # noqa: BLE001 - any failure on untrusted bytes is this record's error
-            errors[i] = _decode_error(e, "Avro")
-            record = _EMPTY
-        append(record)
+            errors[i] = _decode_error(e, what)
+            append(_EMPTY)
     return rows
 
 
@@ -644,27 +654,46 @@ def _header_schema_key(headers: list[dict]) -> SchemaKey | None:
     """The writer schema's key from a record's ``__value_schema_id`` header (the last one), None without.
 
     Raises:
-        _WriterSchemaError: the header is there but is neither form (Confluent ``SchemaId.from_bytes``).
+        _WriterSchemaError: the header is there but is neither form, exactly (Confluent
+            ``SchemaId.from_bytes``; only a Protobuf value's header carries more, its message indexes).
     """
-    found = None
-    for h in headers:
-        if h.get("key") == VALUE_SCHEMA_ID_HEADER:
-            found = h.get("value")
+    found = _schema_id_header(headers)
     if found is None:
         return None
-    if len(found) == 17 and found[0] == 1:
-        import uuid
-
-        return ("guid", str(uuid.UUID(bytes=bytes(found[1:]))))
-    if len(found) == WIRE_HEADER_BYTES and found[0] == WIRE_MAGIC:
-        return ("id", int.from_bytes(found[1:], "big", signed=True))
-    raise _WriterSchemaError(f"header {VALUE_SCHEMA_ID_HEADER} holds {len(found)} bytes starting "
-                             f"{bytes(found[:1]).hex() or 'with nothing'}: neither a GUID (1 + 16 bytes) nor an id "
-                             "(0 + 4 bytes)")
+    key, rest = found
+    if rest:
+        raise _WriterSchemaError(f"header {VALUE_SCHEMA_ID_HEADER} has {len(rest)} bytes after its schema "
+                                 f"{key[0]}: neither a GUID (1 + 16 bytes) nor an id (0 + 4 bytes)")
+    return key
 
 
 _WRITER_SCHEMAS: dict[tuple[str, SchemaKey], Any] = {}
 """(registry target, writer's key) -> the parsed fastavro writer schema (ids and GUIDs never change meaning)."""
+
+
+def _schema_name(key: SchemaKey) -> str:
+    """How an error names a writer's schema: ``"schema id 7"`` or ``"schema guid <guid>"``."""
+    kind, ident = key
+    return f"schema id {ident}" if kind == "id" else f"schema guid {ident}"
+
+
+def _writer_text(lookup: Any, key: SchemaKey, schema_type: str, what: str) -> tuple[str, str]:
+    """The writer's schema text for ``key`` and the name to report it by (``"schema id 7"``).
+
+    Raises:
+        _WriterSchemaError: the registry has no such schema, or it is not of ``schema_type``
+            ("AVRO", "PROTOBUF"; ``what`` names the topic's values in the message).
+        RegistryUnavailable: the registry could not be asked.
+    """
+    kind, ident = key
+    name = _schema_name(key)
+    found = lookup.schema(int(ident)) if kind == "id" else lookup.schema_by_guid(str(ident))
+    if found is None:
+        raise _WriterSchemaError(f"{name} is not in the schema registry")
+    found_type, text = found
+    if found_type != schema_type:
+        raise _WriterSchemaError(f"{name} is a {found_type} schema; the topic's values are {what}")
+    return name, text
 
 
 def _writer_schema(lookup: Any, key: SchemaKey) -> Any:
@@ -678,14 +707,7 @@ def _writer_schema(lookup: Any, key: SchemaKey) -> Any:
     parsed = _WRITER_SCHEMAS.get(cache_key)
     if parsed is not None:
         return parsed
-    kind, ident = key
-    name = f"schema id {ident}" if kind == "id" else f"schema guid {ident}"
-    found = lookup.schema(int(ident)) if kind == "id" else lookup.schema_by_guid(str(ident))
-    if found is None:
-        raise _WriterSchemaError(f"{name} is not in the schema registry")
-    schema_type, text = found
-    if schema_type != "AVRO":
-        raise _WriterSchemaError(f"{name} is a {schema_type} schema; the topic's values are Avro")
+    name, text = _writer_text(lookup, key, "AVRO", "Avro")
     try:
         parsed = _fastavro_parse(_load_avro(text))
     except ValueError as e:
@@ -890,9 +912,10 @@ def _read_message_indexes(data: bytes, pos: int) -> tuple[list[int], int]:
     return indexes, pos
 
 
-def _pb_header(headers: list[dict]) -> tuple[SchemaKey, bytes] | None:
-    """(the writer's key, the header's bytes after it) from a record's last ``__value_schema_id`` header;
-    confluent-kafka's ``header_schema_id_serializer`` puts the message indexes there, after the GUID.
+def _schema_id_header(headers: list[dict]) -> tuple[SchemaKey, bytes] | None:
+    """(the writer's key, the header's bytes after it) from a record's last ``__value_schema_id`` header,
+    None without; confluent-kafka's ``header_schema_id_serializer`` puts a Protobuf value's message
+    indexes there, after the GUID.
 
     Raises:
         _WriterSchemaError: the header is neither a GUID (1 + 16 bytes) nor an id (0 + 4 bytes) form.
@@ -939,15 +962,10 @@ def _pb_writer_message(lookup: Any, key: SchemaKey, indexes: list[int]) -> tuple
     from pipeline.registry.schema_kind import InvalidSchema
 
     kind, ident = key
-    name = f"schema id {ident}" if kind == "id" else f"schema guid {ident}"
+    name = _schema_name(key)
     schema = _PB_WRITERS.get((lookup.target, key))
     if schema is None:
-        text = lookup.schema(int(ident)) if kind == "id" else lookup.schema_by_guid(str(ident))
-        if text is None:
-            raise _WriterSchemaError(f"{name} is not in the schema registry")
-        schema_type, text = text
-        if schema_type != "PROTOBUF":
-            raise _WriterSchemaError(f"{name} is a {schema_type} schema; the topic's values are Protobuf")
+        _, text = _writer_text(lookup, key, "PROTOBUF", "Protobuf")
         try:
             schema = ProtobufKind.parse(text, lookup.references(int(ident) if kind == "id" else str(ident)))
         except InvalidSchema as e:
@@ -971,7 +989,7 @@ def _decode_protobuf(raw: list[bytes | None], fmt: ValueFormat, errors: list[str
     table's own message. The writer's message must be the table's (same full name)."""
     from google.protobuf.message_factory import GetMessageClass
 
-    from pipeline.registry.lookup import RegistryUnavailable, lookup_for
+    from pipeline.registry.lookup import lookup_for
 
     assert fmt.registry is not None
     lookup = lookup_for(fmt.registry)
@@ -979,55 +997,44 @@ def _decode_protobuf(raw: list[bytes | None], fmt: ValueFormat, errors: list[str
     own = (GetMessageClass(table_message), _pb_converter(table_message), table_message.full_name)
     wire = fmt.wire_format
     unusable: dict[tuple[SchemaKey, tuple[int, ...]], _WriterSchemaError] = {}
-    rows: list[dict] = []
-    append = rows.append
-    for i, value in enumerate(raw):
-        if value is None:
-            append(_EMPTY)
-            continue
-        record = _EMPTY
-        try:
-            record_headers = headers[i] if headers is not None else None
-            in_header = _pb_header(record_headers) if record_headers else None
-            key: SchemaKey | None = None
-            if in_header is not None:
-                key, rest = in_header
-                if rest:
-                    indexes, _ = _read_message_indexes(rest, 0)
-                    payload = value
-                else:
-                    indexes, start = _read_message_indexes(value, 0)
-                    payload = value[start:]
+
+    def decode(i: int, value: bytes) -> dict:
+        record_headers = headers[i] if headers is not None else None
+        in_header = _schema_id_header(record_headers) if record_headers else None
+        key: SchemaKey | None = None
+        if in_header is not None:
+            key, rest = in_header
+            if rest:
+                indexes, _ = _read_message_indexes(rest, 0)
+                payload = value
             else:
-                payload = _payload(value, wire)
-                if len(payload) != len(value):
-                    key = ("id", int.from_bytes(value[1:WIRE_HEADER_BYTES], "big", signed=True))
-                    indexes, start = _read_message_indexes(value, WIRE_HEADER_BYTES)
-                    payload = value[start:]
-            if key is None:
-                cls, convert, full_name = own
-            else:
-                found = unusable.get((key, tuple(indexes)))
-                if found is not None:
-                    raise found
-                try:
-                    cls, convert, full_name = _pb_writer_message(lookup, key, indexes)
-                except _WriterSchemaError as e:
-                    unusable[(key, tuple(indexes))] = e
-                    raise
-            if full_name != table_message.full_name:
-                raise _WriterSchemaError(f"the value is a {full_name} message; the table's is "
-                                         f"{table_message.full_name}")
-            message = cls()
-            message.ParseFromString(payload)
-            record = convert(message)
-        except RegistryUnavailable:
-            raise  # not this record's fault: the flush is retried
-        except Exception as e:  # noqa: BLE001 - any failure on untrusted bytes is this record's error
-            errors[i] = _decode_error(e, "Protobuf")
-            record = _EMPTY
-        append(record)
-    return rows
+                indexes, start = _read_message_indexes(value, 0)
+                payload = value[start:]
+        else:
+            payload = _payload(value, wire)
+            if len(payload) != len(value):
+                key = ("id", int.from_bytes(value[1:WIRE_HEADER_BYTES], "big", signed=True))
+                indexes, start = _read_message_indexes(value, WIRE_HEADER_BYTES)
+                payload = value[start:]
+        if key is None:
+            cls, convert, full_name = own
+        else:
+            found = unusable.get((key, tuple(indexes)))
+            if found is not None:
+                raise found
+            try:
+                cls, convert, full_name = _pb_writer_message(lookup, key, indexes)
+            except _WriterSchemaError as e:
+                unusable[(key, tuple(indexes))] = e
+                raise
+        if full_name != table_message.full_name:
+            raise _WriterSchemaError(f"the value is a {full_name} message; the table's is "
+                                     f"{table_message.full_name}")
+        message = cls()
+        message.ParseFromString(payload)
+        return convert(message)
+
+    return _decode_each(raw, errors, decode, "Protobuf")
 
 
 # --------------------------------------------------------------- the builder
