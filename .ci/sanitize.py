@@ -37,6 +37,7 @@ TEST_FILES = [
     "tests/network/test_request_metrics.py",  # _stages.record against the Python rules
     "tests/test_fastinit.py",  # _frames.Layout
     "tests/table/test_arrow.py",  # _records.columns into Arrow
+    "tests/table/test_avro_columns.py",  # _avro.columns against fastavro, mutated values, random bytes
 ]
 """The tests that run the C extensions against Python, or on hostile input."""
 

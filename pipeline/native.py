@@ -1,4 +1,5 @@
-"""The one seam between Python and the C fast paths (``pipeline/_frames.c``, ``_records.c``, ``_stages.c``).
+"""The one seam between Python and the C fast paths (``pipeline/_frames.c``, ``_records.c``, ``_stages.c``,
+``_avro.c``).
 
 Every call into C goes through this module: it names each stage that has a C path, calls the
 C function, and counts per stage how often the C path did the work and how often the caller's
@@ -22,6 +23,8 @@ stage                     C                            declines by              
 ``PLAIN_RUN``             ``_records.plain_run``       stopping before a request     ``KafkaApis.plain_produce``
 ``RECORDS_SUMMARY``       ``_records.summarize``       None                          ``validate_records``' walk
 ``STAGE_METRICS``         ``_stages.record``           (never)                       none
+``AVRO_COLUMNS``          ``_avro.columns``            a value's index in            ``parse_values``' fastavro read
+                                                       ``declined``
 ========================  ===========================  ============================  ====================================
 
 C with no Python path (bad input raises their documented errors): ``scan``, ``columns``,
@@ -39,10 +42,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Final
 
-from pipeline import _frames, _records, _stages
+from pipeline import _avro, _frames, _records, _stages
 
-__all__ = ("FRAME_CUT", "PLAIN_PRODUCE", "PLAIN_RUN", "PRODUCE_BODY", "RECORDS_SUMMARY", "STAGES", "STAGE_METRICS",
-           "Layout", "RecordsError", "Stage", "check_request_classes", "columns", "counts", "cut_frames",
+__all__ = ("AVRO_COLUMNS", "AVRO_KINDS", "FRAME_CUT", "PLAIN_PRODUCE", "PLAIN_RUN", "PRODUCE_BODY", "RECORDS_SUMMARY", "STAGES", "STAGE_METRICS",
+           "Layout", "RecordsError", "Stage", "avro_columns", "check_request_classes", "columns", "counts", "cut_frames",
            "max_timestamp", "plain_produce", "plain_run", "produce_body", "record_stages", "reset_counts", "scan",
            "summarize")
 
@@ -74,7 +77,9 @@ RECORDS_SUMMARY: Final = Stage("records summary")
 """One partition's records checked and summarized (``validate_records``)."""
 STAGE_METRICS: Final = Stage("stage metrics")
 """A response's request stage times into the per-api histograms (``RequestMetrics.record``)."""
-STAGES: Final = (FRAME_CUT, PRODUCE_BODY, PLAIN_PRODUCE, PLAIN_RUN, RECORDS_SUMMARY, STAGE_METRICS)
+AVRO_COLUMNS: Final = Stage("avro columns")
+"""A typed topic's Avro record values into Arrow columns (``pipeline.table.values.parse_values``)."""
+STAGES: Final = (FRAME_CUT, PRODUCE_BODY, PLAIN_PRODUCE, PLAIN_RUN, RECORDS_SUMMARY, STAGE_METRICS, AVRO_COLUMNS)
 
 Layout = _frames.Layout
 RecordsError = _records.RecordsError
@@ -90,6 +95,12 @@ _plain_produce = _records.plain_produce
 _plain_run = _records.plain_run
 _summarize = _records.summarize
 _record_stages = _stages.record
+_avro_columns = _avro.columns
+
+AVRO_KINDS: Final[dict[str, int]] = {name[2:].lower(): getattr(_avro, name) for name in dir(_avro)
+                                     if name.startswith("K_")}
+"""``avro_columns``' value kinds by name (``"boolean"``, ``"int"``, ... ``"timestamp_millis"``), as ``_avro.c``
+numbers them."""
 
 CUT_HEADER_FIELDS: Final = ("api_key", "api_version", "correlation_id", "client_id", "header_version", "body_offset")
 """The first fields of the header class ``cut`` fills, in the order it passes them."""
@@ -213,3 +224,20 @@ def record_stages(buckets: list[list[int]], sums_ms: list[float], bounds_ms: tup
     _record_stages(buckets, sums_ms, bounds_ms, received, dequeued, local_done, response_complete,
                    response_dequeued, sent, count)
     STAGE_METRICS.native += 1
+
+
+def avro_columns(ops: tuple[tuple[int, int, int, int, Any], ...], count: int, validity: Any, offsets: Any, data: Any,
+                 offset: int, large: bool, wire: int, ids: tuple[int, ...] | None, skip: bytes | None,
+                 ) -> tuple[list[tuple[bytes, bytes | None, bytes]], list[int]]:
+    """``AVRO_COLUMNS``'s C path (``_avro.columns``, see its docstring): one column's Arrow buffers
+    (validity, int32 offsets or None, data) per op, and the indexes of the values it declined, which
+    are null rows here and which the caller reads with its Python path (counted per value).
+
+    Raises:
+        ValueError: offsets outside ``data``, a malformed plan.
+        OverflowError: a column's values past 2 GiB.
+    """
+    built, declined = _avro_columns(ops, count, validity, offsets, data, offset, large, wire, ids, skip)
+    AVRO_COLUMNS.native += count - len(declined)
+    AVRO_COLUMNS.python += len(declined)
+    return built, declined

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import io
+import random
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import fastavro
+import pyarrow as pa
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from pipeline import _records, native
+from pipeline import _avro, _records, native
 from pipeline.network.channel import _REQUEST_LAYOUT
 from pipeline.network.connection_state import NEED_DATA, ConnectionLimits, ConnectionState, ReceivedFrame
 from pipeline.network.memory_pool import MemoryPool
@@ -28,10 +32,13 @@ from pipeline.network.request_metrics import RequestMetrics
 from pipeline.protocol import apis
 from pipeline.protocol.header import RequestHeader, parse_request_header
 from pipeline.protocol.records import validate_records
+from pipeline.table.values import ValueFormat, parse_values
 from tests.e2e import raw_client as rc
 
+from pipeline.bench import avro_values
+
 PIPELINE = Path(native.__file__).parent
-EXTENSIONS = {"pipeline._frames", "pipeline._records", "pipeline._stages"}
+EXTENSIONS = {"pipeline._avro", "pipeline._frames", "pipeline._records", "pipeline._stages"}
 
 
 class Boom(Exception):
@@ -169,6 +176,26 @@ def _cut() -> object:
     return taken
 
 
+def _avro_parse() -> object:
+    """Two registry-framed page views, as a typed topic's flush reads them."""
+    rng = random.Random(7)
+    values = [avro_values.WIRE_MAGIC + (1).to_bytes(4, "big") + _avro_record(avro_values.sample_record(rng))
+              for _ in range(2)]
+    typed, errors = parse_values(pa.array(values, pa.binary()), ValueFormat.for_avro(avro_values.AVRO_SCHEMA))
+    return typed.to_pylist(), errors.to_pylist()
+
+
+def _avro_record(record: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(avro_values.AVRO_SCHEMA), record)
+    return out.getvalue()
+
+
+def _decline_every_value(ops: Any, count: int, *args: Any) -> object:
+    """``_avro.columns`` told to decline every value (its ``skip``): the all-null columns and every index."""
+    return _avro.columns(ops, count, *args[:-1], b"\x01" * count)
+
+
 # stage, its C function's name in native, the stage's entry point, and what the C returns to decline
 # (None for the stages with a Python path that takes one item; the batch stages decline by taking none).
 DECLINE = [
@@ -178,6 +205,7 @@ DECLINE = [
     (native.PLAIN_RUN, "_plain_run", _plain_run, lambda requests, start, *a: ([], start)),
     (native.FRAME_CUT, "_cut", _cut, lambda buffer, pos, *a: ([], pos, 0, [])),
     (native.STAGE_METRICS, "_record_stages", _stage_metrics, None),
+    (native.AVRO_COLUMNS, "_avro_columns", _avro_parse, _decline_every_value),
 ]
 
 
