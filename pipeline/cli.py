@@ -211,12 +211,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except TableConfigError as exc:
             log.error("configuration error: %s", exc)
             exit_code = 2
+            server.table_failed()
             server.shutdown()
             return
         except Exception as exc:  # Spark raises many types: all mean the table side cannot run
             log.error("Spark did not start, stopping (the WAL keeps every acknowledged record): %s",
                       str(exc).splitlines()[0] if str(exc) else repr(exc))
             exit_code = 1
+            server.table_failed()
             server.shutdown()
             return
         server.table_started()

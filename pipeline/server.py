@@ -403,6 +403,12 @@ class Server:
         if self.persister is not None:
             self.persister.mark_table_ready()
 
+    def table_failed(self) -> None:
+        """The sink will not start (call it in the trio thread): a stop stops waiting for it to
+        write what was acknowledged (the WAL keeps it)."""
+        if self.persister is not None:
+            self.persister.abandon_table()
+
     @property
     def shutting_down(self) -> bool:
         return self._shutdown.is_set()

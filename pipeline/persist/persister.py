@@ -78,6 +78,12 @@ log = logging.getLogger(__name__)
 AckOn = Literal["wal", "spark"]
 
 DEFAULT_WAL_POLICY = FlushPolicy(max_records=1_000_000, max_bytes=8 * 1024 * 1024, linger_ms=0)
+STOP_WAITS_FOR_TABLE_S = 120.0
+"""A persister closed before its table side is up (``table_ready=False``, ``--ack-on wal``): how long
+the Spark stage waits for ``mark_table_ready`` to write what was acknowledged to the table (s, from
+``close``), unless ``abandon_table`` says the table side will not come. Past it the WAL keeps every
+record, written to the table at the next start. A stop signal during start-up waits for Spark's start
+(~5-30 s) this way; a second signal stops at once."""
 """WAL group commit: up to 8 MiB per fsync, no linger (group what arrived during the last fsync)."""
 
 
@@ -301,6 +307,8 @@ class BatchingPersister(Generic[FlushT]):
         retry_backoff_s, max_retry_backoff_s: Spark retry delays (seconds).
         shutdown_grace_s: at close, how long a failing Spark stage keeps
             retrying before giving up (the WAL keeps the records).
+        table_start_wait_s: at close before ``mark_table_ready``, how long the Spark stage waits for
+            it (``STOP_WAITS_FOR_TABLE_S``).
         maintenance_interval_s: call ``sink.maintain()`` (table compaction
             and retention) this often, between two Spark writes; None: never.
             Set, it needs a sink that is a ``MaintainedSink``.
@@ -338,6 +346,7 @@ class BatchingPersister(Generic[FlushT]):
         retry_backoff_s: float = 0.25,
         max_retry_backoff_s: float = 5.0,
         shutdown_grace_s: float = 30.0,
+        table_start_wait_s: float = STOP_WAITS_FOR_TABLE_S,
         maintenance_interval_s: float | None = None,
         log_listener: LogListener | None = None,
         backlog: Sequence[tuple[WalPosition, Sequence[PartitionAppend]]] = (),
@@ -363,6 +372,7 @@ class BatchingPersister(Generic[FlushT]):
         self._retry_backoff_s = retry_backoff_s
         self._max_retry_backoff_s = max_retry_backoff_s
         self._shutdown_grace_s = shutdown_grace_s
+        self._table_start_wait_s = table_start_wait_s
         self._maintenance_interval_s = maintenance_interval_s
         self._next_maintenance = math.inf  # set by run()
         self._in_wal_write = 0
@@ -398,6 +408,7 @@ class BatchingPersister(Generic[FlushT]):
         self._spark_closed = trio.Event()  # the WAL stage is done: the Spark stage's input is complete
         self._spark_closed_logged = False
         self._table_ready = trio.Event()
+        self._table_abandoned = trio.Event()
         if table_ready:
             self._table_ready.set()
         self.stats = PersisterStats()
@@ -520,6 +531,11 @@ class BatchingPersister(Generic[FlushT]):
     def mark_table_ready(self) -> None:
         """The sink is started: the Spark stage writes the backlog, then what waits. Idempotent."""
         self._table_ready.set()
+
+    def abandon_table(self) -> None:
+        """The sink will not start (Spark failed): a closing Spark stage stops waiting for it and
+        the WAL keeps every record for the next start. Idempotent."""
+        self._table_abandoned.set()
 
     async def wait_backlog_written(self) -> None:
         """Return once the recovery backlog is in the table (at once without one).
@@ -755,22 +771,40 @@ class BatchingPersister(Generic[FlushT]):
                 await self._spark_grouper(send)
 
     async def _until_table_ready(self) -> bool:
-        """Wait for ``mark_table_ready``; False if the persister closes first (nothing is written:
-        the WAL keeps every record for the next start)."""
+        """Wait for ``mark_table_ready``. Closed before it, wait on for at most ``table_start_wait_s``
+        from ``close``, so a clean stop during start-up leaves the table complete; False when that
+        passes or ``abandon_table`` comes first (nothing is written: the WAL keeps every record for
+        the next start)."""
         while not self._table_ready.is_set():
+            waiting = self._spark_acc.records + self.backlog_records
+            if self._table_abandoned.is_set():
+                log.warning("stopping without the table side: %d records stay in the WAL and are written "
+                            "to the table at the next start", waiting)
+                return False
+            deadline = math.inf
             if self._spark_acc.closing:
+                assert self._closing_since is not None
+                deadline = self._closing_since + self._table_start_wait_s
+                if trio.current_time() >= deadline:
+                    log.warning("stopping: Spark did not start within %.0f s of the stop; %d records stay in "
+                                "the WAL and are written to the table at the next start",
+                                self._table_start_wait_s, waiting)
+                    return False
                 if not self._spark_closed_logged:
                     self._spark_closed_logged = True
-                    log.warning("stopping before Spark is up: %d records stay in the WAL and are written "
-                                "to the table at the next start", self._spark_acc.records + self.backlog_records)
-                return False
-            async with trio.open_nursery() as nursery:
-                async def first(event: trio.Event) -> None:
-                    await event.wait()
-                    nursery.cancel_scope.cancel()
+                    log.info("stopping before Spark is up: waiting up to %.0f s for it, to write %d records "
+                             "to the table (a second signal stops at once; the WAL keeps them)",
+                             deadline - trio.current_time(), waiting)
+            with trio.move_on_at(deadline):
+                async with trio.open_nursery() as nursery:
+                    async def first(event: trio.Event) -> None:
+                        await event.wait()
+                        nursery.cancel_scope.cancel()
 
-                nursery.start_soon(first, self._table_ready)
-                nursery.start_soon(first, self._spark_closed)
+                    nursery.start_soon(first, self._table_ready)
+                    nursery.start_soon(first, self._table_abandoned)
+                    if not self._spark_acc.closing:
+                        nursery.start_soon(first, self._spark_closed)
         return True
 
     async def _spark_grouper(self, send: trio.MemorySendChannel) -> None:

@@ -4,7 +4,9 @@
 table; ``mark_table_ready`` lets the Spark stage write the recovery backlog first (minus the
 rows the table already holds: a crash between a table commit and its checkpoint), then what
 was appended meanwhile, each row once, checkpointed. Closed before the table is ready, it
-writes nothing and the WAL keeps everything for the next start. ``recover_log`` rebuilds
+waits for it (``table_start_wait_s``) and writes everything; when the table side does not come
+(``abandon_table``, or the wait passes) it writes nothing and the WAL keeps everything for the next
+start. ``recover_log`` rebuilds
 offsets without the table. Real WAL files in tmp_path; the table side is the in-memory
 ``MemorySink`` of tests/requests/test_handler_trio.py (real Arrow decoding).
 """
@@ -55,7 +57,7 @@ async def test_acknowledged_at_the_wal_before_the_table_then_backlog_first_each_
     # A first run whose Spark never came up: its appends are acknowledged at the WAL, none reach the table.
     sink = WalReadingSink()
     wal = open_wal(tmp_path)
-    first = persister(tmp_path, sink, wal, Checkpoint(), table_ready=False)
+    first = persister(tmp_path, sink, wal, Checkpoint(), table_ready=False, table_start_wait_s=0)  # no wait at close
     async with trio.open_nursery() as nursery:
         await nursery.start(first.run)
         commits = [first.append([a]) for a in appends(0, 3)]
@@ -104,19 +106,53 @@ async def test_acknowledged_at_the_wal_before_the_table_then_backlog_first_each_
     assert again.backlog == [] and again.checkpoint.end_offsets == {("t", 0): 5 * PER_APPEND}
 
 
-async def test_closed_before_the_table_is_ready_writes_nothing_and_keeps_the_wal(tmp_path):
+async def test_closed_before_the_table_is_ready_waits_for_it_then_writes_everything(tmp_path, autojump_clock):
+    """A clean stop during start-up (issue 34): the Spark stage waits for the table side, then the
+    table holds every acknowledged record, checkpointed: the next start has no backlog."""
     wal = open_wal(tmp_path)
     sink = MemorySink()
-    p = persister(tmp_path, sink, wal, Checkpoint(), table_ready=False)
+    p = persister(tmp_path, sink, wal, Checkpoint(), table_ready=False, table_start_wait_s=120.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(p.run)
         commit = p.append(appends(0, 2, partition=1))
         while not commit.done:
             await trio.sleep(0)
         p.close()
+        await trio.sleep(100)  # Spark takes its time: the persister waits, within its 120 s
+        assert not sink.tables and not p._done.is_set()
+        p.mark_table_ready()
+        await p.wait_closed()
+    wal.close()
+    assert sorted(offsets(sink)) == list(range(2 * PER_APPEND))
+    recovered = recover_log(WriteAheadLog(tmp_path / "wal", fsync=False), StateStore(tmp_path / "state"))
+    assert recovered.backlog_records == 0
+    assert recovered.checkpoint.end_offsets == {("t", 1): 2 * PER_APPEND}
+
+
+@pytest.mark.parametrize("how", ["abandoned", "wait passed"])
+async def test_closed_before_a_table_that_does_not_come_writes_nothing_and_keeps_the_wal(tmp_path, autojump_clock,
+                                                                                         how, caplog):
+    wal = open_wal(tmp_path)
+    sink = MemorySink()
+    p = persister(tmp_path, sink, wal, Checkpoint(), table_ready=False, table_start_wait_s=120.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(p.run)
+        commit = p.append(appends(0, 2, partition=1))
+        while not commit.done:
+            await trio.sleep(0)
+        closed_at = trio.current_time()
+        p.close()
+        if how == "abandoned":  # Spark failed to start
+            await trio.sleep(5)
+            p.abandon_table()
         await p.wait_closed()  # returns although Spark never came up
+        took = trio.current_time() - closed_at
     wal.close()
     assert not sink.tables
+    if how == "abandoned":
+        assert took < 6 and "stopping without the table side: 8 records stay in the WAL" in caplog.text
+    else:
+        assert 120 <= took < 121 and "Spark did not start within 120 s of the stop" in caplog.text
     recovered = recover_log(WriteAheadLog(tmp_path / "wal", fsync=False), StateStore(tmp_path / "state"))
     assert recovered.backlog_records == 2 * PER_APPEND
     assert recovered.checkpoint.end_offsets == {("t", 1): 2 * PER_APPEND}
