@@ -1756,21 +1756,24 @@ def _load_avro(avro_schema: dict | str | None) -> dict:
     return copy.deepcopy(avro_schema)
 
 
+def without_logical_types(schema: Any) -> Any:
+    """A copy of the Avro schema ``schema`` (parsed JSON) with every ``logicalType`` removed: the schema
+    fastavro reads (and writes) dates, timestamps and decimals with as their raw ints and bytes."""
+    if isinstance(schema, dict):
+        return {k: without_logical_types(v) for k, v in schema.items() if k != "logicalType"}
+    if isinstance(schema, list):
+        return [without_logical_types(x) for x in schema]
+    return schema
+
+
 def _fastavro_parse(avro: dict) -> FastavroSchema:
     """The writer schema fastavro reads with: logical types removed, so dates,
     timestamps and decimals arrive as their raw ints and bytes (converted with
     Arrow here, without Python datetime's year 1-9999 limits)."""
     from fastavro import parse_schema
 
-    def strip(s: Any) -> Any:
-        if isinstance(s, dict):
-            return {k: strip(v) for k, v in s.items() if k != "logicalType"}
-        if isinstance(s, list):
-            return [strip(x) for x in s]
-        return s
-
     try:
-        return parse_schema(strip(avro))
+        return parse_schema(without_logical_types(avro))
     except Exception as e:  # noqa: BLE001 - fastavro's schema errors are not ValueErrors
         raise ValueError(_one_line(f"invalid Avro schema: {type(e).__name__}: {e}")) from None
 

@@ -49,6 +49,21 @@ def persister(tmp_path, sink: MemorySink, wal: WriteAheadLog, checkpoint: Checkp
                              FlushPolicy(max_records=8, linger_ms=0), **kwargs)
 
 
+def open_unready(tmp_path) -> tuple[WriteAheadLog, MemorySink, BatchingPersister]:
+    """A WAL, a table, and a persister on them whose table side is not up (it waits 120 s at close)."""
+    wal = open_wal(tmp_path)
+    sink = MemorySink()
+    return wal, sink, persister(tmp_path, sink, wal, Checkpoint(), table_ready=False, table_start_wait_s=120.0)
+
+
+async def acknowledged(p: BatchingPersister, batch: list[PartitionAppend]) -> None:
+    """Append ``batch`` and wait for its acknowledgement (at the WAL)."""
+    commit = p.append(batch)
+    while not commit.done:
+        await trio.sleep(0)
+    assert commit.error is None
+
+
 def offsets(sink: MemorySink) -> list[int]:
     return [row["offset"] for row in sink.rows()]
 
@@ -109,14 +124,10 @@ async def test_acknowledged_at_the_wal_before_the_table_then_backlog_first_each_
 async def test_closed_before_the_table_is_ready_waits_for_it_then_writes_everything(tmp_path, autojump_clock):
     """A clean stop during start-up (issue 34): the Spark stage waits for the table side, then the
     table holds every acknowledged record, checkpointed: the next start has no backlog."""
-    wal = open_wal(tmp_path)
-    sink = MemorySink()
-    p = persister(tmp_path, sink, wal, Checkpoint(), table_ready=False, table_start_wait_s=120.0)
+    wal, sink, p = open_unready(tmp_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(p.run)
-        commit = p.append(appends(0, 2, partition=1))
-        while not commit.done:
-            await trio.sleep(0)
+        await acknowledged(p, appends(0, 2, partition=1))
         p.close()
         await trio.sleep(100)  # Spark takes its time: the persister waits, within its 120 s
         assert not sink.tables and not p._done.is_set()
@@ -132,14 +143,10 @@ async def test_closed_before_the_table_is_ready_waits_for_it_then_writes_everyth
 @pytest.mark.parametrize("how", ["abandoned", "wait passed"])
 async def test_closed_before_a_table_that_does_not_come_writes_nothing_and_keeps_the_wal(tmp_path, autojump_clock,
                                                                                          how, caplog):
-    wal = open_wal(tmp_path)
-    sink = MemorySink()
-    p = persister(tmp_path, sink, wal, Checkpoint(), table_ready=False, table_start_wait_s=120.0)
+    wal, sink, p = open_unready(tmp_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(p.run)
-        commit = p.append(appends(0, 2, partition=1))
-        while not commit.done:
-            await trio.sleep(0)
+        await acknowledged(p, appends(0, 2, partition=1))
         closed_at = trio.current_time()
         p.close()
         if how == "abandoned":  # Spark failed to start

@@ -22,7 +22,7 @@ from pipeline.bench import avro_values
 from pipeline.registry.service import SchemaRegistry
 from pipeline.registry.store import SchemaStore
 from pipeline.table.avro_columns import native_ops
-from pipeline.table.values import ValueFormat, _parse_values, avro_to_arrow_schema, parse_values
+from pipeline.table.values import ValueFormat, _parse_values, avro_to_arrow_schema, parse_values, without_logical_types
 
 SCALARS = ["boolean", "int", "long", "float", "double", "bytes", "string",
            {"type": "int", "logicalType": "date"}, {"type": "long", "logicalType": "timestamp-millis"},
@@ -92,7 +92,7 @@ def _schema(draw: st.DrawFn) -> dict:
 def schemas_and_values(draw: st.DrawFn) -> tuple[dict, list[bytes | None]]:
     schema = _schema(draw)
     rng = random.Random(draw(st.integers(0, 2**32)))
-    writer = fastavro.parse_schema(_strip(schema))
+    writer = fastavro.parse_schema(without_logical_types(schema))  # raw logical values, as read
     values: list[bytes | None] = []
     for _ in range(draw(st.integers(1, 30))):
         if rng.random() < 0.05:
@@ -102,15 +102,6 @@ def schemas_and_values(draw: st.DrawFn) -> tuple[dict, list[bytes | None]]:
         fastavro.schemaless_writer(out, writer, {f["name"]: _value(f["type"], rng) for f in schema["fields"]})
         values.append(out.getvalue())
     return schema, values
-
-
-def _strip(s: Any) -> Any:
-    """The schema fastavro writes raw logical values with (as ``values._fastavro_parse`` reads them)."""
-    if isinstance(s, dict):
-        return {k: _strip(v) for k, v in s.items() if k != "logicalType"}
-    if isinstance(s, list):
-        return [_strip(x) for x in s]
-    return s
 
 
 def _comparable(table: pa.Table) -> list[dict]:
