@@ -28,8 +28,13 @@ LIMIT_S = 20
 persister's worker threads let an autojump clock run any timeout out."""
 
 
+TABLE_STAGES = (native.AVRO_COLUMNS,)
+"""Stages of the table side, not of a produce: tests/table/test_avro_columns.py fails when the bench's
+Avro records leave AVRO_COLUMNS' C path."""
+
+
 def test_the_two_paths_cover_every_stage() -> None:
-    assert {s.name for s in RUN_STAGES + ONE_BY_ONE_STAGES} == {s.name for s in native.STAGES}
+    assert {s.name for s in RUN_STAGES + ONE_BY_ONE_STAGES + TABLE_STAGES} == {s.name for s in native.STAGES}
 
 
 async def _produce_read(tmp_path, *, one_by_one: bool) -> None:
