@@ -70,6 +70,7 @@ SHARED_SERVER_MODULES = frozenset({
     "tests/e2e/test_connections.py",
     "tests/e2e/test_groups.py",
     "tests/e2e/test_producers.py",
+    "tests/e2e/test_transaction_admin.py",
 })
 """The modules whose tests use the session-scoped shared servers of tests/e2e/conftest.py
 (``multiqueue_server``, ``baseline_server``; some through ``request.getfixturevalue``). Under

@@ -165,6 +165,17 @@ class ProducerStateManager:
         if entry is None or epoch > entry.epoch:
             self._entries[key] = _Entry(epoch)
 
+    def epoch(self, producer_id: int, topic: str, partition: int) -> int | None:
+        """The producer's epoch on the partition, None without state there."""
+        entry = self._entries.get((producer_id, topic, partition))
+        return None if entry is None else entry.epoch
+
+    def active(self, topic: str, partition: int) -> list[tuple[int, int, int]]:
+        """(producer id, epoch, last sequence or -1) of each producer with state on the partition,
+        by producer id (Kafka DescribeProducers' ``active_producers``)."""
+        return sorted((pid, entry.epoch, entry.batches[-1].last_seq if entry.batches else -1)
+                      for (pid, t, p), entry in self._entries.items() if t == topic and p == partition)
+
     def forget_topic(self, topic: str) -> None:
         """Drop the state of a deleted topic's partitions."""
         for key in [k for k in self._entries if k[1] == topic]:

@@ -181,6 +181,8 @@ SUPPORTED_VERSIONS.update({
     28: (0, 3),                     # TxnOffsetCommit
     65: (0, 0),                     # DescribeTransactions
     66: (0, 0),                     # ListTransactions (v1: duration filter, KIP-994)
+    61: (0, 0),                     # DescribeProducers (KIP-664)
+    27: (1, 1),                     # WriteTxnMarkers: the admin abort of a hanging transaction (KIP-664)
 })
 # What ApiVersions lists: exactly what is served.
 ADVERTISED_VERSIONS: dict[int, tuple[int, int]] = dict(SUPPORTED_VERSIONS)

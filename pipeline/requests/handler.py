@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 API_VERSIONS, METADATA, PRODUCE, INIT_PRODUCER_ID = 18, 3, 0, 22
-TRANSACTION_APIS = frozenset({24, 25, 26, 28, 65, 66})
+TRANSACTION_APIS = frozenset({24, 25, 26, 27, 28, 61, 65, 66})
 """AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit, DescribeTransactions, ListTransactions."""
 PRE_AUTHENTICATION_APIS = frozenset({API_VERSIONS, 17, 36})
 """What a SASL_* connection is served before it authenticates: ApiVersions, SaslHandshake,

@@ -1,6 +1,8 @@
 """The transaction coordinator's apis: InitProducerId with a transactional id, AddPartitionsToTxn,
 AddOffsetsToTxn, TxnOffsetCommit, EndTxn, DescribeTransactions, ListTransactions (KIP-98, KIP-360,
-KIP-447, KIP-664).
+KIP-447, KIP-664); and the partition leader's DescribeProducers and WriteTxnMarkers, which the admin
+tools use to find and abort a hanging transaction (KIP-664: ``kafka-transactions.sh``, kafka-python's
+``find_hanging_transactions`` / ``abort_transaction``).
 
 The rules are ``pipeline.coordinator.transactions``'; this module stores each change
 (``TransactionStore``, fsynced) before it answers, writes the markers through the
@@ -40,14 +42,15 @@ from pipeline.network.request_metrics import add_error
 from pipeline.persist.persister import BatchingPersister, Commit, StorageFailedError
 from pipeline.metadata.database import Target, is_postgres_url, store_target
 from pipeline.protocol import apis
-from pipeline.security.acl import AclOperation, ResourceType
+from pipeline.security.acl import CLUSTER_NAME, AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
 
 INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 22, 24, 25, 26, 28
 DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
+DESCRIBE_PRODUCERS, WRITE_TXN_MARKERS = 61, 27
 TXN_APIS = (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT, DESCRIBE_TRANSACTIONS,
-            LIST_TRANSACTIONS)
+            LIST_TRANSACTIONS, DESCRIBE_PRODUCERS, WRITE_TXN_MARKERS)
 """What this module serves besides InitProducerId (which KafkaApis hands it for a transactional id)."""
 # KIP-588: the first version of each api that may answer PRODUCER_FENCED (older ones: INVALID_PRODUCER_EPOCH).
 _FENCED_FROM = {INIT_PRODUCER_ID: 4, ADD_PARTITIONS_TO_TXN: 2, ADD_OFFSETS_TO_TXN: 2, END_TXN: 2, TXN_OFFSET_COMMIT: 3}
@@ -118,7 +121,9 @@ class TransactionApis:
         """Serve the transaction apis on the KafkaApis, and tell the group coordinator about them."""
         for key, handler in ((ADD_PARTITIONS_TO_TXN, self._add_partitions), (ADD_OFFSETS_TO_TXN, self._add_offsets),
                              (END_TXN, self._end_txn), (TXN_OFFSET_COMMIT, self._txn_offset_commit),
-                             (DESCRIBE_TRANSACTIONS, self._describe), (LIST_TRANSACTIONS, self._list)):
+                             (DESCRIBE_TRANSACTIONS, self._describe), (LIST_TRANSACTIONS, self._list),
+                             (DESCRIBE_PRODUCERS, self._describe_producers),
+                             (WRITE_TXN_MARKERS, self._write_txn_markers)):
             self.apis.register(key, handler)
         self.apis.serve_transactions(self)
         self.groups.serve_transactions(self._pending_partitions)
@@ -504,6 +509,117 @@ class TransactionApis:
         request.connection.complete(request.token, apis.encode(header, apis.make(
             module.ListTransactionsResponse, throttle_time=apis.ZERO_MS, error_code=apis.error_code(tx.NONE),
             unknown_state_filters=tuple(sorted(state_filters - known)), transaction_states=tuple(rows))))
+
+
+    # -- the partition leader's side: DescribeProducers, WriteTxnMarkers ------------------------
+
+    async def _describe_producers(self, request: Request) -> None:
+        """Each partition's producers with state there (Kafka ``ReplicaManager.activeProducerState``):
+        id, epoch, last sequence (-1 when only a marker set its epoch), and the first offset of its
+        open transaction (-1 without one). Topic READ, as Kafka's ``KafkaApis.handleDescribeProducersRequest``;
+        the last timestamp and coordinator epoch are not kept here and are -1."""
+        header = request.header
+        body = apis.decode_request(header, request.frame)
+        module = apis.response_module(DESCRIBE_PRODUCERS, header.api_version)
+        catalog, logs = self.apis.catalog, self.apis.logs
+        topics = []
+        for t in body.topics:
+            allowed = self._allowed(request, READ, TOPIC, t.name)
+            count = catalog.partitions(t.name)
+            partitions = []
+            for p in t.partition_indexes:
+                if not allowed:
+                    error = ErrorCode.topic_authorization_failed.value
+                elif count is None or not 0 <= p < count:
+                    error = ErrorCode.unknown_topic_or_partition.value
+                else:
+                    error = tx.NONE
+                add_error(self._errors[DESCRIBE_PRODUCERS], error)
+                producers = ()
+                if error == tx.NONE:
+                    ongoing = logs.log(t.name, p).ongoing
+                    producers = tuple(apis.make(
+                        module.ProducerState, producer_id=i64(pid), producer_epoch=i32(epoch),
+                        last_sequence=i32(last_seq), last_timestamp=i64(-1), coordinator_epoch=i32(-1),
+                        current_txn_start_offset=i64(ongoing.get(pid, -1)))
+                        for pid, epoch, last_seq in logs.state.producers.active(t.name, p))
+                partitions.append(apis.make(module.PartitionResponse, partition_index=p,
+                                            error_code=apis.error_code(error), error_message=None,
+                                            active_producers=producers))
+            topics.append(apis.make(module.TopicResponse, name=t.name, partitions=tuple(partitions)))
+        request.connection.complete(request.token, apis.encode(header, apis.make(
+            module.DescribeProducersResponse, throttle_time=apis.ZERO_MS, topics=tuple(topics))))
+
+    async def _write_txn_markers(self, request: Request) -> None:
+        """Append each marker's COMMIT/ABORT to its partitions (Kafka ``KafkaApis.handleWriteTxnMarkersRequest``;
+        CLUSTER_ACTION on the cluster). Kafka's coordinators send it to partition leaders; its one
+        use from outside is the admin abort of a hanging transaction (``Admin.abortTransaction``,
+        coordinator epoch -1): the partition's open transaction of that producer ends, and its last
+        stable offset moves on. A marker with an epoch older than the producer's on the partition is
+        refused (INVALID_PRODUCER_EPOCH, Kafka ``ProducerAppendInfo.checkProducerEpoch``); answered once
+        the markers are durable where produce is acknowledged."""
+        header = request.header
+        body = apis.decode_request(header, request.frame)
+        module = apis.response_module(WRITE_TXN_MARKERS, header.api_version)
+        allowed = self._allowed(request, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME)
+        catalog, state = self.apis.catalog, self.apis.logs.state
+        now = _now_ms()
+        results: list[tuple[int, dict[str, dict[int, int]]]] = []
+        appends: list[PartitionAppend] = []
+        written: list[str] = []
+        for marker in body.markers:
+            control = COMMIT if marker.transaction_result else ABORT
+            batch = build_marker(marker.producer_id, marker.producer_epoch, control, 0, now)
+            errors: dict[str, dict[int, int]] = {}
+            for t in marker.topics:
+                count = catalog.partitions(t.name)
+                for p in t.partition_indexes:
+                    epoch = state.producers.epoch(marker.producer_id, t.name, p)
+                    if not allowed:
+                        error = ErrorCode.cluster_authorization_failed.value
+                    elif count is None or not 0 <= p < count:
+                        error = ErrorCode.unknown_topic_or_partition.value
+                    elif epoch is not None and marker.producer_epoch < epoch:
+                        error = ErrorCode.invalid_producer_epoch.value
+                    else:
+                        error = tx.NONE
+                        base = state.offsets.assign(t.name, p, 1)
+                        appends.append(PartitionAppend(t.name, p, base, batch, 1, now, marker.producer_id,
+                                                       marker.producer_epoch, -1, len(batch)))
+                        written.append(f"{'COMMIT' if control == COMMIT else 'ABORT'} of producer "
+                                       f"{marker.producer_id} (epoch {marker.producer_epoch}) on {t.name}-{p}")
+                    errors.setdefault(t.name, {})[p] = error
+            results.append((marker.producer_id, errors))
+        if appends:
+            log.warning("WriteTxnMarkers: %s", ", ".join(written))
+            failed = ErrorCode.kafka_storage_error.value
+            try:
+                commit = self.apis.persister.append(appends)
+            except StorageFailedError as exc:
+                log.error("WriteTxnMarkers: writing the markers failed: %s", exc)
+                ok = False
+            else:
+                for a in appends:
+                    state.apply(a, ticket=commit)
+                ok = await _wait(commit)
+            if not ok:
+                for _, errors in results:
+                    for by_partition in errors.values():
+                        for index, code in by_partition.items():
+                            if code == tx.NONE:
+                                by_partition[index] = failed
+        answers = []
+        for pid, errors in results:
+            for by_partition in errors.values():
+                for code in by_partition.values():
+                    add_error(self._errors[WRITE_TXN_MARKERS], code)
+            answers.append(apis.make(module.WritableTxnMarkerResult, producer_id=i64(pid), topics=tuple(
+                apis.make(module.WritableTxnMarkerTopicResult, name=topic, partitions=tuple(
+                    apis.make(module.WritableTxnMarkerPartitionResult, partition_index=i32(p),
+                              error_code=apis.error_code(error)) for p, error in by_partition.items()))
+                for topic, by_partition in errors.items())))
+        request.connection.complete(request.token, apis.encode(header, apis.make(
+            module.WriteTxnMarkersResponse, markers=tuple(answers))))
 
 
 async def _wait(commit: Commit) -> bool:

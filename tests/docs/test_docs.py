@@ -69,6 +69,8 @@ RUN: dict[tuple[str, str], str] = {
     ("docs/operations.md", "pipeline config show --config /etc/pipeline.toml"): "test_config_show",
     ("docs/operations.md", 'advertised.listeners = "SSL://broker.example.com:9093"'): "test_config_blocks",
     ("docs/operations.md", "pipeline top --metrics-url"): "test_top",
+    ("docs/operations.md", "def abort_hanging(admin"):
+        "tests/e2e/test_transaction_admin.py (on the e2e tests' shared server, with a transaction left open)",
     ("docs/security.md", "openssl req -x509"): "tls fixture",
     ("docs/security.md", "# /etc/pipeline.toml"): "server fixture (its --config file)",
     ("docs/security.md", 'listeners = "EXTERNAL://0.0.0.0:9093'): "test_config_blocks",

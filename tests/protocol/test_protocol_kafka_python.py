@@ -47,6 +47,8 @@ from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.metadata import MetadataResponse
 from kafka.protocol.admin import DescribeTransactionsRequest
 from kafka.protocol.admin import ListTransactionsRequest
+from kafka.protocol.admin import DescribeProducersRequest
+from kafka.protocol.producer.transaction import WriteTxnMarkersRequest
 from kafka.protocol.producer import AddOffsetsToTxnRequest
 from kafka.protocol.producer import AddPartitionsToTxnRequest
 from kafka.protocol.producer import EndTxnRequest
@@ -507,6 +509,12 @@ OTHER_REQUESTS = {
                 partition_index=1, committed_offset=42, committed_leader_epoch=-1, committed_metadata="m")])]),
     DescribeTransactionsRequest: dict(transactional_ids=["app", "other"]),
     ListTransactionsRequest: dict(state_filters=["Ongoing"], producer_id_filters=[1234]),
+    DescribeProducersRequest: dict(topics=[DescribeProducersRequest.TopicRequest(name="events",
+                                                                               partition_indexes=[0, 2])]),
+    WriteTxnMarkersRequest: dict(markers=[WriteTxnMarkersRequest.WritableTxnMarker(
+        producer_id=1234, producer_epoch=3, transaction_result=False, coordinator_epoch=-1,
+        topics=[WriteTxnMarkersRequest.WritableTxnMarker.WritableTxnMarkerTopic(name="events",
+                                                                             partition_indexes=[2])])]),
     OffsetForLeaderEpochRequest: dict(replica_id=-1, topics=[OffsetForLeaderEpochRequest.OffsetForLeaderTopic(
         topic="events", partitions=[OffsetForLeaderEpochRequest.OffsetForLeaderTopic.OffsetForLeaderPartition(
             partition=2, current_leader_epoch=5, leader_epoch=3)])]),

@@ -89,3 +89,42 @@ async def test_a_transaction_commits_its_offsets_only_at_its_end(patient_clock, 
         meta = txn.state.get("app")
         assert meta is not None and (meta.producer_id, meta.producer_epoch, meta.state.value) == (pid, 1, "Empty")
         txn.close()
+
+
+UNKNOWN_TOPIC_OR_PARTITION = 3
+
+
+def _markers(producer_id: int, epoch: int, topic: str, partition: int) -> tuple:
+    return (nested("write_txn_markers", 1, "WritableTxnMarker", producer_id=producer_id, producer_epoch=epoch,
+                   transaction_result=False, coordinator_epoch=-1, topics=(
+                       nested("write_txn_markers", 1, "WritableTxnMarkerTopic", name=topic,
+                              partition_indexes=(partition,)),)),)
+
+
+async def test_write_txn_markers_sets_the_producers_epoch_and_refuses_an_older_one(patient_clock, tmp_path):  # noqa: F811
+    """The admin abort's WriteTxnMarkers (KIP-664): an ABORT marker is appended and becomes the producer's
+    epoch on the partition (DescribeProducers shows it, with no open transaction); an older epoch is
+    refused (INVALID_PRODUCER_EPOCH), an unknown partition too."""
+    async with coordinator(tmp_path) as (b, groups, connect):
+        txn = TransactionApis(b.apis, groups, tmp_path / "transactions.db")
+        txn.register()
+        await b.nursery.start(txn.run)
+        c = await connect()
+        b.apis.catalog.describe("m", auto_create=True)  # one partition, as Metadata auto-creates it
+
+        async def write(epoch: int, topic: str = "m", partition: int = 0) -> int:
+            r = await c.call("write_txn_markers", 1, markers=_markers(77, epoch, topic, partition))
+            return int(r.markers[0].topics[0].partitions[0].error_code)
+
+        assert await write(5) == 0
+        assert await write(3) == INVALID_PRODUCER_EPOCH
+        assert await write(5, partition=1) == UNKNOWN_TOPIC_OR_PARTITION
+        assert await write(5, topic="nope") == UNKNOWN_TOPIC_OR_PARTITION
+        described = await c.call("describe_producers", 0, topics=(
+            nested("describe_producers", 0, "TopicRequest", name="m", partition_indexes=(0, 4)),))
+        [(ok, unknown)] = [t.partitions for t in described.topics]
+        assert int(unknown.error_code) == UNKNOWN_TOPIC_OR_PARTITION
+        assert [(int(p.producer_id), int(p.producer_epoch), int(p.last_sequence), int(p.current_txn_start_offset))
+                for p in ok.active_producers] == [(77, 5, -1, -1)]
+        assert b.apis.logs.log_end_offset("m", 0) == 1  # the one marker written
+        txn.close()
