@@ -80,7 +80,7 @@ def test_advertised_versions_enable_librdkafka_features() -> None:
     assert overlaps(18, 0, 0)  # ApiVersion
 
 
-@pytest.mark.parametrize("api_key", [21, 27, 57])  # DeleteRecords, WriteTxnMarkers, UpdateFeatures
+@pytest.mark.parametrize("api_key", [21, 43, 57])  # DeleteRecords, ElectLeaders, UpdateFeatures
 def test_apis_not_served_are_refused(api_key: int) -> None:
     assert api_key not in ADVERTISED_VERSIONS
     frame = raw_header(api_key, 0) + b"\x00\x01c" + b"\x00" * 32
