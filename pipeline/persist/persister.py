@@ -79,8 +79,8 @@ AckOn = Literal["wal", "spark"]
 
 DEFAULT_WAL_POLICY = FlushPolicy(max_records=1_000_000, max_bytes=8 * 1024 * 1024, linger_ms=0)
 STOP_WAITS_FOR_TABLE_S = 120.0
-"""A persister closed before its table side is up (``table_ready=False``, ``--ack-on wal``): how long
-the Spark stage waits for ``mark_table_ready`` to write what was acknowledged to the table (s, from
+"""A persister closed before its table side is up (``table_ready=False``, ``--ack-on wal``) with records
+to write: how long the Spark stage waits for ``mark_table_ready`` to write them to the table (s, from
 ``close``), unless ``abandon_table`` says the table side will not come. Past it the WAL keeps every
 record, written to the table at the next start. A stop signal during start-up waits for Spark's start
 (~5-30 s) this way; a second signal stops at once."""
@@ -771,10 +771,11 @@ class BatchingPersister(Generic[FlushT]):
                 await self._spark_grouper(send)
 
     async def _until_table_ready(self) -> bool:
-        """Wait for ``mark_table_ready``. Closed before it, wait on for at most ``table_start_wait_s``
-        from ``close``, so a clean stop during start-up leaves the table complete; False when that
-        passes or ``abandon_table`` comes first (nothing is written: the WAL keeps every record for
-        the next start)."""
+        """Wait for ``mark_table_ready``. Closed before it with records to write (acknowledged since
+        the start, or the recovery backlog), wait on for at most ``table_start_wait_s`` from
+        ``close``, so a clean stop during start-up leaves the table complete; False when there is
+        nothing to write, when that wait passes, or when ``abandon_table`` comes first (nothing is
+        written: the WAL keeps every record for the next start)."""
         while not self._table_ready.is_set():
             waiting = self._spark_acc.records + self.backlog_records
             if self._table_abandoned.is_set():
@@ -782,6 +783,9 @@ class BatchingPersister(Generic[FlushT]):
                             "to the table at the next start", waiting)
                 return False
             deadline = math.inf
+            if self._spark_acc.closing and not waiting:
+                log.info("stopping before Spark is up: nothing to write to the table")
+                return False
             if self._spark_acc.closing:
                 assert self._closing_since is not None
                 deadline = self._closing_since + self._table_start_wait_s

@@ -140,6 +140,18 @@ async def test_closed_before_the_table_is_ready_waits_for_it_then_writes_everyth
     assert recovered.checkpoint.end_offsets == {("t", 1): 2 * PER_APPEND}
 
 
+async def test_closed_before_the_table_is_ready_with_nothing_to_write_does_not_wait(tmp_path, autojump_clock):
+    wal, sink, p = open_unready(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(p.run)
+        closed_at = trio.current_time()
+        p.close()
+        await p.wait_closed()
+        assert trio.current_time() - closed_at < 1  # no Spark start to wait for
+    wal.close()
+    assert not sink.tables
+
+
 @pytest.mark.parametrize("how", ["abandoned", "wait passed"])
 async def test_closed_before_a_table_that_does_not_come_writes_nothing_and_keeps_the_wal(tmp_path, autojump_clock,
                                                                                          how, caplog):
