@@ -16,6 +16,7 @@ then cancel what is left.
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 import time
@@ -23,7 +24,7 @@ import uuid
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Awaitable, Callable, Collection, Protocol
+from typing import Awaitable, Callable, Collection, Protocol, Sequence
 
 import trio
 
@@ -377,6 +378,24 @@ class Server:
         replay(self.sink, recovered.backlog)
         return [a for _, appends in recovered.backlog for a in appends]
 
+    def _live_publisher(self, endpoints: Sequence[tuple[str, str, int]],
+                        ) -> Callable[[dict[tuple[str, int], int], bool], None] | None:
+        """The persister's ``publish_live``: the sink's, with the brokers the live view's tail reads
+        from (this broker's first PLAINTEXT listener as advertised, then the other brokers of a static
+        cluster); None without a sink that publishes, or without a PLAINTEXT listener (the tail's
+        consumer would need credentials the catalog must not hold)."""
+        publish = getattr(self.sink, "publish_live", None)
+        plain = [(h, p) for name, h, p in endpoints
+                 if security_protocol(name, self.config.listener_security_protocol_map) == "PLAINTEXT"]
+        if publish is None or not plain:
+            if publish is not None:
+                log.info("no PLAINTEXT listener: the live view (records_live) is not published")
+            return None
+        addresses = [f"{plain[0][0]}:{plain[0][1]}"]
+        if self.cluster is not None:
+            addresses += [f"{b.host}:{b.port}" for b in self.cluster.brokers if b.node_id != self.config.node_id]
+        return functools.partial(publish, ",".join(addresses))
+
     def _table_lock(self) -> Callable[[], AbstractContextManager[None]] | None:
         """The sink's hold on the shared tables (``SparkGroupSink.hold_table``), if it has one."""
         return getattr(self.sink, "hold_table", None)
@@ -519,6 +538,7 @@ class Server:
             log_listener=self.logs,
             before_table_write=self.leadership.before_table_write if self.leadership is not None else None,
             table_lock=self._table_lock() if self.dynamic else None,
+            publish_live=self._live_publisher(endpoints),
         )
         self.persister = persister
         request_channel, handler_count = self._build_request_channel()

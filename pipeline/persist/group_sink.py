@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import multiprocessing
 import logging
 import os
@@ -48,6 +49,7 @@ from pipeline.persist.spark_sink import SparkSink
 from pipeline.table.catalog import (MaintenanceResult, TableCatalog, TableConfig, end_offsets, local_path,
                                     present_offsets)
 from pipeline.log.wal import WalSpan
+from pipeline.table.live import LIVE_DIR, Boundary, merge_ends
 from pipeline.table.schema import ARROW_SCHEMA
 from pipeline.table.staging import STAGING_DIR, StagedRecords, Staging, arrow_codec, stage_flush
 from pipeline.metadata.database import Target
@@ -453,6 +455,37 @@ class SparkGroupSink:
             self._sink.spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", threshold)
         with self.hold_table():
             self._sink.catalog.write_flush(flush, exclude)
+
+    def publish_live(self, bootstrap_servers: str, ends: dict[tuple[str, int], int], closing: bool) -> None:
+        """Publish the live view (``pipeline.table.live``) at this broker's prefix ends ``ends``
+        (``BatchingPersister.prefix_ends``), merged with every other broker's: each writes its own
+        to ``DATA_DIR/_pipeline/live/<its state directory's hash>.json`` first (atomically), and the
+        view takes the largest per partition (``merge_ends``). ``closing`` (a clean stop) on tables
+        this process has alone marks the view ``stopped``: no tail, the table holds everything.
+
+        Raises:
+            OSError: this broker's file could not be written.
+            Whatever Spark raises for the catalog calls.
+        """
+        directory = Path(self._sink.data_dir) / "_pipeline" / LIVE_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        own = directory / (hashlib.sha256(os.path.abspath(self._state_dir).encode()).hexdigest()[:16] + ".json")
+        tmp = own.with_suffix(".tmp")
+        tmp.write_text(json.dumps([[t, p, o] for (t, p), o in sorted(ends.items())]))
+        os.replace(tmp, own)
+        every = [ends]
+        for path in directory.glob("*.json"):
+            if path != own:
+                try:
+                    every.append({(str(t), int(p)): int(o) for t, p, o in json.loads(path.read_text())})
+                except (OSError, ValueError, TypeError) as exc:  # a broker's file being replaced
+                    log.warning("live view: skipping %s: %s", path, exc)
+        catalog = self._sink.catalog
+        typed = frozenset(self._formats) | frozenset(catalog.registry_topics())
+        shared = self._table_lock is not None or self._lock is not None
+        boundary = Boundary(merge_ends(*every), typed, catalog.config.day_topics, stopped=closing and not shared,
+                            brokers=bootstrap_servers)
+        catalog.publish_live(boundary)
 
     @property
     def catalog(self) -> TableCatalog:

@@ -67,6 +67,7 @@ from pipeline.persist.accumulator import FlushGroup, FlushPolicy, FlushReason, R
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.state import LogState
 from pipeline.log.checkpoint import Checkpoint, StateStore
+from pipeline.table.live import PUBLISH_INTERVAL_S
 from pipeline.log.control import ABORT, CONTROL, TRANSACTIONAL, batch_kind, marker_type
 from pipeline.log.wal import WalPosition, WalSpan, WriteAheadLog, encode_appends
 
@@ -326,6 +327,11 @@ class BatchingPersister(Generic[FlushT]):
             table write of each try, so the fencing check and the commit are one step for
             anyone else holding it (a new leader reading the table's end); the sink's own
             table changes take it again (it must be re-entrant).
+        publish_live: called (in a worker thread, blocking) with ``prefix_ends()`` and whether
+            the persister is closing, once the table side is ready, after commits (at most every
+            ``pipeline.table.live.PUBLISH_INTERVAL_S``) and after the last one at a clean close:
+            the live view's boundary (``SparkGroupSink.publish_live``). A failure is logged; the
+            view keeps its older boundary, which is still exact. None: no live view.
 
     Raises:
         ValueError: ``ack_on`` is neither "wal" nor "spark", or ``maintenance_interval_s``
@@ -353,6 +359,7 @@ class BatchingPersister(Generic[FlushT]):
         table_ready: bool = True,
         before_table_write: Callable[[Sequence[PartitionAppend]], None] | None = None,
         table_lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+        publish_live: Callable[[dict[tuple[str, int], int], bool], None] | None = None,
     ) -> None:
         if ack_on not in ("wal", "spark"):
             raise ValueError(f"ack_on must be 'wal' or 'spark', got {ack_on!r}")
@@ -399,6 +406,12 @@ class BatchingPersister(Generic[FlushT]):
         self._sync_requested = 0
         # Open transactions: producer id -> its appends not in the table yet, in WAL order.
         self._held: dict[int, list[_Held]] = {}
+        # (topic, partition, base offset) of every transactional append not in the table yet and not
+        # aborted: held, or released by its COMMIT marker into a flush not written yet (prefix_ends).
+        self._txn_pending: set[tuple[str, int, int]] = set()
+        self._publish_live = publish_live
+        self._published_at = -math.inf
+        self._backlog_written_any = False
         self._backlog = self._hold_transactions(checkpoint.wal_position, backlog)
         self._last_wal_end = backlog[-1][0] if backlog else checkpoint.wal_position
         for _, appends in self._backlog:
@@ -687,6 +700,7 @@ class BatchingPersister(Generic[FlushT]):
             if kind == TRANSACTIONAL:
                 kept = _without_records(a) if strip and self._reads_wal and span is not None else a
                 self._held.setdefault(a.producer_id, []).append(_Held(kept, span, hold_from))
+                self._txn_pending.add((a.topic, a.partition, a.base_offset))
                 transactional.append(a)
             elif kind == CONTROL:
                 held = self._held.get(a.producer_id, [])
@@ -700,6 +714,7 @@ class BatchingPersister(Generic[FlushT]):
                 if marker_type(a.records) == ABORT:
                     for h in mine:  # their offsets and sequences are taken; their rows never exist
                         self._committed.apply(h.append)
+                        self._txn_pending.discard((h.append.topic, h.append.partition, h.append.base_offset))
                 else:
                     released.extend(mine)
                 self._committed.apply(a)
@@ -748,6 +763,27 @@ class BatchingPersister(Generic[FlushT]):
     def open_transactions(self) -> int:
         """Producers with records held out of the table (open transactions)."""
         return len(self._held)
+
+    def prefix_ends(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> the offset below which every record is in the table or never a row
+        (aborted, a marker, a dead letter): the last commit's end offset, lowered to the first record
+        of a transaction not in the table yet (open, or committed but not written). The live view's
+        boundary (``pipeline.table.live``)."""
+        ends = self._committed.end_offsets()
+        for topic, partition, offset in self._txn_pending:
+            if offset < ends.get((topic, partition), 0):
+                ends[(topic, partition)] = offset
+        return ends
+
+    async def _publish(self, closing: bool = False) -> None:
+        """Publish the live view's boundary now (``publish_live``); failures are logged."""
+        if self._publish_live is None:
+            return
+        self._published_at = trio.current_time()
+        try:
+            await trio.to_thread.run_sync(self._publish_live, self.prefix_ends(), closing)
+        except Exception as exc:  # the view keeps its older boundary: exact, with a longer tail
+            log.warning("publishing the live view failed: %s", str(exc).splitlines()[0] if str(exc) else exc)
 
     def _encode_and_append(self, appends: Sequence[PartitionAppend], positions: list[int]) -> tuple[WalPosition, int]:
         """One WAL entry for ``appends`` (``encode_appends``, filling ``positions``), written and fsynced;
@@ -891,13 +927,19 @@ class BatchingPersister(Generic[FlushT]):
 
     async def _spark_writer(self, receive: trio.MemoryReceiveChannel) -> None:
         async with receive:
-            if not await self._until_table_ready() or not await self._write_backlog():
+            if not await self._until_table_ready():
                 return
+            await self._publish()  # at once: the view of a previous run may be stopped or stale
+            if not await self._write_backlog():
+                return
+            if self._backlog_written_any:
+                await self._publish()
             while True:
                 with trio.move_on_at(self._next_maintenance) as maintenance_due:
                     try:
                         group, table = await receive.receive()
                     except trio.EndOfChannel:
+                        await self._publish(closing=True)
                         return
                 if maintenance_due.cancelled_caught:
                     # Between two writes, never during one: a compaction
@@ -911,6 +953,8 @@ class BatchingPersister(Generic[FlushT]):
                 finally:
                     self._spark_writing = False
                     self._spark_wakeup.set()  # a lingered group may go now
+                if trio.current_time() - self._published_at >= PUBLISH_INTERVAL_S:
+                    await self._publish()
 
     async def _write_backlog(self) -> bool:
         """Write the recovery backlog (``pipeline.persist.recovery.replay``'s rule: rows the table
@@ -918,6 +962,7 @@ class BatchingPersister(Generic[FlushT]):
         checkpointed like a flush; False if given up at shutdown."""
         if not self._backlog:
             return True
+        self._backlog_written_any = True
         appends = [a for _, entry in self._backlog for a in entry]
         total = sum(a.record_count for a in appends)
         exclude: set[tuple[str, int, int]] | None = None
@@ -1018,6 +1063,8 @@ class BatchingPersister(Generic[FlushT]):
                   group.reason.value if group.reason else "", elapsed * 1000)
         for a in group.appends:
             self._committed.apply(a)
+        if self._txn_pending:
+            self._txn_pending.difference_update((a.topic, a.partition, a.base_offset) for a in group.appends)
         if self.ack_on == "spark" and self._listener is not None:
             self._listener.durable(group.appends)
         for waiter in group.waiters:

@@ -24,6 +24,7 @@ from a worker thread, one call at a time.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Any, TypedDict, cast
 
@@ -31,6 +32,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from pipeline.persist.jvm_archive import existing_archive
+from pipeline.table import live
 from pipeline.table.schema import COLUMNS
 from pipeline.table.catalog import TableCatalog, TableConfig, catalog_conf
 from pipeline.table.layout import DEFAULT_DATABASE, RECORDS_TABLE
@@ -66,6 +68,9 @@ _DEFAULT_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.maxRecordsPerBatch": "100000",
     # A topic named "123" is a string, never an int partition value.
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+    # The live view's tail (pipeline.table.live): Spark's Python workers are this Python (pipeline
+    # installed) and Python data sources take pushed filters (its boundary, topic/partition/offset).
+    **live.SESSION_CONF,
     # Quiet start-up: warnings and errors only, no banner (log4j2.properties).
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_PROPERTIES}",
 }
@@ -124,6 +129,7 @@ def build_spark_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master or DEFAULT_MASTER).appName(app_name)
     merged = {**_DEFAULT_CONF, **(conf or {})}
+    _python_workers_env()
     java_options = _DEFAULT_CONF["spark.driver.extraJavaOptions"]
     archive = existing_archive()
     if archive is not None:  # the classes of a past driver, mapped instead of loaded (jvm_archive)
@@ -158,6 +164,26 @@ CONNECT_RETRY_POLICY: RetryPolicy = {
     "backoff_multiplier": 4.0,
     "max_backoff": 15_000,
 }
+
+
+def _python_workers_env() -> None:
+    """Make the JVM started next run its Python workers (the live view's tail, ``pipeline.table.live``)
+    with this Python, which has pipeline installed: ``PYSPARK_PYTHON`` unless set (Spark's data
+    source planner reads the variable, not ``spark.pyspark.python``), and the directory of
+    ``pyspark_pipeline`` on their ``PYTHONPATH``: pyspark finds data sources by listing ``sys.path``
+    (``pkgutil.iter_modules``), which does not see a module an editable install maps through an
+    import hook (an installed wheel has it in site-packages already; adding it is harmless)."""
+    import importlib.util
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    spec = importlib.util.find_spec("pyspark_pipeline")
+    if spec is None or spec.origin is None:
+        return
+    directory = os.path.dirname(spec.origin)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if directory not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([directory, *paths])
 
 
 def _build_connect_session(remote: str, conf: dict[str, str] | None) -> SparkSession:

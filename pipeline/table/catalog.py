@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
+from pipeline.table import live
 from pipeline.table.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
 from pipeline.table.staging import StagedFile, StagedRecords, without
 from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables, NoSchema, TopicFormat, typed_column_name
@@ -367,6 +368,10 @@ class TableCatalog:
             f"PARTITIONED BY ({partitioned}) LOCATION '{self.table_dir}' "
             "COMMENT 'Kafka records written by pipeline (Spark Kafka source schema)'"
         )
+        # The live view (pipeline.table.live): its tail, and the view as the table alone until the
+        # server publishes its boundary.
+        self.spark.sql(live.tail_table_sql(db))
+        self.spark.sql(live.view_sql(db, live.Boundary(stopped=True), replace=False))
         self.resume_journal()
 
     # -- writes and reads --------------------------------------------------------
@@ -390,6 +395,15 @@ class TableCatalog:
         if table.num_rows < COALESCE_BELOW_ROWS:
             df = df.coalesce(1)
         df.write.insertInto(self.records_table)
+
+    def publish_live(self, boundary: live.Boundary) -> None:
+        """Publish the live view ``records_live`` at ``boundary`` (``pipeline.table.live.view_sql``:
+        one catalog call).
+
+        Raises:
+            Whatever Spark raises for the catalog call.
+        """
+        self.spark.sql(live.view_sql(self.config.database, boundary))
 
     def read(self) -> DataFrame:
         """The records table as a DataFrame with ``SPARK_SCHEMA`` (columns in ``COLUMNS`` order)."""

@@ -1,0 +1,275 @@
+"""The live view: the committed table plus the acknowledged records not yet committed, each once.
+
+``pipeline.records_live`` is a view in the catalog (beside ``pipeline.records``)::
+
+    SELECT <columns> FROM pipeline.records      WHERE offset < end(topic, partition)
+    UNION ALL
+    SELECT <columns> FROM pipeline.records_tail WHERE _boundary = '<the same ends>'
+
+**The boundary.** After a table commit the server publishes the view again (``view_sql``) with
+each partition's *prefix end* ``end(topic, partition)``: every record below it is in the table
+(or never becomes a row: aborted, a transaction marker, a typed topic's dead letter). It is the
+commit's own end offset, lowered to the first record of a transaction not yet in the table
+(``pipeline.persist.persister.Persister.prefix_ends``), and the view text carries it twice, as
+literals: in the table side's filter, and in the tail side's ``_boundary`` filter, which Spark
+pushes down to ``records_tail`` (``LiveTailReader.pushFilters``). A query resolves the view once,
+so both sides use the same boundary, whatever commits land while it runs:
+
+- the table side keeps the rows below the boundary. Commits only add rows and publish after
+  the commit has completed, so when the view is read the table holds all of them; rows of a
+  later commit (or of one half done) are at or above the boundary and left out;
+- the tail side reads each partition from the boundary to its last stable offset at planning
+  (Kafka's LSO: read_committed, so an open transaction's records and aborted ones never show,
+  as in the table), through the brokers' own Fetch (kafka-python's consumer: each partition
+  from its leader, on one broker or many hosts).
+
+Compaction swaps a partition's files in one catalog call and keeps every row; retention drops
+whole time partitions from the table, and so from the view. So every acknowledged record whose
+offset was below the LSO when the query was planned is in the result exactly once.
+
+**The tail** (``records_tail``) is a catalog table of this module's Python data source
+(``LiveTail``, name ``pipeline_live``, found by Spark through the ``pyspark_pipeline`` module:
+pyspark registers every installed ``pyspark_*`` module's ``DefaultSource``). Spark plans it in a
+Python worker (``LiveTailReader.partitions``: one input partition per topic-partition with
+records past the boundary) and reads each on an executor. Filters on ``topic``, ``partition``
+and ``offset`` prune partitions and offsets before anything is fetched; every other filter is
+applied by Spark to the rows read. Read alone (no ``_boundary``), it reads every record the
+brokers serve. Spark runs it only with ``spark.sql.python.filterPushdown.enabled=true``
+(``SESSION_CONF``; the server's and ``pipeline sql``'s sessions set it; a session without it
+gets Spark's DATA_SOURCE_PUSHDOWN_DISABLED naming it).
+
+**After a clean stop** of a server alone the view is published with ``stopped``: the tail
+reads nothing and connects to nothing, and the view equals the table, which then holds
+everything acknowledged.
+
+Sans-I/O except ``LiveTailReader`` (the Kafka consumer); no Spark session is needed here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+
+from pipeline.table.layout import add_time_partitions
+from pipeline.table.schema import ARROW_SCHEMA, COLUMNS
+
+SOURCE_NAME = "pipeline_live"
+"""The Python data source's name (``USING pipeline_live``)."""
+
+LIVE_SUFFIX = "_live"
+
+LIVE_DIR = "live"
+"""Each broker's prefix ends, ``DATA_DIR/_pipeline/live/<hash>.json`` (``SparkGroupSink.publish_live``)."""
+"""A table's live view is named after it: ``records`` -> ``records_live``."""
+
+TAIL_TABLE = "records_tail"
+"""The catalog table of the tail data source, beside ``records``."""
+
+BOUNDARY_COLUMN = "_boundary"
+"""The tail's parameter column: the view's ``_boundary = '<json>'`` filter carries the boundary."""
+
+TABLE_COLUMNS: tuple[str, ...] = (*COLUMNS, "date", "hour")
+"""The records table's columns, partition columns last (its order in the catalog)."""
+
+SESSION_CONF: dict[str, str] = {"spark.sql.python.filterPushdown.enabled": "true"}
+"""What a Spark session needs to read the live view (a runtime SQL conf: ``spark.conf.set`` works)."""
+
+PUBLISH_INTERVAL_S = 1.0
+"""The view is published again after a commit at most this often (s): with ``--ack-on spark``
+commits come every ``linger.ms``, and a catalog call each would double their cost. An older
+boundary is still exact, only the tail is longer."""
+
+READ_TIMEOUT_MS = 30_000
+"""A tail partition whose fetches make no progress for this long (ms) fails the task
+(Kafka's ``request.timeout.ms`` default)."""
+
+BATCH_ROWS = 10_000
+"""Rows per Arrow batch a tail read yields."""
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """What one publication of the view fixes (``encode``/``decode``: the ``_boundary`` literal).
+
+    Attributes:
+        ends: (topic, partition) -> prefix end offset: every record below is in the table (or is
+            never a row); a partition missing here has 0.
+        typed: topics with a table of their own (their records are not in ``records``).
+        day_topics: topics partitioned by day (``hour`` null).
+        stopped: the server stopped cleanly and the table holds everything: no tail.
+        brokers: where the tail is read from: ``host:port,...`` (Kafka's ``bootstrap.servers``),
+            PLAINTEXT listeners of the brokers that published.
+    """
+
+    ends: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    typed: frozenset[str] = frozenset()
+    day_topics: frozenset[str] = frozenset()
+    stopped: bool = False
+    brokers: str = ""
+
+    def encode(self) -> str:
+        return json.dumps({
+            "ends": [[t, p, o] for (t, p), o in sorted(self.ends.items())],
+            "typed": sorted(self.typed), "day": sorted(self.day_topics), "stopped": self.stopped,
+            "brokers": self.brokers,
+        }, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str) -> "Boundary":
+        """Raises ValueError on text ``encode`` did not write."""
+        try:
+            data = json.loads(text)
+            return cls({(str(t), int(p)): int(o) for t, p, o in data["ends"]}, frozenset(data["typed"]),
+                       frozenset(data["day"]), bool(data["stopped"]), str(data["brokers"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a live-view boundary: {text[:80]!r}") from exc
+
+
+def merge_ends(*ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    """The largest of several prefix ends per partition (each broker publishes its own; a prefix
+    end stays one as the table grows, so the largest is too)."""
+    out: dict[tuple[str, int], int] = {}
+    for one in ends:
+        for key, end in one.items():
+            if end > out.get(key, -1):
+                out[key] = end
+    return out
+
+
+def _string(text: str) -> str:
+    """A Spark SQL string literal (backslash escapes on, Spark's default)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def table_filter_sql(ends: Mapping[tuple[str, int], int]) -> str:
+    """The table side's condition: ``offset`` below its partition's end (a literal nested map)."""
+    if not ends:
+        return "false"
+    by_topic: dict[str, list[tuple[int, int]]] = {}
+    for (topic, partition), end in sorted(ends.items()):
+        by_topic.setdefault(topic, []).append((partition, end))
+    topics = ", ".join(
+        f"{_string(topic)}, map({', '.join(f'{p}, {o}L' for p, o in parts)})" for topic, parts in by_topic.items())
+    return f"`offset` < coalesce(try_element_at(try_element_at(map({topics}), `topic`), `partition`), 0L)"
+
+
+def view_sql(database: str, boundary: Boundary, replace: bool = True) -> str:
+    """``CREATE OR REPLACE VIEW <database>.records_live`` over ``records`` and ``records_tail`` at
+    ``boundary`` (``replace`` False: ``CREATE VIEW IF NOT EXISTS``)."""
+    columns = ", ".join(f"`{c}`" for c in TABLE_COLUMNS)
+    create = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW IF NOT EXISTS"
+    return (f"{create} `{database}`.`records{LIVE_SUFFIX}` "
+            "COMMENT 'pipeline.records plus the acknowledged records not yet committed, each once' AS "
+            f"SELECT {columns} FROM `{database}`.`records` WHERE {table_filter_sql(boundary.ends)} "
+            f"UNION ALL SELECT {columns} FROM `{database}`.`{TAIL_TABLE}` "
+            f"WHERE `{BOUNDARY_COLUMN}` = {_string(boundary.encode())}")
+
+
+def tail_table_sql(database: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS <database>.records_tail USING pipeline_live`` (no options: the
+    view's boundary says where to read)."""
+    return (f"CREATE TABLE IF NOT EXISTS `{database}`.`{TAIL_TABLE}` USING {SOURCE_NAME} "
+            "COMMENT 'the records the brokers serve past the table: read it through records_live'")
+
+
+# -- the data source ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TailPartition:
+    """One topic-partition's tail: offsets [start, end) (Spark's input partition, pickled to the executor)."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class Bounds:
+    """What the pushed filters allow: topics, partitions and an offset range (None: any)."""
+
+    topics: set[str] | None = None
+    partitions: set[int] | None = None
+    partition_lo: int = 0
+    partition_hi: int = 2**31
+    offset_lo: int = 0
+    offset_hi: int = 2**63
+
+    def allows(self, topic: str, partition: int) -> bool:
+        return ((self.topics is None or topic in self.topics)
+                and (self.partitions is None or partition in self.partitions)
+                and self.partition_lo <= partition < self.partition_hi)
+
+
+def narrow(bounds: Bounds, f: Any) -> bool:
+    """Narrow ``bounds`` by one pushed filter (``pyspark.sql.datasource``'s); whether it was one of
+    topic/partition/offset."""
+    from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual
+
+    column = f.attribute[0] if len(f.attribute) == 1 else None
+    if column == "topic" and isinstance(f, (EqualTo, In)):
+        values = {f.value} if isinstance(f, EqualTo) else set(f.value)
+        bounds.topics = values if bounds.topics is None else bounds.topics & values
+        return True
+    if column not in ("partition", "offset") or not isinstance(
+            f, (EqualTo, In, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)):
+        return False
+    if isinstance(f, In) or (isinstance(f, EqualTo) and column == "partition"):
+        values = {int(v) for v in ((f.value,) if isinstance(f, EqualTo) else f.value) if v is not None}
+        if column == "partition":
+            bounds.partitions = values if bounds.partitions is None else bounds.partitions & values
+        else:
+            bounds.offset_lo = max(bounds.offset_lo, min(values, default=2**63))
+            bounds.offset_hi = min(bounds.offset_hi, max(values, default=-1) + 1)
+        return True
+    value = int(f.value)
+    lo, hi = {EqualTo: (value, value + 1), GreaterThan: (value + 1, None), GreaterThanOrEqual: (value, None),
+              LessThan: (None, value), LessThanOrEqual: (None, value + 1)}[type(f)]
+    if column == "partition":
+        bounds.partition_lo = max(bounds.partition_lo, lo) if lo is not None else bounds.partition_lo
+        bounds.partition_hi = min(bounds.partition_hi, hi) if hi is not None else bounds.partition_hi
+    else:
+        bounds.offset_lo = max(bounds.offset_lo, lo) if lo is not None else bounds.offset_lo
+        bounds.offset_hi = min(bounds.offset_hi, hi) if hi is not None else bounds.offset_hi
+    return True
+
+
+def plan_tail(boundary: Boundary, bounds: Bounds, log_ends: Mapping[tuple[str, int], int]) -> list[TailPartition]:
+    """The tail's input partitions (pure): each raw topic-partition the filters allow, from its
+    boundary and the filters' lower bound to its LSO (``log_ends``) and the filters' upper bound;
+    empty ranges dropped. Sorted by topic, partition."""
+    if boundary.stopped:
+        return []
+    out = []
+    for (topic, partition), end in sorted(log_ends.items()):
+        if not bounds.allows(topic, partition) or topic in boundary.typed:
+            continue
+        start = boundary.ends.get((topic, partition), 0)
+        start, end = max(start, bounds.offset_lo), min(end, bounds.offset_hi)
+        if start < end:
+            out.append(TailPartition(topic, partition, start, end))
+    return out
+
+
+def records_to_batch(records: Sequence[Any], day_topics: frozenset[str]) -> pa.RecordBatch:
+    """kafka-python ``ConsumerRecord``s as one batch of the records table's columns plus ``_boundary``
+    (null): the same values the table's decode gives (``pipeline.table.arrow.appends_to_table``)."""
+    table = pa.table([
+        pa.array([r.key for r in records], pa.binary()),
+        pa.array([r.value for r in records], pa.binary()),
+        pa.array([r.topic for r in records], pa.string()),
+        pa.array([r.partition for r in records], pa.int32()),
+        pa.array([r.offset for r in records], pa.int64()),
+        pa.array([r.timestamp * 1000 for r in records], pa.int64()).cast(ARROW_SCHEMA.field("timestamp").type),
+        pa.array([r.timestamp_type for r in records], pa.int32()),
+        pa.array([[{"key": k, "value": v} for k, v in r.headers] if r.headers else None for r in records],
+                 ARROW_SCHEMA.field("headers").type),
+    ], schema=ARROW_SCHEMA)
+    table = add_time_partitions(table, day_topics)
+    table = table.append_column(BOUNDARY_COLUMN, pa.nulls(table.num_rows, pa.string()))
+    return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist(
+        [], schema=table.schema)

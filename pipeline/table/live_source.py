@@ -1,0 +1,139 @@
+"""The live view's tail as a Spark Python data source (``pipeline_live``): see ``pipeline.table.live``.
+
+Imported by Spark's Python workers (through ``pyspark_pipeline``) and by nothing in the server.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, EqualTo, InputPartition, IsNotNull
+
+from pipeline.table.live import (
+    BATCH_ROWS, BOUNDARY_COLUMN, LIVE_SUFFIX, READ_TIMEOUT_MS, SOURCE_NAME, TAIL_TABLE, Boundary, Bounds, TailPartition,
+    narrow, plan_tail, records_to_batch,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+TAIL_API_VERSION = (2, 6)
+"""The Kafka version the tail's consumer assumes of the brokers (kafka-python's ``api_version``: it
+then skips probing them, ~100 ms per consumer); ``kafka.api_version`` overrides it."""
+
+
+def _consumer(brokers: str, options: Mapping[str, str]) -> Any:
+    """A read_committed kafka-python consumer, no group, of ``brokers`` (``host:port,...``), with
+    the data source's options ``kafka.<name>`` passed on as the consumer's ``<name>``."""
+    from kafka import KafkaConsumer
+
+    extra: dict[str, Any] = {"api_version": TAIL_API_VERSION}
+    extra.update({k[len("kafka."):]: v for k, v in options.items() if k.startswith("kafka.")})
+    return KafkaConsumer(bootstrap_servers=brokers.split(","), group_id=None,
+                         enable_auto_commit=False, isolation_level="read_committed",
+                         client_id="pipeline-live", **extra)
+
+
+class LiveTailReader(DataSourceReader):
+    """Plans and reads the tail (``pipeline.table.live``); options ``kafka.*`` go to the consumer."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = dict(options)
+        self.boundary: Boundary | None = None
+        self.bounds = Bounds()
+
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
+        """Take ``_boundary = '<json>'`` (the view's parameter); narrow topics, partitions and offsets
+        by the others, which Spark still applies (all but those on ``_boundary`` are yielded back)."""
+        for f in filters:
+            if f.attribute == (BOUNDARY_COLUMN,) and isinstance(f, (EqualTo, IsNotNull)):
+                # Taken, so Spark does not apply them to the rows (their _boundary is null);
+                # IsNotNull is the one Spark infers from the equality.
+                if isinstance(f, EqualTo):
+                    self.boundary = Boundary.decode(f.value)
+                continue
+            narrow(self.bounds, f)
+            yield f
+
+    def partitions(self) -> list[Any]:
+        """One input partition per topic-partition with a tail (``plan_tail``); the LSOs are asked of
+        the brokers now, so what was acknowledged before the query was planned is read."""
+        from kafka import TopicPartition
+
+        if self.boundary is None:
+            raise ValueError(f"{TAIL_TABLE} is read through {TAIL_TABLE.replace('_tail', LIVE_SUFFIX)}, "
+                             "whose boundary says from which offsets and from which brokers")
+        if self.boundary.stopped:
+            return []
+        consumer = _consumer(self.boundary.brokers, self.options)
+        try:
+            topics = consumer.topics()
+            wanted = [t for t in topics if not t.startswith("__")
+                      and (self.bounds.topics is None or t in self.bounds.topics)]
+            tps = [TopicPartition(t, p) for t in wanted for p in sorted(consumer.partitions_for_topic(t) or ())
+                   if self.bounds.allows(t, p)]
+            ends = consumer.end_offsets(tps) if tps else {}
+        finally:
+            consumer.close()
+        planned = plan_tail(self.boundary, self.bounds, {(tp.topic, tp.partition): o for tp, o in ends.items()})
+        return [InputPartition(p) for p in planned]
+
+    def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        """The records of one ``TailPartition`` [start, end), read_committed, in offset order.
+
+        Raises:
+            TimeoutError: no progress for ``READ_TIMEOUT_MS``.
+            Whatever kafka-python raises (e.g. NoBrokersAvailable).
+        """
+        from kafka import TopicPartition
+
+        if partition.value is None:  # Spark reads InputPartition(None) once when partitions() planned nothing
+            return
+        part: TailPartition = partition.value
+        assert self.boundary is not None  # partitions() planned it
+        day = self.boundary.day_topics
+        tp = TopicPartition(part.topic, part.partition)
+        consumer = _consumer(self.boundary.brokers, self.options)
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, part.start)
+            rows: list[Any] = []
+            position = part.start
+            progress_at = time.monotonic()
+            while position < part.end:
+                fetched = consumer.poll(timeout_ms=500, max_records=BATCH_ROWS).get(tp, [])
+                rows.extend(r for r in fetched if r.offset < part.end)
+                new_position = consumer.position(tp)
+                if new_position > position:
+                    position, progress_at = new_position, time.monotonic()
+                elif time.monotonic() - progress_at > READ_TIMEOUT_MS / 1000:
+                    raise TimeoutError(f"{part.topic}-{part.partition}: no records past offset {position} "
+                                       f"in {READ_TIMEOUT_MS} ms (reading up to {part.end})")
+                if len(rows) >= BATCH_ROWS:
+                    yield records_to_batch(rows, day)
+                    rows = []
+            if rows:
+                yield records_to_batch(rows, day)
+        finally:
+            consumer.close()
+
+
+class LiveTail(DataSource):
+    """The ``pipeline_live`` data source: the records the brokers serve, as rows of the records table."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> "StructType":
+        from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+        from pipeline.table.schema import SPARK_SCHEMA
+
+        return StructType([*SPARK_SCHEMA.fields, StructField("date", StringType()), StructField("hour", IntegerType()),
+                           StructField(BOUNDARY_COLUMN, StringType())])
+
+    def reader(self, schema: "StructType") -> LiveTailReader:
+        return LiveTailReader(self.options)
