@@ -95,6 +95,14 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"pipeline bench: {exc}") from None
         return sustained_main(sustained_opts, _bench_argv())
+    if getattr(args, "freshness", False):
+        from pipeline.bench.freshness_bench import main as freshness_main, resolve_freshness
+
+        try:
+            freshness_opts = resolve_freshness(args)
+        except ValueError as exc:
+            raise SystemExit(f"pipeline bench: {exc}") from None
+        return freshness_main(freshness_opts, _bench_argv())
     if getattr(args, "security", False):
         from pipeline.bench.security_bench import main as security_main, resolve_security
 

@@ -446,6 +446,17 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                                 "Avro values (16 fields, padded to --record-bytes) to a value.format=avro topic whose "
                                 "table follows its registry subject; both MB/s, acknowledged and queryable, and "
                                 "typed / raw")
+    freshness = p.add_argument_group("freshness (--freshness)")
+    freshness.add_argument("--freshness", action="store_true",
+                           help="one server at defaults (--ack-on wal, 10 s table commits), --producers (default 2) "
+                                "confluent-kafka producers of --record-bytes (1 KiB) records at --rate records/s "
+                                "(default 1000) for --duration s (default 60), and a probe record every 0.5 s: "
+                                "acknowledgement-to-visible p50/p99/max through the live view pipeline.records_live "
+                                "and through the table pipeline.records, files per partition-hour, every "
+                                "acknowledged record checked through both (pipeline.bench.freshness_bench)")
+    freshness.add_argument("--warmup", type=float, default=None,
+                           help="--freshness: the first seconds of the load whose probes are not counted "
+                                "(default 10)")
     hostile = p.add_argument_group("hostile clients (--hostile)")
     hostile.add_argument("--hostile", action="store_true",
                          help="good producers at a steady rate, alone and then beside every hostile client on "
@@ -453,7 +464,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                               "clean vs hostile (--duration = seconds of each phase, default "
                               f"{HOSTILE_DEFAULT_DURATION:g}: ~10 minutes in all)")
     hostile.add_argument("--rate", type=float, default=None,
-                         help=f"--hostile: good producers' requests/s (default {HOSTILE_DEFAULT_RATE:g})")
+                         help=f"--hostile: good producers' requests/s (default {HOSTILE_DEFAULT_RATE:g}); --table, "
+                              "--consume, --security, --freshness: records/s")
     hostile.add_argument("--memory-attack-connections", type=int, default=40,
                          help="--hostile: connections per memory-attack round, each sending 40 MiB of a "
                               "declared 90 MiB frame and stalling (default 40)")

@@ -371,7 +371,7 @@ class TableCatalog:
         # The live view (pipeline.table.live): its tail, and the view as the table alone until the
         # server publishes its boundary.
         self.spark.sql(live.tail_table_sql(db))
-        self.spark.sql(live.view_sql(db, live.Boundary(stopped=True), replace=False))
+        self.spark.sql(live.view_sql(db, live.Boundary(stopped=True), create=True))
         self.resume_journal()
 
     # -- writes and reads --------------------------------------------------------

@@ -156,13 +156,16 @@ def table_filter_sql(ends: Mapping[tuple[str, int], int]) -> str:
     return f"`offset` < coalesce(try_element_at(try_element_at(map({topics}), `topic`), `partition`), 0L)"
 
 
-def view_sql(database: str, boundary: Boundary, replace: bool = True) -> str:
-    """``CREATE OR REPLACE VIEW <database>.records_live`` over ``records`` and ``records_tail`` at
-    ``boundary`` (``replace`` False: ``CREATE VIEW IF NOT EXISTS``)."""
+def view_sql(database: str, boundary: Boundary, create: bool = False) -> str:
+    """``ALTER VIEW <database>.records_live AS`` the union over ``records`` and ``records_tail`` at
+    ``boundary``: one atomic catalog change (``CREATE OR REPLACE VIEW`` drops the view, then creates
+    it: a query in between would not find it). ``create``: ``CREATE VIEW IF NOT EXISTS`` instead."""
     columns = ", ".join(f"`{c}`" for c in TABLE_COLUMNS)
-    create = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW IF NOT EXISTS"
-    return (f"{create} `{database}`.`records{LIVE_SUFFIX}` "
-            "COMMENT 'pipeline.records plus the acknowledged records not yet committed, each once' AS "
+    name = f"`{database}`.`records{LIVE_SUFFIX}`"
+    head = (f"CREATE VIEW IF NOT EXISTS {name} "
+            "COMMENT 'pipeline.records plus the acknowledged records not yet committed, each once'"
+            if create else f"ALTER VIEW {name}")
+    return (f"{head} AS "
             f"SELECT {columns} FROM `{database}`.`records` WHERE {table_filter_sql(boundary.ends)} "
             f"UNION ALL SELECT {columns} FROM `{database}`.`{TAIL_TABLE}` "
             f"WHERE `{BOUNDARY_COLUMN}` = {_string(boundary.encode())}")

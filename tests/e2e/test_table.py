@@ -1,10 +1,12 @@
 """The table as Spark users meet it, against a real server, real clients, real Spark and the metastore.
 
-* A trickle producer (40 records/s for 30 s, confluent-kafka) while a reader
+* A trickle producer (40 records/s for 30 s, confluent-kafka, idempotent) while a reader
   in another Spark session (Spark Connect, by name) counts rows in a loop
   through commits and background compactions: the count never goes down,
   never exceeds what was acknowledged, and ends equal to it; afterwards each
-  time partition holds a handful of files.
+  time partition holds a handful of files. Meanwhile a third session reads
+  the live view (``pipeline.records_live``) in a loop: every snapshot holds
+  each record acknowledged before its query started exactly once.
 
 The table queried by name over JDBC and, after ``kill -9`` and a restart,
 from another session, and typed topics with their dead letters across a
@@ -33,7 +35,7 @@ SECONDS = 30
 def produce_trickle(bootstrap: str, topic: str, acked: list[int], stop: threading.Event) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap})
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
 
     def delivered(err, msg) -> None:
         if err is None:
@@ -68,6 +70,24 @@ def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(t
     stop = threading.Event()
     errors: list[BaseException] = []
     reader_session = build_spark_session(remote=f"sc://127.0.0.1:{server.connect_port}")
+    live_session = build_spark_session(remote=f"sc://127.0.0.1:{server.connect_port}")
+    # per live snapshot: (rows, distinct offsets, acknowledged before the query but missing, rows the
+    # table alone held just before the query)
+    live: list[tuple[int, int, int, int]] = []
+
+    def live_reader() -> None:
+        """The live view through commits and compactions, as a Spark user reads it (by name)."""
+        while not stop.is_set():
+            try:
+                in_table = live_session.sql(
+                    f"SELECT count(*) FROM pipeline.records WHERE topic = '{topic}'").collect()[0][0]
+                before = set(acked)
+                offsets = [r[0] for r in live_session.sql(
+                    f"SELECT `offset` FROM pipeline.records_live WHERE topic = '{topic}'").collect()]
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                return
+            live.append((len(offsets), len(set(offsets)), len(before - set(offsets)), in_table))
 
     def reader() -> None:
         while not stop.is_set():
@@ -81,8 +101,10 @@ def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(t
     try:
         producer = threading.Thread(target=produce_trickle, args=(server.bootstrap, topic, acked, stop))
         read = threading.Thread(target=reader)
+        live_read = threading.Thread(target=live_reader)
         producer.start()
         read.start()
+        live_read.start()
         producer.join(SECONDS + 60)
         assert not producer.is_alive()
         total = len(acked)
@@ -110,8 +132,16 @@ def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(t
             final = LogCursor(server)
         stop.set()
         read.join(60)
+        live_read.join(60)
         counts = [n for n, _, _ in observed]
         assert not errors, errors
+        # the live view: no record twice, none acknowledged before the query missing, none never sent
+        assert len(live) >= 5, live
+        assert all(n == distinct for n, distinct, _, _ in live), "a record twice in the live view"
+        assert all(missing == 0 for _, _, missing, _ in live), live
+        assert all(n <= total for n, _, _, _ in live), live
+        # and it held records the table alone did not have yet (the tail)
+        assert any(n > in_table for n, _, _, in_table in live), live
         assert counts == sorted(counts), "the row count went down"
         assert all(n <= a for n, a, _ in observed), "more rows than acknowledged records"
         assert counts[-1] == total
@@ -129,6 +159,7 @@ def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(t
     finally:
         stop.set()
         reader_session.stop()
+        live_session.stop()
         code = server.stop() if server.running else None
     assert code == 0, server.log_text()
 
