@@ -17,16 +17,21 @@ PLOTS = ("throughput_vs_connections.png", "latency_percentiles.png", "throughput
 # C=1 beside the preset's C=4 brings in the headline comparison (C=1, K=5, acks=-1 sized by completed
 # requests, repeats interleaved between baseline and multiqueue), at CI size: 2 repeats of 2 requests;
 # C=4 acks=0 the acks=0 runs, on multiqueue each paired with an echo-ceiling run just before it.
+# --duration 0.5 instead of the preset's 1.5 s: the nine runs bounded by time (the three warm-ups and
+# the unpaired shape runs; the headline's, the ceiling's and the paired acks=0 runs stop at their
+# request counts)
+# each end a second sooner. What is checked is that every run completes, is measured and verified,
+# not how much it sends.
 def test_bench_smoke(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--smoke", "--out", str(out),
                            "--shapes", "1:5:-1,4:5:-1,4:5:0", "--acks0-pairs", "2",
-                           "--headline-requests", "4", "--headline-repeats", "2"],
+                           "--headline-requests", "4", "--headline-repeats", "2", "--duration", "0.5"],
                           capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
 
-    assert results["options"]["preset"] == "smoke"
+    assert results["options"]["preset"] == "smoke" and results["options"]["duration"] == 0.5
     assert {c["name"] for c in results["configurations"]} == {"baseline", "multiqueue-q2", "shared-unmuted"}
     for config in results["configurations"]:
         assert config["error"] is None, config["error"]
