@@ -19,8 +19,10 @@ def test_security_bench_smoke(tmp_path):
     out = tmp_path / "security"
     # Each phase starts once the persister is empty (a table commit): the server's default
     # 10 s commit interval made those waits most of the run; 500 ms keeps them to about a second.
+    # --duration 1: each protocol's latency phase is 300/s for 1 s instead of the preset's 2 s.
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench", "--security", "--smoke", "--out", str(out),
-                           f"--server-arg={COMMIT_FAST}"], capture_output=True, text=True, timeout=600)
+                           "--duration", "1", f"--server-arg={COMMIT_FAST}"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
     assert "error" not in results and not results["failed"]
@@ -28,7 +30,7 @@ def test_security_bench_smoke(tmp_path):
     for run in results["runs"]:
         t, s = run["throughput"], run["latency"]
         assert t["records"] == 3000 and not t["errors"] and not t["timed_out"]
-        assert s["records"] == 600 and not s["errors"] and not s["timed_out"]  # 300/s for 2 s
+        assert s["records"] == 300 and not s["errors"] and not s["timed_out"]  # 300/s for 1 s
         assert 0 < t["latency_ms"]["p50"] <= t["latency_ms"]["p99"] and run["server_cpu_s"] > 0
         assert s["first_ack_ms"] > 0
         assert run["table_wait_s"] is not None  # each phase started with the persister empty
