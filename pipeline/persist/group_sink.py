@@ -458,10 +458,12 @@ class SparkGroupSink:
 
     def publish_live(self, bootstrap_servers: str, ends: dict[tuple[str, int], int], closing: bool) -> None:
         """Publish the live view (``pipeline.table.live``) at this broker's prefix ends ``ends``
-        (``BatchingPersister.prefix_ends``), merged with every other broker's: each writes its own
-        to ``DATA_DIR/_pipeline/live/<its state directory's hash>.json`` first (atomically), and the
-        view takes the largest per partition (``merge_ends``). ``closing`` (a clean stop) on tables
-        this process has alone marks the view ``stopped``: no tail, the table holds everything.
+        (``BatchingPersister.prefix_ends``), merged with every other broker's: each writes its own,
+        and whether it is stopping, to ``DATA_DIR/_pipeline/live/<its state directory's hash>.json``
+        first (atomically), and the view takes the largest per partition (``merge_ends``). The view is
+        ``stopped`` (no tail: the table holds everything) when every broker's file says it stopped
+        cleanly (``closing``): the last broker of a cluster to stop publishes that, holding the
+        tables' lock (``hold_table``) so that two brokers stopping at once do not both miss it.
 
         Raises:
             OSError: this broker's file could not be written.
@@ -470,22 +472,24 @@ class SparkGroupSink:
         directory = Path(self._sink.data_dir) / "_pipeline" / LIVE_DIR
         directory.mkdir(parents=True, exist_ok=True)
         own = directory / (hashlib.sha256(os.path.abspath(self._state_dir).encode()).hexdigest()[:16] + ".json")
-        tmp = own.with_suffix(".tmp")
-        tmp.write_text(json.dumps([[t, p, o] for (t, p), o in sorted(ends.items())]))
-        os.replace(tmp, own)
-        every = [ends]
-        for path in directory.glob("*.json"):
-            if path != own:
-                try:
-                    every.append({(str(t), int(p)): int(o) for t, p, o in json.loads(path.read_text())})
-                except (OSError, ValueError, TypeError) as exc:  # a broker's file being replaced
-                    log.warning("live view: skipping %s: %s", path, exc)
-        catalog = self._sink.catalog
-        typed = frozenset(self._formats) | frozenset(catalog.registry_topics())
-        shared = self._table_lock is not None or self._lock is not None
-        boundary = Boundary(merge_ends(*every), typed, catalog.config.day_topics, stopped=closing and not shared,
-                            brokers=bootstrap_servers)
-        catalog.publish_live(boundary)
+        with self.hold_table():
+            tmp = own.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"ends": [[t, p, o] for (t, p), o in sorted(ends.items())],
+                                       "stopped": closing}))
+            os.replace(tmp, own)
+            every, stopped = [ends], closing
+            for path in directory.glob("*.json"):
+                if path != own:
+                    try:
+                        other = json.loads(path.read_text())
+                        every.append({(str(t), int(p)): int(o) for t, p, o in other["ends"]})
+                        stopped = stopped and bool(other["stopped"])
+                    except (OSError, KeyError, ValueError, TypeError) as exc:  # not a file of this version
+                        log.warning("live view: skipping %s: %s", path, exc)
+            catalog = self._sink.catalog
+            typed = frozenset(self._formats) | frozenset(catalog.registry_topics())
+            catalog.publish_live(Boundary(merge_ends(*every), typed, catalog.config.day_topics, stopped=stopped,
+                                          brokers=bootstrap_servers))
 
     @property
     def catalog(self) -> TableCatalog:

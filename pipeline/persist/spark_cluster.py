@@ -28,7 +28,9 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Callable, Self
 
@@ -73,8 +75,32 @@ def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
+def python_workers_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What a JVM started with environment ``env`` needs so that its Python workers (the live view's
+    tail, ``pipeline.table.live``) run this Python, which has pipeline installed: ``PYSPARK_PYTHON``
+    unless set (Spark's data source planner reads the variable, not ``spark.pyspark.python``), and the
+    directory of ``pyspark_pipeline`` first on their ``PYTHONPATH``: pyspark finds data sources by
+    listing ``sys.path`` (``pkgutil.iter_modules``), which does not see a module an editable install
+    maps through an import hook (an installed wheel has it in site-packages: adding it is harmless).
+
+    Returns:
+        The variables to set (a subset of ``PYSPARK_PYTHON``, ``PYTHONPATH``).
+    """
+    import importlib.util
+
+    out = {} if env.get("PYSPARK_PYTHON") else {"PYSPARK_PYTHON": sys.executable}
+    spec = importlib.util.find_spec("pyspark_pipeline")
+    if spec is not None and spec.origin is not None:
+        directory = os.path.dirname(spec.origin)
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if directory not in paths:
+            out["PYTHONPATH"] = os.pathsep.join([directory, *paths])
+    return out
+
+
 def _spark_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(python_workers_env(env))
     env.update({
         "SPARK_HOME": str(spark_home()),
         # Master/Worker web UIs and every RPC endpoint bind here (Utils.localHostName).

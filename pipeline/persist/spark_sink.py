@@ -24,7 +24,6 @@ from a worker thread, one call at a time.
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from typing import Any, TypedDict, cast
 
@@ -32,6 +31,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from pipeline.persist.jvm_archive import existing_archive
+from pipeline.persist.spark_cluster import python_workers_env
 from pipeline.table import live
 from pipeline.table.schema import COLUMNS
 from pipeline.table.catalog import TableCatalog, TableConfig, catalog_conf
@@ -129,7 +129,7 @@ def build_spark_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master or DEFAULT_MASTER).appName(app_name)
     merged = {**_DEFAULT_CONF, **(conf or {})}
-    _python_workers_env()
+    os.environ.update(python_workers_env(os.environ))
     java_options = _DEFAULT_CONF["spark.driver.extraJavaOptions"]
     archive = existing_archive()
     if archive is not None:  # the classes of a past driver, mapped instead of loaded (jvm_archive)
@@ -164,26 +164,6 @@ CONNECT_RETRY_POLICY: RetryPolicy = {
     "backoff_multiplier": 4.0,
     "max_backoff": 15_000,
 }
-
-
-def _python_workers_env() -> None:
-    """Make the JVM started next run its Python workers (the live view's tail, ``pipeline.table.live``)
-    with this Python, which has pipeline installed: ``PYSPARK_PYTHON`` unless set (Spark's data
-    source planner reads the variable, not ``spark.pyspark.python``), and the directory of
-    ``pyspark_pipeline`` on their ``PYTHONPATH``: pyspark finds data sources by listing ``sys.path``
-    (``pkgutil.iter_modules``), which does not see a module an editable install maps through an
-    import hook (an installed wheel has it in site-packages already; adding it is harmless)."""
-    import importlib.util
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-    spec = importlib.util.find_spec("pyspark_pipeline")
-    if spec is None or spec.origin is None:
-        return
-    directory = os.path.dirname(spec.origin)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if directory not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([directory, *paths])
 
 
 def _build_connect_session(remote: str, conf: dict[str, str] | None) -> SparkSession:

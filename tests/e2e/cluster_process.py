@@ -36,7 +36,8 @@ class Cluster:
     def start(self) -> "Cluster":
         self._log = open(self.log_path, "ab")
         # The supervisor's own Connect server on a free port, unless the brokers use one already running.
-        connect = [] if "--spark-remote" in self.args else ["--spark-connect-port", str(free_port())]
+        self.connect_port = None if "--spark-remote" in self.args else free_port()
+        connect = [] if self.connect_port is None else ["--spark-connect-port", str(self.connect_port)]
         cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--brokers", str(self.n), "--listen", "127.0.0.1:0",
                "--data-dir", str(self.data_dir), *connect, *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log,
