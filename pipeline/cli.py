@@ -576,7 +576,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
         print(f"pipeline sql: {exc}", file=sys.stderr)
         return 1
     try:
-        columns, rows = run_sql(spark, args.query, database)
+        columns, rows = run_sql(spark, args.query, database, live=not args.committed)
     except PySparkException as exc:  # a bad query, a missing table or database: Spark's own message
         if exc.getCondition() == "SCHEMA_NOT_FOUND" and f"`{database}`" in str(exc):
             print(f"pipeline sql: no database `{database}` yet (nothing has been written to the tables)",
@@ -767,6 +767,9 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--format", choices=["table", "json"], default="table",
                      help="table (default) or JSON lines (binary as base64)")
     sql.add_argument("--max-rows", type=positive_int, default=1000, help="rows to print (default 1000)")
+    sql.add_argument("--committed", action="store_true",
+                     help="`records` is the committed table alone; by default it is the live view records_live "
+                          "(the table plus the records acknowledged and not committed yet, each once)")
     sql.set_defaults(func=cmd_sql)
     compact = sub.add_parser("compact", help="compact the table now (with the server stopped)")
     compact.add_argument("--config", type=Path, default=None, metavar="FILE",

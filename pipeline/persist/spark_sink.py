@@ -33,6 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pipeline.persist.jvm_archive import existing_archive
 from pipeline.persist.spark_cluster import python_workers_env
 from pipeline.table import live
+from pipeline.table.live import LIVE_SUFFIX
 from pipeline.table.schema import COLUMNS
 from pipeline.table.catalog import TableCatalog, TableConfig, catalog_conf
 from pipeline.table.layout import DEFAULT_DATABASE, RECORDS_TABLE
@@ -363,8 +364,12 @@ def read_records(spark: SparkSession, database: str = DEFAULT_DATABASE) -> DataF
     return spark.table(f"`{database}`.`{RECORDS_TABLE}`").select(*COLUMNS)
 
 
-def run_sql(spark: SparkSession, query: str, database: str = DEFAULT_DATABASE) -> tuple[list[str], list[tuple]]:
+def run_sql(spark: SparkSession, query: str, database: str = DEFAULT_DATABASE,
+            live: bool = False) -> tuple[list[str], list[tuple]]:
     """Run ``query`` with ``database`` as the current database (so ``records`` names the records table).
+    ``live``: ``records`` names the live view instead (``records_live``, ``pipeline.table.live``: the
+    table plus what is acknowledged and not committed yet), through a temporary view of that name,
+    when the database has one; ``<database>.records`` still names the table.
 
     Returns:
         (column names, rows as tuples), all rows collected to the driver.
@@ -375,5 +380,8 @@ def run_sql(spark: SparkSession, query: str, database: str = DEFAULT_DATABASE) -
         pyspark.errors.AnalysisException / ParseException for a bad query.
     """
     spark.catalog.setCurrentDatabase(database)
+    if live and spark.catalog.tableExists(f"{database}.{RECORDS_TABLE}{LIVE_SUFFIX}"):
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW `{RECORDS_TABLE}` AS "
+                  f"SELECT * FROM `{database}`.`{RECORDS_TABLE}{LIVE_SUFFIX}`")
     result = spark.sql(query)
     return list(result.columns), [tuple(row) for row in result.collect()]

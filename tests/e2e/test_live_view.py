@@ -67,8 +67,8 @@ def test_every_snapshot_holds_each_acknowledged_record_once_across_three_brokers
     session = None
     try:
         bootstrap = cluster.bootstrap()
-        for future in AdminClient({"bootstrap.servers": bootstrap}).create_topics(
-                [NewTopic(TOPIC, PARTITIONS, 1)]).values():
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
             future.result(60)
         session = build_spark_session(remote=f"sc://127.0.0.1:{cluster.connect_port}")
         acked: dict[int, tuple[int, int]] = {}

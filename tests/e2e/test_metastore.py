@@ -1,5 +1,6 @@
 """An external Hive metastore (``hive.metastore.uris``) shared with a classic Spark session in
-another process while the server runs, against a real server, real clients and real Spark."""
+another process while the server runs, against a real server, real clients and real Spark; that
+session reads the live view (``pipeline.records_live``) by name, acknowledged records at once."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from tests.e2e.server_process import ServerProcess
-from tests.e2e.table_reader import read_table
+from tests.e2e.table_reader import read_table, read_tables
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,15 @@ def test_an_external_metastore_is_shared_with_a_classic_session_while_the_server
                 producer.send("shared", value=b"v%d" % i)
             producer.flush()
             producer.close()
-            # a classic Spark application of its own (another process, another JVM), by name, server running
+            # a classic Spark application of its own (another process, another JVM), by name, server running:
+            # the live view holds the 50 acknowledged records at its first query (its tail comes from the
+            # broker through the pipeline_live data source, in that session's own Python workers)
+            live, in_order = read_tables(data_dir, [
+                "SELECT count(*) AS n, count(DISTINCT offset) AS d FROM pipeline.records_live WHERE topic = 'shared'",
+                "SELECT offset FROM pipeline.records_live WHERE topic = 'shared' ORDER BY offset"],
+                metastore_uris=metastore.uris)
+            assert live == [{"n": 50, "d": 50}]
+            assert [r["offset"] for r in in_order] == list(range(50))
             deadline = time.monotonic() + 90
             while True:
                 rows = read_table(data_dir, "SELECT count(*) AS n FROM pipeline.records WHERE topic = 'shared'",
