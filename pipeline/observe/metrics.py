@@ -409,6 +409,9 @@ class ServerCollector:
         yield _histogram("pipeline_queryable_lag_ms", "Per produce request, from its acknowledgement (ack-on "
                          "wal; its WAL write with ack-on spark) to the Spark commit that made its records "
                          "queryable (ms)", ps.queryable_lag_ms)
+        yield _histogram("pipeline_live_visible_lag_ms", "Per group of non-transactional records, from its "
+                         "acknowledgement to its visibility through the live view pipeline.records_live "
+                         "(ms; 1: at once, the view being published)", ps.live_lag_ms)
 
 
 _STAGE_HELP = {

@@ -212,7 +212,12 @@ class PersisterStats:
     Spark write each (retries included), ``queryable_lag_ms`` one value per
     WAL group commit (the requests of a group share one acknowledgement): from
     that fsync (the acknowledgement with ``ack_on="wal"``) to the Spark commit
-    that made the group's records queryable.
+    that made the group's records queryable; ``live_lag_ms`` likewise, from the
+    acknowledgement of a group of non-transactional records to their
+    visibility through the live view (``pipeline.table.live``): at once (1 ms,
+    the histograms' floor) once the view is published, else its first
+    publication (a server whose Spark is still starting). A transaction's
+    records become visible at its commit marker, and are not counted.
     """
 
     wal_writes: int = 0
@@ -228,6 +233,7 @@ class PersisterStats:
     wal_write_ms: HdrHistogram = field(default_factory=latency_histogram)
     flush_ms: HdrHistogram = field(default_factory=latency_histogram)
     queryable_lag_ms: HdrHistogram = field(default_factory=latency_histogram)
+    live_lag_ms: HdrHistogram = field(default_factory=latency_histogram)
 
 
 def _record_ms(histogram: HdrHistogram, ms: float) -> None:
@@ -411,6 +417,8 @@ class BatchingPersister(Generic[FlushT]):
         self._txn_pending: set[tuple[str, int, int]] = set()
         self._publish_live = publish_live
         self._published_at = -math.inf
+        self._live_since: float | None = None   # the first publication of the live view
+        self._live_waiting: list[float] = []    # acknowledgements (trio time) before it
         self._backlog_written_any = False
         self._backlog = self._hold_transactions(checkpoint.wal_position, backlog)
         self._last_wal_end = backlog[-1][0] if backlog else checkpoint.wal_position
@@ -648,6 +656,8 @@ class BatchingPersister(Generic[FlushT]):
                 self._listener.durable(group.appends)
             for commit in group.waiters:
                 commit.resolve(None)
+            if len(transactional) < len(group.appends):  # readable by a live view's tail from now
+                self._live_acknowledged(trio.current_time())
         else:
             if transactional and self._listener is not None:
                 self._listener.durable(transactional)  # acknowledged at the WAL: readable
@@ -784,6 +794,22 @@ class BatchingPersister(Generic[FlushT]):
             await trio.to_thread.run_sync(self._publish_live, self.prefix_ends(), closing)
         except Exception as exc:  # the view keeps its older boundary: exact, with a longer tail
             log.warning("publishing the live view failed: %s", str(exc).splitlines()[0] if str(exc) else exc)
+            return
+        if self._live_since is None:  # the view reads the tail from now on
+            self._live_since = trio.current_time()
+            for acked_at in self._live_waiting:
+                _record_ms(self.stats.live_lag_ms, (self._live_since - acked_at) * 1000.0)
+            self._live_waiting.clear()
+
+    def _live_acknowledged(self, acked_at: float) -> None:
+        """A group of non-transactional records was acknowledged at ``acked_at`` and is readable:
+        visible through the live view at once once it is published, else at its first publication."""
+        if self._publish_live is None:
+            return
+        if self._live_since is not None:
+            _record_ms(self.stats.live_lag_ms, 0.0)
+        else:
+            self._live_waiting.append(acked_at)
 
     def _encode_and_append(self, appends: Sequence[PartitionAppend], positions: list[int]) -> tuple[WalPosition, int]:
         """One WAL entry for ``appends`` (``encode_appends``, filling ``positions``), written and fsynced;
@@ -1059,6 +1085,8 @@ class BatchingPersister(Generic[FlushT]):
         committed_at = trio.current_time()
         for waiter in group.waiters:
             _record_ms(stats.queryable_lag_ms, (committed_at - waiter.acked_at) * 1000.0)
+        if self.ack_on == "spark" and group.appends:  # acknowledged, and readable, now
+            self._live_acknowledged(committed_at)
         log.debug("flushed %d records (%d bytes, %s) in %.0f ms", group.records, group.size_bytes,
                   group.reason.value if group.reason else "", elapsed * 1000)
         for a in group.appends:

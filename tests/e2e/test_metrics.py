@@ -232,6 +232,7 @@ def test_metrics_agree_with_a_raw_produce_run(started):
     assert delta(flushed, before, "pipeline_flush_time_ms_count") >= 1
     assert delta(flushed, before, "pipeline_flush_bytes_total") >= sent_bytes
     assert delta(flushed, before, "pipeline_queryable_lag_ms_count") >= 1
+    assert delta(flushed, before, "pipeline_live_visible_lag_ms_count") >= 1  # the live view, published
     assert flushed.value("pipeline_buffered_records") == 0
     assert flushed.value("pipeline_buffered_bytes") == 0
 
@@ -326,6 +327,7 @@ EVERY_FAMILY = (
     "pipeline_buffered_records",
     "pipeline_buffered_bytes",
     "pipeline_queryable_lag_ms_bucket",
+    "pipeline_live_visible_lag_ms_bucket",
     "pipeline_connections_rejected_total",
     "pipeline_native_stage_items_total",
     "pipeline_ready",
