@@ -380,8 +380,13 @@ def run_sql(spark: SparkSession, query: str, database: str = DEFAULT_DATABASE,
         pyspark.errors.AnalysisException / ParseException for a bad query.
     """
     spark.catalog.setCurrentDatabase(database)
-    if live and spark.catalog.tableExists(f"{database}.{RECORDS_TABLE}{LIVE_SUFFIX}"):
+    shadowed = live and spark.catalog.tableExists(f"{database}.{RECORDS_TABLE}{LIVE_SUFFIX}")
+    if shadowed:
         spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW `{RECORDS_TABLE}` AS "
                   f"SELECT * FROM `{database}`.`{RECORDS_TABLE}{LIVE_SUFFIX}`")
-    result = spark.sql(query)
-    return list(result.columns), [tuple(row) for row in result.collect()]
+    try:
+        result = spark.sql(query)
+        return list(result.columns), [tuple(row) for row in result.collect()]
+    finally:
+        if shadowed:
+            spark.catalog.dropTempView(RECORDS_TABLE)

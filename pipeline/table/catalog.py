@@ -320,6 +320,8 @@ class TableCatalog:
         """Registry topic -> ((the latest schema id, its value.wire.format), its format) as ``registry_format``
         last built it."""
         self._table_columns: dict[str, list[tuple[str, str]]] = {}
+        self._live_created = False
+        """``publish_live`` made sure the live view and its tail's table exist."""
         """Registry topic's table -> its data columns (name, Spark type), as ``_evolve`` last read or made them."""
         self.static_config = self.config
         """The table settings of the server's configuration, before any topic config (``apply_topic_configs``)."""
@@ -368,14 +370,6 @@ class TableCatalog:
             f"PARTITIONED BY ({partitioned}) LOCATION '{self.table_dir}' "
             "COMMENT 'Kafka records written by pipeline (Spark Kafka source schema)'"
         )
-        # The live view (pipeline.table.live): its tail, and the view as the table alone until the
-        # server publishes its boundary. Without it the tables still work: say why, carry on.
-        try:
-            self.spark.sql(live.tail_table_sql(db))
-            self.spark.sql(live.view_sql(db, live.Boundary(stopped=True), create=True))
-        except Exception as exc:  # noqa: BLE001 - Spark raises many types; the table side runs without the view
-            log.warning("the live view (%s.records%s) is not available: %s", db, live.LIVE_SUFFIX,
-                        str(exc).splitlines()[0] if str(exc) else exc)
         self.resume_journal()
 
     # -- writes and reads --------------------------------------------------------
@@ -402,12 +396,18 @@ class TableCatalog:
 
     def publish_live(self, boundary: live.Boundary) -> None:
         """Publish the live view ``records_live`` at ``boundary`` (``pipeline.table.live.view_sql``:
-        one catalog call).
+        one catalog call). The first call of this catalog creates the tail's table and the view if
+        missing (a JVM's first Python data source costs ~2 s: off the table side's start).
 
         Raises:
-            Whatever Spark raises for the catalog call.
+            Whatever Spark raises for the catalog calls.
         """
-        self.spark.sql(live.view_sql(self.config.database, boundary))
+        db = self.config.database
+        if not self._live_created:
+            self.spark.sql(live.tail_table_sql(db))
+            self.spark.sql(live.view_sql(db, boundary, create=True))
+            self._live_created = True
+        self.spark.sql(live.view_sql(db, boundary))
 
     def read(self) -> DataFrame:
         """The records table as a DataFrame with ``SPARK_SCHEMA`` (columns in ``COLUMNS`` order)."""

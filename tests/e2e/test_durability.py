@@ -804,6 +804,9 @@ def test_kill_9_under_load_with_ack_on_spark_loses_no_acknowledged_record(tmp_pa
         acked_before_crash = wait_acked(producers, 1000, server)
         server.kill()  # SIGKILL mid-stream
         server = ServerProcess(data_dir, *args, port=port, log_path=tmp_path / "restarted-server.log").start()
+        # the live view, while the producers go on after the restart: each snapshot holds every
+        # record acknowledged before its query once (a commit per linger.ms, a tail between them)
+        snapshots = live_snapshots(server, "crash", producers)
         for p in producers:
             p.join(240)
         assert not any(p.is_alive() for p in producers), "producers did not finish"
@@ -818,3 +821,28 @@ def test_kill_9_under_load_with_ack_on_spark_loses_no_acknowledged_record(tmp_pa
     assert "recovery done in" in server.log_text()
     check_crash_rows(read_table(data_dir, "SELECT `partition`, `offset`, value FROM records"),
                      producers, acked_before_crash)
+    assert snapshots, "no live view snapshot"
+    assert all(n == distinct for n, distinct, _ in snapshots), f"a record twice in the live view: {snapshots}"
+    assert all(missing == 0 for _, _, missing in snapshots), snapshots
+
+
+def live_snapshots(server: ServerProcess, topic: str, producers: list[IdempotentProducer],
+                   ) -> list[tuple[int, int, int]]:
+    """Snapshots of ``topic`` through ``pipeline.records_live`` (Spark Connect, by name) while any of
+    ``producers`` runs (at least one): (rows, distinct (partition, offset), acknowledged before the
+    query but missing)."""
+    from pipeline.persist.spark_sink import build_spark_session
+
+    session = build_spark_session(remote=f"sc://127.0.0.1:{server.connect_port}")
+    out: list[tuple[int, int, int]] = []
+    try:
+        deadline = time.monotonic() + 120
+        while (not out or any(p.is_alive() for p in producers)) and time.monotonic() < deadline:
+            before = {po for p in producers for po in list(p.acked.values())}
+            got = [(r[0], r[1]) for r in session.sql(
+                f"SELECT `partition`, `offset` FROM pipeline.records_live WHERE topic = '{topic}'").collect()]
+            out.append((len(got), len(set(got)), len(before - set(got))))
+            time.sleep(0.5)
+    finally:
+        session.stop()
+    return out

@@ -34,18 +34,18 @@ def test_an_external_metastore_is_shared_with_a_classic_session_while_the_server
             # a classic Spark application of its own (another process, another JVM), by name, server running:
             # the live view holds the 50 acknowledged records at its first query (its tail comes from the
             # broker through the pipeline_live data source, in that session's own Python workers)
-            live, in_order = read_tables(data_dir, [
+            live, in_order, rows = read_tables(data_dir, [
                 "SELECT count(*) AS n, count(DISTINCT offset) AS d FROM pipeline.records_live WHERE topic = 'shared'",
-                "SELECT offset FROM pipeline.records_live WHERE topic = 'shared' ORDER BY offset"],
+                "SELECT offset FROM pipeline.records_live WHERE topic = 'shared' ORDER BY offset",
+                "SELECT count(*) AS n FROM pipeline.records WHERE topic = 'shared'"],
                 metastore_uris=metastore.uris)
             assert live == [{"n": 50, "d": 50}]
             assert [r["offset"] for r in in_order] == list(range(50))
+            # the table alone, once a commit (every 500 ms) took them
             deadline = time.monotonic() + 90
-            while True:
+            while rows != [{"n": 50}] and time.monotonic() < deadline:
                 rows = read_table(data_dir, "SELECT count(*) AS n FROM pipeline.records WHERE topic = 'shared'",
                                   metastore_uris=metastore.uris)
-                if rows == [{"n": 50}] or time.monotonic() > deadline:
-                    break
             assert rows == [{"n": 50}]
             assert server.running
             # nothing went to an embedded metastore in the data directory

@@ -25,6 +25,7 @@ import pytest
 
 from tests.e2e.server_process import ServerProcess
 from tests.e2e.shared_server import LogCursor
+from tests.e2e.table_reader import wait_for_live_view
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +72,7 @@ def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(t
     errors: list[BaseException] = []
     reader_session = build_spark_session(remote=f"sc://127.0.0.1:{server.connect_port}")
     live_session = build_spark_session(remote=f"sc://127.0.0.1:{server.connect_port}")
+    wait_for_live_view(live_session)
     # per live snapshot: (rows, distinct offsets, acknowledged before the query but missing, rows the
     # table alone held just before the query)
     live: list[tuple[int, int, int, int]] = []
@@ -88,6 +90,7 @@ def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(t
                 errors.append(exc)
                 return
             live.append((len(offsets), len(set(offsets)), len(before - set(offsets)), in_table))
+            stop.wait(1.0)  # a snapshot a second: through many commits, without taking the 2 cores
 
     def reader() -> None:
         while not stop.is_set():

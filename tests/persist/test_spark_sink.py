@@ -123,6 +123,21 @@ def test_run_sql_counts_per_topic(spark, sink, database):
     assert rows == [("123", 2, 1), ("orders", 7, 3)]
 
 
+def test_run_sql_reads_the_live_view_as_records_unless_committed(spark, sink, database):
+    """``pipeline sql``'s ``records`` is the live view (``--committed``: the table): here published
+    ``stopped`` (no tail, no broker) at ends below the table's, so the view is the table's rows below
+    them, through the view's own text in the catalog."""
+    from pipeline.table.live import Boundary
+
+    sink.write(table_of(rows_for("orders", 0, 6) + rows_for("orders", 1, 2)))
+    sink.catalog.publish_live(Boundary({("orders", 0): 4, ("orders", 1): 2}, stopped=True))
+    query = "SELECT partition, count(*) AS n, max(offset) AS last FROM records GROUP BY 1 ORDER BY 1"
+    assert run_sql(spark, query, database, live=True)[1] == [(0, 4, 3), (1, 2, 1)]
+    assert run_sql(spark, query, database)[1] == [(0, 6, 5), (1, 2, 1)]
+    # the table by its full name, whatever `records` names
+    assert run_sql(spark, f"SELECT count(*) FROM {database}.records", database, live=True)[1] == [(8,)]
+
+
 def test_empty_table_write_is_a_noop(spark, sink, database, tmp_path):
     records = tmp_path / "data" / "tables" / "records"
     sink.write(ARROW_SCHEMA.empty_table())
