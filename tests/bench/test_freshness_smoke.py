@@ -13,8 +13,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ARGV = ["--freshness", "--duration", "8", "--warmup", "2", "--server-arg=--table-commit-interval-ms=2500"]
-"""8 s of load, 2 s of it not counted; 2.5 s commits instead of the default 10 s so that the
+ARGV = ["--freshness", "--duration", "6", "--warmup", "1", "--server-arg=--table-commit-interval-ms=2500"]
+"""6 s of load, 1 s of it not counted; 2.5 s commits instead of the default 10 s so that the
 warm-up (the first commit) and the drain after the load stay short, yet far enough above a live
 query (~0.5 s) that the table's lag stays the larger."""
 

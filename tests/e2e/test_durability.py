@@ -828,21 +828,21 @@ def test_kill_9_under_load_with_ack_on_spark_loses_no_acknowledged_record(tmp_pa
 
 def live_snapshots(server: ServerProcess, topic: str, producers: list[IdempotentProducer],
                    ) -> list[tuple[int, int, int]]:
-    """Snapshots of ``topic`` through ``pipeline.records_live`` (Spark Connect, by name) while any of
-    ``producers`` runs (at least one): (rows, distinct (partition, offset), acknowledged before the
-    query but missing)."""
+    """Up to three snapshots of ``topic`` through ``pipeline.records_live`` (Spark Connect, by name), 2 s
+    apart, while any of ``producers`` runs (at least one): (rows, distinct (partition, offset),
+    acknowledged before the query but missing)."""
     from pipeline.persist.spark_sink import build_spark_session
 
     session = build_spark_session(remote=f"sc://127.0.0.1:{server.connect_port}")
     out: list[tuple[int, int, int]] = []
     try:
         deadline = time.monotonic() + 120
-        while (not out or any(p.is_alive() for p in producers)) and time.monotonic() < deadline:
+        while (not out or any(p.is_alive() for p in producers)) and len(out) < 3 and time.monotonic() < deadline:
             before = {po for p in producers for po in list(p.acked.values())}
             got = [(r[0], r[1]) for r in session.sql(
                 f"SELECT `partition`, `offset` FROM pipeline.records_live WHERE topic = '{topic}'").collect()]
             out.append((len(got), len(set(got)), len(before - set(got))))
-            time.sleep(0.5)
+            time.sleep(2.0)
     finally:
         session.stop()
     return out

@@ -90,7 +90,7 @@ def test_trickle_is_compacted_and_a_concurrent_reader_never_sees_a_wrong_count(t
                 errors.append(exc)
                 return
             live.append((len(offsets), len(set(offsets)), len(before - set(offsets)), in_table))
-            stop.wait(1.0)  # a snapshot a second: through many commits, without taking the 2 cores
+            stop.wait(2.0)  # through many commits (every second), without taking the 2 cores
 
     def reader() -> None:
         while not stop.is_set():
