@@ -14,10 +14,12 @@ import signal
 import subprocess
 import sys
 import threading
+import json
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import psutil
 
@@ -386,3 +388,34 @@ def machine_and_kernel() -> dict:
 def server_cpu(server: ManagedProcess) -> float:
     """CPU seconds (user + system) of ``server``'s process tree so far."""
     return sample_tree(server.pid).cpu_s
+
+
+def run_and_report(opts: Any, flag: str, argv: list[str] | None, run: Callable[..., dict],
+                   failures: Callable[[dict], list[str]], summary_md: Callable[[dict], str]) -> int:
+    """The ``main`` of a benchmark mode that runs once and reports (``--sustained``, ``--freshness``):
+    ``run(opts, log)`` with timestamped progress lines, then ``OUT/results.json`` (the command, the start,
+    the wall time in s, the machine, the options, the run's own result and its ``failures``) and
+    ``OUT/summary.md`` (``summary_md``), printed; ``opts.out`` is the output directory.
+
+    Returns:
+        The exit status: 1 when ``failures`` found any, else 0.
+    """
+    from rich.console import Console
+
+    console = Console(width=None if Console().is_terminal else 160)
+    opts.out = opts.out.resolve()
+    opts.out.mkdir(parents=True, exist_ok=True)
+    started, started_at, at_start = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine()
+    result = run(opts, lambda text: console.print(f"[dim]{time.monotonic() - started:6.1f} s[/] {text}"))
+    result = {"command": "pipeline bench " + " ".join(argv if argv is not None else [flag]),
+              "started_at": started_at, "wall_s": time.monotonic() - started, "machine": at_start,
+              "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()}, **result}
+    result["failures"] = failures(result)
+    (opts.out / "results.json").write_text(json.dumps(result, indent=1, default=str))
+    summary = summary_md(result)
+    (opts.out / "summary.md").write_text(summary)
+    print(summary, flush=True)  # plain: rich would wrap the reproducing command
+    console.print(f"results: {opts.out / 'results.json'}")
+    for reason in result["failures"]:
+        console.print(f"[red]FAILED[/]: {reason}")
+    return 1 if result["failures"] else 0

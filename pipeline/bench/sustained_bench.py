@@ -70,14 +70,13 @@ import sys
 import threading
 import time
 from array import array
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.bench.avro_values import AVRO_SCHEMA, AvroValues
 from pipeline.bench.naive_spark import TOPIC, RandomValues, parse_key, record_key
 from pipeline.bench.options import SustainedBenchOptions
-from pipeline.bench.processes import ManagedProcess, Sampler, cpu_by_process, cpu_by_role, machine
+from pipeline.bench.processes import ManagedProcess, Sampler, cpu_by_process, cpu_by_role, run_and_report
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -672,22 +671,4 @@ def failures(result: dict) -> list[str]:
 
 def main(opts: SustainedBenchOptions, argv: list[str] | None = None) -> int:
     """Run, write ``OUT/results.json`` and ``OUT/summary.md``, print; exit status 1 on ``failures``."""
-    from rich.console import Console
-
-    console = Console(width=None if Console().is_terminal else 160)
-    opts.out = opts.out.resolve()
-    opts.out.mkdir(parents=True, exist_ok=True)
-    started, started_at, at_start = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine()
-    result = run(opts, lambda text: console.print(f"[dim]{time.monotonic() - started:6.1f} s[/] {text}"))
-    result = {"command": "pipeline bench " + " ".join(argv if argv is not None else ["--sustained"]),
-              "started_at": started_at, "wall_s": time.monotonic() - started, "machine": at_start,
-              "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()}, **result}
-    result["failures"] = failures(result)
-    (opts.out / "results.json").write_text(json.dumps(result, indent=1, default=str))
-    summary = summary_md(result)
-    (opts.out / "summary.md").write_text(summary)
-    print(summary, flush=True)  # plain: rich would wrap the reproducing command
-    console.print(f"results: {opts.out / 'results.json'}")
-    for reason in result["failures"]:
-        console.print(f"[red]FAILED[/]: {reason}")
-    return 1 if result["failures"] else 0
+    return run_and_report(opts, "--sustained", argv, run, failures, summary_md)
