@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.bench.naive_spark import RandomValues, record_key
-from pipeline.bench.processes import ManagedProcess, counter, run_and_report, scrape_metrics
+from pipeline.bench.processes import DeliveryLog, ManagedProcess, counter, run_and_report, scrape_metrics
 from pipeline.bench.sustained_bench import read_rows, verify_table
 
 if TYPE_CHECKING:
@@ -167,21 +167,9 @@ def _produce_at_rate(bootstrap: str, producer: int, rate: float, duration_s: flo
 
         values = RandomValues(record_bytes, seed=producer)
         capacity = int(rate * duration_s) + 1
-        partition, offset = array("i", [-1]) * capacity, array("q", [-1]) * capacity
-        state = {"acked": 0, "bytes": 0, "last": 0.0}
-        errors: list[str] = []
-
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                if len(errors) < 10:
-                    errors.append(str(err))
-                return
-            key = msg.key() or b""
-            seq = int(key.partition(b"-")[2])
-            partition[seq], offset[seq] = msg.partition() or 0, msg.offset() or 0
-            state["acked"] += 1
-            state["bytes"] += len(key) + record_bytes
-            state["last"] = time.perf_counter()
+        deliveries = DeliveryLog(capacity, record_bytes)
+        partition, offset, state, errors = deliveries.partition, deliveries.offset, deliveries.state, deliveries.errors
+        on_delivery = deliveries.on_delivery
 
         p = Producer({"bootstrap.servers": bootstrap})
         barrier.wait(180)

@@ -17,6 +17,7 @@ import threading
 import json
 import time
 import urllib.request
+from array import array
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -419,3 +420,33 @@ def run_and_report(opts: Any, flag: str, argv: list[str] | None, run: Callable[.
     for reason in result["failures"]:
         console.print(f"[red]FAILED[/]: {reason}")
     return 1 if result["failures"] else 0
+
+
+class DeliveryLog:
+    """The acknowledgements of one producer process's records, by sequence number: a record's key is
+    ``<producer>-<seq>``; ``on_delivery`` is its confluent-kafka delivery callback.
+
+    Attributes:
+        partition, offset: per seq (``array`` 'i' / 'q' of ``capacity``), -1 until acknowledged.
+        state: ``acked`` (records), ``bytes`` (key + ``record_bytes`` each), ``last`` (``time.perf_counter``
+            of the latest acknowledgement).
+        errors: the first 10 delivery errors.
+    """
+
+    def __init__(self, capacity: int, record_bytes: int) -> None:
+        self.partition, self.offset = array("i", [-1]) * capacity, array("q", [-1]) * capacity
+        self.state: dict[str, float] = {"acked": 0, "bytes": 0, "last": 0.0}
+        self.errors: list[str] = []
+        self.record_bytes = record_bytes
+
+    def on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            if len(self.errors) < 10:
+                self.errors.append(str(err))
+            return
+        key = msg.key() or b""
+        seq = int(key.partition(b"-")[2])
+        self.partition[seq], self.offset[seq] = msg.partition() or 0, msg.offset() or 0
+        self.state["acked"] += 1
+        self.state["bytes"] += len(key) + self.record_bytes
+        self.state["last"] = time.perf_counter()

@@ -76,7 +76,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from pipeline.bench.avro_values import AVRO_SCHEMA, AvroValues
 from pipeline.bench.naive_spark import TOPIC, RandomValues, parse_key, record_key
 from pipeline.bench.options import SustainedBenchOptions
-from pipeline.bench.processes import ManagedProcess, Sampler, cpu_by_process, cpu_by_role, run_and_report
+from pipeline.bench.processes import (DeliveryLog, ManagedProcess, Sampler, cpu_by_process, cpu_by_role,
+                                      run_and_report)
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -119,21 +120,9 @@ def _produce(bootstrap: str, producer: int, records: int, record_bytes: int, tim
         from confluent_kafka import Producer
 
         values = _values(record_bytes, producer, schema_id)
-        partition, offset = array("i", [-1]) * records, array("q", [-1]) * records
-        state = {"acked": 0, "bytes": 0, "last": 0.0}
-        errors: list[str] = []
-
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                if len(errors) < 10:
-                    errors.append(str(err))
-                return
-            key = msg.key() or b""
-            seq = int(key.partition(b"-")[2])
-            partition[seq], offset[seq] = msg.partition() or 0, msg.offset() or 0
-            state["acked"] += 1
-            state["bytes"] += len(key) + record_bytes
-            state["last"] = time.perf_counter()
+        deliveries = DeliveryLog(records, record_bytes)
+        partition, offset, state, errors = deliveries.partition, deliveries.offset, deliveries.state, deliveries.errors
+        on_delivery = deliveries.on_delivery
 
         p = Producer({"bootstrap.servers": bootstrap})
         barrier.wait(180)
