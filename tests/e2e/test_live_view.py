@@ -72,14 +72,17 @@ def test_every_snapshot_holds_each_acknowledged_record_once(tmp_path, brokers, a
     from pipeline.table.live import Boundary, TailPartition
     from pipeline.table.live_source import LiveTailReader
 
-    if brokers > 1:
-        cluster = Cluster(tmp_path / "data", brokers, *args).start()
-        bootstrap, connect_port = cluster.bootstrap(), cluster.connect_port
-    else:
-        server = ServerProcess(tmp_path / "data", *args).start()
-        bootstrap, connect_port = server.bootstrap, server.connect_port
+    cluster = Cluster(tmp_path / "data", brokers, *args) if brokers > 1 else None
+    server = ServerProcess(tmp_path / "data", *args) if brokers == 1 else None
     session = None
-    try:
+    try:  # started inside: a start that fails still leaves nothing running (finally)
+        if cluster is not None:
+            cluster.start()
+            bootstrap, connect_port = cluster.bootstrap(), cluster.connect_port
+        else:
+            assert server is not None
+            server.start()
+            bootstrap, connect_port = server.bootstrap, server.connect_port
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
             future.result(60)
@@ -138,9 +141,9 @@ def test_every_snapshot_holds_each_acknowledged_record_once(tmp_path, brokers, a
         session.stop()
         session = None
 
-        if brokers > 1:
+        if cluster is not None:
             assert cluster.stop() == 0, cluster.log_text()
-        else:
+        elif server is not None:
             assert server.stop() == 0, server.log_text()
         # Every broker stopped cleanly and said so in its file: the last one published the view
         # `stopped` (the view is the table alone then; a stopped view read without brokers, through
@@ -152,7 +155,7 @@ def test_every_snapshot_holds_each_acknowledged_record_once(tmp_path, brokers, a
     finally:
         if session is not None:
             session.stop()
-        if brokers > 1:
+        if cluster is not None:
             cluster.kill_all()
-        elif server.running:
+        elif server is not None and server.running:
             server.stop()
