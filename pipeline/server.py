@@ -461,7 +461,7 @@ class Server:
         while True:
             await trio.sleep(METADATA_REFRESH_S)
             try:
-                await trio.to_thread.run_sync(self.catalog.refresh)
+                await self.catalog.refresh_async()
             except Exception as exc:  # a busy or briefly locked store: next time
                 log.warning("reading the shared topic store failed: %s", exc)
             try:

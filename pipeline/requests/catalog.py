@@ -67,6 +67,7 @@ class TopicCatalog:
         self._config_lock = trio.Lock()
         legacy = [self._new(name, count) for name, count in (initial or {}).items()]
         self._version = 0
+        self._local_writes = 0  # writes to the store this catalog made: a refresh read across one is stale
         if store is None:
             self._topics = {t.name: t for t in legacy}
         else:
@@ -86,14 +87,37 @@ class TopicCatalog:
     def refresh(self) -> bool:
         """Take the changes other processes made to a shared store (``shared``): topics they
         created, deleted, resized or reconfigured. Topics this catalog is creating or
-        deleting are left alone. True if anything was reloaded. Blocking (one small read)."""
+        deleting are left alone. True if anything was reloaded. Blocking (one small read,
+        and the topics' load when the store's change version moved); on the trio thread."""
+        return self._apply(self._local_writes, *self._read_changes())
+
+    async def refresh_async(self) -> bool:
+        """``refresh`` with the store's reads in a worker thread, applied on the trio thread.
+
+        A read that overlapped a write of this catalog (a create, delete, resize or
+        reconfiguration in flight) is dropped, and so is one older than what is applied already:
+        such a snapshot may lack a topic this catalog just created, which would otherwise be
+        taken for one another broker deleted (and have its data dropped). The next refresh
+        reads again."""
+        writes = self._local_writes
+        version, stored = await trio.to_thread.run_sync(self._read_changes)
+        return self._apply(writes, version, stored)
+
+    def _read_changes(self) -> tuple[int, list[StoredTopic] | None]:
+        """(the store's change version, its topics), the topics None when the version has not
+        moved since the last applied read (``shared`` only). Blocking; any thread."""
         if not self.shared or self.store is None:
-            return False
-        version = self.store.change_version()
-        if version == self._version:
+            return self._version, None
+        version = self.store.change_version()  # before the load: a change in between moves it again
+        if version <= self._version:
+            return version, None
+        return version, self.store.load()
+
+    def _apply(self, writes: int, version: int, loaded: list[StoredTopic] | None) -> bool:
+        if loaded is None or version <= self._version or writes != self._local_writes:
             return False
         self._version = version
-        stored = {t.name: t for t in self.store.load()}
+        stored = {t.name: t for t in loaded}
         for name in [n for n in self._topics if n not in stored and n not in self._busy]:
             log.info("topic %r was deleted by another broker", name)
             self._by_id.pop(self._topics.pop(name).topic_id, None)
@@ -144,6 +168,7 @@ class TopicCatalog:
         topic = self._new(name, self.num_partitions)
         if self.store is not None:
             try:
+                self._local_writes += 1
                 self.store.insert(topic)
             except TopicExistsError:
                 # Another broker of the cluster created it a moment ago: take its version.
@@ -189,7 +214,10 @@ class TopicCatalog:
     async def _store(self, method: str, *args: object) -> None:
         """``TopicStore.<method>(*args)`` in a worker thread (nothing without a store)."""
         if self.store is not None:
-            await trio.to_thread.run_sync(getattr(self.store, method), *args)
+            try:
+                await trio.to_thread.run_sync(getattr(self.store, method), *args)
+            finally:
+                self._local_writes += 1
 
     async def create(self, name: str, partitions: int, configs: Mapping[str, str]) -> StoredTopic:
         """Create a topic (stored before it becomes visible).
@@ -198,7 +226,7 @@ class TopicCatalog:
             TopicExistsError: it exists, or is being created or deleted (Kafka TOPIC_ALREADY_EXISTS).
         """
         if self.shared:
-            await trio.to_thread.run_sync(self.refresh)
+            await self.refresh_async()
         if name in self._topics or name in self._busy:
             raise TopicExistsError(f"Topic '{name}' already exists."
                                    if name in self._topics else f"Topic '{name}' is being created or deleted.")

@@ -212,6 +212,60 @@ def test_catalogs_sharing_a_store_see_each_others_topics(metadata_target):
     assert alone.partitions("later") is None and not alone.refresh()
 
 
+def test_a_refresh_read_across_this_catalogs_own_write_never_undoes_it(metadata_target):
+    """A CI run lost a just-created topic on its own broker (UNKNOWN_TOPIC_OR_PARTITION to an OffsetCommit
+    on it): the periodic refresh had loaded the store in its thread before this broker's CreateTopics
+    committed, then applied that snapshot after it, taking the new topic for one another broker deleted
+    (and dropping its data). A read that overlaps a write of this catalog, or is older than one applied
+    already, is dropped; the next one applies."""
+    import threading
+
+    import trio
+
+    from pipeline.metadata.topics import TopicStore
+
+    a = TopicCatalog(3, True, store=TopicStore(metadata_target("topics.db")), shared=True)
+    b = TopicCatalog(3, True, store=TopicStore(metadata_target("topics.db")), shared=True)
+    real_load = a.store.load
+
+    async def across(local_write, other_write):
+        """a's refresh reads the store after b's ``other_write``, then ``local_write`` runs on a before
+        that read is applied."""
+        loaded, release = threading.Event(), threading.Event()
+
+        def held_load():
+            snapshot = real_load()
+            loaded.set()
+            release.wait(60)
+            return snapshot
+
+        await other_write()  # moves the store's version: a's refresh loads
+        a.store.load = held_load
+        applied = []
+        async with trio.open_nursery() as nursery:
+            async def refresh():
+                applied.append(await a.refresh_async())
+
+            nursery.start_soon(refresh)
+            await trio.to_thread.run_sync(loaded.wait, 60)  # the snapshot is read
+            a.store.load = real_load
+            await local_write()
+            release.set()
+        return applied
+
+    async def main():
+        # a create (its own refresh first): the snapshot lacks the new topic
+        assert await across(lambda: a.create("mine", 4, {}), lambda: b.create("elsewhere", 2, {})) == [False]
+        assert a.partitions("mine") == 4 and a.partitions("elsewhere") == 2 and a.deleted_elsewhere == []
+        # a resize (no refresh first): the snapshot has the old count
+        assert await across(lambda: a.set_partitions("mine", 6), lambda: b.create("third", 1, {})) == [False]
+        assert a.partitions("mine") == 6 and "third" not in a.all_topics()  # not reread yet
+        assert await a.refresh_async() and a.all_topics()["third"] == 1 and a.partitions("mine") == 6
+        assert a.deleted_elsewhere == []
+
+    trio.run(main)
+
+
 def test_supervisor_restarts_a_dead_broker_and_gives_up_on_a_configuration_error(tmp_path, capsys):
     """The supervisor's loop with stand-in brokers (tiny Python processes, no Spark)."""
     import sys
