@@ -19,13 +19,16 @@ JVM_FIXTURES = frozenset({"spark", "standalone_cluster", "connect_server", "conn
 """The session fixtures below that start a JVM: a test using one is ``slow`` whether marked or not."""
 
 
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """JVM options every Spark driver the suite starts gets (``SPARK_SUBMIT_OPTS``, which
 ``spark-submit`` puts on the driver's command line: the servers', the session fixtures', the bench
 runs'). C1 only: no C2 compiler threads competing for the 2 cores during a JVM's short test life;
 a server reached ``listening on`` in 15-17 s instead of 19-24 s on the 2-core machine (alternated
-starts of ``pipeline serve``). The code's semantics do not depend on the JIT tier; production
-starts are not affected."""
+starts of ``pipeline serve``). The serial collector: no G1 concurrent threads; a server's start to
+its table side ready and a SIGTERM took 7.5-8.2 CPU seconds in its JVM instead of 8.4-10.1 (two
+alternated starts each, idle machine; the suite's 2 cores are saturated while its JVMs run, so
+CPU seconds are what it waits for). The code's semantics depend on neither; production starts
+are not affected."""
 
 
 _archive_maker: threading.Thread | None = None

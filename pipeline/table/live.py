@@ -49,12 +49,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pyarrow as pa
 
 from pipeline.table.layout import add_time_partitions
 from pipeline.table.schema import ARROW_SCHEMA, COLUMNS
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 SOURCE_NAME = "pipeline_live"
 """The Python data source's name (``USING pipeline_live``)."""
@@ -171,10 +174,24 @@ def view_sql(database: str, boundary: Boundary, create: bool = False) -> str:
             f"WHERE `{BOUNDARY_COLUMN}` = {_string(boundary.encode())}")
 
 
+def tail_schema() -> "StructType":
+    """The tail's columns (``records_tail``, the data source's rows): the records table's columns
+    (``SPARK_SCHEMA``), its ``date`` and ``hour`` partition columns, then ``_boundary`` (always null)."""
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    from pipeline.table.schema import SPARK_SCHEMA
+
+    return StructType([*SPARK_SCHEMA.fields, StructField("date", StringType()), StructField("hour", IntegerType()),
+                       StructField(BOUNDARY_COLUMN, StringType())])
+
+
 def tail_table_sql(database: str) -> str:
-    """``CREATE TABLE IF NOT EXISTS <database>.records_tail USING pipeline_live`` (no options: the
-    view's boundary says where to read)."""
-    return (f"CREATE TABLE IF NOT EXISTS `{database}`.`{TAIL_TABLE}` USING {SOURCE_NAME} "
+    """``CREATE TABLE IF NOT EXISTS <database>.records_tail (<tail_schema>) USING pipeline_live`` (no
+    options: the view's boundary says where to read). The columns are declared so that creating the
+    table, and analysing the view over it, ask no Python worker for the source's schema (one
+    fewer Python process per JVM: ~0.7 s)."""
+    columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in tail_schema().fields)
+    return (f"CREATE TABLE IF NOT EXISTS `{database}`.`{TAIL_TABLE}` ({columns}) USING {SOURCE_NAME} "
             "COMMENT 'the records the brokers serve past the table: read it through records_live'")
 
 

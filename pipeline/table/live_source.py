@@ -12,7 +12,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, EqualTo, InputPartition, IsNotNull
 
 from pipeline.table.live import (
-    BATCH_ROWS, BOUNDARY_COLUMN, LIVE_SUFFIX, READ_TIMEOUT_MS, SOURCE_NAME, TAIL_TABLE, Boundary, Bounds, TailPartition,
+    BATCH_ROWS, BOUNDARY_COLUMN, LIVE_SUFFIX, READ_TIMEOUT_MS, SOURCE_NAME, TAIL_TABLE, Boundary, Bounds, TailPartition, tail_schema,
     narrow, plan_tail, records_to_batch,
 )
 
@@ -128,12 +128,7 @@ class LiveTail(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> "StructType":
-        from pyspark.sql.types import IntegerType, StringType, StructField, StructType
-
-        from pipeline.table.schema import SPARK_SCHEMA
-
-        return StructType([*SPARK_SCHEMA.fields, StructField("date", StringType()), StructField("hour", IntegerType()),
-                           StructField(BOUNDARY_COLUMN, StringType())])
+        return tail_schema()
 
     def reader(self, schema: "StructType") -> LiveTailReader:
         return LiveTailReader(self.options)

@@ -21,6 +21,13 @@ from pipeline.log.manager import LogManager
 ENDPOINT = (("PLAINTEXT", "127.0.0.1", 9092),)
 
 
+TWO_BROKERS_SESSION_MS = 3000
+TWO_BROKERS_HEARTBEAT_MS = 100
+"""The session and heartbeat of the tests where two brokers share one SQLite database: their heartbeats,
+the controller's writes and the take-over queue on its write lock, and on a CPU-saturated CI machine a
+1 s session ran out under a live broker (it fenced itself; the take-over it was to make never came)."""
+
+
 def _service(tmp_path, fenced: list[str]) -> LeadershipService:
     return LeadershipService(DynamicCluster(0, "127.0.0.1", 9092), tmp_path / "cluster.db", ENDPOINT,
                              session_ms=1000, heartbeat_ms=50, logs=LogManager(), end_offsets=lambda topics: {}, topics=dict,
@@ -110,8 +117,8 @@ def test_with_ack_on_wal_a_dead_brokers_wal_is_drained_before_its_partition_is_t
         return {("t", 0): 50}
 
     def service(node: int, wal_path: str) -> LeadershipService:
-        return LeadershipService(DynamicCluster(node, "127.0.0.1", 9092 + node), db, ENDPOINT, session_ms=1000,
-                                 heartbeat_ms=50, logs=LogManager(), end_offsets=end_offsets,
+        return LeadershipService(DynamicCluster(node, "127.0.0.1", 9092 + node), db, ENDPOINT,
+                                 session_ms=TWO_BROKERS_SESSION_MS, heartbeat_ms=TWO_BROKERS_HEARTBEAT_MS, logs=LogManager(), end_offsets=end_offsets,
                                  topics=lambda: {"t": 1}, on_fenced=lambda: None, data_dir=tmp_path,
                                  wal_path=wal_path, drain_wal=drain)
 
@@ -166,8 +173,8 @@ def test_a_coordinator_serves_its_groups_before_its_partitions_table_end_offsets
         return {("t", 0): 5}
 
     service = LeadershipService(DynamicCluster(0, "127.0.0.1", 9092), tmp_path / "cluster.db", ENDPOINT,
-                                session_ms=1000, heartbeat_ms=50, logs=LogManager(), end_offsets=end_offsets,
-                                topics=lambda: {"t": 1}, on_fenced=lambda: None)
+                                session_ms=TWO_BROKERS_SESSION_MS, heartbeat_ms=TWO_BROKERS_HEARTBEAT_MS,
+                                logs=LogManager(), end_offsets=end_offsets, topics=lambda: {"t": 1}, on_fenced=lambda: None)
     cluster = service.cluster
 
     async def main() -> None:
