@@ -94,36 +94,42 @@ def unit_of(module: str) -> str:
 
 LONGEST_UNITS = (
     "tests/e2e/test_durability.py",
-    "tests/e2e/test_security.py",
-    "tests/e2e/test_spark_cluster.py",
-    "tests/bench/test_bench_smoke.py",
-    "tests/bench/test_brokers_smoke.py",
-    SHARED_SERVERS_UNIT,
-    "tests/docs/test_docs.py",
-    "tests/bench/test_hostile_smoke.py",
-    "tests/persist/test_spark_cluster.py",
-    "tests/e2e/test_transactions.py",
-    "tests/e2e/test_brokers.py",
     "tests/e2e/test_failover.py",
+    "tests/e2e/test_security.py",
+    "tests/docs/test_docs.py",
     "tests/e2e/test_cluster_metadata.py",
-    "tests/e2e/test_config_and_logs.py",
-    "tests/bench/test_consume_smoke.py",
+    "tests/bench/test_bench_smoke.py",
     "tests/deploy/test_deploy.py",
-    "tests/e2e/test_metrics.py",
+    SHARED_SERVERS_UNIT,
+    "tests/e2e/test_brokers.py",
+    "tests/e2e/test_config_and_logs.py",
     "tests/e2e/test_metastore.py",
-    "tests/compat/test_matrix.py",
-    "tests/e2e/test_table.py",
+    "tests/e2e/test_spark_cluster.py",
     "tests/table/test_reader.py",
-    "tests/bench/test_security_smoke.py",
+    "tests/table/test_catalog.py",
+    "tests/e2e/test_transactions.py",
+    "tests/persist/test_spark_cluster.py",
+    "tests/bench/test_brokers_smoke.py",
     "tests/e2e/test_startup.py",
+    "tests/bench/test_hostile_smoke.py",
+    "tests/e2e/test_table.py",
+    "tests/e2e/test_metrics.py",
+    "tests/bench/test_consume_smoke.py",
+    "tests/bench/test_sustained_smoke.py",
+    "tests/bench/test_freshness_smoke.py",
+    "tests/e2e/test_live_view.py",
     "tests/e2e/test_hostile.py",
+    "tests/bench/test_security_smoke.py",
+    "tests/compat/test_matrix.py",
+    "tests/e2e/test_metadata_postgres.py",
 )
-"""The units of work that take longest (50-270 s each on the 2-core machine, summed from the
-junit report of a full ``make test``), longest first. Only a
-scheduling hint: ``make test`` runs the suite on 2 pytest-xdist workers, one unit at a time
+"""The units of work that take longest (30-210 s each on the 2-core machine, summed from the
+``--durations=0`` report of two full ``make test`` runs), longest first. Only a scheduling hint:
+``make test`` runs the suite on ``TEST_WORKERS`` pytest-xdist workers (Makefile), one unit at a time
 each (``ModuleScheduling``: a module, or every module of the shared servers), in the order of
-``pytest_collection_modifyitems``, so starting the long ones first keeps one worker from
-running a long module alone at the end. A stale entry makes the run slower, never wrong."""
+``pytest_collection_modifyitems``, so starting the long ones first keeps one worker from running a
+long module alone at the end (a unit missing here runs after all of these). A stale entry makes
+the run slower, never wrong."""
 
 
 def pytest_collection_modifyitems(config, items) -> None:
