@@ -2,6 +2,8 @@
 #   make serve   - install into .venv if needed, run `pipeline serve` (Spark local[*], data in ./data)
 #   make test    - install with the dev extras into .venv if needed, run the static checks, then the whole test suite
 #   make check   - the static checks alone (ruff, mypy, import-linter; seconds)
+#   make bench-smoke - the benchmarks' smoke forms (tests/bench, marker bench_smoke; ~4 min): outside make test's
+#                  15 minutes, run by .ci/run after it
 #   make sanitize - the C extensions' differential and fuzz tests under AddressSanitizer + UBSan (.ci/sanitize.py)
 #   make clean   - build and test artifacts; make clean-data deletes ./data, the default data directory
 # Pass server options with ARGS, e.g. make serve ARGS="--mode baseline --queues 8".
@@ -15,7 +17,7 @@ PYTEST_ARGS ?=
 # Three on 2 cores: much of an end-to-end test waits (a JVM's start, a timeout), and a third worker fills it.
 TEST_WORKERS ?= 3
 
-.PHONY: serve check test sanitize clean clean-data
+.PHONY: serve check test bench-smoke sanitize clean clean-data
 
 # The C extensions pip builds with the package (gcc and the Python headers; pyproject's ext-modules):
 # an edit of any of them reinstalls, which rebuilds them.
@@ -40,7 +42,12 @@ check: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
 test: check
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not bench_smoke" $(PYTEST_ARGS)
+
+# `pipeline bench` in its smoke forms, each on real servers under load: minutes of CPU on 2 cores, so beside
+# make test's budget, as the sanitizer and the image check are (docs/development.md)
+bench-smoke: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m bench_smoke tests/bench $(PYTEST_ARGS)
 
 # a sanitizer build of the C extensions in a temporary directory (the .venv's stay as they are), then their
 # differential and fuzz tests on it (.ci/run runs it before make test; docs/development.md)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench_smoke]
 
 PLOTS = ("throughput_vs_connections.png", "latency_percentiles.png", "throughput_vs_queues.png",
          "queue_depth.png")

@@ -18,7 +18,7 @@ import pytest
 
 from tests.missing import need_command
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench_smoke]
 
 COMMIT_FAST = "--table-commit-interval-ms=500"
 """Every N waits for the brokers' persisters to empty after the warm-up (a table commit): with the

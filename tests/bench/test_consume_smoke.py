@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench_smoke]
 
 
 def _check_consumer(c: dict, produced: int) -> None:

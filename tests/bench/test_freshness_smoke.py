@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench_smoke]
 
 ARGV = ["--freshness", "--duration", "6", "--warmup", "1", "--server-arg=--table-commit-interval-ms=2500"]
 """6 s of load, 1 s of it not counted; 2.5 s commits instead of the default 10 s so that the

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.bench.security_bench import summarize, table_rows
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench_smoke]
 
 COMMIT_FAST = "--table-commit-interval-ms=500"
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench_smoke]
 
 COMMIT_FAST = "--table-commit-interval-ms=500"
 """The run waits for the table to hold everything (after the warm-up, after each load): with the
