@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection
 
 from pipeline.process.datadir import endpoints_path, lock_data_dir, table_session, write_endpoints
-from pipeline.process.lifecycle import (STOP_SIGNALS, StartupInterrupted, StartupSignals, launch_reaper, stop_children,
-                                tune_gc_for_serving)
+from pipeline.process.lifecycle import (STOP_SIGNALS, StartupInterrupted, StartupSignals, launch_reaper,
+                                        skip_unused_imports, stop_children, tune_gc_for_serving)
 
 if TYPE_CHECKING:  # the commands import these lazily: `pipeline --help` and `top` stay light
     from pipeline.config import Resolved, ServerConfig
@@ -816,6 +816,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    skip_unused_imports()  # before any command imports kio
     from pipeline.config import KEYS, ConfigError, environment_values, parse_value
     from pipeline.observe.structured_logs import LogConfig, setup_logging
 

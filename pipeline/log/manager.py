@@ -63,6 +63,11 @@ class TableRecords(Protocol):
     def records(self) -> bytes:
         """Zero or more concatenated RecordBatch v2, offsets ascending."""
 
+    @property
+    def next_offset(self) -> int:
+        """The offset after the last record read; with no records, the read's ``end`` when the table
+        holds no offset in [offset, end), else the offset asked for (its record did not fit)."""
+
 
 class TableSource(Protocol):
     """The table side of reads (``pipeline.table.reader.TableReader``); blocking, thread-safe."""
@@ -418,19 +423,24 @@ class LogManager:
         async with self._read_limiter:
             first = plog.first_indexed_offset
             if first is None or offset < first:
-                records = await self._read_table(topic, partition, offset, max_bytes,
-                                                  end if first is None else min(first, end), min_one)
-                if records or first is None:
+                table_end = end if first is None else min(first, end)
+                records, next_offset = await self._read_table(topic, partition, offset, max_bytes, table_end,
+                                                              min_one)
+                if records or first is None or next_offset < table_end:  # read, or held but not fitting
                     return self._counted(topic, ReadResult(records, hw, plog.log_start_offset,
                                                            "table" if records else "", lso, nothing.aborted))
-                offset = first  # a gap in the table (table retention): go on from the WAL
+                # The table holds no offset in [offset, first) (table retention dropped them): go on
+                # from the WAL, as a fetch in a gap of a compacted log gets the next record there is.
+                log.info("%s-%d: a fetch at %d goes on at the WAL's first offset %d: the table holds none below it",
+                         topic, partition, offset, first)
+                offset = first
             locations = plog.locations(offset, max_bytes, min_one, end=end)
             if not locations:
                 return nothing
             try:
                 records = await trio.to_thread.run_sync(self._read_wal, locations, offset, max_bytes, min_one)
             except FileNotFoundError:  # retention deleted the segment meanwhile
-                records = await self._read_table(topic, partition, offset, max_bytes, end, min_one)
+                records, _ = await self._read_table(topic, partition, offset, max_bytes, end, min_one)
                 return self._counted(topic, ReadResult(records, hw, plog.log_start_offset,
                                                        "table" if records else "", lso, nothing.aborted))
             aborted = (plog.aborted_transactions(locations[0].base_offset, locations[-1].end_offset)
@@ -468,12 +478,14 @@ class LogManager:
         return b"".join(parts)
 
     async def _read_table(self, topic: str, partition: int, offset: int, max_bytes: int, end: int,
-                          min_one: bool) -> bytes:
+                          min_one: bool) -> tuple[bytes, int]:
+        """(records, next offset) of a table read of [offset, end) (``TableSource.read``); without a
+        table, (b"", end): the offsets the WAL no longer has are not served."""
         if self.table is None or offset >= end:
-            return b""
+            return b"", end
         result = await trio.to_thread.run_sync(functools.partial(
             self.table.read, topic, partition, offset, max(0, max_bytes), end=end, min_one=min_one))
-        return bytes(result.records)
+        return bytes(result.records), result.next_offset
 
     async def offset_for(self, topic: str, partition: int, timestamp_ms: int,
                          read_committed: bool = False) -> tuple[int, int]:

@@ -42,7 +42,7 @@ from typing import Callable, Collection, Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from pipeline.process.lifecycle import die_with_parent
+from pipeline.process.lifecycle import worker_init
 from pipeline.table.arrow import appends_to_table
 from pipeline.log.batch import AppendColumns, PartitionAppend, to_columns
 from pipeline.persist.spark_sink import SparkSink
@@ -101,13 +101,6 @@ def table_lock(path: Path | None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _decode_worker_init(parent_pid: int, niceness: int) -> None:
-    """The decode worker's start: die with the server (``die_with_parent``), then lower its priority."""
-    die_with_parent(parent_pid)
-    if niceness:
-        os.nice(niceness)
 
 
 def _staged_from_columns(columns: AppendColumns, formats: dict[str, TopicFormat], staging: Staging) -> FlushTables:
@@ -323,7 +316,7 @@ class SparkGroupSink:
             # threads is unsafe. The worker dies with this process, however
             # it dies (kill -9 included), and so does the resource tracker.
             self._pool = ProcessPoolExecutor(self.decode_workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_decode_worker_init,
+                                             initializer=worker_init,
                                              initargs=(os.getpid(), self._decode_niceness))
             for _ in range(self.decode_workers):  # each submit starts a process while none is idle: all now, here
                 self._pool.submit(appends_to_table, [])

@@ -70,6 +70,33 @@ def set_parent_death_signal(signum: int = signal.SIGKILL) -> int:
     return 0
 
 
+UNUSED_IMPORTS = ("hypothesis",)
+"""Packages that a library imports whenever they are installed but that no process of the server
+uses: kio (``kio.static._phantom``) imports hypothesis for its type strategies, 0.3-0.7 s of each
+start where it is installed (a development environment; ~0.8 s on a loaded 2-core machine)."""
+
+
+def skip_unused_imports() -> None:
+    """Make ``import`` of each of ``UNUSED_IMPORTS`` raise ImportError in this process (the library
+    then goes without it, as where it is not installed), unless it is imported already. Call it
+    first in a process of the server (``pipeline.cli.main``, ``worker_init``), before anything
+    imports kio; never in one that may use them (the test suite: there they are imported already)."""
+    for name in UNUSED_IMPORTS:
+        if name not in sys.modules:
+            sys.modules[name] = None  # type: ignore[assignment]  # Python's "import blocked" marker
+
+
+def worker_init(parent_pid: int, niceness: int) -> None:
+    """A worker process's start (``ProcessPoolExecutor(initializer=...)``, the decode worker):
+    ``skip_unused_imports``, die with the server (``die_with_parent``), then lower its priority
+    by ``niceness`` (``os.nice``; 0: unchanged). It lives here, apart from the worker's jobs, so
+    that unpickling it imports nothing heavy before ``skip_unused_imports`` runs."""
+    skip_unused_imports()
+    die_with_parent(parent_pid)
+    if niceness:
+        os.nice(niceness)
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Make the calling (child) process get SIGKILL when its parent dies.
 

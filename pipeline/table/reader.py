@@ -111,8 +111,10 @@ class TableSlice:
         records: zero or more concatenated RecordBatch v2 (magic 2), each
             batch's base offset + offset deltas giving the records' original
             offsets, ascending; offsets the tables lack are simply not there.
-        next_offset: the offset after the last record returned (the offset
-            asked for when ``records`` is empty).
+        next_offset: the offset after the last record returned; with
+            ``records`` empty, ``end`` when the tables hold no offset in
+            ``[offset, end)``, the offset asked for when they do but its
+            record does not fit (``min_one`` false).
         size_bytes: ``len(records)``.
         record_count: records in ``records``.
     """
@@ -241,9 +243,9 @@ class TableReader:
                 first partition of a fetch response that has data).
 
         Returns:
-            ``TableSlice``; empty (``next_offset == offset``) when the tables
-            hold nothing in ``[offset, end)``, or when the first record does
-            not fit and ``min_one`` is false.
+            ``TableSlice``; empty when the tables hold nothing in ``[offset, end)``
+            (``next_offset == end``), or when the first record does not fit and
+            ``min_one`` is false (``next_offset == offset``).
 
         Raises:
             ValueError: ``offset`` < 0, ``max_bytes`` < 0 or ``max_records`` < 1.
@@ -255,6 +257,8 @@ class TableReader:
         if offset >= end:
             return TableSlice(b"", offset, 0, 0)
         rows = self._rows(topic, partition, offset, end, max_bytes, max_records)
+        if rows.num_rows == 0:
+            return TableSlice(b"", end, 0, 0)
         return self._encode(rows, offset, max_bytes, max_records, min_one)
 
     def invalidate(self, topic: str | None = None, partition: int | None = None) -> None:
@@ -425,8 +429,15 @@ class TableReader:
                     offsets = rows.column("offset")
                     # Offsets are dense but for retention's gaps; a listing made before a commit misses its
                     # files, which shows as a gap: list again once before serving one.
-                    if fresh or (rows.num_rows and offsets[0].as_py() == offset
-                                 and offsets[-1].as_py() - offset + 1 == rows.num_rows):
+                    dense = rows.num_rows and offsets[0].as_py() == offset \
+                        and offsets[-1].as_py() - offset + 1 == rows.num_rows
+                    if dense:
+                        return rows
+                    if fresh:
+                        if not rows.num_rows or offsets[0].as_py() != offset:
+                            log.info("%s-%d: the tables hold no offset in [%d, %s) (%d data files listed)",
+                                     topic, partition, offset, offsets[0].as_py() if rows.num_rows else end,
+                                     len(listing.paths))
                         return rows
                 listing, fresh = self._list(topic, warm=False)
         return self._rows_spark(topic, partition, offset, end, max_records)

@@ -125,6 +125,19 @@ def shared_volume(network, tmp_path_factory):
         connect.stop()
 
 
+def _move_lines(brokers: list[HostBroker]) -> str:
+    """Each broker's log lines on partition moves, WAL drains and reads that found a gap in the table."""
+    words = ("leads", "drain", "hold no offset", "goes on at", "taking over", "took", "hand")
+    out = []
+    for b in brokers:
+        try:
+            lines = b.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        out += [f"broker {b.node_id}: {line[:300]}" for line in lines if any(w in line for w in words)]
+    return "\n".join(out[-200:])
+
+
 class HostBroker:
     """``pipeline serve --node-id I`` in host I's namespace; ``start`` again after a kill (a new incarnation)."""
 
@@ -469,7 +482,8 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             # Whether the brokers serve what kafkajs lacks: another client reads it from the first offset missing.
             lacking = {p: min(set(range(end)) - group.seen[p]) for p, end in ends.items() if len(group.seen[p]) < end}
             raise AssertionError(f"{e}\nleaders now {_leaders(admin, TOPIC)}; acknowledged ends {dict(ends)}; "
-                                 f"librdkafka reads {_read_from(bootstrap, TOPIC, lacking)}") from None
+                                 f"librdkafka reads {_read_from(bootstrap, TOPIC, lacking)}; the brokers' lines on "
+                                 f"moves and gaps:\n{_move_lines(brokers)}") from None
         group.stop()
         producers.clear()  # destroyed with the admin client: no reconnect attempts to the brokers stopping now
         admin = None

@@ -66,6 +66,7 @@ class MemoryTable:
     def read(self, topic: str, partition: int, offset: int, max_bytes: int, *, end: int, min_one: bool = True):
         self.reads += 1
         rows = [r for r in self._rows(topic, partition) if offset <= r["offset"] < end]
+        next_offset = end if not rows else offset  # nothing held in [offset, end): end (TableSlice)
         if not min_one and sum(len(r["value"]) for r in rows) > max_bytes:
             rows = []
         data = b""
@@ -79,11 +80,13 @@ class MemoryTable:
             out = bytearray(builder.build())
             out[:8] = base.to_bytes(8, "big")
             data = bytes(out)
+            next_offset = rows[-1]["offset"] + 1
 
         @dataclass
         class Slice:
             records: bytes
-        return Slice(data)
+            next_offset: int
+        return Slice(data, next_offset)
 
     def offset_for_timestamp(self, topic, partition, timestamp_ms, end=None):
         for r in self._rows(topic, partition):
@@ -344,6 +347,28 @@ async def test_retention_moves_reads_to_the_table(autojump_clock, tmp_path):
             seen += records
             offset = records[-1][0] + 1
         assert seen == [(i, b"r%d" % i) for i in range(4)]
+
+
+async def test_a_table_record_too_large_for_what_is_left_of_the_response_is_not_skipped(autojump_clock, tmp_path):
+    """KIP-74: a partition after the first with data gets only what fits. When its next record is in the
+    table and does not fit, the fetch gets nothing of it, not the WAL's first batch after it (which
+    would fit): the consumer asks again from the same offset."""
+    async with broker(tmp_path, segment_bytes=1, retention=(0, -1)) as b:
+        client, _ = await b.connect()
+        for i in range(3):
+            await client.send(produce(i, [b"x" * 500], partition=1))
+        await client.send(produce(3, [b"a"]))
+        await client.send(produce(4, [b"y"], partition=1))
+        await client.wait_responses(5)
+        await eventually(lambda: len(b.sink.rows()) == 5)
+        await eventually(lambda: b.logs.log("t", 1).first_indexed_offset == 3)  # 0-2: in the table only
+        await client.send(fetch(10, ("t", 0, 0), ("t", 1, 0), max_bytes=300))
+        await client.wait_responses(6)
+        got = fetched(client.responses[5][1])
+        assert [o for o, _ in got[("t", 0)][2]] == [0] and got[("t", 1)][2] == []
+        await client.send(fetch(11, ("t", 1, 0)))
+        await client.wait_responses(7)
+        assert [o for o, _ in fetched(client.responses[6][1])[("t", 1)][2]] == [0, 1, 2]
 
 
 async def test_a_restart_indexes_the_retained_wal(autojump_clock, tmp_path):
