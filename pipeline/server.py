@@ -396,6 +396,10 @@ class Server:
             addresses += [f"{b.host}:{b.port}" for b in self.cluster.brokers if b.node_id != self.config.node_id]
         return functools.partial(publish, ",".join(addresses))
 
+    def _is_controller(self) -> bool:
+        """Whether this broker is the controller now (leadership through the database)."""
+        return self.leadership is not None and self.leadership.controller_epoch is not None
+
     def _table_lock(self) -> Callable[[], AbstractContextManager[None]] | None:
         """The sink's hold on the shared tables (``SparkGroupSink.hold_table``), if it has one."""
         return getattr(self.sink, "hold_table", None)
@@ -530,11 +534,12 @@ class Server:
             wal_policy=replace(DEFAULT_WAL_POLICY, linger_ms=c.wal_linger_ms),
             ack_on=c.ack_on,
             max_buffer_bytes=c.buffer_memory,
-            # In a cluster one broker (the controller, lowest id) compacts and applies retention.
-            # Leadership through the database: node 0 (table maintenance is not moved yet).
+            # In a cluster one broker compacts and applies retention: with `--brokers N` the controller
+            # (lowest id); with leadership through the database whichever broker is the controller at
+            # the time (the maintenance moves with it when a broker dies).
             maintenance_interval_s=c.table_compaction_interval_ms / 1000.0 if c.table_compaction_interval_ms and (
-                self.cluster is None or self.cluster.controller_id == c.node_id) and (
-                not self.dynamic or c.node_id == 0) else None,
+                self.cluster is None or self.dynamic or self.cluster.controller_id == c.node_id) else None,
+            maintains=self._is_controller if self.dynamic else None,
             log_listener=self.logs,
             before_table_write=self.leadership.before_table_write if self.leadership is not None else None,
             table_lock=self._table_lock() if self.dynamic else None,

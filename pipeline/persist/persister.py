@@ -319,6 +319,9 @@ class BatchingPersister(Generic[FlushT]):
         maintenance_interval_s: call ``sink.maintain()`` (table compaction
             and retention) this often, between two Spark writes; None: never.
             Set, it needs a sink that is a ``MaintainedSink``.
+        maintains: asked at each due time whether this broker runs the maintenance now (in a cluster
+            with leadership through the database: whether it is the controller, so maintenance
+            moves with the controller when a broker dies); None: always.
         log_listener: the read side, told where appends are in the WAL and
             when they are durable, and asked how much of the WAL to keep;
             None: nothing reads the WAL, it is cut at every checkpoint.
@@ -360,6 +363,7 @@ class BatchingPersister(Generic[FlushT]):
         shutdown_grace_s: float = 30.0,
         table_start_wait_s: float = STOP_WAITS_FOR_TABLE_S,
         maintenance_interval_s: float | None = None,
+        maintains: Callable[[], bool] | None = None,
         log_listener: LogListener | None = None,
         backlog: Sequence[tuple[WalPosition, Sequence[PartitionAppend]]] = (),
         table_ready: bool = True,
@@ -387,6 +391,7 @@ class BatchingPersister(Generic[FlushT]):
         self._shutdown_grace_s = shutdown_grace_s
         self._table_start_wait_s = table_start_wait_s
         self._maintenance_interval_s = maintenance_interval_s
+        self._maintains = maintains
         self._next_maintenance = math.inf  # set by run()
         self._in_wal_write = 0
         self._in_spark_prepare = 0
@@ -1023,6 +1028,9 @@ class BatchingPersister(Generic[FlushT]):
     async def _maintain(self) -> None:
         """One ``sink.maintain()`` (compaction, retention) in the writer's slot; failures are logged."""
         assert self._maintenance_interval_s is not None and self._maintainer is not None  # checked in __init__
+        self._next_maintenance = trio.current_time() + self._maintenance_interval_s
+        if self._maintains is not None and not self._maintains():
+            return  # another broker's turn (the controller's)
         try:
             result = await trio.to_thread.run_sync(self._maintainer.maintain)
         except Exception as exc:  # the next run retries; the table's journal keeps what must be deleted

@@ -1,11 +1,14 @@
 """What ``BatchingPersister`` asks of its sink: the optional ``WalReadingSink`` and
-``MaintainedSink`` methods are found by protocol, and compaction without ``maintain`` is refused."""
+``MaintainedSink`` methods are found by protocol, compaction without ``maintain`` is refused, and
+maintenance runs only while this broker's turn (``maintains``: the controller's, in a cluster)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 import pytest
+import trio
+import trio.testing
 
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.checkpoint import Checkpoint, StateStore
@@ -52,3 +55,43 @@ def test_compaction_interval_needs_a_sink_with_maintain(tmp_path):
 def test_optional_methods_are_found_by_protocol():
     assert not isinstance(PlainSink(), WalReadingSink) and not isinstance(PlainSink(), MaintainedSink)
     assert isinstance(MaintainedPlainSink(), MaintainedSink)
+
+
+class CountedSink(MaintainedPlainSink):
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def maintain(self) -> MaintenanceResult:
+        self.runs += 1
+        return MaintenanceResult()
+
+
+@pytest.fixture
+def patient_autojump_clock() -> trio.testing.MockClock:
+    """Jumps only after 0.3 s of real idleness: ``maintain()`` in its worker thread is done long before."""
+    return trio.testing.MockClock(autojump_threshold=0.3)
+
+
+@pytest.mark.trio
+async def test_maintenance_runs_while_this_broker_maintains_and_moves_to_it_when_its_turn_comes(
+        tmp_path, patient_autojump_clock):
+    sink, turn = CountedSink(), [False]
+    wal = WriteAheadLog(tmp_path / "wal", fsync=False)
+    wal.open()
+    persister = BatchingPersister(sink, wal, StateStore(tmp_path / "state"), Checkpoint(),  # type: ignore[arg-type]
+                                  FlushPolicy(linger_ms=0), maintenance_interval_s=1.0, maintains=lambda: turn[0])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(persister.run)
+        await trio.sleep(5.5)
+        assert sink.runs == 0 and persister.stats.maintenance_runs == 0  # another broker's (the controller's)
+        turn[0] = True  # that broker died: this one is the controller now
+        with trio.fail_after(60):
+            while persister.stats.maintenance_runs < 2:  # maintain() runs in a thread: no count by the clock
+                await trio.sleep(0.5)
+        turn[0] = False
+        await trio.sleep(1.5)  # a run already under way ends
+        runs = sink.runs
+        await trio.sleep(5)
+        assert sink.runs == runs
+        nursery.cancel_scope.cancel()
+    wal.close()
