@@ -44,6 +44,9 @@ def test_an_external_metastore_is_shared_with_a_classic_session_while_the_server
             # the table alone, once a commit (every 500 ms) took them
             deadline = time.monotonic() + 90
             while rows != [{"n": 50}] and time.monotonic() < deadline:
+                # each read starts a Spark JVM in a subprocess (metastore_uris): let the next 500 ms
+                # commit come first instead of starting them back to back
+                time.sleep(0.5)
                 rows = read_table(data_dir, "SELECT count(*) AS n FROM pipeline.records WHERE topic = 'shared'",
                                   metastore_uris=metastore.uris)
             assert rows == [{"n": 50}]
