@@ -25,6 +25,8 @@ and coordinator of everything, exactly as before.
 
 from __future__ import annotations
 
+import math
+
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -237,6 +239,13 @@ class DynamicCluster:
         """(topic, partition) -> ``Leadership`` row."""
         self.loaded: set[tuple[str, int]] = set()
         """Partitions (``__consumer_offsets``'s too) this broker has loaded and serves."""
+        self.lease_until = math.inf
+        """Until when (trio's monotonic clock, s) this broker's membership lease is surely current, with
+        a margin (``pipeline.cluster.service.lease_margin_s``): past it nothing is acknowledged."""
+
+    def lease_current(self, now: float) -> bool:
+        """Whether at ``now`` (trio's monotonic clock, s) this broker may still acknowledge."""
+        return now < self.lease_until
 
     @property
     def brokers(self) -> tuple[ClusterBroker, ...]:

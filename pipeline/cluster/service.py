@@ -97,6 +97,14 @@ TRIM_INTERVAL_S = 30.0
 """How often the controller trims the producer states kept in the database."""
 LEASE_CHECK_INTERVAL_S = 0.1
 """How often a member checks that its lease may still be current (``_lease_watchdog``)."""
+
+
+def lease_margin_s(session_ms: int) -> float:
+    """How long before its lease may run out (as the database counts it) a broker stops acknowledging and
+    fences itself (s): a tenth of the session, at least two watchdog checks. It covers the watchdog's
+    check interval, a late-scheduled task, and a local monotonic clock slower than the database's by up
+    to 10 % over a session (the assumption the fencing rests on; docs/architecture.md)."""
+    return max(2 * LEASE_CHECK_INTERVAL_S, session_ms / 10_000.0)
 FENCED_STATUS = 3
 """``pipeline serve``'s exit status when its membership was fenced (its supervisor restarts it)."""
 
@@ -228,7 +236,7 @@ class LeadershipService:
                 sent = trio.current_time()
                 self.epoch = await trio.to_thread.run_sync(store.registry.register, node, self.incarnation,
                                                            self.endpoints, self.session_ms)
-                self._lease_from = sent
+                self._renewed(sent)
                 break
             except DuplicateBrokerError:  # our previous incarnation's lease has not run out yet
                 log.info("broker %d: waiting for the previous registration's lease to run out", node)
@@ -256,7 +264,7 @@ class LeadershipService:
             try:
                 sent = trio.current_time()
                 await trio.to_thread.run_sync(store.registry.heartbeat, node, self.epoch, self.session_ms)
-                self._lease_from = max(self._lease_from or sent, sent)
+                self._renewed(sent)
             except FencedBrokerError:
                 if not self._leaving:
                     self._fenced("its lease ran out")
@@ -264,17 +272,26 @@ class LeadershipService:
             except Exception as exc:  # the watchdog fences the broker if this lasts a session
                 log.warning("broker %d: heartbeat failed: %s", node, exc)
 
+    def _renewed(self, sent: float) -> None:
+        """A registration or heartbeat sent at local time ``sent`` (trio's monotonic clock, s) committed:
+        the lease lasts until at least ``sent + session_ms`` (the database read its clock later), so this
+        broker may acknowledge until ``cluster.lease_until``, that less ``lease_margin_s``."""
+        self._lease_from = max(self._lease_from or sent, sent)
+        self.cluster.lease_until = self._lease_from + self.session_ms / 1000.0 - lease_margin_s(self.session_ms)
+
     async def _lease_watchdog(self) -> None:
         """Stop serving before another broker may take this one's partitions over: a lease renewed by
-        a request sent at local time t lasts until at least t + ``session_ms`` (the database read its
-        clock later), so once that passed with no renewal since, the controller may move them, and
-        (``--ack-on wal``) drain this broker's WAL; nothing accepted after that may be acknowledged.
-        A heartbeat that hangs (the database unreachable) is covered too."""
+        a request sent at local time t lasts until at least t + ``session_ms``, so once that passed with
+        no renewal since, the controller may move them, and (``--ack-on wal``) drain this broker's WAL;
+        nothing accepted after that may be acknowledged. So from ``cluster.lease_until`` (a margin
+        earlier) no produce is answered with success (``pipeline.requests.handler.PendingProduce``),
+        and the broker fences itself at the watchdog's next check. A heartbeat that hangs (the
+        database unreachable) is covered too; so is a process paused (SIGSTOP, a frozen VM) past its
+        lease: on waking, whichever task runs first finds the lease over."""
         while True:
             await trio.sleep(LEASE_CHECK_INTERVAL_S)
-            lease_from = self._lease_from
-            if lease_from is not None and not self._leaving and self.cluster.member \
-                    and trio.current_time() - lease_from >= self.session_ms / 1000.0:
+            if self._lease_from is not None and not self._leaving and self.cluster.member \
+                    and trio.current_time() >= self.cluster.lease_until:
                 self._fenced("no heartbeat reached the database for a session")
                 return
 

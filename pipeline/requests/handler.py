@@ -357,6 +357,7 @@ class KafkaApis:
                 bytes_in[a.topic] = bytes_in.get(a.topic, 0) + len(a.records)
                 messages_in[a.topic] = messages_in.get(a.topic, 0) + a.record_count
         unacked_logged = False
+        lease_current = self._lease_current
         unanswered: list[int] = []  # tokens of acks=0 requests of ``unanswered_on``
         unanswered_on: ConnectionHandle | None = None
         for (request, acks, deadline, parts), request_bases in zip(run, bases):
@@ -386,7 +387,7 @@ class KafkaApis:
             else:
                 results = [PartitionResult(p[0], p[1], 0, base_offset=b, log_start_offset=0)
                            for p, b in zip(parts, request_bases)]
-            pending = PendingProduce(connection, token, request.header, results, self._produce_errors)
+            pending = PendingProduce(connection, token, request.header, results, self._produce_errors, lease_current)
             if commit is not None:
                 pending.wait_for(commit, list(range(len(results))))
             if not pending.start():
@@ -554,7 +555,7 @@ class KafkaApis:
                 connection.close(f"acks=0 produce failed for {len(failed)} partition(s), "
                                  f"first error code {failed[0].error_code}")
             return
-        pending = PendingProduce(connection, token, header, results, self._produce_errors)
+        pending = PendingProduce(connection, token, header, results, self._produce_errors, self._lease_current)
         if commit is not None:
             pending.wait_for(commit, appended)
         for index, batch in duplicates:
@@ -573,6 +574,15 @@ class KafkaApis:
             now = trio.current_time()
             while deadlines and deadlines[0][0] <= now:
                 heapq.heappop(deadlines)[2].time_out()
+
+    @property
+    def _lease_current(self) -> Callable[[], bool] | None:
+        """With leadership through the database: whether this broker's membership lease is still
+        current (``DynamicCluster.lease_current``, on trio's clock); None: no lease to run out."""
+        lease_current = getattr(self.broker.cluster, "lease_current", None)
+        if lease_current is None:
+            return None
+        return lambda: lease_current(trio.current_time())
 
     @staticmethod
     def _log_partition_error(request: Request, part: ProducePartition, exc: Exception) -> None:
@@ -634,14 +644,18 @@ class PendingProduce:
     Its response is completed exactly once: when every Commit it waits for has
     resolved (partitions of a failed Commit get KAFKA_STORAGE_ERROR), or at its
     timeout, when partitions not yet durable get REQUEST_TIMED_OUT. Never
-    success for a record that is not durable. Each partition's error code is
-    then counted in ``errors`` (Kafka ``ProduceResponse.errorCounts``).
+    success for a record that is not durable, nor once ``lease_current`` says this
+    broker's membership lease may have run out (NOT_LEADER_OR_FOLLOWER: another
+    broker may lead the partition by now; an idempotent producer's retry there is
+    answered as a duplicate if the records reached the table). Each partition's
+    error code is then counted in ``errors`` (Kafka ``ProduceResponse.errorCounts``).
     """
 
-    __slots__ = ("connection", "token", "header", "results", "waiting", "answered", "_durable", "_errors")
+    __slots__ = ("connection", "token", "header", "results", "waiting", "answered", "_durable", "_errors",
+                 "_lease_current")
 
     def __init__(self, connection: ConnectionHandle, token: int, header: RequestHeader, results: list[PartitionResult],
-                 errors: dict[int, int] | None = None) -> None:
+                 errors: dict[int, int] | None = None, lease_current: Callable[[], bool] | None = None) -> None:
         self.connection = connection
         self.token = token
         self.header = header
@@ -650,6 +664,7 @@ class PendingProduce:
         self.answered = False
         self._durable = [r.error_code != 0 for r in results]  # error results need no wait
         self._errors = errors
+        self._lease_current = lease_current
 
     def wait_for(self, commit: Commit, indices: list[int]) -> None:
         for i in indices:
@@ -688,6 +703,12 @@ class PendingProduce:
     def _answer(self) -> None:
         if not self.answered:
             self.answered = True
+            if self._lease_current is not None and not self._lease_current():
+                for i, r in enumerate(self.results):
+                    if r.error_code == 0:
+                        self.results[i] = PartitionResult(
+                            r.topic, r.partition, ErrorCode.not_leader_or_follower.value,
+                            error_message="this broker's membership lease ran out before the records were acknowledged")
             if self._errors is not None:
                 for r in self.results:
                     add_error(self._errors, r.error_code)

@@ -9,13 +9,14 @@ the broker still serves is a fence.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
 
 from pipeline.cluster.membership import DynamicCluster
-from pipeline.cluster.service import LeadershipService
+from pipeline.cluster.service import LeadershipService, lease_margin_s
 from pipeline.log.manager import LogManager
 
 ENDPOINT = (("PLAINTEXT", "127.0.0.1", 9092),)
@@ -194,3 +195,44 @@ def test_a_coordinator_serves_its_groups_before_its_partitions_table_end_offsets
             release.set()  # the held read's thread ends whatever happened
 
     trio.run(main)
+
+
+def test_a_broker_whose_heartbeats_stop_reaching_the_database_stops_acknowledging_a_margin_before_its_lease_ends(
+        tmp_path):
+    """Heartbeats that hang (the database cut off): ``lease_until`` is the last renewal's send time plus the
+    session less ``lease_margin_s``; from then the broker acknowledges nothing (``lease_current``) and
+    its watchdog fences it, never earlier."""
+    fenced: list[float] = []
+    service = LeadershipService(DynamicCluster(0, "127.0.0.1", 9092), tmp_path / "cluster.db", ENDPOINT,
+                                session_ms=3000, heartbeat_ms=50, logs=LogManager(), end_offsets=lambda topics: {},
+                                topics=dict, on_fenced=lambda: fenced.append(trio.current_time()))
+    cut = threading.Event()
+    release = threading.Event()
+
+    async def main() -> None:
+        async with _registered(service):
+            assert service.store is not None
+            heartbeat = service.store.registry.heartbeat
+
+            def hanging(*args):
+                if cut.is_set():
+                    release.wait(60)
+                    raise OSError("the database is unreachable")
+                return heartbeat(*args)
+
+            service.store.registry.heartbeat = hanging  # type: ignore[method-assign]
+            await trio.sleep(0.3)
+            cut.set()
+            try:
+                await _until(lambda: fenced, "the broker fenced")
+                last = service._lease_from
+                assert last is not None
+                assert service.cluster.lease_until == last + 3.0 - lease_margin_s(3000)
+                assert fenced[0] >= service.cluster.lease_until
+                assert not service.cluster.lease_current(fenced[0])
+                assert service.cluster.lease_current(service.cluster.lease_until - 0.01)
+            finally:
+                release.set()
+
+    trio.run(main)
+    assert len(fenced) == 1

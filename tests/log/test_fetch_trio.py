@@ -526,6 +526,35 @@ async def test_a_fetch_waits_for_a_partition_this_broker_is_taking_over(patient_
         assert client.arrived_at[3] - taken < 1.0
 
 
+async def test_records_durable_only_after_the_membership_lease_may_have_run_out_are_not_acknowledged(
+        autojump_clock, tmp_path):
+    """Leadership through the database: a produce whose records become durable (here: reach the table,
+    ``--ack-on spark``) once this broker's lease may have run out (``DynamicCluster.lease_until``, which
+    the service keeps a margin before the database's expiry) is answered NOT_LEADER_OR_FOLLOWER, not
+    acknowledged: another broker may lead the partition by then. Within the lease, acknowledged."""
+    from pipeline.cluster.membership import DynamicCluster
+    from pipeline.metadata.leadership import Leadership
+
+    view = DynamicCluster(0, "127.0.0.1", 9092)
+    view.member = True
+    view.leaders = {("t", 0): Leadership(0, 1), ("t", 1): Leadership(0, 1)}
+    view.loaded = {("t", 0), ("t", 1)}
+    view.lease_until = trio.current_time() + 60
+    async with broker(tmp_path, cluster=view, ack_on="spark") as b:
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"a"]))
+        await client.wait_responses(1)
+        assert partition_result(client.responses[0][1]) == (0, 0)
+        b.sink.hold()  # the next write waits: the heartbeats stop reaching the database meanwhile
+        view.lease_until = trio.current_time() + 1.0
+        await client.send(produce(2, [b"b"]))
+        await trio.sleep(2.0)
+        assert len(client.responses) == 1  # not durable yet
+        b.sink.resume()
+        await client.wait_responses(2)
+        assert partition_result(client.responses[1][1])[0] == NOT_LEADER_OR_FOLLOWER
+
+
 async def test_list_offsets_waits_for_a_partition_this_broker_is_taking_over(autojump_clock, tmp_path):
     """ListOffsets of a partition broker 0 is taking over waits for the take-over (in a task of its own:
     the connection's and other connections' requests go on) and answers its offsets then; one still
