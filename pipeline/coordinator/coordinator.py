@@ -16,10 +16,18 @@ already durable: the caller validates a commit with ``validate_commit``,
 makes it durable, then calls ``apply_commit`` (likewise ``delete_group`` /
 ``apply_delete`` and ``apply_offset_delete``).
 
+Membership survives a coordinator move as Kafka's group metadata records make
+it survive: each time a group becomes Stable (a new generation with its
+assignments) or Empty, its ``membership`` (``GroupMembership``) goes to
+``membership_changes`` for the caller to store, and ``load`` restores a
+stored Stable generation, its members' sessions starting anew, so they carry
+on heartbeating with their member ids and generation at the new coordinator.
+
 Rules follow Kafka 2.8-3.x ``core/src/main/scala/kafka/coordinator/group/GroupCoordinator.scala``;
-each method names the function it follows. Differences: no group metadata
-log (membership is transient, members rejoin after a restart with
-UNKNOWN_MEMBER_ID), no ``group.max.size``, and a JoinGroup or SyncGroup a
+each method names the function it follows. Differences: the group metadata
+is stored when a generation is Stable, not also while it rebalances (a move
+in mid-rebalance restores the last Stable generation: its members rejoin),
+no ``group.max.size``, and a JoinGroup or SyncGroup a
 member replaces by a newer one is answered REBALANCE_IN_PROGRESS instead of
 being dropped (Kafka's purgatory forgets it; a connection here owes every
 request an answer).
@@ -27,6 +35,7 @@ request an answer).
 
 from __future__ import annotations
 
+import base64
 import io
 import uuid
 from collections.abc import Callable, Hashable, Iterable
@@ -142,6 +151,52 @@ def subscribed_topics(protocol_type: str | None, metadata: bytes) -> set[str] | 
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class StoredMember:
+    """A member as a group's stored membership keeps it (Kafka's MemberMetadata value record)."""
+
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMembership:
+    """A Stable generation of a group, as stored (Kafka's GroupMetadata value record): what a new
+    coordinator needs for its members to carry on with their member ids and generation."""
+
+    generation_id: int
+    protocol_type: str
+    protocol_name: str
+    leader_id: str
+    members: tuple[StoredMember, ...]
+
+    def to_json(self) -> dict:
+        """A JSON-able dict (bytes as base64)."""
+        return {"generation_id": self.generation_id, "protocol_type": self.protocol_type,
+                "protocol_name": self.protocol_name, "leader_id": self.leader_id,
+                "members": [{"member_id": m.member_id, "instance_id": m.instance_id, "client_id": m.client_id,
+                             "client_host": m.client_host, "session_timeout_ms": m.session_timeout_ms,
+                             "rebalance_timeout_ms": m.rebalance_timeout_ms,
+                             "protocols": [[n, base64.b64encode(d).decode()] for n, d in m.protocols],
+                             "assignment": base64.b64encode(m.assignment).decode()} for m in self.members]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> GroupMembership:
+        """Raises KeyError, TypeError, ValueError (binascii.Error) for a dict ``to_json`` did not make."""
+        return cls(int(data["generation_id"]), str(data["protocol_type"]), str(data["protocol_name"]),
+                   str(data["leader_id"]), tuple(
+                       StoredMember(str(m["member_id"]), m["instance_id"], str(m["client_id"]), str(m["client_host"]),
+                                    int(m["session_timeout_ms"]), int(m["rebalance_timeout_ms"]),
+                                    tuple((str(n), base64.b64decode(d)) for n, d in m["protocols"]),
+                                    base64.b64decode(m["assignment"])) for m in data["members"]))
+
+
 def _new_member_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4()}"
 
@@ -161,16 +216,49 @@ class GroupCoordinator:
         self.groups: dict[str, Group] = {}
         self._new_member_id = new_member_id
         self.closed = False
+        self.membership_changes: dict[str, GroupMembership | None] = {}
+        """Groups whose stored membership is to change since the caller last took them
+        (``take_membership_changes``): the new Stable generation, or None (Empty: nothing to keep)."""
 
     # ------------------------------------------------------------------ loading
 
     def load(self, group_id: str, protocol_type: str | None,
-             offsets: dict[tuple[str, int], tuple[int, int, str | None]]) -> None:
-        """Restore a group known from the offset store at start-up (Kafka GroupMetadataManager.loadGroup):
-        Empty, generation 0, with its durable offsets."""
+             offsets: dict[tuple[str, int], tuple[int, int, str | None]],
+             membership: GroupMembership | None = None, now_ms: float = 0.0) -> None:
+        """Restore a group known from the offset store (Kafka GroupMetadataManager.loadGroup): with its
+        durable offsets, and, given its stored ``membership``, Stable at that generation with those
+        members, each one's session starting at ``now_ms``; else Empty, generation 0."""
         group = self.groups.setdefault(group_id, Group(group_id))
         group.protocol_type = group.protocol_type or protocol_type
         group.offsets.update(offsets)
+        if membership is None or not membership.members or group.members:
+            return
+        group.generation_id = membership.generation_id
+        group.protocol_type = membership.protocol_type
+        group.protocol_name = membership.protocol_name
+        for m in membership.members:
+            group.add(Member(m.member_id, m.instance_id, m.client_id, m.client_host, m.session_timeout_ms,
+                             m.rebalance_timeout_ms, membership.protocol_type, list(m.protocols), m.assignment,
+                             heartbeat_deadline_ms=now_ms + m.session_timeout_ms))
+        group.leader_id = membership.leader_id if membership.leader_id in group.members else group.leader_id
+        group.state = GroupState.STABLE  # as Kafka's loadGroup: the stored generation, not a transition
+
+    def take_membership_changes(self) -> dict[str, GroupMembership | None]:
+        """The stored memberships to change (``membership_changes``), emptied."""
+        changes, self.membership_changes = self.membership_changes, {}
+        return changes
+
+    def _membership_changed(self, group: Group) -> None:
+        """``group`` became Stable or Empty: what to store of its membership now."""
+        if group.state is not GroupState.STABLE or group.protocol_type is None or group.protocol_name is None \
+                or group.leader_id is None:
+            self.membership_changes[group.group_id] = None
+            return
+        self.membership_changes[group.group_id] = GroupMembership(
+            group.generation_id, group.protocol_type, group.protocol_name, group.leader_id,
+            tuple(StoredMember(m.member_id, m.instance_id, m.client_id, m.client_host, m.session_timeout_ms,
+                               m.rebalance_timeout_ms, tuple(m.protocols), m.assignment)
+                  for m in group.members.values()))
 
     # ------------------------------------------------------------------ JoinGroup
 
@@ -444,6 +532,7 @@ class GroupCoordinator:
         if not group.members:
             group.protocol_name = None
             group.transition_to(GroupState.EMPTY)
+            self._membership_changed(group)
             return
         group.protocol_name = group.select_protocol()
         group.transition_to(GroupState.COMPLETING_REBALANCE)
@@ -515,6 +604,7 @@ class GroupCoordinator:
             for mid, m in group.members.items():
                 m.assignment = assignments.get(mid, b"")
             group.transition_to(GroupState.STABLE)
+            self._membership_changed(group)
             for m in group.members.values():  # Kafka setAndPropagateAssignment
                 if m.sync_waiter is not None:
                     replies.append((m.sync_waiter, SyncResult(NONE, group.protocol_type, group.protocol_name,

@@ -6,9 +6,11 @@ by default the standard library's sqlite3 in WAL journal mode with
 ``synchronous=FULL``, so a transaction is on disk (the WAL fsynced) when
 ``write`` returns and survives a crash or ``kill -9`` of the process; with
 ``pipeline.metadata.url`` the ``groups`` and ``offsets`` tables of that
-PostgreSQL database, committed (flushed by PostgreSQL) when ``write`` returns. Group membership is not stored
-(members rejoin after a restart); a group's protocol type is, so a group
-known only by its offsets still lists as a consumer group.
+PostgreSQL database, committed (flushed by PostgreSQL) when ``write`` returns. A group's protocol type
+is stored, so a group known only by its offsets still lists as a consumer group, and so is its last
+Stable generation's membership (``StoreMembership``, JSON of
+``pipeline.coordinator.coordinator.GroupMembership``: Kafka's group metadata record), so the
+members carry on with their ids when another broker becomes their coordinator.
 
 Every method blocks (file or network I/O, fsync): call them from a worker
 thread (``pipeline.coordinator.service`` does, through ``trio.to_thread``).
@@ -58,6 +60,8 @@ CREATE TABLE IF NOT EXISTS offsets (
     PRIMARY KEY (group_id, topic, partition)
 )
 """),
+    Migration(2, sqlite="ALTER TABLE groups ADD COLUMN membership TEXT",
+              postgresql="ALTER TABLE groups ADD COLUMN IF NOT EXISTS membership TEXT"),
 )
 
 OffsetValue = tuple[int, int, "str | None"]
@@ -89,7 +93,16 @@ class DeleteOffsets:
     partitions: tuple[tuple[str, int], ...]
 
 
-Operation = CommitOffsets | DeleteGroup | DeleteOffsets
+@dataclass(frozen=True, slots=True)
+class StoreMembership:
+    """Store a group's membership (a Stable generation, JSON text), or forget it (None: Empty)."""
+
+    group_id: str
+    protocol_type: str | None
+    membership: str | None
+
+
+Operation = CommitOffsets | DeleteGroup | DeleteOffsets | StoreMembership
 
 
 class OffsetStore:
@@ -117,6 +130,12 @@ class OffsetStore:
                 groups.setdefault(group_id, (None, {}))[1][(topic, partition)] = (offset, epoch, metadata)
         return groups
 
+    def memberships(self) -> dict[str, str]:
+        """Every stored membership: group id -> JSON text (``StoreMembership``)."""
+        with self._db.transaction(write=False) as cur:
+            return {g: m for g, m in cur.execute("SELECT group_id, membership FROM groups "
+                                                  "WHERE membership IS NOT NULL")}
+
     def write(self, operations: list[Operation]) -> None:
         """Apply ``operations`` in order in one transaction; durable (fsynced) when it returns.
 
@@ -136,6 +155,11 @@ class OffsetStore:
                         "committed_offset = excluded.committed_offset, leader_epoch = excluded.leader_epoch, "
                         "metadata = excluded.metadata, commit_timestamp_ms = excluded.commit_timestamp_ms",
                         [(op.group_id, t, p, o, e, m, op.timestamp_ms) for (t, p), (o, e, m) in op.offsets.items()])
+                elif isinstance(op, StoreMembership):
+                    cur.execute("INSERT INTO groups (group_id, protocol_type, membership) VALUES (?, ?, ?) "
+                                "ON CONFLICT (group_id) DO UPDATE SET membership = excluded.membership, "
+                                "protocol_type = COALESCE(excluded.protocol_type, groups.protocol_type)",
+                                (op.group_id, op.protocol_type, op.membership))
                 elif isinstance(op, DeleteGroup):
                     cur.execute("DELETE FROM offsets WHERE group_id = ?", (op.group_id,))
                     cur.execute("DELETE FROM groups WHERE group_id = ?", (op.group_id,))

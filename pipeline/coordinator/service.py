@@ -33,6 +33,7 @@ every check passes.
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import math
 import time
@@ -45,7 +46,8 @@ import trio
 from kio.static.primitive import i32, i64
 
 from pipeline.coordinator import coordinator as gc
-from pipeline.coordinator.coordinator import GroupConfig, GroupCoordinator, JoinResult, Reply, SyncResult
+from pipeline.coordinator.coordinator import (GroupConfig, GroupCoordinator, GroupMembership, JoinResult, Reply,
+                                                SyncResult)
 from pipeline.coordinator.offset_store import (
     STORE_FILE,
     CommitOffsets,
@@ -53,6 +55,7 @@ from pipeline.coordinator.offset_store import (
     DeleteOffsets,
     Operation,
     OffsetStore,
+    StoreMembership,
 )
 from pipeline.metadata.database import Target, is_postgres_url, store_target
 from pipeline.protocol import apis
@@ -139,6 +142,7 @@ class GroupCoordinatorService:
         self._store: OffsetStore | None = None
         self._wakeup = trio.Event()
         self._writes_send, self._writes_receive = trio.open_memory_channel[_Write](WRITE_QUEUE_SIZE)
+        self._memberships_changed = trio.Event()  # the coordinator has memberships to store
         self._closed = trio.Event()
         self._closing = False
         self._errors = {key: apis_.request_metrics.errors(key) for key in (
@@ -187,18 +191,44 @@ class GroupCoordinatorService:
         """Load the offsets, then run the timers and the writer until ``close``."""
         self._store = store = await trio.to_thread.run_sync(OffsetStore, self.store_path)
         try:
-            loaded = await trio.to_thread.run_sync(store.load)
+            loaded, memberships = await trio.to_thread.run_sync(self._read_groups, store)
             for group_id, (protocol_type, offsets) in loaded.items():
-                self.state.load(group_id, protocol_type, offsets)
+                self.state.load(group_id, protocol_type, offsets, memberships.get(group_id), self._now_ms())
             if loaded:
                 log.info("group coordinator: %d groups with committed offsets loaded", len(loaded))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer)
+                nursery.start_soon(self._membership_writer)
                 task_status.started()
                 await self._timers()
         finally:
             store.close()
             self._closed.set()
+
+    @staticmethod
+    def _read_groups(store: OffsetStore) -> tuple[dict[str, Any], dict[str, GroupMembership]]:
+        """Every stored group (``OffsetStore.load``) and stored membership (blocking); a membership that
+        does not parse is logged and left out (its members rejoin)."""
+        memberships: dict[str, GroupMembership] = {}
+        for group_id, text in store.memberships().items():
+            try:
+                memberships[group_id] = GroupMembership.from_json(json.loads(text))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("group coordinator: the stored membership of group %s is unreadable (%s): its "
+                            "members rejoin", group_id, exc)
+        return store.load(), memberships
+
+    async def _membership_writer(self) -> None:
+        """Store what the coordinator says changed of its groups' memberships (in the offsets' write
+        order), until ``close``. A membership stored late or not at all only costs a rejoin after a move."""
+        while not self._closing:
+            await self._memberships_changed.wait()
+            self._memberships_changed = trio.Event()
+            changes = self.state.take_membership_changes()
+            if changes and not self._closing:
+                await self._write([StoreMembership(g, m.protocol_type if m is not None else None,
+                                                   json.dumps(m.to_json()) if m is not None else None)
+                                   for g, m in changes.items()], lambda ok: None)
 
     async def _timers(self) -> None:
         while not self._closing:
@@ -221,6 +251,7 @@ class GroupCoordinatorService:
         self._closing = True
         self._deliver(self.state.close())
         self._writes_send.close()
+        self._memberships_changed.set()
         self._poke()
 
     async def wait_closed(self) -> None:
@@ -286,6 +317,8 @@ class GroupCoordinatorService:
             request.connection.complete(request.token, payload)
         if replies:
             self._poke()
+        if self.state.membership_changes:
+            self._memberships_changed.set()
 
     def _join_response(self, request: Request, r: JoinResult) -> bytes:
         header = request.header
@@ -329,17 +362,17 @@ class GroupCoordinatorService:
 
     async def load_groups(self, in_partition: Callable[[str], bool]) -> int:
         """This broker now coordinates the groups ``in_partition`` accepts (``pipeline.cluster.service``):
-        their state is dropped and their committed offsets read from the store again (Kafka
-        GroupMetadataManager.loadGroupsForPartition); the groups loaded."""
+        their state is dropped and their committed offsets and last Stable membership read from the
+        store again (Kafka GroupMetadataManager.loadGroupsForPartition); the groups loaded."""
         self._deliver(self.state.unload([g for g in list(self.state.groups) if in_partition(g)]))
         store = self._store
         if store is None:  # not running yet: ``run`` loads every group
             return 0
-        loaded = await trio.to_thread.run_sync(store.load)
+        loaded, memberships = await trio.to_thread.run_sync(self._read_groups, store)
         count = 0
         for group_id, (protocol_type, offsets) in loaded.items():
             if in_partition(group_id):
-                self.state.load(group_id, protocol_type, offsets)
+                self.state.load(group_id, protocol_type, offsets, memberships.get(group_id), self._now_ms())
                 count += 1
         return count
 

@@ -508,3 +508,41 @@ def test_random_schedules_answer_every_waiter_once_and_keep_invariants(ops):
             assert deadline is None or deadline >= 0
     take(c.close())
     assert pending == set()
+
+
+def test_a_stable_generation_moves_to_another_coordinator_and_its_members_carry_on_with_their_ids():
+    """Kafka's group metadata record: each Stable generation (and Empty) is handed to the caller to store;
+    a new coordinator loading it has the group Stable at that generation, so its members heartbeat on
+    with their ids (no UNKNOWN_MEMBER_ID), a follower's SyncGroup gets its assignment, and a member that
+    stays silent is removed a session after the load."""
+    import json
+
+    from pipeline.coordinator.coordinator import GroupMembership
+
+    a = make()
+    ids = stable_group(a, 3, now=0)
+    changes = a.take_membership_changes()
+    assert set(changes) == {"g"} and a.take_membership_changes() == {}
+    stored = json.loads(json.dumps(changes["g"].to_json()))  # as the offset store keeps it
+    membership = GroupMembership.from_json(stored)
+    assert membership == changes["g"]
+    assert (membership.generation_id, membership.leader_id, [m.member_id for m in membership.members]) == (1, ids[0], ids)
+
+    b = make()  # the new coordinator, 60 s later on its own clock
+    b.load("g", "consumer", {("t", 0): (5, 0, None)}, membership, now_ms=60_000)
+    group = b.groups["g"]
+    assert group.state is GroupState.STABLE and group.generation_id == 1 and group.leader_id == ids[0]
+    assert [heartbeat(b, 61_000, mid, 1) for mid in ids[:2]] == [gc.NONE, gc.NONE]
+    assert sync(b, "s", 61_000, ids[1], 1) == {"s": SyncResult(gc.NONE, "consumer", "range", ids[1].encode())}
+    assert heartbeat(b, 61_000, "someone-else", 1) == gc.UNKNOWN_MEMBER_ID
+    # ids[2] never heartbeats: removed a session (10 s) after the load, the others asked to rejoin
+    b.tick(60_000 + SESSION)
+    assert ids[2] not in b.groups["g"].members and b.groups["g"].state is GroupState.PREPARING_REBALANCE
+    assert heartbeat(b, 70_001, ids[0], 1) == gc.REBALANCE_IN_PROGRESS
+
+    # every member leaves: Empty, and the stored membership goes
+    for mid in ids[:2]:
+        b.leave(70_002, "g", [(mid, None)])
+    b.tick(70_002 + REBALANCE)
+    assert b.groups["g"].state is GroupState.EMPTY
+    assert b.take_membership_changes() == {"g": None}

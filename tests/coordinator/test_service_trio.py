@@ -456,3 +456,47 @@ async def test_in_a_cluster_each_group_has_one_coordinator(autojump_clock, tmp_p
         assert r.groups[0].error_code == gc.NOT_COORDINATOR
         joined = await c.join(mine)  # the group this broker coordinates works as before
         assert joined.error_code == gc.NONE
+
+
+async def test_a_stable_groups_membership_is_stored_and_a_coordinator_loading_it_knows_the_members(
+        patient_clock, tmp_path):
+    """Group metadata across a coordinator move: once the leader's SyncGroup makes the group Stable its
+    membership is in the offset store, and another coordinator on that store (``load_groups``, as a
+    broker taking the group's ``__consumer_offsets`` partition over) has it Stable at that generation
+    with the same members, whose heartbeats it answers NONE rather than UNKNOWN_MEMBER_ID."""
+    from pipeline.coordinator.offset_store import OffsetStore
+
+    async with coordinator(tmp_path, delay_ms=3000) as (b, _s, connect):
+        c1, c2 = await connect(), await connect()
+        first1 = await c1.response(await c1.send_join("g"))
+        j1 = await c1.send_join("g", first1.member_id)
+        first2 = await c2.response(await c2.send_join("g"))
+        j2 = await c2.send_join("g", first2.member_id)
+        r1, r2 = await c1.response(j1), await c2.response(j2)
+        ids = {r1.member_id, r2.member_id}
+        s2 = await c2.send("sync_group", 5, req("sync_group", 5, group_id="g", generation_id=r1.generation_id,
+                                                 member_id=r2.member_id, protocol_type="consumer",
+                                                 protocol_name="range", assignments=()))
+        await c1.sync("g", r1.generation_id, r1.member_id, {r1.member_id: b"one", r2.member_id: b"two"})
+        await c2.response(s2)
+        store = OffsetStore(tmp_path / "groups.db")
+        try:
+            with trio.fail_after(30):
+                while "g" not in await trio.to_thread.run_sync(store.memberships):
+                    await trio.sleep(0.1)
+        finally:
+            store.close()
+
+        other = GroupCoordinatorService(b.apis, GroupConfig(), tmp_path / "groups.db")
+        b.nursery.start_soon(other.run)
+        with trio.fail_after(30):
+            while not await other.load_groups(lambda group: group == "g"):
+                await trio.sleep(0.1)
+        group = other.state.groups["g"]
+        assert group.state.value == "Stable" and group.generation_id == r1.generation_id
+        assert set(group.members) == ids and group.leader_id == r1.member_id
+        assert group.members[r2.member_id].assignment == b"two"
+        assert other.state.heartbeat(trio.current_time() * 1000, group_id="g", generation_id=r1.generation_id,
+                                     member_id=r2.member_id, instance_id=None) == gc.NONE
+        other.close()
+        await other.wait_closed()

@@ -56,6 +56,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pipeline.cluster.membership import OFFSETS_TOPIC, offsets_partition
 from pipeline.metadata.leadership import LeadershipStore
 from pipeline.process.lifecycle import die_with_parent
 from tests.e2e import netns
@@ -129,6 +130,25 @@ def shared_volume(network, tmp_path_factory):
         yield data_dir, connect
     finally:
         connect.stop()
+
+
+def _group_coordinated_by_the_controller(url: str, prefix: str, timeout_s: float = 60.0) -> str:
+    """A group id ``prefix-N`` whose ``__consumer_offsets`` partition the controller leads (asked of the
+    database once it names a controller and has assigned that topic)."""
+    deadline = time.monotonic() + timeout_s
+    store = LeadershipStore(url)
+    try:
+        while True:
+            controller, rows = store.controller(), store.assignment()
+            if controller is not None and any(t == OFFSETS_TOPIC for t, _ in rows):
+                for n in range(1000):
+                    row = rows.get((OFFSETS_TOPIC, offsets_partition(f"{prefix}-{n}")))
+                    if row is not None and row.leader_id == controller[0]:
+                        return f"{prefix}-{n}"
+            assert time.monotonic() < deadline, f"no controller or no {OFFSETS_TOPIC} assignment: {controller}"
+            time.sleep(0.2)
+    finally:
+        store.close()
 
 
 def _log_since(broker: HostBroker, offset: int) -> str:
@@ -386,6 +406,9 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
         for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
             future.result(60)
+        # The group's coordinator: the controller, the broker the test kills (its members must keep their
+        # ids when the coordinator moves).
+        GROUP = _group_coordinated_by_the_controller(url, GROUP)  # noqa: N806
         group = ConsumerGroup(node_modules, bootstrap, GROUP, TOPIC, tmp_path / "kafkajs.log")
 
         acked: dict[tuple[int, int], tuple[int, int, float]] = {}  # (producer, i) -> (partition, offset, when)
@@ -442,10 +465,12 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         store = LeadershipStore(url)
         try:
             controller = store.controller()
+            coordinator = store.assignment().get((OFFSETS_TOPIC, offsets_partition(GROUP)))
         finally:
             store.close()
         assert controller is not None, "no controller"
         victim_id = controller[0]
+        coordinator_moves = coordinator is not None and coordinator.leader_id == victim_id
         led_by_victim = [p for p, leader in _leaders(admin, TOPIC).items() if leader == victim_id]
         assert led_by_victim, f"the victim, controller {victim_id}, leads no partition"
         survivors = [b for b in brokers if b.node_id != victim_id]
@@ -496,6 +521,14 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         assert len(acked) == sum(sent)
         rejoined = [p for p, leader in _leaders(admin, TOPIC).items() if leader == victim_id]
         assert rejoined and any(acked[k][0] in rejoined and acked[k][2] > killed_at for k in acked)
+
+        # The group's members kept their ids across the coordinator's moves (away with the kill, back after
+        # the victim's return): no heartbeat, commit or SyncGroup answered UNKNOWN_MEMBER_ID.
+        if coordinator_moves:
+            unknown = [line for line in group.log_path.read_text(errors="replace").splitlines()
+                       if "UNKNOWN_MEMBER_ID" in line or "not aware of this member" in line]
+            assert not unknown, f"kafkajs members lost their ids at a coordinator move: {unknown[:3]}"
+        print(f"group {GROUP}: coordinator {'moved with the kill' if coordinator_moves else 'elsewhere'}")
 
         # The table maintenance moved with the controller: a surviving broker compacted since the kill.
         deadline = time.monotonic() + 60

@@ -17,7 +17,9 @@ import uuid
 import pytest
 import trio
 
-from pipeline.coordinator.offset_store import CommitOffsets, DeleteOffsets, OffsetStore
+from pipeline.coordinator.offset_store import MIGRATIONS as GROUP_MIGRATIONS
+from pipeline.coordinator.offset_store import (CommitOffsets, DeleteGroup, DeleteOffsets, OffsetStore,
+                                               StoreMembership)
 from pipeline.coordinator.transactions import TransactionMetadata, TxnState
 from pipeline.coordinator.txn_store import TransactionStore
 from pipeline.metadata.brokers import BrokerRegistry, DuplicateBrokerError, FencedBrokerError
@@ -141,6 +143,31 @@ def test_topic_schema_1_on_postgresql_drops_its_old_counter_at_version_2(metadat
     db.close()
 
 
+def test_a_groups_membership_is_stored_replaced_forgotten_and_read_by_another_broker(metadata_target):
+    """``StoreMembership`` (a group's Stable generation, what a new coordinator restores): written by one
+    broker, read by another; None forgets it, DeleteGroups removes it; a groups database of schema 1 (before
+    memberships were stored) gains the column and keeps its offsets."""
+    target = metadata_target("groups.db")
+    db = open_database(target)
+    assert db.migrate("groups", GROUP_MIGRATIONS[:1]) == 1  # a database a broker before this change made
+    db.close()
+    one, two = OffsetStore(target), OffsetStore(target)
+    try:
+        one.write([CommitOffsets("g", "consumer", {("t", 0): (7, 0, None)}, 1)])
+        one.write([StoreMembership("g", "consumer", '{"generation_id": 3}'),
+                   StoreMembership("fresh", "consumer", '{"generation_id": 1}')])
+        assert two.memberships() == {"g": '{"generation_id": 3}', "fresh": '{"generation_id": 1}'}
+        assert two.load()["g"] == ("consumer", {("t", 0): (7, 0, None)})
+        one.write([StoreMembership("g", "consumer", '{"generation_id": 4}'), StoreMembership("fresh", None, None)])
+        assert two.memberships() == {"g": '{"generation_id": 4}'}
+        assert two.load()["fresh"] == ("consumer", {})  # still listed, as an Empty group
+        one.write([DeleteGroup("g")])
+        assert two.memberships() == {} and "g" not in two.load()
+    finally:
+        one.close()
+        two.close()
+
+
 def test_a_catalog_and_an_authorizer_reload_what_another_broker_changed_and_nothing_else(metadata_target):
     """What ``pipeline.server.Server._watch_metadata`` runs every 250 ms on each broker."""
     # Broker A writes through its stores; broker B has a catalog and an authorizer of its own.
@@ -213,12 +240,13 @@ def test_migrations_run_once_even_when_brokers_open_together_and_refuse_a_newer_
     assert errors == []
     db = open_database(target)
     with db.transaction(write=False) as cur:
-        assert cur.execute("SELECT version FROM schema_version WHERE component = 'groups'").fetchall() == [(1,)]
-    # A second version applies on top, once; a third from "a newer broker" makes this code refuse.
-    step = Migration(2, sqlite="CREATE TABLE group_notes (note TEXT)", postgresql="CREATE TABLE group_notes (note TEXT)")
-    from pipeline.coordinator.offset_store import MIGRATIONS
-    assert db.migrate("groups", (*MIGRATIONS, step)) == 2
-    assert db.migrate("groups", (*MIGRATIONS, step)) == 2  # idempotent: the CREATE would fail if run again
+        assert cur.execute("SELECT version FROM schema_version WHERE component = 'groups'").fetchall() == [
+            (len(GROUP_MIGRATIONS),)]
+    # One more version applies on top, once; the one after, from "a newer broker", makes this code refuse.
+    step = Migration(len(GROUP_MIGRATIONS) + 1, sqlite="CREATE TABLE group_notes (note TEXT)",
+                     postgresql="CREATE TABLE group_notes (note TEXT)")
+    assert db.migrate("groups", (*GROUP_MIGRATIONS, step)) == step.version
+    assert db.migrate("groups", (*GROUP_MIGRATIONS, step)) == step.version  # idempotent: the CREATE would fail if run again
     with pytest.raises(SchemaVersionError):
         OffsetStore(target)
     db.close()
