@@ -32,6 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.table.schema import ARROW_SCHEMA
+
 _ANY_LOW = np.iinfo(np.int64).min
 _ANY_HIGH = np.iinfo(np.int64).max
 
@@ -70,6 +72,9 @@ class FooterGroups:
                     bounds += [_ANY_LOW, _ANY_HIGH]
             groups.append((group.num_rows, *bounds))
         return cls(path, tuple(groups))
+
+
+_RECORDS_TYPES = {f.name: f.type for f in ARROW_SCHEMA if f.name not in ("topic", "partition")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +147,7 @@ class DecodedGroup:
         offsets = table.column("offset").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         partitions, first = np.unique(parts, return_index=True)
         starts = np.append(first, len(parts)).astype(np.int64)
-        rows = table.select(list(columns)).combine_chunks()
+        rows = _canonical(table.select(list(columns))).combine_chunks()
         return cls(rows, partitions.astype(np.int64), starts, offsets, rows.nbytes)
 
     def slice(self, partition: int, offset: int, end: int) -> pa.Table:
@@ -154,6 +159,19 @@ class DecodedGroup:
         a = lo + int(np.searchsorted(self.offsets[lo:hi], offset))
         b = lo + int(np.searchsorted(self.offsets[lo:hi], end))
         return self.rows.slice(a, b - a)
+
+
+def _canonical(table: pa.Table) -> pa.Table:
+    """``table`` with each column of the records table's schema (``pipeline.table.schema.ARROW_SCHEMA``)
+    as that schema types it, so row groups of any writer concatenate: a file Spark wrote (a compaction's)
+    has INT96 timestamps, read as naive ``timestamp[us]`` (Spark's INT96 is UTC, so only the time zone is
+    added), where a staged commit's are ``timestamp[us, tz=UTC]``; its lists may name their items
+    differently. Values are unchanged."""
+    for i, field in enumerate(table.schema):
+        want = _RECORDS_TYPES.get(field.name)
+        if want is not None and field.type != want:
+            table = table.set_column(i, pa.field(field.name, want, field.nullable), table.column(i).cast(want))
+    return table
 
 
 def _is_identity(order: pa.Array) -> bool:

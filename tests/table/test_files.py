@@ -85,3 +85,28 @@ def test_local_file():
     assert local_file("/plain/path.parquet") == "/plain/path.parquet"
     assert local_file("s3a://bucket/x.parquet") is None
     assert local_file("hdfs://nn:8020/x.parquet") is None
+
+
+def test_row_groups_of_a_commit_and_of_a_spark_written_compaction_read_alike_and_concatenate(tmp_path):
+    """A compaction's file is Spark's: INT96 timestamps (naive when read), lists of another item name. Its
+    row groups decode to the same types and values as a staged commit's, so a read spanning both
+    concatenates them (a fetch failed with KAFKA_STORAGE_ERROR, "Schema at index 1 was different")."""
+    headers_spark = pa.list_(pa.field("array", ARROW_SCHEMA.field("headers").type.value_type))
+    committed = rows([(0, 0), (0, 1)])
+    spark_written = rows([(0, 2), (0, 3)])
+    spark_written = spark_written.set_column(
+        spark_written.schema.get_field_index("timestamp"), "timestamp",
+        spark_written.column("timestamp").cast(pa.timestamp("us")))
+    spark_written = spark_written.set_column(
+        spark_written.schema.get_field_index("headers"), "headers",
+        pa.array([[{"key": "h", "value": b"v"}], None], headers_spark))
+    pq.write_table(committed, tmp_path / "commit.parquet")
+    pq.write_table(spark_written, tmp_path / "compacted.parquet", use_deprecated_int96_timestamps=True)
+    assert pq.read_metadata(tmp_path / "compacted.parquet").schema.column(4).physical_type == "INT96"
+    a = DecodedGroup.decode(str(tmp_path / "commit.parquet"), 0, READ_COLUMNS)
+    b = DecodedGroup.decode(str(tmp_path / "compacted.parquet"), 0, READ_COLUMNS)
+    assert a.rows.schema == b.rows.schema
+    both = pa.concat_tables([a.slice(0, 0, 2), b.slice(0, 2, 4)])
+    assert both.column("offset").to_pylist() == [0, 1, 2, 3]
+    assert both.column("timestamp").cast(pa.int64()).to_pylist() == [0, 1_000_000, 2_000_000, 3_000_000]
+    assert both.column("headers").to_pylist()[2] == [{"key": "h", "value": b"v"}]
