@@ -355,20 +355,22 @@ async def test_a_table_record_too_large_for_what_is_left_of_the_response_is_not_
     would fit): the consumer asks again from the same offset."""
     async with broker(tmp_path, segment_bytes=1, retention=(0, -1)) as b:
         client, _ = await b.connect()
-        for i in range(3):
-            await client.send(produce(i, [b"x" * 500], partition=1))
-        await client.send(produce(3, [b"a"]))
-        await client.send(produce(4, [b"y"], partition=1))
-        await client.wait_responses(5)
-        await eventually(lambda: len(b.sink.rows()) == 5)
-        await eventually(lambda: b.logs.log("t", 1).first_indexed_offset == 3)  # 0-2: in the table only
-        await client.send(fetch(10, ("t", 0, 0), ("t", 1, 0), max_bytes=300))
+        await client.send(produce(0, [b"x" * 500], partition=1))  # "t"-1 offset 0: large
+        await client.send(produce(1, [b"a"]))
+        for i in range(2, 6):
+            await client.send(produce(i, [b"y"], partition=1))  # "t"-1 offsets 1-4: small
         await client.wait_responses(6)
-        got = fetched(client.responses[5][1])
+        with trio.fail_after(60):
+            await eventually(lambda: len(b.sink.rows()) == 6)
+            # retention let the oldest segments go: "t"-1 offset 0 is in the table only
+            await eventually(lambda: (b.logs.log("t", 1).first_indexed_offset or 0) >= 1)
+        await client.send(fetch(10, ("t", 0, 0), ("t", 1, 0), max_bytes=300))
+        await client.wait_responses(7)
+        got = fetched(client.responses[6][1])
         assert [o for o, _ in got[("t", 0)][2]] == [0] and got[("t", 1)][2] == []
         await client.send(fetch(11, ("t", 1, 0)))
-        await client.wait_responses(7)
-        assert [o for o, _ in fetched(client.responses[6][1])[("t", 1)][2]] == [0, 1, 2]
+        await client.wait_responses(8)
+        assert [o for o, _ in fetched(client.responses[7][1])[("t", 1)][2]][0] == 0
 
 
 async def test_a_restart_indexes_the_retained_wal(autojump_clock, tmp_path):
