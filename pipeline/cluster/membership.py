@@ -26,7 +26,6 @@ and coordinator of everything, exactly as before.
 from __future__ import annotations
 
 import math
-
 import zlib
 from dataclasses import dataclass
 from typing import Any
