@@ -374,6 +374,7 @@ class GroupCoordinatorService:
             if in_partition(group_id):
                 self.state.load(group_id, protocol_type, offsets, memberships.get(group_id), self._now_ms())
                 count += 1
+        self._poke()  # the loaded members' sessions: the timers look at their deadlines
         return count
 
     async def sync_writes(self) -> None:
