@@ -72,7 +72,7 @@ from pipeline.cluster.membership import OFFSETS_TOPIC, ClusterBroker, DynamicClu
 from pipeline.coordinator.service import GroupCoordinatorService
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.manager import LogManager
-from pipeline.metadata.brokers import DuplicateBrokerError, Endpoint, FencedBrokerError
+from pipeline.metadata.brokers import BrokerRegistry, DuplicateBrokerError, Endpoint, FencedBrokerError
 from pipeline.metadata.database import Target
 from pipeline.metadata.leadership import BrokerWal, Leadership, LeadershipStore, NotControllerError, ProducerBatch
 from pipeline.persist.persister import BatchingPersister
@@ -156,6 +156,11 @@ class LeadershipService:
         self.persister: BatchingPersister | None = None
         self.coordinator: GroupCoordinatorService | None = None
         self.store: LeadershipStore | None = None
+        self.leases: BrokerRegistry | None = None
+        """This broker's registration and heartbeats, on a database connection of their own: a lease
+        renewal never queues behind the store's other work (``LeadershipStore`` serializes its calls on
+        one connection), nor waits for a thread (its own limiter)."""
+        self._lease_limiter = trio.CapacityLimiter(1)
         self.incarnation = incarnation or uuid.uuid4()
         self.epoch: int | None = None
         """This broker's epoch (None: not registered yet)."""
@@ -202,6 +207,7 @@ class LeadershipService:
         self.persister, self.coordinator = persister, coordinator
         self.store = await trio.to_thread.run_sync(LeadershipStore, self.target)
         try:
+            self.leases = await trio.to_thread.run_sync(BrokerRegistry, self.target)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._membership)
                 nursery.start_soon(self._lease_watchdog)
@@ -210,7 +216,10 @@ class LeadershipService:
                 task_status.started()
         finally:
             store, self.store = self.store, None
+            leases, self.leases = self.leases, None
             await trio.to_thread.run_sync(store.close)
+            if leases is not None:
+                await trio.to_thread.run_sync(leases.close)
 
     async def forget_topic(self, topic: str) -> None:
         """A deleted topic's idempotent producer states in the database (``LeadershipStore.forget_topic``):
@@ -220,22 +229,24 @@ class LeadershipService:
 
     async def unregister(self) -> None:
         """A controlled shutdown: end this broker's lease now, so its partitions move at once."""
-        if self.store is not None and self.epoch is not None:
+        if self.leases is not None and self.epoch is not None:
             self.cluster.member = False
             self._leaving = True  # the heartbeat then refused (or one in flight) does not end the process
-            await trio.to_thread.run_sync(self.store.registry.unregister, self.cluster.node_id, self.epoch)
+            await trio.to_thread.run_sync(self.leases.unregister, self.cluster.node_id, self.epoch,
+                                          limiter=self._lease_limiter)
 
     # -- membership --------------------------------------------------------------
 
     async def _membership(self) -> None:
-        store = self.store
-        assert store is not None
+        store, leases = self.store, self.leases
+        assert store is not None and leases is not None
         node = self.cluster.node_id
         while True:
             try:
                 sent = trio.current_time()
-                self.epoch = await trio.to_thread.run_sync(store.registry.register, node, self.incarnation,
-                                                           self.endpoints, self.session_ms)
+                self.epoch = await trio.to_thread.run_sync(leases.register, node, self.incarnation,
+                                                           self.endpoints, self.session_ms,
+                                                           limiter=self._lease_limiter)
                 self._renewed(sent)
                 break
             except DuplicateBrokerError:  # our previous incarnation's lease has not run out yet
@@ -263,7 +274,8 @@ class LeadershipService:
             await trio.sleep(self.heartbeat_ms / 1000.0)
             try:
                 sent = trio.current_time()
-                await trio.to_thread.run_sync(store.registry.heartbeat, node, self.epoch, self.session_ms)
+                await trio.to_thread.run_sync(leases.heartbeat, node, self.epoch, self.session_ms,
+                                              limiter=self._lease_limiter)
                 self._renewed(sent)
             except FencedBrokerError:
                 if not self._leaving:

@@ -62,6 +62,7 @@ ApiHandler = Callable[[Request], Awaitable[None]]
 MIN_PRODUCE_TIMEOUT_MS = 1000
 """Produce timeouts below this (ms) are raised to it: durability takes at least an fsync."""
 TIMEOUT_CHECK_INTERVAL_S = 0.1
+"""How often produce timeouts are checked while a produce waits (s); the most a timeout is late by."""
 ITEMS_PER_CHECKPOINT = 8
 """Queue items a RequestHandler takes that were queued already before it lets other tasks run."""
 PlainProduce = tuple[Request, int, float, list[tuple[str, int, bytes, int, int]]]
@@ -144,6 +145,7 @@ class KafkaApis:
             else itertools.count(first_producer_id))
         self._deadlines: list[tuple[float, int, PendingProduce]] = []
         self._deadline_seq = itertools.count()
+        self._deadline_added = trio.Event()
         # Compressed records are inflated (up to MAX_UNCOMPRESSED_BATCH_BYTES)
         # in a worker thread, one at a time: the event loop keeps serving
         # every other connection meanwhile (zlib, lz4 and zstd release the
@@ -391,7 +393,7 @@ class KafkaApis:
             if commit is not None:
                 pending.wait_for(commit, list(range(len(results))))
             if not pending.start():
-                heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), pending))
+                self._add_deadline(deadline, pending)
         if unanswered_on is not None:
             unanswered_on.complete_without_response(unanswered)
 
@@ -563,17 +565,29 @@ class KafkaApis:
                 pending.wait_for(batch.ticket, [index])
         if pending.start():
             return
+        self._add_deadline(deadline, pending)
+
+    def _add_deadline(self, deadline: float, pending: PendingProduce) -> None:
+        """``pending`` times out at ``deadline`` (trio time, s) unless answered before; wakes
+        ``run_timeouts`` when nothing was waiting."""
         heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), pending))
+        if len(self._deadlines) == 1:
+            self._deadline_added.set()
 
     async def run_timeouts(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Answer produce requests not durable within their timeout (REQUEST_TIMED_OUT); runs until cancelled."""
+        """Answer produce requests not durable within their timeout (REQUEST_TIMED_OUT); runs until
+        cancelled. Checks every ``TIMEOUT_CHECK_INTERVAL_S`` until the last produce's timeout passed
+        (answered or not), then sleeps until the next produce: an idle broker does not wake for it."""
         task_status.started()
         deadlines = self._deadlines
         while True:
+            if not deadlines:
+                await self._deadline_added.wait()
+                self._deadline_added = trio.Event()
             await trio.sleep(TIMEOUT_CHECK_INTERVAL_S)
             now = trio.current_time()
             while deadlines and deadlines[0][0] <= now:
-                heapq.heappop(deadlines)[2].time_out()
+                heapq.heappop(deadlines)[2].time_out()  # nothing for one answered already
 
     @property
     def _lease_current(self) -> Callable[[], bool] | None:

@@ -211,8 +211,8 @@ def test_a_broker_whose_heartbeats_stop_reaching_the_database_stops_acknowledgin
 
     async def main() -> None:
         async with _registered(service):
-            assert service.store is not None
-            heartbeat = service.store.registry.heartbeat
+            assert service.leases is not None
+            heartbeat = service.leases.heartbeat
 
             def hanging(*args):
                 if cut.is_set():
@@ -220,7 +220,7 @@ def test_a_broker_whose_heartbeats_stop_reaching_the_database_stops_acknowledgin
                     raise OSError("the database is unreachable")
                 return heartbeat(*args)
 
-            service.store.registry.heartbeat = hanging  # type: ignore[method-assign]
+            service.leases.heartbeat = hanging  # type: ignore[method-assign]
             await trio.sleep(0.3)
             cut.set()
             try:

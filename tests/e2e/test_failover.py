@@ -57,6 +57,7 @@ import psutil
 import pytest
 
 from pipeline.cluster.membership import OFFSETS_TOPIC, offsets_partition
+from pipeline.cluster.service import FENCED_STATUS
 from pipeline.metadata.leadership import LeadershipStore
 from pipeline.process.lifecycle import die_with_parent
 from tests.e2e import netns
@@ -158,6 +159,22 @@ def _log_since(broker: HostBroker, offset: int) -> str:
         return f.read().decode(errors="replace")
 
 
+def _digest(brokers: list[HostBroker], per_broker: int = 40) -> str:
+    """Each broker's last ``per_broker`` lines that matter to a failure (warnings, errors, fences,
+    moves, take-overs, restarts), short enough that a CI report keeps every broker's."""
+    words = (" WARNING ", " ERROR ", "Traceback", "fenced", "leads", "drain", "taking over", "took", "hand",
+             "controller (", "registered", "listening on", "--- the test")
+    out = []
+    for b in brokers:
+        try:
+            lines = b.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        picked = [line[:240] for line in lines if any(w in line for w in words)][-per_broker:]
+        out.append(f"--- broker {b.node_id} ({b.fenced_restarts} fenced restarts)\n" + "\n".join(picked))
+    return "\n".join(out)
+
+
 def _move_lines(brokers: list[HostBroker]) -> str:
     """Each broker's log lines on partition moves, WAL drains and reads that found a gap in the table."""
     words = ("leads", "drain", "hold no offset", "goes on at", "taking over", "took", "hand", "controller (",
@@ -186,12 +203,18 @@ class HostBroker:
         self.log_path = log_dir / f"broker-{node_id}.log"
         self.proc: subprocess.Popen | None = None
         self.listening = threading.Event()
+        self.fenced_restarts = 0
+        """Times it ended fenced (status ``FENCED_STATUS``: its lease ran out, e.g. a start-up too slow
+        for its heartbeats on a loaded runner) and was started again, as ``Restart=on-failure`` does
+        (deploy/pipeline.service)."""
+        self._ending = False  # kill() or stop(): its end is the test's doing, not restarted
 
     @property
     def address(self) -> str:
         return f"{self.host.address}:{PORT}"
 
     def start(self) -> None:
+        self._ending = False
         self.listening = listening = threading.Event()
         with open(self.log_path, "ab") as log:
             # No orphans: SIGKILL when the test process dies (PR_SET_PDEATHSIG, kept across ip netns exec's exec).
@@ -205,6 +228,17 @@ class HostBroker:
                     listening.set()
 
         threading.Thread(target=read, daemon=True, name=f"broker-{self.node_id}-stdout").start()
+        threading.Thread(target=self._supervise, args=(proc,), daemon=True,
+                         name=f"broker-{self.node_id}-supervisor").start()
+
+    def _supervise(self, proc: subprocess.Popen) -> None:
+        """Start the broker again when ``proc`` ends fenced and the test did not end it."""
+        if proc.wait() == FENCED_STATUS and not self._ending and self.proc is proc:
+            self.fenced_restarts += 1
+            with open(self.log_path, "a") as log:
+                log.write(f"--- the test: broker {self.node_id} ended fenced (status {FENCED_STATUS}); "
+                          "started again, as its supervisor would\n")
+            self.start()
 
     def wait_listening(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -222,6 +256,7 @@ class HostBroker:
 
     def kill(self) -> None:
         """SIGKILL to the whole process tree at once (a host that dies takes everything on it)."""
+        self._ending = True
         for process in self.tree():
             try:
                 process.send_signal(signal.SIGKILL)
@@ -231,6 +266,7 @@ class HostBroker:
 
     def stop(self, timeout_s: float = 120.0) -> int:
         """SIGTERM (drain, flush, end the lease); the exit status."""
+        self._ending = True
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout_s)
 
@@ -447,7 +483,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             producers[j].poll(0)
 
         def logs() -> str:
-            return "\n".join(f"--- broker {b.node_id}\n{b.log()}" for b in brokers)
+            return _digest(brokers)
 
         def flush(timeout_s: float) -> None:
             for p in producers:
@@ -563,6 +599,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         if group is not None:
             group.stop()
         for b in brokers:
+            b._ending = True  # not started again by its supervisor thread
             if b.proc is not None and b.proc.poll() is None:
                 reap(b.tree(), 0)
 
@@ -625,4 +662,5 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
           f"kafkajs group: "
           f"{len(first)} records, {redelivered} re-delivered after a rebalance, "
           f"{sum(1 for _, line in group.lines if 'join' in line)} joins, "
-          f"{sum(1 for _, line in group.lines if 'crash' in line)} crashes {crashes}")
+          f"{sum(1 for _, line in group.lines if 'crash' in line)} crashes {crashes}; "
+          f"fenced restarts {[b.fenced_restarts for b in brokers]}")
