@@ -797,6 +797,42 @@ class GroupCoordinator:
         member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
         return NONE
 
+    def validate_txn_commit(self, *, group_id: str, generation_id: int, member_id: str,
+                            instance_id: str | None) -> int:
+        """May a transaction add offsets of ``group_id`` (TxnOffsetCommit)? KIP-447: a producer that
+        sends its consumer's group metadata (v3) is fenced like a consumer's OffsetCommit, so a zombie
+        whose group rebalanced since (Kafka's ``consumer_group_metadata`` from an older generation)
+        cannot commit. Kafka GroupCoordinator.validateOffsetCommit with ``isTransactional``:
+
+        - a request naming no member (generation < 0, no member id, no instance id: v0-2, or a
+          producer outside any group) is not checked;
+        - otherwise the member must be current (FENCED_INSTANCE_ID: another member id holds its
+          ``group_instance_id``; UNKNOWN_MEMBER_ID: not in the group, or the group is unknown) and
+          the generation the group's (ILLEGAL_GENERATION).
+
+        Unlike OffsetCommit it is not refused during CompletingRebalance and renews no session.
+        """
+        if self.closed:
+            return COORDINATOR_NOT_AVAILABLE
+        group = self.groups.get(group_id)
+        if group is not None and group.state is GroupState.DEAD:
+            return COORDINATOR_NOT_AVAILABLE
+        if generation_id < 0 and not member_id and instance_id is None:
+            return NONE
+        if group is None:  # Kafka adds it Empty first: no member is current in it
+            return UNKNOWN_MEMBER_ID
+        if instance_id is not None:
+            current = group.static_members.get(instance_id)
+            if current is None:
+                return UNKNOWN_MEMBER_ID
+            if current != member_id:
+                return FENCED_INSTANCE_ID
+        if member_id not in group.members:
+            return UNKNOWN_MEMBER_ID
+        if generation_id != group.generation_id:
+            return ILLEGAL_GENERATION
+        return NONE
+
     def protocol_type(self, group_id: str) -> str | None:
         group = self.groups.get(group_id)
         return group.protocol_type if group is not None else None

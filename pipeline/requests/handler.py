@@ -503,7 +503,16 @@ class KafkaApis:
         duplicates: list[tuple[int, BatchMetadata]] = []
         now_ms = int(time.time() * 1000)
         state = self.logs.state
+        transactions = self.transactions
         for index, part, info in checked:
+            # KIP-890 part 1: the transaction is checked again here, where nothing awaits before the
+            # append. An EndTxn may have run during the waits above (inflating, memory): its marker is
+            # written, and a batch appended after it would open a transaction no EndTxn ends.
+            if info.is_transactional and transactions is not None and (
+                    error := transactions.state.check_produce(info.producer_id, info.producer_epoch,
+                                                              part.topic, part.partition)):
+                results[index] = PartitionResult(part.topic, part.partition, error)
+                continue
             verdict = state.producers.check(info.producer_id, info.producer_epoch, part.topic,
                                            part.partition, info.base_sequence, info.last_sequence)
             if verdict.verdict is Verdict.ERROR:

@@ -375,8 +375,11 @@ class TransactionApis:
         self._answer(request, ADD_OFFSETS_TO_TXN, error)
 
     async def _txn_offset_commit(self, request: Request) -> None:
-        """TxnOffsetCommit v0-3 (KIP-447 fields accepted): the offsets wait with the transaction
-        (stored) and reach the group only when it commits; GROUP Read, TOPIC Read per topic."""
+        """TxnOffsetCommit v0-3: the offsets wait with the transaction (stored) and reach the group
+        only when it commits; GROUP Read, TOPIC Read per topic. v3's group metadata (KIP-447) is
+        checked against the group first (``GroupCoordinator.validate_txn_commit``: a zombie of an
+        older generation gets ILLEGAL_GENERATION, as from Kafka's group coordinator), then the
+        transaction (``TransactionState.check``)."""
         header = request.header
         body = apis.decode_request(header, request.frame)
         tid, group_id = body.transactional_id, body.group_id
@@ -389,8 +392,13 @@ class TransactionApis:
             common = ErrorCode.group_authorization_failed.value
         else:
             async with self._lock(tid):
-                common, meta = self.state.check(tid, int(body.producer_id), int(body.producer_epoch),
-                                                self._fenced(TXN_OFFSET_COMMIT, header.api_version))
+                common = self.groups.state.validate_txn_commit(
+                    group_id=group_id, generation_id=int(getattr(body, "generation_id", -1)),
+                    member_id=getattr(body, "member_id", ""), instance_id=getattr(body, "group_instance_id", None))
+                meta = None
+                if common == tx.NONE:
+                    common, meta = self.state.check(tid, int(body.producer_id), int(body.producer_epoch),
+                                                    self._fenced(TXN_OFFSET_COMMIT, header.api_version))
                 if common == tx.NONE and meta is not None and (meta.state is not TxnState.ONGOING
                                                                or group_id not in meta.groups):
                     common = tx.INVALID_TXN_STATE

@@ -160,9 +160,9 @@ class GroupClient:
 
 
 @asynccontextmanager
-async def coordinator(tmp_path, *, delay_ms: int = 0, store: str = "groups.db"):
+async def coordinator(tmp_path, *, delay_ms: int = 0, store: str = "groups.db", max_buffer_bytes: int = 64 << 20):
     """(broker, service, connect) with the service registered and running."""
-    async with broker(tmp_path) as b:
+    async with broker(tmp_path, max_buffer_bytes=max_buffer_bytes) as b:
         counter = itertools.count()
         state = GroupCoordinator(GroupConfig(initial_rebalance_delay_ms=delay_ms),
                                  new_member_id=lambda prefix: f"{prefix}-{next(counter)}")

@@ -16,7 +16,9 @@ skips the rest):
    a ``read_uncommitted`` one the aborted ones too, as Kafka would;
 3. zombie fencing: a new producer with the same ``transactional.id`` fences the previous one,
    whose open transaction is aborted and whose next Produce or EndTxn is refused
-   (INVALID_PRODUCER_EPOCH / PRODUCER_FENCED: librdkafka's fatal ``_FENCED``);
+   (INVALID_PRODUCER_EPOCH / PRODUCER_FENCED: librdkafka's fatal ``_FENCED``); and a producer
+   whose consumer's group rebalanced since it took the group metadata cannot commit offsets
+   (KIP-447: ILLEGAL_GENERATION, the transaction aborts);
 4. a transaction left open past its ``transaction.timeout.ms`` is aborted by the coordinator:
    the last stable offset moves on;
 5. DescribeTransactions and ListTransactions through kafka-python's admin client;
@@ -64,6 +66,8 @@ INPUT = "txn-input"
 PLAIN = "txn-plain"
 """Plain records written to the table while the killed transactions are open."""
 ZOMBIE, TIMEOUT, DESCRIBED = "txn-zombie", "txn-timeout", "txn-described"
+REBALANCED = "txn-rebalanced"
+"""The input of the consume-transform-produce job whose group rebalances under it (KIP-447)."""
 KAFKAJS = "2.2.4"
 LATE_TIMEOUT_MS = 10_000
 """``transaction.timeout.ms`` of the transaction left open (long enough for its records to reach the
@@ -463,6 +467,57 @@ def test_a_fenced_zombie_producer_writes_nothing(story):
     # the zombies' open transactions' records are there, aborted; what one sent once fenced is not
     assert values_of(consume(story.bootstrap, ZOMBIE, "read_uncommitted")) == {
         0: ["zombie-before"], 1: ["successor"], 2: ["successor-open"]}
+
+
+def test_a_zombie_of_an_older_group_generation_cannot_commit_offsets_in_its_transaction(story):
+    """KIP-447 with confluent-kafka: the producer sends its consumer's group metadata with the offsets
+    (``send_offsets_to_transaction``). Metadata taken before the group rebalanced (a zombie: another
+    instance owns the partitions now) is refused with Kafka's ILLEGAL_GENERATION and the transaction
+    can only abort; the same job with the current metadata commits its offsets."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+    create_topics(story.server, {REBALANCED: 2})
+    group = "txn-rebalanced-group"
+    config = {"bootstrap.servers": story.bootstrap, "group.id": group, "enable.auto.commit": False,
+              "isolation.level": "read_committed", "session.timeout.ms": 10_000}
+    first = Consumer(config)
+    second = Consumer(config)
+    producer = Producer({"bootstrap.servers": story.bootstrap, "transactional.id": "txn-rebalanced", "linger.ms": 5})
+    story.closers += [first.close, second.close]
+    try:
+        def assigned(consumers: list[Any], count: int) -> None:
+            deadline = time.monotonic() + WAIT_S
+            while sum(len(c.assignment()) for c in consumers) != count or any(not c.assignment() for c in consumers):
+                assert time.monotonic() < deadline, [c.assignment() for c in consumers]
+                for c in consumers:
+                    c.poll(0.2)
+
+        first.subscribe([REBALANCED])
+        assigned([first], 2)
+        stale = first.consumer_group_metadata()  # generation 1
+        second.subscribe([REBALANCED])
+        assigned([first, second], 2)  # a rebalance: a later generation, the partitions shared
+        producer.init_transactions(WAIT_S)
+
+        producer.begin_transaction()
+        producer.produce(REBALANCED, b"zombie", partition=0)
+        assert producer.flush(WAIT_S) == 0
+        with pytest.raises(KafkaException) as refused:
+            producer.send_offsets_to_transaction([TopicPartition(REBALANCED, 0, 1)], stale, WAIT_S)
+        error = refused.value.args[0]
+        assert error.code() == KafkaError.ILLEGAL_GENERATION and error.txn_requires_abort(), error
+        producer.abort_transaction(WAIT_S)
+
+        producer.begin_transaction()
+        producer.produce(REBALANCED, b"current", partition=0)
+        producer.send_offsets_to_transaction([TopicPartition(REBALANCED, 0, 1)], first.consumer_group_metadata(),
+                                             WAIT_S)
+        producer.commit_transaction(WAIT_S)
+        committed = first.committed([TopicPartition(REBALANCED, 0)], timeout=WAIT_S)
+        assert committed[0].offset == 1
+    finally:
+        producer.flush(10)
+    assert values_of(consume(story.bootstrap, REBALANCED, "read_committed")) == {0: ["current"], 1: []}
 
 
 def test_a_transaction_past_its_timeout_is_aborted_by_the_coordinator(story):

@@ -12,14 +12,20 @@ from __future__ import annotations
 import datetime
 
 import pytest
+import trio
+import trio.testing
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from pipeline.coordinator import coordinator as gc
 from pipeline.requests.txn_apis import TransactionApis
-from tests.coordinator.test_service_trio import coordinator, nested, patient_clock  # noqa: F401 (a fixture)
+from tests.coordinator.test_service_trio import GroupClient, coordinator, nested, patient_clock, req  # noqa: F401 (a fixture)
+from tests.e2e import raw_client as rc
+from tests.requests.test_handler_trio import eventually
 
 pytestmark = pytest.mark.trio
 
 UNSTABLE_OFFSET_COMMIT, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH = 88, 90, 47
+INVALID_TXN_STATE = 48
 
 
 async def _stable(c, group: str, require_stable: bool) -> dict[tuple[str, int], tuple[int, int]]:
@@ -127,4 +133,131 @@ async def test_write_txn_markers_sets_the_producers_epoch_and_refuses_an_older_o
         assert [(int(p.producer_id), int(p.producer_epoch), int(p.last_sequence), int(p.current_txn_start_offset))
                 for p in ok.active_producers] == [(77, 5, -1, -1)]
         assert b.apis.logs.log_end_offset("m", 0) == 1  # the one marker written
+        txn.close()
+
+
+async def _transaction(c: GroupClient, tid: str, topic: str, partition: int, group: str | None = None) -> int:
+    """InitProducerId, AddPartitionsToTxn of ``topic``-``partition`` (and AddOffsetsToTxn of ``group``):
+    the producer id, at epoch 0, with a transaction ongoing."""
+    init = await c.call("init_producer_id", 5, transactional_id=tid, transaction_timeout=datetime.timedelta(seconds=60),
+                        producer_id=-1, producer_epoch=-1)
+    assert int(init.error_code) == 0 and int(init.producer_epoch) == 0
+    pid = int(init.producer_id)
+    added = await c.call("add_partitions_to_txn", 3, v3_and_below_transactional_id=tid, v3_and_below_producer_id=pid,
+                         v3_and_below_producer_epoch=0, v3_and_below_topics=(
+                             nested("add_partitions_to_txn", 3, "AddPartitionsToTxnTopic", name=topic,
+                                    partitions=(partition,)),))
+    assert [int(p.partition_error_code) for t in added.results_by_topic_v3_and_below for p in t.results_by_partition] == [0]
+    if group is not None:
+        assert int((await c.call("add_offsets_to_txn", 3, transactional_id=tid, producer_id=pid, producer_epoch=0,
+                                 group_id=group)).error_code) == 0
+    return pid
+
+
+async def test_txn_offset_commit_is_fenced_by_the_groups_generation_and_member(patient_clock, tmp_path):  # noqa: F811
+    """KIP-447: TxnOffsetCommit v3 carries the consumer's group metadata, checked as Kafka's group
+    coordinator checks it (``validateOffsetCommit``): the current member and generation commit; a
+    zombie whose group rebalanced since (an older generation) gets ILLEGAL_GENERATION, a member the
+    group does not know UNKNOWN_MEMBER_ID, a static member whose instance id another member holds
+    FENCED_INSTANCE_ID; nothing of a refused request reaches the transaction. v2, with no group
+    metadata, is not checked."""
+    async with coordinator(tmp_path) as (b, groups, connect):
+        txn = TransactionApis(b.apis, groups, tmp_path / "transactions.db")
+        txn.register()
+        await b.nursery.start(txn.run)
+        c, member = await connect(), await connect()
+        joined = await member.response(await member.send_join("g", instance_id="static-1"))  # static: no KIP-394 trip
+        assert int(joined.error_code) == 0 and joined.generation_id == 1
+        assert int((await member.sync("g", 1, joined.member_id, {joined.member_id: b""})).error_code) == 0
+        pid = await _transaction(c, "app", "t", 0, group="g")
+
+        async def commit(offset: int, generation: int, member_id: str, instance_id: str | None = None,
+                         version: int = 3) -> int:
+            r = await c.call("txn_offset_commit", version, transactional_id="app", group_id="g", producer_id=pid,
+                             producer_epoch=0, generation_id=generation, member_id=member_id,
+                             group_instance_id=instance_id, topics=(
+                                 nested("txn_offset_commit", version, "TxnOffsetCommitRequestTopic", name="t",
+                                        partitions=(nested("txn_offset_commit", version,
+                                                           "TxnOffsetCommitRequestPartition", partition_index=0,
+                                                           committed_offset=offset, committed_leader_epoch=-1,
+                                                           committed_metadata=None),)),))
+            [code] = [int(p.error_code) for t in r.topics for p in t.partitions]
+            return code
+
+        assert await commit(5, 1, joined.member_id, "static-1") == 0
+        # The member's group rebalances (its leader joins again): generation 2. What the producer took
+        # from the consumer before is a zombie's now.
+        rejoined = await member.response(await member.send_join("g", joined.member_id, instance_id="static-1"))
+        assert int(rejoined.error_code) == 0 and rejoined.generation_id == 2
+        assert await commit(6, 1, joined.member_id, "static-1") == gc.ILLEGAL_GENERATION
+        assert await commit(6, 2, "someone-else") == gc.UNKNOWN_MEMBER_ID
+        assert await commit(6, 2, "someone-else", "static-1") == gc.FENCED_INSTANCE_ID
+        assert await commit(6, 2, joined.member_id, "static-2") == gc.UNKNOWN_MEMBER_ID
+        assert await commit(7, -1, "", version=2) == 0  # no group metadata: a pre-KIP-447 producer
+        assert txn.pending["app"]["g"][("t", 0)][0] == 7  # the refused offsets are not in the transaction
+        assert await commit(8, 2, joined.member_id, "static-1") == 0
+        assert txn.pending["app"]["g"][("t", 0)][0] == 8
+        txn.close()
+
+
+def _transactional_batch(producer_id: int, values: list[bytes]) -> bytes:
+    """A RecordBatch of a transaction (epoch 0, sequence 0)."""
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=producer_id,
+                                        producer_epoch=0, base_sequence=0, batch_size=1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=1_700_000_000_000, key=None, value=value, headers=[])
+    return bytes(builder.build())
+
+
+async def test_a_transactional_produce_delayed_past_its_end_txn_is_refused_and_leaves_no_hanging_transaction(
+        patient_clock, tmp_path):  # noqa: F811
+    """KIP-890 part 1: a transactional batch is checked against its transaction where it is appended,
+    not only when it arrives. Here it waits for persister memory (``buffer.memory`` full while the
+    table write is held) while the producer's EndTxn commits; checked again once memory is free, it
+    is refused INVALID_TXN_STATE. Appended, it would follow the COMMIT marker with no transaction
+    open to end it: a hanging transaction pinning the last stable offset (DescribeProducers would
+    show its start offset)."""
+    async with coordinator(tmp_path, max_buffer_bytes=1) as (b, groups, _connect):
+        txn = TransactionApis(b.apis, groups, tmp_path / "transactions.db")
+        txn.register()
+        await b.nursery.start(txn.run)
+
+        async def connect(other_than: int | None = None) -> tuple[GroupClient, int]:
+            while True:  # a connection on another handler's queue than ``other_than``'s
+                client, channel = await b.connect()
+                queue = b.request_channel.queue_index(channel.connection_id)
+                if queue != other_than:
+                    return GroupClient(client), queue
+
+        producer, queue = await connect()
+        coordinator_client, _ = await connect(other_than=queue)
+        pid = await _transaction(coordinator_client, "app", "t", 0)
+
+        def produce(partition: int, records: bytes, transactional_id: str | None = None) -> object:
+            return req("produce", 9, transactional_id=transactional_id, acks=-1, timeout=datetime.timedelta(seconds=30),
+                       topic_data=(nested("produce", 9, "TopicProduceData", name="t", partition_data=(
+                           nested("produce", 9, "PartitionProduceData", index=partition, records=records),)),))
+
+        def error(answer) -> int:
+            [code] = [int(p.error_code) for t in answer.responses for p in t.partition_responses]
+            return code
+
+        # buffer.memory full: a record (another partition) acknowledged from the WAL, its table write held
+        b.sink.hold()
+        filler = await producer.response(await producer.send("produce", 9, produce(1, rc.record_batch([b"x"]))))
+        assert error(filler) == 0
+        await eventually(lambda: b.sink.writes_started == 1)
+        produced = await producer.send("produce", 9, produce(0, _transactional_batch(pid, [b"late"]), "app"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert not producer.answered(produced)  # checked against the transaction, waiting for memory
+        ended = await coordinator_client.call("end_txn", 3, transactional_id="app", producer_id=pid, producer_epoch=0,
+                                              committed=True)
+        assert int(ended.error_code) == 0
+        b.sink.resume()
+        assert error(await producer.response(produced)) == INVALID_TXN_STATE
+        assert b.apis.logs.log_end_offset("t", 0) == 1  # the COMMIT marker alone
+        described = await coordinator_client.call("describe_producers", 0, topics=(
+            nested("describe_producers", 0, "TopicRequest", name="t", partition_indexes=(0,)),))
+        [[partition]] = [t.partitions for t in described.topics]
+        assert [(int(p.producer_id), int(p.current_txn_start_offset)) for p in partition.active_producers] == [(pid, -1)]
         txn.close()
