@@ -10,7 +10,8 @@ produce path (offsets assigned like any append, ``BatchingPersister.append``, th
 high watermark and last stable offset moved by the read side), hands a committed
 transaction's offsets to the group coordinator, aborts transactions older than
 their timeout, and at start finishes the markers of a transaction a crash left
-in PrepareCommit/PrepareAbort. One transaction's end runs at a time per
+in PrepareCommit/PrepareAbort. A transaction's end that fails (a marker, the
+offsets, the stored state) is retried with a backoff until it succeeds. One transaction's end runs at a time per
 transactional id, in its own task, so the RequestHandler goes on meanwhile.
 
 EndTxn is answered once the markers are durable where produce is acknowledged
@@ -23,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -55,6 +56,11 @@ TXN_APIS = (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMI
 # KIP-588: the first version of each api that may answer PRODUCER_FENCED (older ones: INVALID_PRODUCER_EPOCH).
 _FENCED_FROM = {INIT_PRODUCER_ID: 4, ADD_PARTITIONS_TO_TXN: 2, ADD_OFFSETS_TO_TXN: 2, END_TXN: 2, TXN_OFFSET_COMMIT: 3}
 ABORT_CHECK_INTERVAL_S = 1.0
+RETRY_BACKOFF_MS = 100
+"""First wait before completing a transaction again after a failure (ms): Kafka's ``retry.backoff.ms``
+default, which its TransactionMarkerChannelManager retries marker writes with."""
+RETRY_BACKOFF_MAX_MS = 1000
+"""The wait doubles up to this (ms): Kafka's ``retry.backoff.max.ms`` default (KIP-580)."""
 """How often transactions older than their timeout are looked for (Kafka
 ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s there)."""
 TOPIC, GROUP, TRANSACTIONAL_ID = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
@@ -227,27 +233,68 @@ class TransactionApis:
 
     async def _finish_locked(self, meta: TransactionMetadata) -> bool:
         async with self._lock(meta.transactional_id):
-            return await self._finish(meta)
+            return await self._complete(meta)
+
+    async def _complete(self, meta: TransactionMetadata) -> bool:
+        """``_finish`` until it succeeds, as Kafka's TransactionMarkerChannelManager retries marker
+        writes until they are written (``_retrying``). Meanwhile the transaction stays
+        PrepareCommit/PrepareAbort (its producer's other requests get CONCURRENT_TRANSACTIONS, as in
+        Kafka); a marker written twice changes nothing. False only when the coordinator closes
+        first: the stored Prepare state is finished at the next start."""
+        return await self._retrying(meta, "completing it", lambda: self._finish(meta))
+
+    async def _prepare(self, meta: TransactionMetadata, commit: bool, bump_epoch: bool = False) -> bool:
+        """Ongoing -> PrepareCommit/PrepareAbort, stored before any marker is written (a restart
+        must find the decision its markers carry out), the store's write retried (``_retrying``);
+        then ``_complete``. False when the coordinator closes first."""
+        self.state.prepare(meta, commit, _now_ms(), bump_epoch=bump_epoch)
+
+        async def store() -> bool:
+            await self._save(meta)
+            return True
+
+        return (await self._retrying(meta, f"storing its {meta.state.value}", store)
+                and await self._complete(meta))
+
+    async def _retrying(self, meta: TransactionMetadata, what: str, attempt: Callable[[], Awaitable[bool]]) -> bool:
+        """``attempt()`` until it returns True: a False or an exception (the store's database
+        unreachable, e.g.) is logged and tried again after ``RETRY_BACKOFF_MS``, doubling to
+        ``RETRY_BACKOFF_MAX_MS``. False when the coordinator is closing."""
+        backoff_ms, attempts = RETRY_BACKOFF_MS, 1
+        while True:
+            try:
+                if await attempt():
+                    return True
+                why = "storage failed"
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+            if self.closing:
+                return False
+            log.warning("transaction %r (producer %d): %s failed (attempt %d), retrying in %d ms: %s",
+                        meta.transactional_id, meta.producer_id, what, attempts, backoff_ms, why)
+            await trio.sleep(backoff_ms / 1000.0)
+            backoff_ms, attempts = min(backoff_ms * 2, RETRY_BACKOFF_MAX_MS), attempts + 1
 
     async def _finish(self, meta: TransactionMetadata) -> bool:
         """From PrepareCommit/PrepareAbort (stored): markers, the offsets of a commit, then
-        CompleteCommit/CompleteAbort (stored). False if storage failed (it stays preparing: the
-        next start finishes it)."""
-        committing = meta.state is TxnState.PREPARE_COMMIT
-        if not await self._write_markers(meta):
-            return False
-        pending = self.pending.get(meta.transactional_id, {})
-        if committing:
-            for group_id, offsets in pending.items():
-                if not await self.groups.commit_offsets(group_id, offsets):
-                    log.error("transaction %r: storing its offsets of group %r failed", meta.transactional_id,
-                              group_id)
-                    return False
-        self.state.complete(meta, _now_ms())
+        CompleteCommit/CompleteAbort (in memory, then stored). One attempt: False if storage failed,
+        or an exception from the store; ``_complete`` tries again, from where this one stopped (a
+        transaction completed in memory whose stored state failed is only stored again: its markers
+        are written, and writing them again would read its state as an abort's)."""
+        if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            if not await self._write_markers(meta):
+                return False
+            if meta.state is TxnState.PREPARE_COMMIT:
+                for group_id, offsets in self.pending.get(meta.transactional_id, {}).items():
+                    if not await self.groups.commit_offsets(group_id, offsets):
+                        log.error("transaction %r: storing its offsets of group %r failed", meta.transactional_id,
+                                  group_id)
+                        return False
+            self.state.complete(meta, _now_ms())
         await self._save(meta, clear_pending=True)
         self.pending.pop(meta.transactional_id, None)
         log.info("transaction of %r (producer %d, epoch %d) %s", meta.transactional_id, meta.producer_id,
-                 meta.producer_epoch, "committed" if committing else "aborted")
+                 meta.producer_epoch, "committed" if meta.state is TxnState.COMPLETE_COMMIT else "aborted")
         return True
 
     async def _abort_expired(self, meta: TransactionMetadata) -> None:
@@ -259,9 +306,7 @@ class TransactionApis:
                 return
             log.warning("transaction of %r (producer %d) timed out after %d ms: aborting it with a new epoch",
                         meta.transactional_id, meta.producer_id, meta.timeout_ms)
-            self.state.prepare(meta, commit=False, now_ms=now, bump_epoch=True)
-            await self._save(meta)
-            await self._finish(meta)
+            await self._prepare(meta, commit=False, bump_epoch=True)
 
     # -- InitProducerId ------------------------------------------------------------
 
@@ -291,10 +336,8 @@ class TransactionApis:
                     # prepareFenceProducerEpoch), then give this one the epoch after.
                     log.info("transaction of %r (producer %d, epoch %d) aborted: a new producer initialised",
                              tid, meta.producer_id, meta.producer_epoch)
-                    self.state.prepare(meta, commit=False, now_ms=_now_ms(), bump_epoch=True)
-                    await self._save(meta)
-                    if not await self._finish(meta):
-                        error = ErrorCode.kafka_storage_error.value
+                    if not await self._prepare(meta, commit=False, bump_epoch=True):  # closing
+                        error = ErrorCode.coordinator_not_available.value
                 if error == tx.NONE:
                     new_id = self.apis.next_producer_id() if decision.new_producer_id else None
                     meta = self.state.initialise(tid, int(body.transaction_timeout.total_seconds() * 1000),
@@ -455,10 +498,8 @@ class TransactionApis:
                     if self.closing:
                         error = ErrorCode.coordinator_not_available.value
                     else:
-                        self.state.prepare(meta, commit, _now_ms())
-                        await self._save(meta)
-                        if not await self._finish(meta):
-                            error = ErrorCode.kafka_storage_error.value
+                        if not await self._prepare(meta, commit):  # closing: the next start completes it
+                            error = ErrorCode.coordinator_not_available.value
         self._answer(request, END_TXN, error)
 
     # -- DescribeTransactions, ListTransactions (KIP-664) ---------------------------------

@@ -261,3 +261,64 @@ async def test_a_transactional_produce_delayed_past_its_end_txn_is_refused_and_l
         [[partition]] = [t.partitions for t in described.topics]
         assert [(int(p.producer_id), int(p.current_txn_start_offset)) for p in partition.active_producers] == [(pid, -1)]
         txn.close()
+
+
+async def test_a_transactions_end_is_retried_through_failed_writes_until_it_completes(patient_clock, tmp_path):  # noqa: F811
+    """Kafka retries a transaction's end until it is written (TransactionMarkerChannelManager): here
+    the database writes of an EndTxn fail once each, injected (the stored PrepareCommit, the group's
+    offsets, the stored CompleteCommit: a metadata database out of reach for a moment). Each is tried
+    again after a backoff, without a restart, and EndTxn is answered NONE once the transaction is
+    complete: one COMMIT marker per attempt that reached the log (a second changes nothing), the
+    offsets the group's, the state CompleteCommit, stored (a new coordinator on the store reads it)."""
+    import sqlite3
+
+    from pipeline.coordinator.txn_store import TransactionStore
+
+    async with coordinator(tmp_path) as (b, groups, connect):
+        txn = TransactionApis(b.apis, groups, tmp_path / "transactions.db")
+        txn.register()
+        await b.nursery.start(txn.run)
+        c = await connect()
+        pid = await _transaction(c, "app", "t", 0, group="g")
+        committed = await c.call("txn_offset_commit", 3, transactional_id="app", group_id="g", producer_id=pid,
+                                 producer_epoch=0, generation_id=-1, member_id="", group_instance_id=None, topics=(
+                                     nested("txn_offset_commit", 3, "TxnOffsetCommitRequestTopic", name="t",
+                                            partitions=(nested("txn_offset_commit", 3,
+                                                               "TxnOffsetCommitRequestPartition", partition_index=0,
+                                                               committed_offset=5, committed_leader_epoch=-1,
+                                                               committed_metadata=None),)),))
+        assert [int(p.error_code) for t in committed.topics for p in t.partitions] == [0]
+
+        failed: list[str] = []
+        store = txn._store
+        assert store is not None
+        save, commit_offsets = store.save, groups.commit_offsets
+
+        def failing_save(meta, *args):
+            if meta.state.value not in {f for f in failed if f != "offsets"}:
+                failed.append(meta.state.value)
+                raise sqlite3.OperationalError("injected: the database is locked")
+            return save(meta, *args)
+
+        async def failing_commit_offsets(group_id, offsets):
+            if "offsets" not in failed:
+                failed.append("offsets")
+                return False
+            return await commit_offsets(group_id, offsets)
+
+        store.save = failing_save  # type: ignore[method-assign]
+        groups.commit_offsets = failing_commit_offsets  # type: ignore[method-assign]
+        ended = await c.call("end_txn", 3, transactional_id="app", producer_id=pid, producer_epoch=0, committed=True)
+        assert int(ended.error_code) == 0
+        assert failed == ["PrepareCommit", "offsets", "CompleteCommit"]
+        assert await _stable(c, "g", True) == {("t", 0): (5, 0)}
+        assert b.apis.logs.log_end_offset("t", 0) == 2  # the markers of the two attempts that wrote one
+        meta = txn.state.get("app")
+        assert meta is not None and meta.state.value == "CompleteCommit"
+        txn.close()
+    reread = TransactionStore(tmp_path / "transactions.db")
+    try:
+        metas, _pending = reread.load()
+        assert [(m.transactional_id, m.state.value) for m in metas] == [("app", "CompleteCommit")]
+    finally:
+        reread.close()
