@@ -224,11 +224,15 @@ class GroupCoordinatorService:
         while not self._closing:
             await self._memberships_changed.wait()
             self._memberships_changed = trio.Event()
-            changes = self.state.take_membership_changes()
-            if changes and not self._closing:
-                await self._write([StoreMembership(g, m.protocol_type if m is not None else None,
-                                                   json.dumps(m.to_json()) if m is not None else None)
-                                   for g, m in changes.items()], lambda ok: None)
+            await self._queue_membership_changes()
+
+    async def _queue_membership_changes(self) -> None:
+        """Queue the memberships the coordinator says changed (``take_membership_changes``) for the writer."""
+        changes = self.state.take_membership_changes()
+        if changes and not self._closing:
+            await self._write([StoreMembership(g, m.protocol_type if m is not None else None,
+                                               json.dumps(m.to_json()) if m is not None else None)
+                               for g, m in changes.items()], lambda ok: None)
 
     async def _timers(self) -> None:
         while not self._closing:
@@ -378,8 +382,11 @@ class GroupCoordinatorService:
         return count
 
     async def sync_writes(self) -> None:
-        """Return once every offset write queued before this call is durable or failed (a barrier: what a
-        coordinator handing its groups to another broker waits for)."""
+        """Return once every offset write queued before this call, and every membership change made
+        before it, is durable or failed (a barrier: what a coordinator handing its groups to another
+        broker waits for, so the new coordinator reads the latest generation; a change the membership
+        writer had not taken yet is queued here first)."""
+        await self._queue_membership_changes()
         done = trio.Event()
         await self._write([], lambda ok: done.set())
         await done.wait()

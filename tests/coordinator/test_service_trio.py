@@ -505,3 +505,26 @@ async def test_a_stable_groups_membership_is_stored_and_a_coordinator_loading_it
                 await trio.sleep(1)
         other.close()
         await other.wait_closed()
+
+
+async def test_the_hand_off_barrier_stores_a_membership_change_the_writer_has_not_taken_yet(patient_clock, tmp_path):
+    """``sync_writes`` (what a coordinator handing a ``__consumer_offsets`` partition over waits for)
+    covers the membership changes made before it, also one the membership writer has not taken yet:
+    the new coordinator then loads the latest generation, not an older one (whose members' heartbeats
+    would be answered ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID)."""
+    import json
+
+    from pipeline.coordinator.coordinator import GroupMembership, StoredMember
+    from pipeline.coordinator.offset_store import OffsetStore
+
+    async with coordinator(tmp_path) as (_b, service, _connect):
+        membership = GroupMembership(3, "consumer", "range", "m-1", (
+            StoredMember("m-1", None, "client", "/127.0.0.1", 10_000, 30_000, (("range", b"\x00"),), b"one"),))
+        service.state.membership_changes["g"] = membership  # made, the writer not told yet
+        await service.sync_writes()
+        store = OffsetStore(tmp_path / "groups.db")
+        try:
+            stored = await trio.to_thread.run_sync(store.memberships)
+        finally:
+            store.close()
+        assert GroupMembership.from_json(json.loads(stored["g"])) == membership
