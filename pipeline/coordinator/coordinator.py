@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import uuid
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from kafka.protocol.old.consumer_protocol import ConsumerProtocolMemberMetadata_
 from kio.schema.errors import ErrorCode
 
 from pipeline.coordinator.metadata import Group, GroupState, Member
+
+log = logging.getLogger(__name__)
 
 NONE = ErrorCode.none.value
 UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.unknown_topic_or_partition.value
@@ -242,6 +245,8 @@ class GroupCoordinator:
                              heartbeat_deadline_ms=now_ms + m.session_timeout_ms))
         group.leader_id = membership.leader_id if membership.leader_id in group.members else group.leader_id
         group.state = GroupState.STABLE  # as Kafka's loadGroup: the stored generation, not a transition
+        log.info("group %s: loaded Stable at generation %d with %d members", group_id, group.generation_id,
+                 len(group.members))
 
     def take_membership_changes(self) -> dict[str, GroupMembership | None]:
         """The stored memberships to change (``membership_changes``), emptied."""
@@ -533,9 +538,13 @@ class GroupCoordinator:
             group.protocol_name = None
             group.transition_to(GroupState.EMPTY)
             self._membership_changed(group)
+            log.info("group %s: generation %d is empty", group.group_id, group.generation_id)
             return
         group.protocol_name = group.select_protocol()
         group.transition_to(GroupState.COMPLETING_REBALANCE)
+        # Kafka GroupCoordinator's "Stabilized group ... generation ... with N members", at the join's end.
+        log.info("group %s: generation %d with %d members (protocol %s), leader %s", group.group_id,
+                 group.generation_id, len(group.members), group.protocol_name, group.leader_id)
         for member in group.members.values():
             if member.join_waiter is not None:
                 replies.append((member.join_waiter,
@@ -742,6 +751,8 @@ class GroupCoordinator:
                     # the session restarts when it is answered.
                     member.heartbeat_deadline_ms = None
                 else:
+                    log.info("group %s: member %s removed: no heartbeat for its session (%d ms)",
+                             group.group_id, member.member_id, member.session_timeout_ms)
                     self._remove_member_and_update_group(group, member, now_ms, replies)
         return replies
 

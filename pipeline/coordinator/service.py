@@ -140,6 +140,8 @@ class GroupCoordinatorService:
         self.state = coordinator or GroupCoordinator(config)
         self.store_path = store_path if is_postgres_url(store_path) else Path(store_path)
         self._store: OffsetStore | None = None
+        self._early_loads: list[Callable[[str], bool]] = []
+        """``load_groups`` calls made before ``run`` opened the store: ``run`` loads their groups."""
         self._wakeup = trio.Event()
         self._writes_send, self._writes_receive = trio.open_memory_channel[_Write](WRITE_QUEUE_SIZE)
         self._memberships_changed = trio.Event()  # the coordinator has memberships to store
@@ -188,14 +190,20 @@ class GroupCoordinatorService:
         return trio.current_time() * 1000.0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Load the offsets, then run the timers and the writer until ``close``."""
+        """Load the groups this broker coordinates (alone: every group; in a cluster those of the
+        ``__consumer_offsets`` partitions it leads already, the others come with ``load_groups``), then
+        run the timers and the writer until ``close``. A group another broker coordinates is not
+        loaded: its members heartbeat there, and here their sessions would run out and this
+        broker would store the group Empty over the coordinator's membership (one shared store)."""
         self._store = store = await trio.to_thread.run_sync(OffsetStore, self.store_path)
         try:
             loaded, memberships = await trio.to_thread.run_sync(self._read_groups, store)
-            for group_id, (protocol_type, offsets) in loaded.items():
+            mine = [g for g in loaded if self._coordinates(g) or any(accepts(g) for accepts in self._early_loads)]
+            for group_id in mine:
+                protocol_type, offsets = loaded[group_id]
                 self.state.load(group_id, protocol_type, offsets, memberships.get(group_id), self._now_ms())
-            if loaded:
-                log.info("group coordinator: %d groups with committed offsets loaded", len(loaded))
+            if mine:
+                log.info("group coordinator: %d groups with committed offsets loaded", len(mine))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer)
                 nursery.start_soon(self._membership_writer)
@@ -370,7 +378,8 @@ class GroupCoordinatorService:
         store again (Kafka GroupMetadataManager.loadGroupsForPartition); the groups loaded."""
         self._deliver(self.state.unload([g for g in list(self.state.groups) if in_partition(g)]))
         store = self._store
-        if store is None:  # not running yet: ``run`` loads every group
+        if store is None:  # not running yet: ``run`` loads them
+            self._early_loads.append(in_partition)
             return 0
         loaded, memberships = await trio.to_thread.run_sync(self._read_groups, store)
         count = 0

@@ -11,23 +11,31 @@
 "use strict";
 const path = require("path");
 
-const { Kafka, logLevel } = require(path.join(process.argv[2], "kafkajs"));
+const { Kafka, logLevel, PartitionAssigners } = require(path.join(process.argv[2], "kafkajs"));
 const [bootstrap, groupId, topic, members] = process.argv.slice(3);
+// kafkajs' round robin under the protocol name librdkafka's has ("roundrobin"), so that
+// confluent-kafka members (partition.assignment.strategy=roundrobin) share the group: both encode
+// Kafka's ConsumerProtocol subscription and assignment, and whichever is the leader assigns.
+const roundrobin = (config) => ({ ...PartitionAssigners.roundRobin(config), name: "roundrobin" });
 
 // Short timeouts: a broker host whose link is down answers nothing (no reset), and the group
-// must notice and rebalance within the test's wait.
+// must notice and rebalance within the test's wait. A request to the dead coordinator must time
+// out well within the session (10 s, from the moment the new coordinator loads the group) for the
+// member to find the new one before its session there runs out: 5 s, as the confluent-kafka
+// members' socket.timeout.ms (a fetch's own timeout adds its max wait).
 const kafka = new Kafka({ clientId: "test-failover-kafkajs", brokers: bootstrap.split(","),
                           logLevel: process.env.KAFKAJS_DEBUG ? logLevel.DEBUG : logLevel.INFO,
                           logCreator: () => ({ namespace, level, label, log }) =>
                             process.stderr.write(JSON.stringify({ t: Date.now(), level: label, ns: namespace, ...log }) + "\n"),
-                          connectionTimeout: 3000, requestTimeout: 15000,
+                          connectionTimeout: 3000, requestTimeout: 5000,
                           retry: { retries: 30, initialRetryTime: 300, maxRetryTime: 3000 } });
 const out = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
 const consumers = [];
 
 async function member(m) {
   const consumer = kafka.consumer({ groupId, sessionTimeout: 10000, heartbeatInterval: 1000,
-                                    rebalanceTimeout: 20000, retry: { retries: 30 } });
+                                    rebalanceTimeout: 20000, retry: { retries: 30 },
+                                    partitionAssigners: [roundrobin] });
   consumers.push(consumer);
   consumer.on(consumer.events.GROUP_JOIN, (e) => out({ m, join: (e.payload.memberAssignment || {})[topic] || [] }));
   consumer.on(consumer.events.CRASH, (e) => out({ m, crash: String(e.payload.error) }));

@@ -32,7 +32,7 @@ starts again (a new incarnation), registers, and gets its partitions back.
 * the table maintenance moved with the controller: a surviving broker compacts after the kill;
 * afterwards every acknowledged record is in the table exactly once, at the offset its producer was told,
   offsets 0..n-1 per partition in send order per producer, nothing else in the table;
-* a kafkajs consumer group of two members, consuming the whole time, read every record of the table
+* a consumer group of two kafkajs and two confluent-kafka members, consuming the whole time, read every record of the table
   in offset order per partition: the first delivery of each offset follows the first delivery of
   the one before it (nothing skipped), and a record is delivered again only to a member that a
   rebalance gave its partition after the record's first delivery (a re-delivery from the
@@ -278,29 +278,78 @@ class HostBroker:
 
 
 class ConsumerGroup:
-    """``tests/e2e/group_kafkajs.js``: two kafkajs consumers of one group; every line it prints, in order,
-    with the time it arrived (monotonic s)."""
+    """One consumer group of four members: two kafkajs consumers in one process
+    (``tests/e2e/group_kafkajs.js``, members 0 and 1) and two confluent-kafka consumers in threads here
+    (members 2 and 3), all with the round robin assignor under librdkafka's name. Every line a member
+    gives, in the order it arrived, with its time (monotonic s): ``{"m", "p", "o", "v"}`` per record,
+    ``{"m", "join": [partitions]}`` per assignment, ``{"m", "crash"}`` per kafkajs crash."""
+
+    KAFKAJS_MEMBERS = (0, 1)
+    CONFLUENT_MEMBERS = (2, 3)
 
     def __init__(self, node_modules: Path, bootstrap: str, group: str, topic: str, log_path: Path) -> None:
         script = Path(__file__).with_name("group_kafkajs.js")
         self.log_path = log_path
+        self.confluent_log_path = log_path.with_name("confluent-group.log")
         with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(["node", str(script), str(node_modules), bootstrap, group, topic, "2"],
+            self.proc = subprocess.Popen(["node", str(script), str(node_modules), bootstrap, group, topic,
+                                          str(len(self.KAFKAJS_MEMBERS))],
                                          stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                                          preexec_fn=functools.partial(die_with_parent, os.getpid()))
         self.lines: list[tuple[float, dict]] = []
         self.seen: dict[int, set[int]] = defaultdict(set)
         self._changed = threading.Condition()
+        self._stopping = threading.Event()
         threading.Thread(target=self._read, daemon=True, name="kafkajs-group-stdout").start()
+        self._confluent = [threading.Thread(target=self._confluent_member, args=(m, bootstrap, group, topic),
+                                            daemon=True, name=f"confluent-member-{m}")
+                           for m in self.CONFLUENT_MEMBERS]
+        for thread in self._confluent:
+            thread.start()
+
+    def _add(self, line: dict) -> None:
+        with self._changed:
+            self.lines.append((time.monotonic(), line))
+            if "o" in line:
+                self.seen[line["p"]].add(int(line["o"]))
+            self._changed.notify_all()
 
     def _read(self) -> None:
         for raw in iter(self.proc.stdout.readline, b""):
-            line = json.loads(raw)
-            with self._changed:
-                self.lines.append((time.monotonic(), line))
-                if "o" in line:
-                    self.seen[line["p"]].add(int(line["o"]))
-                self._changed.notify_all()
+            self._add(json.loads(raw))
+
+    def _confluent_member(self, m: int, bootstrap: str, group: str, topic: str) -> None:
+        """A confluent-kafka member until ``stop``: its librdkafka log (the group's protocol errors
+        among it) goes to ``confluent_log_path``."""
+        import logging
+
+        import confluent_kafka
+
+        logger = logging.getLogger(f"failover.confluent.{self.confluent_log_path}.{m}")  # one per group and member
+        logger.propagate = False
+        handler = logging.FileHandler(self.confluent_log_path)
+        handler.setFormatter(logging.Formatter(f"%(asctime)s member {m} %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        consumer = confluent_kafka.Consumer({
+            "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "roundrobin", "session.timeout.ms": 10_000,
+            "heartbeat.interval.ms": 1000, "socket.timeout.ms": 5000, "debug": "cgrp"}, logger=logger)
+
+        def on_assign(_consumer, partitions) -> None:
+            self._add({"m": m, "join": sorted(p.partition for p in partitions)})
+
+        consumer.subscribe([topic], on_assign=on_assign)
+        try:
+            while not self._stopping.is_set():
+                msg = consumer.poll(0.2)
+                if msg is None or msg.error() is not None:
+                    continue
+                self._add({"m": m, "p": msg.partition(), "o": str(msg.offset()), "v": msg.value().decode()})
+        finally:
+            consumer.close()
+            logger.removeHandler(handler)
+            handler.close()
 
     def wait_for(self, ends: dict[int, int], timeout_s: float) -> None:
         """Until every offset below ``ends[p]`` of each partition ``p`` was consumed."""
@@ -309,7 +358,7 @@ class ConsumerGroup:
             while any(len(self.seen[p]) < end for p, end in ends.items()):
                 assert self.proc.poll() is None, f"kafkajs exited with {self.proc.returncode}: {self.stderr()}"
                 missing = {p: end - len(self.seen[p]) for p, end in ends.items()}
-                assert time.monotonic() < deadline, (f"kafkajs group still misses {missing} records "
+                assert time.monotonic() < deadline, (f"the group still misses {missing} records "
                                                      f"({self.progress(ends)}): {self.stderr()}")
                 self._changed.wait(1.0)
 
@@ -346,6 +395,9 @@ class ConsumerGroup:
         return ", ".join(f"{n}x {m}" for m, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
     def stop(self) -> None:
+        self._stopping.set()
+        for thread in self._confluent:
+            thread.join(60)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -565,8 +617,10 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         # (3 of 3 runs with three CPU burners beside the test). The rules are tested in tests/coordinator.
         unknown = sum(1 for line in group.log_path.read_text(errors="replace").splitlines()
                       if "not aware of this member" in line)
+        confluent_unknown = sum(1 for line in group.confluent_log_path.read_text(errors="replace").splitlines()
+                                if "Unknown member" in line)
         print(f"group {GROUP}: coordinator {'moved with the kill' if coordinator_moves else 'elsewhere'}; "
-              f"kafkajs heard UNKNOWN_MEMBER_ID {unknown} times")
+              f"UNKNOWN_MEMBER_ID heard by kafkajs {unknown} times, by confluent-kafka {confluent_unknown} times")
 
         # The table maintenance moved with the controller: a surviving broker compacted since the kill.
         deadline = time.monotonic() + 60
@@ -659,7 +713,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
     moved_at, taken_at = _takeover_times(brokers, killed_wall, restarted_wall)
     print(f"after the kill: partitions moved by the controller at {moved_at:.1f} s, taken over by their "
           f"new leaders at {taken_at:.1f} s, served (probe acknowledged) at {max(moved_after.values()):.1f} s; "
-          f"kafkajs group: "
+          f"group (kafkajs and confluent-kafka): "
           f"{len(first)} records, {redelivered} re-delivered after a rebalance, "
           f"{sum(1 for _, line in group.lines if 'join' in line)} joins, "
           f"{sum(1 for _, line in group.lines if 'crash' in line)} crashes {crashes}; "
