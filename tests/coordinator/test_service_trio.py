@@ -528,3 +528,40 @@ async def test_the_hand_off_barrier_stores_a_membership_change_the_writer_has_no
         finally:
             store.close()
         assert GroupMembership.from_json(json.loads(stored["g"])) == membership
+
+
+async def test_a_broker_of_a_cluster_loads_at_start_only_the_groups_it_coordinates(patient_clock, tmp_path):
+    """One store for the cluster's coordinators: a broker starting loads the groups of the
+    ``__consumer_offsets`` partitions it leads, not the others (their members heartbeat another
+    coordinator: here their sessions would run out and the group be stored Empty over that
+    coordinator's membership). ``load_groups`` called before the service runs is kept for its start."""
+    import json
+
+    from pipeline.cluster.membership import OFFSETS_TOPIC, DynamicCluster, offsets_partition
+    from pipeline.coordinator.coordinator import GroupMembership, StoredMember
+    from pipeline.coordinator.offset_store import OffsetStore, StoreMembership
+    from pipeline.metadata.leadership import Leadership
+
+    mine = "group-a"
+    other = next(f"group-{n}" for n in range(1000) if offsets_partition(f"group-{n}") != offsets_partition(mine))
+    early = next(f"group-{n}" for n in range(1000)
+                 if offsets_partition(f"group-{n}") not in (offsets_partition(mine), offsets_partition(other)))
+    membership = GroupMembership(1, "consumer", "range", "m-1", (
+        StoredMember("m-1", None, "client", "/127.0.0.1", 10_000, 30_000, (("range", b"\x00"),), b""),))
+    store = OffsetStore(tmp_path / "groups.db")
+    try:
+        store.write([StoreMembership(g, "consumer", json.dumps(membership.to_json())) for g in (mine, other, early)])
+    finally:
+        store.close()
+    view = DynamicCluster(0, "127.0.0.1", 9092)
+    view.member = True
+    view.leaders = {(OFFSETS_TOPIC, offsets_partition(mine)): Leadership(0, 1)}
+    view.loaded = {(OFFSETS_TOPIC, offsets_partition(mine))}
+    async with broker(tmp_path, cluster=view) as b:
+        service = GroupCoordinatorService(b.apis, GroupConfig(), tmp_path / "groups.db")
+        assert await service.load_groups(lambda g: g == early) == 0  # before it runs
+        await b.nursery.start(service.run)
+        assert set(service.state.groups) == {mine, early}
+        assert service.state.groups[mine].state.value == "Stable"
+        service.close()
+        await service.wait_closed()
