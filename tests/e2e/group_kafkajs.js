@@ -20,7 +20,7 @@ const roundrobin = (config) => ({ ...PartitionAssigners.roundRobin(config), name
 
 // Short timeouts: a broker host whose link is down answers nothing (no reset), and the group
 // must notice and rebalance within the test's wait. A request to the dead coordinator must time
-// out well within the session (10 s, from the moment the new coordinator loads the group) for the
+// out well within the session (from the moment the new coordinator loads the group) for the
 // member to find the new one before its session there runs out: 5 s, as the confluent-kafka
 // members' socket.timeout.ms (a fetch's own timeout adds its max wait).
 const kafka = new Kafka({ clientId: "test-failover-kafkajs", brokers: bootstrap.split(","),
@@ -33,8 +33,11 @@ const out = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
 const consumers = [];
 
 async function member(m) {
-  const consumer = kafka.consumer({ groupId, sessionTimeout: 10000, heartbeatInterval: 1000,
-                                    rebalanceTimeout: 20000, retry: { retries: 30 },
+  // kafkajs' default session (30 s): it heartbeats from its fetch loop, which a fetch stuck on the
+  // dead leader holds for up to maxWaitTime + requestTimeout; with a 10 s session, on a loaded
+  // machine, the new coordinator expired both members before they reached it.
+  const consumer = kafka.consumer({ groupId, sessionTimeout: 30000, heartbeatInterval: 1000,
+                                    rebalanceTimeout: 30000, retry: { retries: 30 },
                                     partitionAssigners: [roundrobin] });
   consumers.push(consumer);
   consumer.on(consumer.events.GROUP_JOIN, (e) => out({ m, join: (e.payload.memberAssignment || {})[topic] || [] }));

@@ -163,7 +163,7 @@ def _digest(brokers: list[HostBroker], per_broker: int = 40) -> str:
     """Each broker's last ``per_broker`` lines that matter to a failure (warnings, errors, fences,
     moves, take-overs, restarts), short enough that a CI report keeps every broker's."""
     words = (" WARNING ", " ERROR ", "Traceback", "fenced", "leads", "drain", "taking over", "took", "hand",
-             "controller (", "registered", "listening on", "--- the test")
+             "controller (", "registered", "listening on", "--- the test", "pipeline.coordinator.coordinator")
     out = []
     for b in brokers:
         try:
@@ -330,11 +330,11 @@ class ConsumerGroup:
         handler = logging.FileHandler(self.confluent_log_path)
         handler.setFormatter(logging.Formatter(f"%(asctime)s member {m} %(levelname)s %(message)s"))
         logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
+        logger.setLevel(logging.DEBUG)  # librdkafka's "cgrp" debug lines come as DEBUG records
         consumer = confluent_kafka.Consumer({
             "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-            "partition.assignment.strategy": "roundrobin", "session.timeout.ms": 10_000,
-            "heartbeat.interval.ms": 1000, "socket.timeout.ms": 5000, "debug": "cgrp"}, logger=logger)
+            "partition.assignment.strategy": "roundrobin", "heartbeat.interval.ms": 1000,
+            "socket.timeout.ms": 5000, "debug": "cgrp"}, logger=logger)  # session.timeout.ms: 45 s, its default
 
         def on_assign(_consumer, partitions) -> None:
             self._add({"m": m, "join": sorted(p.partition for p in partitions)})
@@ -611,16 +611,22 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         assert rejoined and any(acked[k][0] in rejoined and acked[k][2] > killed_at for k in acked)
 
         # The group's members and the coordinator's moves (away with the kill, back after the victim's
-        # return): how often kafkajs heard UNKNOWN_MEMBER_ID, printed, not asserted. On a quiet machine none
-        # (the stored membership carries the members over); under load a move can come during a
-        # rebalance, which restores the last Stable generation, and a member that joined since rejoins
-        # (3 of 3 runs with three CPU burners beside the test). The rules are tested in tests/coordinator.
+        # return): how often each client family heard UNKNOWN_MEMBER_ID (the stored membership carries the
+        # members over; the rules are tested in tests/coordinator).
         unknown = sum(1 for line in group.log_path.read_text(errors="replace").splitlines()
                       if "not aware of this member" in line)
         confluent_unknown = sum(1 for line in group.confluent_log_path.read_text(errors="replace").splitlines()
                                 if "Unknown member" in line)
+        expired = [line for b in brokers for line in b.log_path.read_text(errors="replace").splitlines()
+                   if f"group {GROUP}: member " in line and "no heartbeat for its session" in line]
         print(f"group {GROUP}: coordinator {'moved with the kill' if coordinator_moves else 'elsewhere'}; "
-              f"UNKNOWN_MEMBER_ID heard by kafkajs {unknown} times, by confluent-kafka {confluent_unknown} times")
+              f"UNKNOWN_MEMBER_ID heard by kafkajs {unknown} times, by confluent-kafka {confluent_unknown} times; "
+              f"members whose session ran out at a coordinator: {len(expired)}")
+        # A member that reached its coordinator within its session keeps its id across the moves: only a
+        # session that ran out (a client too slow to find the new coordinator: seen with three CPU
+        # burners beside the test, as it would be with Kafka) makes a member unknown.
+        assert expired or unknown == confluent_unknown == 0, (
+            f"members unknown to a coordinator though no session ran out\n{_digest(brokers)}")
 
         # The table maintenance moved with the controller: a surviving broker compacted since the kill.
         deadline = time.monotonic() + 60
