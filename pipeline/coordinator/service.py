@@ -115,6 +115,7 @@ class _Waiter:
     """A JoinGroup or SyncGroup waiting for its answer: what is needed to build and send it."""
 
     request: Request
+    group_id: str = ""
 
 
 @dataclass(slots=True)
@@ -140,6 +141,8 @@ class GroupCoordinatorService:
         self.state = coordinator or GroupCoordinator(config)
         self.store_path = store_path if is_postgres_url(store_path) else Path(store_path)
         self._store: OffsetStore | None = None
+        self._syncs_to_store: dict[str, list[tuple[_Waiter, SyncResult]]] = {}
+        """Successful SyncGroup answers waiting for their group's membership to be stored (``_deliver``)."""
         self._early_loads: list[Callable[[str], bool]] = []
         """``load_groups`` calls made before ``run`` opened the store: ``run`` loads their groups."""
         self._wakeup = trio.Event()
@@ -235,12 +238,26 @@ class GroupCoordinatorService:
             await self._queue_membership_changes()
 
     async def _queue_membership_changes(self) -> None:
-        """Queue the memberships the coordinator says changed (``take_membership_changes``) for the writer."""
+        """Queue the memberships the coordinator says changed (``take_membership_changes``) for the
+        writer; the SyncGroup answers that wait for them go out once written (or the write failed:
+        then the members carry on, and a coordinator taking the group over has the previous one)."""
         changes = self.state.take_membership_changes()
-        if changes and not self._closing:
-            await self._write([StoreMembership(g, m.protocol_type if m is not None else None,
-                                               json.dumps(m.to_json()) if m is not None else None)
-                               for g, m in changes.items()], lambda ok: None)
+        if not changes:
+            return
+        held = [item for g in changes for item in self._syncs_to_store.pop(g, ())]
+
+        def stored(ok: bool) -> None:
+            if not ok and not self._closing:
+                log.warning("group coordinator: storing the membership of %s failed", ", ".join(changes))
+            for waiter, result in held:
+                self._answer(waiter, result)
+
+        if self._closing:
+            stored(False)
+            return
+        await self._write([StoreMembership(g, m.protocol_type if m is not None else None,
+                                           json.dumps(m.to_json()) if m is not None else None)
+                           for g, m in changes.items()], stored)
 
     async def _timers(self) -> None:
         while not self._closing:
@@ -319,18 +336,29 @@ class GroupCoordinatorService:
     # ------------------------------------------------------------------ delayed answers
 
     def _deliver(self, replies: list[Reply]) -> None:
+        """Send the answers, except a successful SyncGroup of a group whose new membership is still to
+        be stored: that one waits for the write (``_queue_membership_changes``), as Kafka's
+        doSyncGroup answers once the group metadata is appended, so a generation a member was told
+        of is the one a coordinator taking the group over loads."""
+        unstored = self.state.membership_changes
         for waiter, result in replies:
             assert isinstance(waiter, _Waiter)
-            request = waiter.request
-            if isinstance(result, JoinResult):
-                payload = self._join_response(request, result)
+            if isinstance(result, SyncResult) and result.error == gc.NONE and waiter.group_id in unstored:
+                self._syncs_to_store.setdefault(waiter.group_id, []).append((waiter, result))
             else:
-                payload = self._sync_response(request, result)
-            request.connection.complete(request.token, payload)
+                self._answer(waiter, result)
         if replies:
             self._poke()
         if self.state.membership_changes:
             self._memberships_changed.set()
+
+    def _answer(self, waiter: _Waiter, result: JoinResult | SyncResult) -> None:
+        request = waiter.request
+        if isinstance(result, JoinResult):
+            payload = self._join_response(request, result)
+        else:
+            payload = self._sync_response(request, result)
+        request.connection.complete(request.token, payload)
 
     def _join_response(self, request: Request, r: JoinResult) -> bytes:
         header = request.header
@@ -503,7 +531,7 @@ class GroupCoordinatorService:
             request.connection.complete(request.token, self._sync_response(request, SyncResult(self._not_coordinating(body.group_id))))
             return
         replies = self.state.sync(
-            _Waiter(request), self._now_ms(), group_id=body.group_id, generation_id=int(body.generation_id),
+            _Waiter(request, body.group_id), self._now_ms(), group_id=body.group_id, generation_id=int(body.generation_id),
             member_id=body.member_id, instance_id=getattr(body, "group_instance_id", None),
             protocol_type=getattr(body, "protocol_type", None), protocol_name=getattr(body, "protocol_name", None),
             assignments={a.member_id: a.assignment for a in body.assignments})

@@ -232,7 +232,9 @@ async def test_a_pending_join_blocks_neither_its_connection_nor_others(autojump_
         assert [cid for cid, _ in c1.client.responses] == [join, hb]
 
 
-async def test_silent_member_is_removed_after_its_session_timeout(autojump_clock, tmp_path):
+async def test_silent_member_is_removed_after_its_session_timeout(patient_clock, tmp_path):
+    # patient_clock: the SyncGroup answers wait for the membership's write in a worker thread, over which
+    # the autojump clock would run the sessions out.
     async with coordinator(tmp_path) as (_b, _s, connect):
         c1, c2 = await connect(), await connect()
         j1 = await c1.response(await c1.send_join("g", version=3, session=6000))
@@ -460,9 +462,9 @@ async def test_in_a_cluster_each_group_has_one_coordinator(autojump_clock, tmp_p
 
 async def test_a_stable_groups_membership_is_stored_and_a_coordinator_loading_it_knows_the_members(
         patient_clock, tmp_path):
-    """Group metadata across a coordinator move: once the leader's SyncGroup makes the group Stable its
-    membership is in the offset store, and another coordinator on that store (``load_groups``, as a
-    broker taking the group's ``__consumer_offsets`` partition over) has it Stable at that generation
+    """Group metadata across a coordinator move: the leader's SyncGroup makes the group Stable, and the
+    SyncGroup answers go out once its membership is in the offset store; another coordinator on that
+    store (``load_groups``, as a broker taking the group's ``__consumer_offsets`` partition over) has it Stable at that generation
     with the same members, whose heartbeats it answers NONE rather than UNKNOWN_MEMBER_ID."""
     from pipeline.coordinator.offset_store import OffsetStore
 
@@ -483,10 +485,8 @@ async def test_a_stable_groups_membership_is_stored_and_a_coordinator_loading_it
         await c1.sync("g", r1.generation_id, r1.member_id, {r1.member_id: b"one", r2.member_id: b"two"})
         await c2.response(s2)
         store = OffsetStore(tmp_path / "groups.db")
-        try:
-            with trio.fail_after(30):
-                while "g" not in await trio.to_thread.run_sync(store.memberships):
-                    await trio.sleep(0.1)
+        try:  # the SyncGroup answers came once the generation was stored (Kafka doSyncGroup)
+            assert "g" in await trio.to_thread.run_sync(store.memberships)
         finally:
             store.close()
 
@@ -565,3 +565,34 @@ async def test_a_broker_of_a_cluster_loads_at_start_only_the_groups_it_coordinat
         assert service.state.groups[mine].state.value == "Stable"
         service.close()
         await service.wait_closed()
+
+
+async def test_the_sync_group_answers_wait_until_the_generation_is_stored(patient_clock, tmp_path):
+    """Kafka's doSyncGroup answers once the group metadata is appended: here the SyncGroup answers of a
+    generation wait for its membership's write (held back below, as a slow disk would), so a
+    generation a member was told of is the one a coordinator taking the group over loads."""
+    import threading
+
+    async with coordinator(tmp_path) as (_b, service, connect):
+        assert service._store is not None
+        write, release = service._store.write, threading.Event()
+
+        def slow_write(operations):
+            if any(type(op).__name__ == "StoreMembership" for op in operations):
+                release.wait(30)
+            return write(operations)
+
+        service._store.write = slow_write  # type: ignore[method-assign]
+        c = await connect()
+        joined = await c.join("g")
+        sent = await c.send("sync_group", 5, req("sync_group", 5, group_id="g", generation_id=joined.generation_id,
+                                                  member_id=joined.member_id, protocol_type="consumer",
+                                                  protocol_name="range", assignments=(
+                                                      nested("sync_group", 5, "SyncGroupRequestAssignment",
+                                                             member_id=joined.member_id, assignment=b"a"),)))
+        with trio.move_on_after(2):
+            await c.response(sent)
+        assert not c.answered(sent)  # Stable, its membership not stored yet
+        release.set()
+        assert (await c.response(sent)).assignment == b"a"
+        assert "g" in (await trio.to_thread.run_sync(service._store.memberships))

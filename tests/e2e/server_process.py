@@ -239,9 +239,11 @@ class ServerProcess:
 def reap(processes: list[psutil.Process], grace_s: float = 15.0) -> list[psutil.Process]:
     """Wait up to ``grace_s`` for ``processes`` to exit; SIGKILL the rest.
 
-    Returns the ones that had to be killed.
+    Returns the ones that had to be killed. A zombie has exited (only its process table entry waits
+    for its new parent, init, to reap it, which a loaded machine does late): not counted as alive.
     """
     _gone, alive = psutil.wait_procs(processes, timeout=grace_s)
+    alive = [p for p in alive if not _zombie(p)]
     for process in alive:
         try:
             process.kill()
@@ -249,6 +251,13 @@ def reap(processes: list[psutil.Process], grace_s: float = 15.0) -> list[psutil.
             pass
     psutil.wait_procs(alive, timeout=5)
     return alive
+
+
+def _zombie(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def describe(processes: list[psutil.Process]) -> list[str]:
