@@ -830,19 +830,9 @@ class GroupCoordinator:
             return COORDINATOR_NOT_AVAILABLE
         if generation_id < 0 and not member_id and instance_id is None:
             return NONE
-        if group is None:  # Kafka adds it Empty first: no member is current in it
-            return UNKNOWN_MEMBER_ID
-        if instance_id is not None:
-            current = group.static_members.get(instance_id)
-            if current is None:
-                return UNKNOWN_MEMBER_ID
-            if current != member_id:
-                return FENCED_INSTANCE_ID
-        if member_id not in group.members:
-            return UNKNOWN_MEMBER_ID
-        if generation_id != group.generation_id:
-            return ILLEGAL_GENERATION
-        return NONE
+        if group is None or (instance_id is not None and instance_id not in group.static_members):
+            return UNKNOWN_MEMBER_ID  # an unknown group: Kafka adds it Empty first, no member is current in it
+        return self._check_member(group, generation_id, member_id, instance_id)
 
     def protocol_type(self, group_id: str) -> str | None:
         group = self.groups.get(group_id)

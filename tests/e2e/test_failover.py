@@ -159,6 +159,14 @@ def _log_since(broker: HostBroker, offset: int) -> str:
         return f.read().decode(errors="replace")
 
 
+def _log_lines(broker: HostBroker) -> list[str]:
+    """The broker's log, line by line (none if it has no log yet)."""
+    try:
+        return broker.log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
 def _digest(brokers: list[HostBroker], per_broker: int = 40) -> str:
     """Each broker's last ``per_broker`` lines that matter to a failure (warnings, errors, fences,
     moves, take-overs, restarts), short enough that a CI report keeps every broker's."""
@@ -166,11 +174,7 @@ def _digest(brokers: list[HostBroker], per_broker: int = 40) -> str:
              "controller (", "registered", "listening on", "--- the test", "pipeline.coordinator.coordinator")
     out = []
     for b in brokers:
-        try:
-            lines = b.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            lines = []
-        picked = [line[:240] for line in lines if any(w in line for w in words)][-per_broker:]
+        picked = [line[:240] for line in _log_lines(b) if any(w in line for w in words)][-per_broker:]
         out.append(f"--- broker {b.node_id} ({b.fenced_restarts} fenced restarts)\n" + "\n".join(picked))
     return "\n".join(out)
 
@@ -181,11 +185,7 @@ def _move_lines(brokers: list[HostBroker]) -> str:
              COMPACTED)
     out = []
     for b in brokers:
-        try:
-            lines = b.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            lines = []
-        out += [f"broker {b.node_id}: {line[:300]}" for line in lines if any(w in line for w in words)]
+        out += [f"broker {b.node_id}: {line[:300]}" for line in _log_lines(b) if any(w in line for w in words)]
     return "\n".join(out[-200:])
 
 
@@ -635,7 +635,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
                       if "not aware of this member" in line)
         confluent_unknown = sum(1 for line in group.confluent_log_path.read_text(errors="replace").splitlines()
                                 if "Unknown member" in line)
-        expired = [line for b in brokers for line in b.log_path.read_text(errors="replace").splitlines()
+        expired = [line for b in brokers for line in _log_lines(b)
                    if f"group {GROUP}: member " in line and "no heartbeat for its session" in line]
         print(f"group {GROUP}: coordinator {'moved with the kill' if coordinator_moves else 'elsewhere'}; "
               f"UNKNOWN_MEMBER_ID heard by kafkajs {unknown} times, by confluent-kafka {confluent_unknown} times; "

@@ -36,6 +36,20 @@ async def _stable(c, group: str, require_stable: bool) -> dict[tuple[str, int], 
             for t in r.groups[0].topics for p in t.partitions}
 
 
+async def _txn_offset_commit(c: GroupClient, pid: int, offset: int, generation: int = -1, member_id: str = "",
+                             instance_id: str | None = None, version: int = 3) -> int:
+    """TxnOffsetCommit of "app" (epoch 0) for group "g": ``offset`` of "t"-0, with that group metadata;
+    the partition's error code."""
+    r = await c.call("txn_offset_commit", version, transactional_id="app", group_id="g", producer_id=pid,
+                     producer_epoch=0, generation_id=generation, member_id=member_id, group_instance_id=instance_id,
+                     topics=(nested("txn_offset_commit", version, "TxnOffsetCommitRequestTopic", name="t",
+                                    partitions=(nested("txn_offset_commit", version, "TxnOffsetCommitRequestPartition",
+                                                       partition_index=0, committed_offset=offset,
+                                                       committed_leader_epoch=-1, committed_metadata=None),)),))
+    [code] = [int(p.error_code) for t in r.topics for p in t.partitions]
+    return code
+
+
 async def test_a_transaction_commits_its_offsets_only_at_its_end(patient_clock, tmp_path):  # noqa: F811
     async with coordinator(tmp_path) as (b, groups, connect):
         txn = TransactionApis(b.apis, groups, tmp_path / "transactions.db")
@@ -57,14 +71,7 @@ async def test_a_transaction_commits_its_offsets_only_at_its_end(patient_clock, 
                 for p in t.results_by_partition] == [0, 0]
         assert int((await c.call("add_offsets_to_txn", 3, transactional_id="app", producer_id=pid,
                                  producer_epoch=0, group_id="g")).error_code) == 0
-        committed = await c.call("txn_offset_commit", 3, transactional_id="app", group_id="g", producer_id=pid,
-                                 producer_epoch=0, generation_id=-1, member_id="", group_instance_id=None, topics=(
-                                     nested("txn_offset_commit", 3, "TxnOffsetCommitRequestTopic", name="t",
-                                            partitions=(nested("txn_offset_commit", 3,
-                                                               "TxnOffsetCommitRequestPartition", partition_index=0,
-                                                               committed_offset=5, committed_leader_epoch=-1,
-                                                               committed_metadata=None),)),))
-        assert [int(p.error_code) for t in committed.topics for p in t.partitions] == [0]
+        assert await _txn_offset_commit(c, pid, 5) == 0
         # Pending: a read_committed consumer is told to retry, a read_uncommitted one sees nothing yet.
         assert await _stable(c, "g", True) == {("t", 0): (-1, UNSTABLE_OFFSET_COMMIT)}
         assert await _stable(c, "g", False) == {("t", 0): (-1, 0)}
@@ -171,18 +178,8 @@ async def test_txn_offset_commit_is_fenced_by_the_groups_generation_and_member(p
         assert int((await member.sync("g", 1, joined.member_id, {joined.member_id: b""})).error_code) == 0
         pid = await _transaction(c, "app", "t", 0, group="g")
 
-        async def commit(offset: int, generation: int, member_id: str, instance_id: str | None = None,
-                         version: int = 3) -> int:
-            r = await c.call("txn_offset_commit", version, transactional_id="app", group_id="g", producer_id=pid,
-                             producer_epoch=0, generation_id=generation, member_id=member_id,
-                             group_instance_id=instance_id, topics=(
-                                 nested("txn_offset_commit", version, "TxnOffsetCommitRequestTopic", name="t",
-                                        partitions=(nested("txn_offset_commit", version,
-                                                           "TxnOffsetCommitRequestPartition", partition_index=0,
-                                                           committed_offset=offset, committed_leader_epoch=-1,
-                                                           committed_metadata=None),)),))
-            [code] = [int(p.error_code) for t in r.topics for p in t.partitions]
-            return code
+        def commit(offset: int, generation: int, member_id: str, instance_id: str | None = None, version: int = 3):
+            return _txn_offset_commit(c, pid, offset, generation, member_id, instance_id, version)
 
         assert await commit(5, 1, joined.member_id, "static-1") == 0
         # The member's group rebalances (its leader joins again): generation 2. What the producer took
@@ -280,14 +277,7 @@ async def test_a_transactions_end_is_retried_through_failed_writes_until_it_comp
         await b.nursery.start(txn.run)
         c = await connect()
         pid = await _transaction(c, "app", "t", 0, group="g")
-        committed = await c.call("txn_offset_commit", 3, transactional_id="app", group_id="g", producer_id=pid,
-                                 producer_epoch=0, generation_id=-1, member_id="", group_instance_id=None, topics=(
-                                     nested("txn_offset_commit", 3, "TxnOffsetCommitRequestTopic", name="t",
-                                            partitions=(nested("txn_offset_commit", 3,
-                                                               "TxnOffsetCommitRequestPartition", partition_index=0,
-                                                               committed_offset=5, committed_leader_epoch=-1,
-                                                               committed_metadata=None),)),))
-        assert [int(p.error_code) for t in committed.topics for p in t.partitions] == [0]
+        assert await _txn_offset_commit(c, pid, 5) == 0
 
         failed: list[str] = []
         store = txn._store
