@@ -506,7 +506,7 @@ class KafkaApis:
         transactions = self.transactions
         for index, part, info in checked:
             # KIP-890 part 1: the transaction is checked again here, where nothing awaits before the
-            # append. An EndTxn may have run during the waits above (inflating, memory): its marker is
+            # append. An EndTxn may have run during the wait for persister memory above: its marker is
             # written, and a batch appended after it would open a transaction no EndTxn ends.
             if info.is_transactional and transactions is not None and (
                     error := transactions.state.check_produce(info.producer_id, info.producer_epoch,
