@@ -19,25 +19,23 @@ const [bootstrap, groupId, topic, members] = process.argv.slice(3);
 const roundrobin = (config) => ({ ...PartitionAssigners.roundRobin(config), name: "roundrobin" });
 
 // Short timeouts: a broker host whose link is down answers nothing (no reset), and the group
-// must notice and rebalance within the test's wait. A request to the dead coordinator must time
-// out well within the session (from the moment the new coordinator loads the group) for the
-// member to find the new one before its session there runs out: 5 s, as the confluent-kafka
-// members' socket.timeout.ms (a fetch's own timeout adds its max wait).
+// must notice and rebalance within the test's wait. kafkajs heartbeats from its fetch loop: with
+// a request to the dead host waiting out requestTimeout, a member can miss its 10 s session at the
+// new coordinator on a loaded machine (then it rejoins as a new member). A 5 s requestTimeout with
+// 30 s sessions avoided that, but in one CI run a member then stopped fetching its partition for
+// minutes while its heartbeats went on (no rebalance came to move the partition): kept as it was.
 const kafka = new Kafka({ clientId: "test-failover-kafkajs", brokers: bootstrap.split(","),
                           logLevel: process.env.KAFKAJS_DEBUG ? logLevel.DEBUG : logLevel.INFO,
                           logCreator: () => ({ namespace, level, label, log }) =>
                             process.stderr.write(JSON.stringify({ t: Date.now(), level: label, ns: namespace, ...log }) + "\n"),
-                          connectionTimeout: 3000, requestTimeout: 5000,
+                          connectionTimeout: 3000, requestTimeout: 15000,
                           retry: { retries: 30, initialRetryTime: 300, maxRetryTime: 3000 } });
 const out = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
 const consumers = [];
 
 async function member(m) {
-  // kafkajs' default session (30 s): it heartbeats from its fetch loop, which a fetch stuck on the
-  // dead leader holds for up to maxWaitTime + requestTimeout; with a 10 s session, on a loaded
-  // machine, the new coordinator expired both members before they reached it.
-  const consumer = kafka.consumer({ groupId, sessionTimeout: 30000, heartbeatInterval: 1000,
-                                    rebalanceTimeout: 30000, retry: { retries: 30 },
+  const consumer = kafka.consumer({ groupId, sessionTimeout: 10000, heartbeatInterval: 1000,
+                                    rebalanceTimeout: 20000, retry: { retries: 30 },
                                     partitionAssigners: [roundrobin] });
   consumers.push(consumer);
   consumer.on(consumer.events.GROUP_JOIN, (e) => out({ m, join: (e.payload.memberAssignment || {})[topic] || [] }));
