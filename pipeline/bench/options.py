@@ -450,13 +450,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     freshness.add_argument("--freshness", action="store_true",
                            help="one server at defaults (--ack-on wal, 10 s table commits), --producers (default 2) "
                                 "confluent-kafka producers of --record-bytes (1 KiB) records at --rate records/s "
-                                "(default 1000) for --duration s (default 60), and a probe record every 0.5 s: "
+                                f"(default 1000) for --duration s (default {FRESHNESS_DEFAULT_DURATION:g}), and a probe record every 0.5 s: "
                                 "acknowledgement-to-visible p50/p99/max through the live view pipeline.records_live "
                                 "and through the table pipeline.records, files per partition-hour, every "
                                 "acknowledged record checked through both (pipeline.bench.freshness_bench)")
     freshness.add_argument("--warmup", type=float, default=None,
                            help="--freshness: the first seconds of the load whose probes are not counted "
-                                "(default 10)")
+                                f"(default {FRESHNESS_DEFAULT_WARMUP:g}: the JVM compiling the query path)")
     hostile = p.add_argument_group("hostile clients (--hostile)")
     hostile.add_argument("--hostile", action="store_true",
                          help="good producers at a steady rate, alone and then beside every hostile client on "
@@ -535,6 +535,13 @@ def resolve(args: argparse.Namespace) -> BenchOptions:
     return opts
 
 
+FRESHNESS_DEFAULT_DURATION = 90.0
+"""--freshness: seconds of load, the warm-up included."""
+FRESHNESS_DEFAULT_WARMUP = 30.0
+"""--freshness: the first seconds of the load whose probes are not counted (reported apart). They
+are the first commits under load and the JVM compiling the query path: on the 2-core machine a
+live query took up to 1.1-1.4 s in the first ~20 s of load, under 0.9 s after (three runs,
+2026-11-29)."""
 HOSTILE_DEFAULT_DURATION = 270.0
 """--hostile: seconds of each phase (clean, hostile); with Spark start-up, shutdown and
 verification the whole run takes about 10 minutes."""

@@ -226,11 +226,21 @@ class Bounds:
 
 
 def narrow(bounds: Bounds, f: Any) -> bool:
-    """Narrow ``bounds`` by one pushed filter (``pyspark.sql.datasource``'s); whether it was one of
-    topic/partition/offset."""
-    from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual
+    """Narrow ``bounds`` by one pushed filter (``pyspark.sql.datasource``'s); whether the tail then
+    applies it exactly, so that Spark need not (``DataSourceReader.pushFilters``: a filter not yielded
+    back is the source's to apply).
+
+    Exact: ``topic`` =/IN, ``partition`` =/IN/</<=/>/>=, ``offset`` =/</<=/>/>= (the planned ranges
+    and ``read``'s [start, end) are those rows), and IS NOT NULL on any of the three (never null in
+    a record). Not exact: ``offset`` IN of several values (narrowed to [min, max], Spark picks the
+    values), and every other filter."""
+    from pyspark.sql.datasource import (
+        EqualTo, GreaterThan, GreaterThanOrEqual, In, IsNotNull, LessThan, LessThanOrEqual,
+    )
 
     column = f.attribute[0] if len(f.attribute) == 1 else None
+    if column in ("topic", "partition", "offset") and isinstance(f, IsNotNull):
+        return True
     if column == "topic" and isinstance(f, (EqualTo, In)):
         values = {f.value} if isinstance(f, EqualTo) else set(f.value)
         bounds.topics = values if bounds.topics is None else bounds.topics & values
@@ -242,10 +252,10 @@ def narrow(bounds: Bounds, f: Any) -> bool:
         values = {int(v) for v in ((f.value,) if isinstance(f, EqualTo) else f.value) if v is not None}
         if column == "partition":
             bounds.partitions = values if bounds.partitions is None else bounds.partitions & values
-        else:
-            bounds.offset_lo = max(bounds.offset_lo, min(values, default=2**63))
-            bounds.offset_hi = min(bounds.offset_hi, max(values, default=-1) + 1)
-        return True
+            return True
+        bounds.offset_lo = max(bounds.offset_lo, min(values, default=2**63))
+        bounds.offset_hi = min(bounds.offset_hi, max(values, default=-1) + 1)
+        return len(values) <= 1
     value = int(f.value)
     lo, hi = {EqualTo: (value, value + 1), GreaterThan: (value + 1, None), GreaterThanOrEqual: (value, None),
               LessThan: (None, value), LessThanOrEqual: (None, value + 1)}[type(f)]

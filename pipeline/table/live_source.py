@@ -29,7 +29,8 @@ def _consumer(brokers: str, options: Mapping[str, str]) -> Any:
     the data source's options ``kafka.<name>`` passed on as the consumer's ``<name>``."""
     from kafka import KafkaConsumer
 
-    extra: dict[str, Any] = {"api_version": TAIL_API_VERSION}
+    # A query names topics in its filters: looking one up must never create it.
+    extra: dict[str, Any] = {"api_version": TAIL_API_VERSION, "allow_auto_create_topics": False}
     extra.update({k[len("kafka."):]: v for k, v in options.items() if k.startswith("kafka.")})
     return KafkaConsumer(bootstrap_servers=brokers.split(","), group_id=None,
                          enable_auto_commit=False, isolation_level="read_committed",
@@ -46,7 +47,10 @@ class LiveTailReader(DataSourceReader):
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
         """Take ``_boundary = '<json>'`` (the view's parameter); narrow topics, partitions and offsets
-        by the others, which Spark still applies (all but those on ``_boundary`` are yielded back)."""
+        by the others. Yielded back, for Spark to apply, are only those the tail does not apply
+        exactly (``narrow``): a query for one topic-partition and an offset range then has no
+        Filter over the scan, so no per-query code is generated for its literals (~4% of the
+        server JVM's CPU per live query, measured with JFR on 2026-11-29)."""
         for f in filters:
             if f.attribute == (BOUNDARY_COLUMN,) and isinstance(f, (EqualTo, IsNotNull)):
                 # Taken, so Spark does not apply them to the rows (their _boundary is null);
@@ -54,8 +58,8 @@ class LiveTailReader(DataSourceReader):
                 if isinstance(f, EqualTo):
                     self.boundary = Boundary.decode(f.value)
                 continue
-            narrow(self.bounds, f)
-            yield f
+            if not narrow(self.bounds, f):
+                yield f
 
     def partitions(self) -> list[Any]:
         """One input partition per topic-partition with a tail (``plan_tail``); the LSOs are asked of
@@ -69,9 +73,11 @@ class LiveTailReader(DataSourceReader):
             return []
         consumer = _consumer(self.boundary.brokers, self.options)
         try:
-            topics = consumer.topics()
-            wanted = [t for t in topics if not t.startswith("__")
-                      and (self.bounds.topics is None or t in self.bounds.topics)]
+            # Named topics are looked up alone: ``topics()`` always asks for fresh metadata, and when
+            # the consumer's own first request is still out, the second waits retry_backoff_ms
+            # (100 ms) first (kafka-python 3's ClusterMetadata.ttl).
+            topics = self.bounds.topics if self.bounds.topics is not None else consumer.topics()
+            wanted = sorted(t for t in topics if not t.startswith("__"))
             tps = [TopicPartition(t, p) for t in wanted for p in sorted(consumer.partitions_for_topic(t) or ())
                    if self.bounds.allows(t, p)]
             ends = consumer.end_offsets(tps) if tps else {}
@@ -97,6 +103,10 @@ class LiveTailReader(DataSourceReader):
         tp = TopicPartition(part.topic, part.partition)
         consumer = _consumer(self.boundary.brokers, self.options)
         try:
+            # The leader first (a blocking metadata request): polling without it finds nothing to
+            # fetch and sleeps retry_backoff_ms (100 ms) before the first Fetch (kafka-python 3's
+            # KafkaConsumer._poll_once): most of a small tail's read time.
+            consumer.partitions_for_topic(part.topic)
             consumer.assign([tp])
             consumer.seek(tp, part.start)
             rows: list[Any] = []

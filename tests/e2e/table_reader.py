@@ -163,11 +163,11 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-def wait_for_live_view(session, timeout_s: float = 60.0) -> None:
-    """Until ``pipeline.records_live`` exists in ``session``'s catalog: a server publishes it a moment
+def wait_for_live_view(session, timeout_s: float = 60.0, database: str = "pipeline") -> None:
+    """Until ``<database>.records_live`` exists in ``session``'s catalog: a server publishes it a moment
     after its table side is ready (its first Python data source costs the JVM ~2 s)."""
     deadline = time.monotonic() + timeout_s
-    while not session.catalog.tableExists("pipeline.records_live"):
+    while not session.catalog.tableExists(f"{database}.records_live"):
         if time.monotonic() > deadline:
-            raise AssertionError(f"pipeline.records_live not published within {timeout_s:g} s")
+            raise AssertionError(f"{database}.records_live not published within {timeout_s:g} s")
         time.sleep(0.2)

@@ -57,6 +57,8 @@ from pipeline.cluster.membership import OFFSETS_TOPIC, offsets_partition, prefer
 from tests.conftest import unique_database
 from tests.e2e import raw_client as rc
 from tests.e2e.cluster_process import Cluster
+from tests.e2e.live_view_load import PacedLoad, assert_each_acknowledged_record_once, live_snapshots
+from tests.e2e.table_reader import wait_for_live_view
 
 pytestmark = pytest.mark.slow
 
@@ -392,6 +394,32 @@ def test_a_registry_topic_created_through_one_broker_lands_as_columns_from_every
     assert not connect_spark.catalog.tableExists(dead) or connect_spark.sql(
         f"SELECT count(*) FROM {dead} WHERE topic = '{topic}'").first()[0] == 0
     assert len(leaders) > 1, leaders  # the rows came through more than one broker's table side
+
+
+def test_every_live_view_snapshot_holds_each_acknowledged_record_once(cluster, connect_spark):
+    """Issue 33 on ``--brokers 3`` with ``--ack-on spark``: two idempotent producers write a
+    6-partition topic led by the three brokers, each broker committing its own partitions (a Spark
+    commit before each acknowledgement) and publishing its end offsets to the view, while a reader
+    takes snapshots of ``<database>.records_live`` by name through the Connect server: every
+    snapshot holds each record acknowledged before its query once, and none never acknowledged.
+    (``--ack-on wal``: tests/e2e/test_live_view.py.)"""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    backend, c = cluster
+    topic = f"live_{backend}"
+    admin = AdminClient({"bootstrap.servers": c.bootstrap()})
+    admin.create_topics([NewTopic(topic, 6, 1)])[topic].result(30)
+    _until(lambda: _agreed(c, list(range(BROKERS)), topic, 6), "the topic's leaders agreed", c)
+    wait_for_live_view(connect_spark, database=DATABASES[backend])
+    load = PacedLoad(c.bootstrap(), topic, per_producer=1_000).start()
+    snapshots = live_snapshots(connect_spark, DATABASES[backend], load)
+    load.join()
+    assert not load.errors, load.errors[:5]
+    assert len(load.acked) == load.producers * load.per_producer
+    assert_each_acknowledged_record_once(snapshots)
+    [final] = live_snapshots(connect_spark, DATABASES[backend], load, at_least=1)  # after the last ack
+    assert final.rows == final.distinct == len(load.acked) and final.missing == 0, final
+    assert len({leader for leader, _ in _leaders(c.addresses[0], topic).values()}) > 1
 
 
 def _leaders(address: tuple[str, int], topic: str) -> dict[int, tuple[int, int]]:

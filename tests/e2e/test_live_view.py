@@ -1,9 +1,9 @@
 """The live view (``pipeline.records_live``) as a Spark user reads it, on ``pipeline serve --brokers 3``
 (``--ack-on wal``, commits every second, compaction every 3 s). Elsewhere: one broker with ``--ack-on
 wal``, tests/e2e/test_table.py; one broker with ``--ack-on spark`` through a kill -9,
-tests/e2e/test_durability.py; a classic session on a shared metastore, tests/e2e/test_metastore.py.
-(``--brokers 3 --ack-on spark`` as a second parameter passed too, 39 s: left out of make test for its
-time.)
+tests/e2e/test_durability.py; ``--brokers 3 --ack-on spark`` (leadership through the database), on the
+cluster tests/e2e/test_cluster_metadata.py already runs; a classic session on a shared metastore,
+tests/e2e/test_metastore.py.
 
 Two idempotent confluent-kafka producers write a 6-partition topic, whose leaders are spread over the
 brokers, while commits land and a reader takes snapshots through the Spark Connect server by name:
@@ -16,42 +16,18 @@ says it stopped (so the last published the view ``stopped``).
 from __future__ import annotations
 
 import re
-import threading
-import time
 
 import pytest
 
 from tests.e2e.cluster_process import Cluster
 from tests.e2e.server_process import ServerProcess
+from tests.e2e.live_view_load import PacedLoad, assert_each_acknowledged_record_once, live_snapshots
 from tests.e2e.table_reader import wait_for_live_view
 
 pytestmark = pytest.mark.slow
 
 TOPIC = "live"
 PARTITIONS = 6
-PER_PRODUCER = 2_000
-RATE = 300  # records per second per producer
-
-
-def _produce(bootstrap: str, first: int, acked: dict[int, tuple[int, int]], errors: list) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
-
-    def delivered(err, msg) -> None:
-        if err is not None:
-            errors.append(str(err))
-        else:
-            acked[int(msg.value())] = (msg.partition(), msg.offset())
-
-    started = time.monotonic()
-    for i in range(first, first + PER_PRODUCER):
-        producer.produce(TOPIC, key=b"k%d" % (i % 50), value=str(i).encode(), on_delivery=delivered)
-        producer.poll(0)
-        delay = started + (i - first + 1) / RATE - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-    producer.flush(60)
 
 
 def _boundary(session) -> str:
@@ -88,33 +64,15 @@ def test_every_snapshot_holds_each_acknowledged_record_once(tmp_path, brokers, a
             future.result(60)
         session = build_spark_session(remote=f"sc://127.0.0.1:{connect_port}")
         wait_for_live_view(session)
-        acked: dict[int, tuple[int, int]] = {}
-        errors: list = []
-        producers = [threading.Thread(target=_produce, args=(bootstrap, k * PER_PRODUCER, acked, errors))
-                     for k in range(2)]
-        for p in producers:
-            p.start()
-        # rows, distinct, missing, never acknowledged, rows the table alone held just before
-        snapshots: list[tuple[int, int, int, int, int]] = []
-        while any(p.is_alive() for p in producers) or len(snapshots) < 3:
-            in_table = session.sql(f"SELECT count(*) FROM pipeline.records WHERE topic = '{TOPIC}'").collect()[0][0]
-            before = set(acked.values())
-            rows = session.sql(f"SELECT `partition`, `offset` FROM pipeline.records_live WHERE topic = '{TOPIC}'"
-                               ).collect()
-            got = [(r[0], r[1]) for r in rows]
-            after = set(acked.values())
-            snapshots.append((len(got), len(set(got)), len(before - set(got)), len(set(got) - after), in_table))
-            time.sleep(0.5)
-        for p in producers:
-            p.join(60)
-        assert not errors, errors[:5]
-        assert len(acked) == 2 * PER_PRODUCER
-        assert len(snapshots) >= 3, snapshots
-        assert all(n == distinct for n, distinct, _, _, _ in snapshots), f"a record twice: {snapshots}"
-        assert all(missing == 0 for _, _, missing, _, _ in snapshots), snapshots
-        assert all(phantom == 0 for _, _, _, phantom, _ in snapshots), snapshots
+        load = PacedLoad(bootstrap, TOPIC).start()
+        snapshots = live_snapshots(session, "pipeline", load)
+        load.join()
+        assert not load.errors, load.errors[:5]
+        assert len(load.acked) == load.producers * load.per_producer
+        assert_each_acknowledged_record_once(snapshots)
         if "spark" not in args:  # acknowledged at the WAL: the view held what the table did not yet
-            assert any(n > in_table for n, _, _, _, in_table in snapshots), snapshots
+            assert any(s.rows > s.in_table for s in snapshots), snapshots
+        acked = load.acked
 
         # Every broker published: the view's boundary names partitions led by each of them, and its
         # tail reads from all three.

@@ -87,9 +87,40 @@ def test_other_filters_are_left_to_spark_and_the_boundary_is_taken():
     from pyspark.sql.datasource import IsNotNull
 
     left = list(reader.pushFilters([boundary, IsNotNull(("_boundary",)), *others]))
-    assert left == others
+    assert left == others[1:]  # the topic's is the tail's (below)
     assert reader.boundary == BOUNDARY
     assert reader.bounds.topics == {"a"}
+
+
+@pytest.mark.parametrize("f, exact", [
+    (EqualTo(("topic",), "a"), True), (In(("topic",), ("a", "b")), True),
+    (EqualTo(("partition",), 1), True), (In(("partition",), (0, 2)), True), (GreaterThan(("partition",), 0), True),
+    (EqualTo(("offset",), 7), True), (GreaterThanOrEqual(("offset",), 7), True), (LessThan(("offset",), 9), True),
+    (LessThanOrEqual(("offset",), 9), True), (In(("offset",), (7,)), True),
+    (In(("offset",), (3, 96)), False),  # planned as [3, 96]: Spark keeps the values asked
+    (EqualTo(("date",), "2026-11-28"), False), (GreaterThan(("timestamp",), 1), False),
+])
+def test_only_filters_the_tail_applies_exactly_are_kept_from_spark(f, exact):
+    """Spark re-applies what pushFilters yields back; what it does not is the tail's to apply: the
+    rows the plan and read give for those filters are exactly the rows that pass them."""
+    from pyspark.sql.datasource import IsNotNull
+
+    reader = LiveTailReader({})
+    left = list(reader.pushFilters([EqualTo(("_boundary",), BOUNDARY.encode()), f, IsNotNull(("offset",))]))
+    assert left == ([] if exact else [f])
+    rows = [(t, p, o) for part in plan_tail(BOUNDARY, reader.bounds, LOG_ENDS)
+            for t, p, o in ((part.topic, part.partition, o) for o in range(part.start, part.end))]
+    everything = [(t, p, o) for part in plan_tail(BOUNDARY, Bounds(), LOG_ENDS)
+                  for t, p, o in ((part.topic, part.partition, o) for o in range(part.start, part.end))]
+    column = {"topic": 0, "partition": 1, "offset": 2}.get(f.attribute[0])
+    if exact:
+        assert column is not None
+        passes = {EqualTo: lambda v: v == f.value, In: lambda v: v in f.value, GreaterThan: lambda v: v > f.value,
+                  GreaterThanOrEqual: lambda v: v >= f.value, LessThan: lambda v: v < f.value,
+                  LessThanOrEqual: lambda v: v <= f.value}[type(f)]
+        assert rows == [r for r in everything if passes(r[column])]
+    else:
+        assert set(rows) <= set(everything)
 
 
 def test_the_tail_is_read_through_the_view():

@@ -1,0 +1,105 @@
+"""A paced idempotent load and a reader taking snapshots of it through the live view, for the tests of
+issue 33's first Must-show ("every snapshot the reader takes through the live view holds each
+acknowledged record exactly once"): tests/e2e/test_live_view.py (``--brokers 3 --ack-on wal``) and
+tests/e2e/test_cluster_metadata.py (``--brokers 3 --ack-on spark``, leadership through the database).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PacedLoad:
+    """Idempotent confluent-kafka producers, one thread each, writing ``per_producer`` records (value:
+    the record's number as text, keyed over 50 keys) to ``topic`` at ``rate`` records/s each.
+
+    ``acked``: record number -> (partition, offset) as acknowledged; ``errors``: delivery errors."""
+
+    bootstrap: str
+    topic: str
+    producers: int = 2
+    per_producer: int = 2_000
+    rate: float = 300.0
+    acked: dict[int, tuple[int, int]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> PacedLoad:
+        self._threads = [threading.Thread(target=self._produce, args=(k * self.per_producer,), daemon=True)
+                         for k in range(self.producers)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
+
+    def join(self, timeout_s: float = 60.0) -> None:
+        for t in self._threads:
+            t.join(timeout_s)
+        assert not self.running(), "a producer did not finish"
+
+    def acknowledged(self) -> set[tuple[int, int]]:
+        return set(dict(self.acked).values())
+
+    def _produce(self, first: int) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5})
+
+        def delivered(err, msg) -> None:
+            if err is not None:
+                self.errors.append(str(err))
+            else:
+                self.acked[int(msg.value())] = (msg.partition(), msg.offset())
+
+        started = time.monotonic()
+        for i in range(first, first + self.per_producer):
+            producer.produce(self.topic, key=b"k%d" % (i % 50), value=str(i).encode(), on_delivery=delivered)
+            producer.poll(0)
+            delay = started + (i - first + 1) / self.rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        producer.flush(60)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One read of a topic through the live view: its rows, the distinct (partition, offset) among
+    them, the records acknowledged before the query that it lacks, the rows never acknowledged (by
+    the end of the query), and the rows the table alone held just before."""
+
+    rows: int
+    distinct: int
+    missing: int
+    never_acknowledged: int
+    in_table: int
+
+
+def live_snapshots(session, database: str, load: PacedLoad, at_least: int = 3, every_s: float = 0.5,
+                   timeout_s: float = 180.0) -> list[Snapshot]:
+    """Snapshots of ``load.topic`` through ``<database>.records_live`` (``session``: Spark Connect, by
+    name) every ``every_s`` while the load runs, and at least ``at_least``."""
+    out: list[Snapshot] = []
+    deadline = time.monotonic() + timeout_s
+    while (load.running() or len(out) < at_least) and time.monotonic() < deadline:
+        in_table = session.sql(f"SELECT count(*) FROM {database}.records WHERE topic = '{load.topic}'").first()[0]
+        before = load.acknowledged()
+        got = [(r[0], r[1]) for r in session.sql(
+            f"SELECT `partition`, `offset` FROM {database}.records_live WHERE topic = '{load.topic}'").collect()]
+        after = load.acknowledged()
+        out.append(Snapshot(len(got), len(set(got)), len(before - set(got)), len(set(got) - after), in_table))
+        time.sleep(every_s)
+    return out
+
+
+def assert_each_acknowledged_record_once(snapshots: list[Snapshot], at_least: int = 3) -> None:
+    """No snapshot holds a record twice, lacks one acknowledged before its query, or holds one never
+    acknowledged."""
+    assert len(snapshots) >= at_least, snapshots
+    assert all(s.rows == s.distinct for s in snapshots), f"a record twice: {snapshots}"
+    assert all(s.missing == 0 for s in snapshots), snapshots
+    assert all(s.never_acknowledged == 0 for s in snapshots), snapshots
