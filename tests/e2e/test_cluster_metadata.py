@@ -87,7 +87,9 @@ def cluster(request, tmp_path_factory, connect_server) -> Iterator[tuple[str, Cl
     args = ["--spark-remote", connect_server.url, "--table-database", DATABASES[backend],
             "--authorizer-class-name", "pipeline", "--super-users", "User:ANONYMOUS",
             "--cluster-leadership", "database", "--ack-on", "spark", "--linger-ms", "20",
-            "--schema-registry-listeners", "http://127.0.0.1:0"]
+            "--schema-registry-listeners", "http://127.0.0.1:0",
+            # compaction while the live view's snapshots are taken (issue 33)
+            "--table-compaction-interval-ms", "3000", "--table-compaction-min-files", "3"]
     if backend == "postgresql":
         args += ["--metadata-url", request.getfixturevalue("postgres_server").create_database("cluster")]
     c = Cluster(tmp_path_factory.mktemp(f"cluster-metadata-{backend}") / "data", BROKERS, *args)
@@ -399,13 +401,17 @@ def test_a_registry_topic_created_through_one_broker_lands_as_columns_from_every
 def test_every_live_view_snapshot_holds_each_acknowledged_record_once(cluster, connect_spark):
     """Issue 33 on ``--brokers 3`` with ``--ack-on spark``: two idempotent producers write a
     6-partition topic led by the three brokers, each broker committing its own partitions (a Spark
-    commit before each acknowledgement) and publishing its end offsets to the view, while a reader
+    commit before each acknowledgement) and publishing its end offsets to the view, compaction
+    merging the table's files every 3 s, while a reader
     takes snapshots of ``<database>.records_live`` by name through the Connect server: every
     snapshot holds each record acknowledged before its query once, and none never acknowledged.
     (``--ack-on wal``: tests/e2e/test_live_view.py.)"""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     backend, c = cluster
+    if backend != "sqlite":
+        pytest.skip("the view's boundary and tail do not touch the metadata store: the SQLite cluster "
+                    "(--brokers 3 on one machine, the issue's case) is enough; ~30 s of make test saved")
     topic = f"live_{backend}"
     admin = AdminClient({"bootstrap.servers": c.bootstrap()})
     admin.create_topics([NewTopic(topic, 6, 1)])[topic].result(30)

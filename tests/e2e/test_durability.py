@@ -795,7 +795,10 @@ def test_kill_9_under_load_with_ack_on_spark_loses_no_acknowledged_record(tmp_pa
     # story's (ack on the WAL), and a crash has to be tested in it too.
     data_dir = tmp_path / "data"
     port = free_port()
-    args = ("--ack-on", "spark", "--num-partitions", "2", "--linger-ms", "100")
+    # Compaction too, while the live view's snapshots are taken (issue 33: commits, compaction and a
+    # reader together, in both ack modes).
+    args = ("--ack-on", "spark", "--num-partitions", "2", "--linger-ms", "100",
+            "--table-compaction-interval-ms", "3000", "--table-compaction-min-files", "3")
     server = ServerProcess(data_dir, *args, port=port).start()
     producers = [IdempotentProducer(f"p{k}", server.bootstrap, "crash") for k in range(2)]
     try:
