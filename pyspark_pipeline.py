@@ -10,7 +10,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader
 
 class DefaultSource(DataSource):
     """The ``pipeline_live`` data source: the records the brokers serve, as rows of the records table
-    (``pipeline.table.live_source.LiveTailReader``)."""
+    or of a typed topic's table, the table's columns declared (``pipeline.table.live_source.LiveTailReader``)."""
 
     @classmethod
     def name(cls) -> str:
@@ -25,4 +25,4 @@ class DefaultSource(DataSource):
     def reader(self, schema) -> DataSourceReader:
         from pipeline.table.live_source import LiveTailReader
 
-        return LiveTailReader(self.options)
+        return LiveTailReader(self.options, schema)

@@ -72,6 +72,7 @@ SHARED_SERVER_MODULES = frozenset({
     "tests/e2e/test_compression.py",
     "tests/e2e/test_connections.py",
     "tests/e2e/test_groups.py",
+    "tests/e2e/test_live_typed.py",
     "tests/e2e/test_producers.py",
     "tests/e2e/test_transaction_admin.py",
 })

@@ -230,6 +230,8 @@ class SparkGroupSink:
         self._decode_niceness = decode_niceness
         self._pool: ProcessPoolExecutor | None = None
         self._formats: dict[str, TopicFormat] = {}
+        self._live_published: dict[str, str] = {}
+        """Typed topic -> the boundary its live view was last published at (``_publish_live_typed``)."""
         self._topic_store_target = topic_store
         self._topic_store: TopicStore | None = None
         self._topics_version: int | None = None
@@ -481,8 +483,46 @@ class SparkGroupSink:
                         log.warning("live view: skipping %s: %s", path, exc)
             catalog = self._sink.catalog
             typed = frozenset(self._formats) | frozenset(catalog.registry_topics())
-            catalog.publish_live(Boundary(merge_ends(*every), typed, catalog.config.day_topics, stopped=stopped,
+            merged = merge_ends(*every)
+            catalog.publish_live(Boundary(merged, typed, catalog.config.day_topics, stopped=stopped,
                                           brokers=bootstrap_servers))
+            if typed:
+                self._publish_live_typed(merged, stopped, bootstrap_servers)
+
+    def _publish_live_typed(self, ends: dict[tuple[str, int], int], stopped: bool, bootstrap_servers: str) -> None:
+        """Each typed topic's live view at ``ends`` (``TableCatalog.publish_live_typed``), with the
+        format its values are decoded with now; once its ends or its format changed. A topic whose
+        format is ``NoSchema`` (its records are dead letters), or whose registry is a PostgreSQL
+        metadata store (the view would carry its credentials; a registry URL does not), has no view;
+        a failure is logged and leaves the other views as they are."""
+        from pipeline.metadata.database import is_postgres_url
+        from pipeline.table.live import format_to_json
+        from pipeline.table.values import ValueFormat
+
+        catalog = self._sink.catalog
+        try:
+            formats = self._current_formats()
+        except Exception as exc:  # noqa: BLE001 - a registry unreachable: the typed views wait
+            log.warning("live view: typed topics' views not published: %s", str(exc).splitlines()[0] if str(exc) else exc)
+            return
+        for topic, fmt in sorted(formats.items()):
+            if not isinstance(fmt, ValueFormat) or (fmt.registry is not None and is_postgres_url(fmt.registry)):
+                continue
+            value_format = format_to_json(fmt)
+            if fmt.registry is not None and "://" not in fmt.registry:  # the SQLite store: Spark's workers
+                value_format["registry"] = os.path.abspath(fmt.registry)  # may not share the server's cwd
+            boundary = Boundary({k: o for k, o in ends.items() if k[0] == topic}, frozenset(),
+                                catalog.config.day_topics, stopped=stopped, brokers=bootstrap_servers,
+                                topic=topic, value_format=value_format)
+            text = boundary.encode()
+            if self._live_published.get(topic) == text:
+                continue
+            try:
+                if catalog.publish_live_typed(boundary):
+                    self._live_published[topic] = text
+            except Exception as exc:  # noqa: BLE001 - the records view and the table side go on
+                log.warning("live view of topic %r not published: %s", topic,
+                            str(exc).splitlines()[0] if str(exc) else exc)
 
     @property
     def catalog(self) -> TableCatalog:

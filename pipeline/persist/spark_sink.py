@@ -367,9 +367,10 @@ def read_records(spark: SparkSession, database: str = DEFAULT_DATABASE) -> DataF
 def run_sql(spark: SparkSession, query: str, database: str = DEFAULT_DATABASE,
             live: bool = False) -> tuple[list[str], list[tuple]]:
     """Run ``query`` with ``database`` as the current database (so ``records`` names the records table).
-    ``live``: ``records`` names the live view instead (``records_live``, ``pipeline.table.live``: the
-    table plus what is acknowledged and not committed yet), through a temporary view of that name,
-    when the database has one; ``<database>.records`` still names the table.
+    ``live``: each table with a live view (``records_live``, a typed topic's ``<table>_live``:
+    ``pipeline.table.live``, the table plus what is acknowledged and not committed yet) is named by
+    its view instead, through a temporary view of the table's name; ``<database>.<table>`` still
+    names the table.
 
     Returns:
         (column names, rows as tuples), all rows collected to the driver.
@@ -380,13 +381,16 @@ def run_sql(spark: SparkSession, query: str, database: str = DEFAULT_DATABASE,
         pyspark.errors.AnalysisException / ParseException for a bad query.
     """
     spark.catalog.setCurrentDatabase(database)
-    shadowed = live and spark.catalog.tableExists(f"{database}.{RECORDS_TABLE}{LIVE_SUFFIX}")
-    if shadowed:
-        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW `{RECORDS_TABLE}` AS "
-                  f"SELECT * FROM `{database}`.`{RECORDS_TABLE}{LIVE_SUFFIX}`")
+    shadowed: list[str] = []
+    if live:
+        names = {t.name for t in spark.catalog.listTables(database)}
+        shadowed = sorted(n[:-len(LIVE_SUFFIX)] for n in names
+                          if n.endswith(LIVE_SUFFIX) and n[:-len(LIVE_SUFFIX)] in names)
+    for table in shadowed:
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW `{table}` AS SELECT * FROM `{database}`.`{table}{LIVE_SUFFIX}`")
     try:
         result = spark.sql(query)
         return list(result.columns), [tuple(row) for row in result.collect()]
     finally:
-        if shadowed:
-            spark.catalog.dropTempView(RECORDS_TABLE)
+        for table in shadowed:
+            spark.catalog.dropTempView(table)

@@ -320,9 +320,11 @@ class TableCatalog:
         """Registry topic -> ((the latest schema id, its value.wire.format), its format) as ``registry_format``
         last built it."""
         self._table_columns: dict[str, list[tuple[str, str]]] = {}
+        """Registry topic's table -> its data columns (name, Spark type), as ``_evolve`` last read or made them."""
         self._live_created = False
         """``publish_live`` made sure the live view and its tail's table exist."""
-        """Registry topic's table -> its data columns (name, Spark type), as ``_evolve`` last read or made them."""
+        self._live_typed: dict[str, str] = {}
+        """Typed table -> the tail table's columns DDL made for it (``publish_live_typed``)."""
         self.static_config = self.config
         """The table settings of the server's configuration, before any topic config (``apply_topic_configs``)."""
         self.typed_tables: dict[str, OwnedTable] = {}
@@ -408,6 +410,38 @@ class TableCatalog:
             self.spark.sql(live.view_sql(db, boundary, create=True))
             self._live_created = True
         self.spark.sql(live.view_sql(db, boundary))
+
+    def publish_live_typed(self, boundary: live.Boundary) -> bool:
+        """Publish the live view of typed topic ``boundary.topic``'s table, ``<table>_live``, at
+        ``boundary`` (its ends, and the ``ValueFormat`` its tail decodes values with). The tail's
+        table, ``<table>_tail``, declares the typed table's columns: when they are not the table's
+        any more (the topic's schema evolved, or first publication), the tail's table and the view
+        are made again (two catalog calls each; a query in between does not find the view).
+        Whether the view was published (False: the typed table does not exist yet: its first
+        commit makes it).
+
+        Raises:
+            Whatever Spark raises for the catalog calls.
+        """
+        from pipeline.table.layout import table_name_for_topic
+
+        assert boundary.topic is not None
+        db, table = self.config.database, table_name_for_topic(boundary.topic)
+        if not self.spark.catalog.tableExists(f"{db}.{table}"):
+            return False
+        columns, ddl = live.typed_tail_columns(self.spark.table(f"`{db}`.`{table}`").schema)
+        tail = f"{db}.{table}{live.TAIL_SUFFIX}"
+        if self._live_typed.get(table) != ddl:
+            if self.spark.catalog.tableExists(tail):
+                _, existing = live.typed_tail_columns(self.spark.table(f"`{db}`.`{table}{live.TAIL_SUFFIX}`").schema)
+                if existing != ddl:  # the table's columns changed: the tail's follow
+                    self.spark.sql(f"DROP VIEW IF EXISTS `{db}`.`{table}{live.LIVE_SUFFIX}`")
+                    self.spark.sql(f"DROP TABLE `{db}`.`{table}{live.TAIL_SUFFIX}`")
+            self.spark.sql(live.tail_table_sql(db, table, ddl))
+            self.spark.sql(live.view_sql(db, boundary, create=True, table=table, columns=columns))
+            self._live_typed[table] = ddl
+        self.spark.sql(live.view_sql(db, boundary, table=table, columns=columns))
+        return True
 
     def read(self) -> DataFrame:
         """The records table as a DataFrame with ``SPARK_SCHEMA`` (columns in ``COLUMNS`` order)."""

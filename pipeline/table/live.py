@@ -47,6 +47,7 @@ Sans-I/O except ``LiveTailReader`` (the Kafka consumer); no Spark session is nee
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -59,6 +60,8 @@ from pipeline.table.schema import ARROW_SCHEMA, COLUMNS
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
+    from pipeline.table.values import ValueFormat
+
 SOURCE_NAME = "pipeline_live"
 """The Python data source's name (``USING pipeline_live``)."""
 
@@ -68,8 +71,10 @@ LIVE_DIR = "live"
 """Each broker's prefix ends, ``DATA_DIR/_pipeline/live/<hash>.json`` (``SparkGroupSink.publish_live``)."""
 """A table's live view is named after it: ``records`` -> ``records_live``."""
 
-TAIL_TABLE = "records_tail"
-"""The catalog table of the tail data source, beside ``records``."""
+TAIL_SUFFIX = "_tail"
+TAIL_TABLE = "records" + TAIL_SUFFIX
+"""The catalog table of the tail data source, beside ``records`` (a typed topic's table ``t``:
+``t_tail``)."""
 
 BOUNDARY_COLUMN = "_boundary"
 """The tail's parameter column: the view's ``_boundary = '<json>'`` filter carries the boundary."""
@@ -105,6 +110,10 @@ class Boundary:
         stopped: the server stopped cleanly and the table holds everything: no tail.
         brokers: where the tail is read from: ``host:port,...`` (Kafka's ``bootstrap.servers``),
             PLAINTEXT listeners of the brokers that published.
+        topic: the typed topic whose table this is the view of (``<table>_live``); None: the
+            records table's view.
+        value_format: with ``topic``: how its values are decoded (``format_to_json`` of the
+            ``ValueFormat`` the table side decodes them with when the view was published).
     """
 
     ends: Mapping[tuple[str, int], int] = field(default_factory=dict)
@@ -112,23 +121,50 @@ class Boundary:
     day_topics: frozenset[str] = frozenset()
     stopped: bool = False
     brokers: str = ""
+    topic: str | None = None
+    value_format: Mapping[str, Any] | None = None
 
     def encode(self) -> str:
-        return json.dumps({
+        data: dict[str, Any] = {
             "ends": [[t, p, o] for (t, p), o in sorted(self.ends.items())],
             "typed": sorted(self.typed), "day": sorted(self.day_topics), "stopped": self.stopped,
             "brokers": self.brokers,
-        }, separators=(",", ":"))
+        }
+        if self.topic is not None:
+            data.update(topic=self.topic, format=self.value_format)
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: str) -> "Boundary":
         """Raises ValueError on text ``encode`` did not write."""
         try:
             data = json.loads(text)
+            topic = data.get("topic")
             return cls({(str(t), int(p)): int(o) for t, p, o in data["ends"]}, frozenset(data["typed"]),
-                       frozenset(data["day"]), bool(data["stopped"]), str(data["brokers"]))
+                       frozenset(data["day"]), bool(data["stopped"]), str(data["brokers"]),
+                       None if topic is None else str(topic), data.get("format") if topic is not None else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a live-view boundary: {text[:80]!r}") from exc
+
+
+def format_to_json(fmt: "ValueFormat") -> dict[str, Any]:
+    """A typed topic's ``ValueFormat`` as JSON for its view's boundary: the arrow schema as base64
+    Arrow IPC, the rest as ``ValueFormat``'s fields (``format_from_json`` rebuilds it)."""
+    return {"kind": fmt.kind, "schema": base64.b64encode(fmt.schema.serialize().to_pybytes()).decode(),
+            "avro_schema": fmt.avro_schema, "wire_format": fmt.wire_format, "registry": fmt.registry,
+            "protobuf_schema": fmt.protobuf_schema, "protobuf_references": [list(r) for r in fmt.protobuf_references]}
+
+
+def format_from_json(data: Mapping[str, Any]) -> "ValueFormat":
+    """Raises ValueError on JSON ``format_to_json`` did not write, or a format ``ValueFormat`` refuses."""
+    from pipeline.table.values import ValueFormat
+
+    try:
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"])))
+        return ValueFormat(data["kind"], schema, data["avro_schema"], data["wire_format"], data["registry"],
+                           data["protobuf_schema"], tuple(tuple(r) for r in data["protobuf_references"]))
+    except (KeyError, TypeError, pa.ArrowInvalid) as exc:
+        raise ValueError(f"not a live-view value format: {exc}") from exc
 
 
 def merge_ends(*ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
@@ -159,18 +195,21 @@ def table_filter_sql(ends: Mapping[tuple[str, int], int]) -> str:
     return f"`offset` < coalesce(try_element_at(try_element_at(map({topics}), `topic`), `partition`), 0L)"
 
 
-def view_sql(database: str, boundary: Boundary, create: bool = False) -> str:
-    """``ALTER VIEW <database>.records_live AS`` the union over ``records`` and ``records_tail`` at
+def view_sql(database: str, boundary: Boundary, create: bool = False, table: str = "records",
+             columns: Sequence[str] = TABLE_COLUMNS) -> str:
+    """``ALTER VIEW <database>.<table>_live AS`` the union over ``<table>`` and ``<table>_tail`` at
     ``boundary``: one atomic catalog change (``CREATE OR REPLACE VIEW`` drops the view, then creates
-    it: a query in between would not find it). ``create``: ``CREATE VIEW IF NOT EXISTS`` instead."""
-    columns = ", ".join(f"`{c}`" for c in TABLE_COLUMNS)
-    name = f"`{database}`.`records{LIVE_SUFFIX}`"
+    it: a query in between would not find it). ``create``: ``CREATE VIEW IF NOT EXISTS`` instead.
+    ``table``: ``records``, or a typed topic's table (``columns``: its columns, partition columns
+    last, as the catalog has them)."""
+    names = ", ".join(_quote(c) for c in columns)
+    name = f"`{database}`.`{table}{LIVE_SUFFIX}`"
     head = (f"CREATE VIEW IF NOT EXISTS {name} "
-            "COMMENT 'pipeline.records plus the acknowledged records not yet committed, each once'"
+            f"COMMENT 'pipeline.{table} plus the acknowledged records not yet committed, each once'"
             if create else f"ALTER VIEW {name}")
     return (f"{head} AS "
-            f"SELECT {columns} FROM `{database}`.`records` WHERE {table_filter_sql(boundary.ends)} "
-            f"UNION ALL SELECT {columns} FROM `{database}`.`{TAIL_TABLE}` "
+            f"SELECT {names} FROM `{database}`.`{table}` WHERE {table_filter_sql(boundary.ends)} "
+            f"UNION ALL SELECT {names} FROM `{database}`.`{table}{TAIL_SUFFIX}` "
             f"WHERE `{BOUNDARY_COLUMN}` = {_string(boundary.encode())}")
 
 
@@ -185,14 +224,41 @@ def tail_schema() -> "StructType":
                        StructField(BOUNDARY_COLUMN, StringType())])
 
 
-def tail_table_sql(database: str) -> str:
-    """``CREATE TABLE IF NOT EXISTS <database>.records_tail (<tail_schema>) USING pipeline_live`` (no
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def type_ddl(data_type: Any) -> str:
+    """A Spark type as DDL with every nested field name quoted (``simpleString`` leaves them bare,
+    which Spark's parser refuses for a name like ``a-b``, as JSON properties may be)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, StructType):
+        return "struct<" + ",".join(f"{_quote(f.name)}:{type_ddl(f.dataType)}" for f in data_type.fields) + ">"
+    if isinstance(data_type, ArrayType):
+        return f"array<{type_ddl(data_type.elementType)}>"
+    if isinstance(data_type, MapType):
+        return f"map<{type_ddl(data_type.keyType)},{type_ddl(data_type.valueType)}>"
+    return str(data_type.simpleString())
+
+
+def typed_tail_columns(table_schema: "StructType") -> tuple[list[str], str]:
+    """A typed topic's table schema (as the catalog has it: partition columns last) -> its column
+    names, and its tail table's columns DDL (the same columns, then ``_boundary``)."""
+    names = [f.name for f in table_schema.fields]
+    ddl = ", ".join(f"{_quote(f.name)} {type_ddl(f.dataType)}" for f in table_schema.fields)
+    return names, f"{ddl}, {_quote(BOUNDARY_COLUMN)} string"
+
+
+def tail_table_sql(database: str, table: str = "records", columns_ddl: str | None = None) -> str:
+    """``CREATE TABLE IF NOT EXISTS <database>.<table>_tail (<columns>) USING pipeline_live`` (no
     options: the view's boundary says where to read). The columns are declared so that creating the
     table, and analysing the view over it, ask no Python worker for the source's schema (one
-    fewer Python process per JVM: ~0.7 s)."""
-    columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in tail_schema().fields)
-    return (f"CREATE TABLE IF NOT EXISTS `{database}`.`{TAIL_TABLE}` ({columns}) USING {SOURCE_NAME} "
-            "COMMENT 'the records the brokers serve past the table: read it through records_live'")
+    fewer Python process per JVM: ~0.7 s). ``columns_ddl``: a typed topic's table's columns and
+    ``_boundary`` (default: ``tail_schema``'s)."""
+    columns = columns_ddl or ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in tail_schema().fields)
+    return (f"CREATE TABLE IF NOT EXISTS `{database}`.`{table}{TAIL_SUFFIX}` ({columns}) USING {SOURCE_NAME} "
+            f"COMMENT 'the records the brokers serve past the table: read it through {table}{LIVE_SUFFIX}'")
 
 
 # -- the data source ---------------------------------------------------------------------------
@@ -285,10 +351,10 @@ def plan_tail(boundary: Boundary, bounds: Bounds, log_ends: Mapping[tuple[str, i
     return out
 
 
-def records_to_batch(records: Sequence[Any], day_topics: frozenset[str]) -> pa.RecordBatch:
-    """kafka-python ``ConsumerRecord``s as one batch of the records table's columns plus ``_boundary``
-    (null): the same values the table's decode gives (``pipeline.table.arrow.appends_to_table``)."""
-    table = pa.table([
+def _records_table(records: Sequence[Any]) -> pa.Table:
+    """kafka-python ``ConsumerRecord``s as the records table's columns (``ARROW_SCHEMA``): the same
+    values the table's decode gives (``pipeline.table.arrow.appends_to_table``)."""
+    return pa.table([
         pa.array([r.key for r in records], pa.binary()),
         pa.array([r.value for r in records], pa.binary()),
         pa.array([r.topic for r in records], pa.string()),
@@ -299,7 +365,38 @@ def records_to_batch(records: Sequence[Any], day_topics: frozenset[str]) -> pa.R
         pa.array([[{"key": k, "value": v} for k, v in r.headers] if r.headers else None for r in records],
                  ARROW_SCHEMA.field("headers").type),
     ], schema=ARROW_SCHEMA)
-    table = add_time_partitions(table, day_topics)
+
+
+def _with_boundary(table: pa.Table) -> pa.RecordBatch:
     table = table.append_column(BOUNDARY_COLUMN, pa.nulls(table.num_rows, pa.string()))
     return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist(
         [], schema=table.schema)
+
+
+def records_to_batch(records: Sequence[Any], day_topics: frozenset[str]) -> pa.RecordBatch:
+    """kafka-python ``ConsumerRecord``s as one batch of the records table's columns plus ``_boundary``
+    (null): the same values the table's decode gives (``pipeline.table.arrow.appends_to_table``)."""
+    return _with_boundary(add_time_partitions(_records_table(records), day_topics))
+
+
+def typed_records_to_batch(records: Sequence[Any], topic: str, fmt: "ValueFormat", day_topics: frozenset[str],
+                           schema: pa.Schema) -> pa.RecordBatch:
+    """kafka-python ``ConsumerRecord``s of typed topic ``topic`` as the rows its table gets from them
+    (``pipeline.table.typed.split_typed`` with ``fmt``, the table side's own decode: the raw columns,
+    then the typed ones), partition columns and ``_boundary`` (null) appended, in ``schema``'s
+    column order and types (the tail table's). A record whose value does not parse is a dead letter,
+    in no typed table: it is left out, as the table leaves it out.
+
+    Raises:
+        pipeline.registry.lookup.RegistryUnavailable: ``fmt``'s registry could not be asked.
+        pyarrow.ArrowInvalid: a typed column does not cast to the tail table's type (the table's
+            schema changed since the view was published; the next publication follows it).
+    """
+    from pipeline.table.typed import split_typed
+
+    typed = split_typed(_records_table(records), {topic: fmt}).typed.get(topic)
+    if typed is None:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    batch = _with_boundary(add_time_partitions(typed, day_topics))
+    columns = [batch.column(name).cast(field.type) for name, field in zip(schema.names, schema)]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)

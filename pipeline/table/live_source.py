@@ -6,14 +6,14 @@ Imported by Spark's Python workers (through ``pyspark_pipeline``) and by nothing
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, EqualTo, InputPartition, IsNotNull
 
 from pipeline.table.live import (
     BATCH_ROWS, BOUNDARY_COLUMN, LIVE_SUFFIX, READ_TIMEOUT_MS, SOURCE_NAME, TAIL_TABLE, Boundary, Bounds, TailPartition, tail_schema,
-    narrow, plan_tail, records_to_batch,
+    format_from_json, narrow, plan_tail, records_to_batch, typed_records_to_batch,
 )
 
 if TYPE_CHECKING:
@@ -40,10 +40,12 @@ def _consumer(brokers: str, options: Mapping[str, str]) -> Any:
 class LiveTailReader(DataSourceReader):
     """Plans and reads the tail (``pipeline.table.live``); options ``kafka.*`` go to the consumer."""
 
-    def __init__(self, options: Mapping[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str], schema: "StructType | None" = None) -> None:
         self.options = dict(options)
         self.boundary: Boundary | None = None
         self.bounds = Bounds()
+        self.schema = schema
+        """The tail table's columns (a typed topic's rows are given in their order and types)."""
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
         """Take ``_boundary = '<json>'`` (the view's parameter); narrow topics, partitions and offsets
@@ -71,6 +73,8 @@ class LiveTailReader(DataSourceReader):
                              "whose boundary says from which offsets and from which brokers")
         if self.boundary.stopped:
             return []
+        if self.boundary.topic is not None:  # a typed topic's view reads that topic alone
+            self.bounds.topics = {self.boundary.topic} & (self.bounds.topics or {self.boundary.topic})
         consumer = _consumer(self.boundary.brokers, self.options)
         try:
             # Named topics are looked up alone: ``topics()`` always asks for fresh metadata, and when
@@ -99,7 +103,7 @@ class LiveTailReader(DataSourceReader):
             return
         part: TailPartition = partition.value
         assert self.boundary is not None  # partitions() planned it
-        day = self.boundary.day_topics
+        to_batch = self._to_batch(self.boundary)
         tp = TopicPartition(part.topic, part.partition)
         consumer = _consumer(self.boundary.brokers, self.options)
         try:
@@ -122,12 +126,26 @@ class LiveTailReader(DataSourceReader):
                     raise TimeoutError(f"{part.topic}-{part.partition}: no records past offset {position} "
                                        f"in {READ_TIMEOUT_MS} ms (reading up to {part.end})")
                 if len(rows) >= BATCH_ROWS:
-                    yield records_to_batch(rows, day)
+                    yield to_batch(rows)
                     rows = []
             if rows:
-                yield records_to_batch(rows, day)
+                yield to_batch(rows)
         finally:
             consumer.close()
+
+
+    def _to_batch(self, boundary: Boundary) -> Callable[[list[Any]], pa.RecordBatch]:
+        """Records -> rows of the records table, or of the typed topic's table the boundary names
+        (decoded with its format: ``typed_records_to_batch``)."""
+        day = boundary.day_topics
+        if boundary.topic is None or boundary.value_format is None:
+            return lambda rows: records_to_batch(rows, day)
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        topic, fmt = boundary.topic, format_from_json(boundary.value_format)
+        assert self.schema is not None  # Spark gives the reader the table's schema
+        schema = to_arrow_schema(self.schema, timezone="UTC")  # what Spark checks a batch against
+        return lambda rows: typed_records_to_batch(rows, topic, fmt, day, schema)
 
 
 class LiveTail(DataSource):
@@ -141,4 +159,4 @@ class LiveTail(DataSource):
         return tail_schema()
 
     def reader(self, schema: "StructType") -> LiveTailReader:
-        return LiveTailReader(self.options)
+        return LiveTailReader(self.options, schema)

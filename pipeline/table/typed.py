@@ -19,16 +19,17 @@ loop nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.table.arrow import appends_to_table
-from pipeline.log.batch import AppendColumns, PartitionAppend, from_columns
 from pipeline.table.schema import ARROW_SCHEMA, COLUMNS
-from pipeline.log.wal import WalSpan, read_spans
 from pipeline.table.values import ValueFormat, parse_values
+
+if TYPE_CHECKING:  # the decode worker's entry points import them; the live view's tail only splits
+    from pipeline.log.batch import AppendColumns, PartitionAppend
+    from pipeline.log.wal import WalSpan
 
 DEAD_LETTERS_TABLE = "dead_letters"
 """The dead-letter table's name (in the table database)."""
@@ -124,12 +125,16 @@ def split_typed(table: pa.Table, formats: dict[str, TopicFormat]) -> FlushTables
 
 def build_flush(appends: Sequence[PartitionAppend], formats: dict[str, TopicFormat]) -> FlushTables:
     """Decode ``appends`` (``appends_to_table``) and split the rows (``split_typed``): the decode worker's job."""
+    from pipeline.table.arrow import appends_to_table
+
     return split_typed(appends_to_table(appends), formats)
 
 
 def build_flush_from_columns(columns: AppendColumns, formats: dict[str, TopicFormat]) -> FlushTables:
     """``build_flush`` of the appends ``pipeline.log.batch.to_columns`` made (the decode worker's
     entry point: columns pickle much more cheaply than the appends themselves)."""
+    from pipeline.log.batch import from_columns
+
     return build_flush(from_columns(columns), formats)
 
 
@@ -146,5 +151,8 @@ def build_flush_from_wal(columns: AppendColumns, wal_directory: str, spans: Sequ
     """
     if len(spans) != len(columns[0]):
         raise ValueError(f"{len(spans)} WAL spans for {len(columns[0])} appends")
+    from pipeline.log.batch import from_columns
+    from pipeline.log.wal import read_spans
+
     records = read_spans(wal_directory, spans)
     return build_flush(from_columns((*columns[:3], records, *columns[4:])), formats)

@@ -578,6 +578,10 @@ def test_schema_registry_walkthrough(server, docs_env):
     want = [["s-1", "NULL"], ["s-2", "21.5"]]
     rows = poll_rows(docs_env, query, want)
     assert rows and rows[0] == ["sensor", "celsius"] and rows[1:] == want, rows
+    # The typed table's live view (docs/table.md, "Typed topics"), its tail decoding each value with
+    # its writer's schema from the server's registry store: the same rows, each once.
+    live = poll_rows(docs_env, query.replace("FROM readings", "FROM readings_live"), want, timeout=60)
+    assert live[1:] == want, live
 
 
 @pytest.mark.slow

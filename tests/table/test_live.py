@@ -14,6 +14,7 @@ from pipeline.table.live import (
     Boundary, Bounds, TailPartition, merge_ends, narrow, plan_tail, records_to_batch, table_filter_sql, view_sql,
 )
 from pipeline.table.live_source import LiveTailReader
+from tests.table.test_values_registry import registered  # noqa: F401 - the fixture
 
 ends_strategy = st.dictionaries(st.tuples(st.sampled_from(["a", "b.c", "d-e_f"]), st.integers(0, 64)),
                                 st.integers(0, 2**62), max_size=20)
@@ -151,3 +152,89 @@ def test_tail_rows_are_the_rows_the_table_decode_gives():
     assert pa.Table.from_batches([batch]).drop_columns(["_boundary"]).equals(expected)
     assert batch.column("hour").to_pylist()[1] is None  # a day-partitioned topic
     assert batch.column("_boundary").null_count == 2
+
+
+def _typed_formats():
+    import json
+
+    import pyarrow as pa
+
+    from pipeline.table.values import ValueFormat
+
+    avro = {"type": "record", "name": "Reading", "fields": [
+        {"name": "sensor", "type": "string"}, {"name": "celsius", "type": ["null", "double"], "default": None}]}
+    return [ValueFormat("json", pa.schema([pa.field("n", pa.int64()), pa.field("memo", pa.string())])),
+            ValueFormat.for_avro(json.dumps(avro), "none"),
+            ValueFormat.for_avro(avro, "confluent", registry="/data/_pipeline/registry.db")]
+
+
+@pytest.mark.parametrize("fmt", _typed_formats(), ids=["json", "avro", "avro-registry"])
+def test_a_typed_topics_format_rides_in_its_views_boundary(fmt):
+    from pipeline.table.live import format_from_json, format_to_json
+
+    boundary = Boundary({("t", 0): 5}, brokers="h:1", topic="t", value_format=format_to_json(fmt))
+    back = Boundary.decode(boundary.encode())
+    assert back == boundary and back.topic == "t"
+    assert format_from_json(back.value_format) == fmt
+    assert Boundary.decode(Boundary({("t", 0): 5}).encode()).topic is None  # the records view's
+
+
+def test_typed_tail_rows_are_the_rows_the_typed_table_gets():
+    """A typed topic's records as kafka-python hands them over become its table's rows: the raw
+    columns and the typed ones as the table side decodes them (``split_typed``), in the tail
+    table's column order and Spark's Arrow types; a value that does not parse (a dead letter) is
+    in no typed table and not in the tail either."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    from pipeline.table.live import typed_records_to_batch, typed_tail_columns
+    from pipeline.table.schema import SPARK_SCHEMA
+
+    fmt = _typed_formats()[0]
+    records = [SimpleNamespace(key=b"k", value=value, topic="t", partition=0, offset=offset,
+                               timestamp=1_795_900_000_123, timestamp_type=0, headers=[])
+               for offset, value in ((7, b'{"n": 1, "memo": "one"}'), (8, b"not json"), (9, b'{"n": 2}'))]
+    table_schema = StructType([*SPARK_SCHEMA.fields, StructField("n", LongType()), StructField("memo", StringType()),
+                               StructField("date", StringType()), StructField("hour", IntegerType())])
+    names, ddl = typed_tail_columns(table_schema)
+    assert names[-4:] == ["n", "memo", "date", "hour"] and ddl.endswith("`hour` int, `_boundary` string")
+    tail = StructType([*table_schema.fields, StructField("_boundary", StringType())])
+    batch = typed_records_to_batch(records, "t", fmt, frozenset(), to_arrow_schema(tail, timezone="UTC"))
+    assert batch.schema == to_arrow_schema(tail, timezone="UTC")
+    rows = pa.Table.from_batches([batch]).select(["offset", "n", "memo", "date", "hour", "_boundary"]).to_pylist()
+    assert rows == [{"offset": 7, "n": 1, "memo": "one", "date": "2026-11-28", "hour": 21, "_boundary": None},
+                    {"offset": 9, "n": 2, "memo": None, "date": "2026-11-28", "hour": 21, "_boundary": None}]
+
+
+def test_a_typed_views_sql_names_its_own_table_and_tail():
+    view = view_sql("pipeline", Boundary({("t", 0): 5}, topic="t", value_format={}), table="t",
+                    columns=["key", "n", "date", "hour"])
+    assert view.startswith("ALTER VIEW `pipeline`.`t_live` AS SELECT `key`, `n`, `date`, `hour` FROM `pipeline`.`t` ")
+    assert "FROM `pipeline`.`t_tail` WHERE `_boundary` = '{" in view
+
+
+def test_a_registry_topics_tail_reads_each_value_with_its_writers_schema(registered):  # noqa: F811 - the fixture
+    """The format as the view's boundary carries it (JSON, the registry's SQLite store by path): each
+    framed value is read with its writer's schema from the store and resolved against the table's
+    (v1's missing age takes v2's default); an id the registry lacks is a dead letter, left out."""
+    import pyarrow as pa
+
+    from pipeline.table.live import format_from_json, format_to_json, typed_records_to_batch
+    from pipeline.table.values import ValueFormat
+    from tests.table.test_values_registry import V1, V2, framed
+
+    target, _, ids = registered
+    carried = Boundary({("users", 0): 0}, topic="users",
+                       value_format=format_to_json(ValueFormat.for_avro(V2, "confluent", registry=target)))
+    fmt = format_from_json(Boundary.decode(carried.encode()).value_format)
+    values = [framed(ids["v1"], V1, {"name": "ann"}), framed(999, V1, {"name": "lost"}),
+              framed(ids["v2"], V2, {"name": "bob", "age": 7})]
+    records = [SimpleNamespace(key=None, value=v, topic="users", partition=0, offset=o, timestamp=1_795_900_000_000,
+                               timestamp_type=0, headers=[]) for o, v in enumerate(values)]
+    schema = pa.schema([pa.field("offset", pa.int64()), pa.field("name", pa.string()), pa.field("age", pa.int32()),
+                        pa.field("date", pa.string()), pa.field("hour", pa.int32()), pa.field("_boundary", pa.string())])
+    batch = typed_records_to_batch(records, "users", fmt, frozenset(), schema)
+    assert batch.to_pylist() == [
+        {"offset": 0, "name": "ann", "age": -1, "date": "2026-11-28", "hour": 21, "_boundary": None},
+        {"offset": 2, "name": "bob", "age": 7, "date": "2026-11-28", "hour": 21, "_boundary": None}]
