@@ -37,7 +37,7 @@ import shutil
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable, Collection, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -54,7 +54,7 @@ from pipeline.table.schema import ARROW_SCHEMA
 from pipeline.table.staging import STAGING_DIR, StagedRecords, Staging, arrow_codec, stage_flush
 from pipeline.metadata.database import Target
 from pipeline.metadata.topics import TopicStore
-from pipeline.table.typed import (FlushTables, NoSchema, TopicFormat, build_flush, build_flush_from_columns,
+from pipeline.table.typed import (DEAD_LETTERS_TABLE, FlushTables, NoSchema, TopicFormat, build_flush, build_flush_from_columns,
                                   build_flush_from_wal)
 
 log = logging.getLogger(__name__)
@@ -490,11 +490,12 @@ class SparkGroupSink:
                 self._publish_live_typed(merged, stopped, bootstrap_servers)
 
     def _publish_live_typed(self, ends: dict[tuple[str, int], int], stopped: bool, bootstrap_servers: str) -> None:
-        """Each typed topic's live view at ``ends`` (``TableCatalog.publish_live_typed``), with the
-        format its values are decoded with now; once its ends or its format changed. A topic whose
-        format is ``NoSchema`` (its records are dead letters), or whose registry is a PostgreSQL
-        metadata store (the view would carry its credentials; a registry URL does not), has no view;
-        a failure is logged and leaves the other views as they are."""
+        """Each typed topic's live view, and the dead letters', at ``ends``
+        (``TableCatalog.publish_live_typed``), with the formats values are decoded with now; each
+        once its ends or its formats changed. A topic whose format is ``NoSchema`` (its records are
+        dead letters) has no view of its own; one whose registry is a PostgreSQL metadata store (the
+        view would carry its credentials; a registry URL does not) has none, and then neither has
+        ``dead_letters``. A failure is logged and leaves the other views as they are."""
         from pipeline.metadata.database import is_postgres_url
         from pipeline.table.live import format_to_json
         from pipeline.table.values import ValueFormat
@@ -505,24 +506,32 @@ class SparkGroupSink:
         except Exception as exc:  # noqa: BLE001 - a registry unreachable: the typed views wait
             log.warning("live view: typed topics' views not published: %s", str(exc).splitlines()[0] if str(exc) else exc)
             return
+        carried: dict[str, dict[str, Any]] = {}
         for topic, fmt in sorted(formats.items()):
-            if not isinstance(fmt, ValueFormat) or (fmt.registry is not None and is_postgres_url(fmt.registry)):
+            if isinstance(fmt, ValueFormat) and fmt.registry is not None and is_postgres_url(fmt.registry):
                 continue
-            value_format = format_to_json(fmt)
-            if fmt.registry is not None and "://" not in fmt.registry:  # the SQLite store: Spark's workers
-                value_format["registry"] = os.path.abspath(fmt.registry)  # may not share the server's cwd
-            boundary = Boundary({k: o for k, o in ends.items() if k[0] == topic}, frozenset(),
-                                catalog.config.day_topics, stopped=stopped, brokers=bootstrap_servers,
-                                topic=topic, value_format=value_format)
+            carried[topic] = format_to_json(fmt)
+            if isinstance(fmt, ValueFormat) and fmt.registry is not None and "://" not in fmt.registry:
+                # the SQLite store: Spark's workers may not share the server's working directory
+                carried[topic]["registry"] = os.path.abspath(fmt.registry)
+        day, views = catalog.config.day_topics, []
+        for topic, value_format in carried.items():
+            if isinstance(formats[topic], ValueFormat):  # a NoSchema topic's records are all dead letters
+                views.append((topic, Boundary({k: o for k, o in ends.items() if k[0] == topic}, frozenset(), day,
+                                              stopped=stopped, brokers=bootstrap_servers, topic=topic,
+                                              value_format=value_format)))
+        if len(carried) == len(formats):  # every typed topic's dead letters can be told apart in the tail
+            views.append((DEAD_LETTERS_TABLE, Boundary(ends, frozenset(), day, stopped=stopped,
+                                                       brokers=bootstrap_servers, dead_letter_formats=carried)))
+        for name, boundary in views:
             text = boundary.encode()
-            if self._live_published.get(topic) == text:
+            if self._live_published.get(name) == text:
                 continue
             try:
                 if catalog.publish_live_typed(boundary):
-                    self._live_published[topic] = text
+                    self._live_published[name] = text
             except Exception as exc:  # noqa: BLE001 - the records view and the table side go on
-                log.warning("live view of topic %r not published: %s", topic,
-                            str(exc).splitlines()[0] if str(exc) else exc)
+                log.warning("live view of %r not published: %s", name, str(exc).splitlines()[0] if str(exc) else exc)
 
     @property
     def catalog(self) -> TableCatalog:

@@ -412,8 +412,9 @@ class TableCatalog:
         self.spark.sql(live.view_sql(db, boundary))
 
     def publish_live_typed(self, boundary: live.Boundary) -> bool:
-        """Publish the live view of typed topic ``boundary.topic``'s table, ``<table>_live``, at
-        ``boundary`` (its ends, and the ``ValueFormat`` its tail decodes values with). The tail's
+        """Publish the live view of typed topic ``boundary.topic``'s table, or of ``dead_letters``
+        (``boundary.dead_letter_formats``), ``<table>_live``, at ``boundary`` (its ends, and the
+        format(s) its tail decodes values with). The tail's
         table, ``<table>_tail``, declares the typed table's columns: when they are not the table's
         any more (the topic's schema evolved, or first publication), the tail's table and the view
         are made again (two catalog calls each; a query in between does not find the view).
@@ -425,8 +426,12 @@ class TableCatalog:
         """
         from pipeline.table.layout import table_name_for_topic
 
-        assert boundary.topic is not None
-        db, table = self.config.database, table_name_for_topic(boundary.topic)
+        db = self.config.database
+        if boundary.dead_letter_formats is not None:
+            table = DEAD_LETTERS_TABLE
+        else:
+            assert boundary.topic is not None
+            table = table_name_for_topic(boundary.topic)
         if not self.spark.catalog.tableExists(f"{db}.{table}"):
             return False
         columns, ddl = live.typed_tail_columns(self.spark.table(f"`{db}`.`{table}`").schema)

@@ -60,7 +60,7 @@ from pipeline.table.schema import ARROW_SCHEMA, COLUMNS
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-    from pipeline.table.values import ValueFormat
+    from pipeline.table.typed import TopicFormat
 
 SOURCE_NAME = "pipeline_live"
 """The Python data source's name (``USING pipeline_live``)."""
@@ -114,6 +114,8 @@ class Boundary:
             records table's view.
         value_format: with ``topic``: how its values are decoded (``format_to_json`` of the
             ``ValueFormat`` the table side decodes them with when the view was published).
+        dead_letter_formats: the ``dead_letters`` table's view: every typed topic's format
+            (``format_to_json``; a ``NoSchema`` too), whose records that do not parse are its rows.
     """
 
     ends: Mapping[tuple[str, int], int] = field(default_factory=dict)
@@ -123,6 +125,7 @@ class Boundary:
     brokers: str = ""
     topic: str | None = None
     value_format: Mapping[str, Any] | None = None
+    dead_letter_formats: Mapping[str, Mapping[str, Any]] | None = None
 
     def encode(self) -> str:
         data: dict[str, Any] = {
@@ -132,6 +135,8 @@ class Boundary:
         }
         if self.topic is not None:
             data.update(topic=self.topic, format=self.value_format)
+        if self.dead_letter_formats is not None:
+            data["dead"] = self.dead_letter_formats
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -142,23 +147,32 @@ class Boundary:
             topic = data.get("topic")
             return cls({(str(t), int(p)): int(o) for t, p, o in data["ends"]}, frozenset(data["typed"]),
                        frozenset(data["day"]), bool(data["stopped"]), str(data["brokers"]),
-                       None if topic is None else str(topic), data.get("format") if topic is not None else None)
+                       None if topic is None else str(topic), data.get("format") if topic is not None else None,
+                       data.get("dead"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a live-view boundary: {text[:80]!r}") from exc
 
 
-def format_to_json(fmt: "ValueFormat") -> dict[str, Any]:
+def format_to_json(fmt: "TopicFormat") -> dict[str, Any]:
     """A typed topic's ``ValueFormat`` as JSON for its view's boundary: the arrow schema as base64
-    Arrow IPC, the rest as ``ValueFormat``'s fields (``format_from_json`` rebuilds it)."""
+    Arrow IPC, the rest as ``ValueFormat``'s fields (``format_from_json`` rebuilds it); a
+    ``NoSchema`` as its reason."""
+    from pipeline.table.typed import NoSchema
+
+    if isinstance(fmt, NoSchema):
+        return {"no_schema": fmt.reason}
     return {"kind": fmt.kind, "schema": base64.b64encode(fmt.schema.serialize().to_pybytes()).decode(),
             "avro_schema": fmt.avro_schema, "wire_format": fmt.wire_format, "registry": fmt.registry,
             "protobuf_schema": fmt.protobuf_schema, "protobuf_references": [list(r) for r in fmt.protobuf_references]}
 
 
-def format_from_json(data: Mapping[str, Any]) -> "ValueFormat":
+def format_from_json(data: Mapping[str, Any]) -> "TopicFormat":
     """Raises ValueError on JSON ``format_to_json`` did not write, or a format ``ValueFormat`` refuses."""
+    from pipeline.table.typed import NoSchema
     from pipeline.table.values import ValueFormat
 
+    if "no_schema" in data:
+        return NoSchema(str(data["no_schema"]))
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"])))
         return ValueFormat(data["kind"], schema, data["avro_schema"], data["wire_format"], data["registry"],
@@ -183,16 +197,17 @@ def _string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def table_filter_sql(ends: Mapping[tuple[str, int], int]) -> str:
-    """The table side's condition: ``offset`` below its partition's end (a literal nested map)."""
+def table_filter_sql(ends: Mapping[tuple[str, int], int], missing_end: int = 0) -> str:
+    """The table side's condition: ``offset`` below its partition's end (a literal nested map); a
+    partition not in ``ends`` has ``missing_end``."""
     if not ends:
-        return "false"
+        return "false" if missing_end == 0 else "true"
     by_topic: dict[str, list[tuple[int, int]]] = {}
     for (topic, partition), end in sorted(ends.items()):
         by_topic.setdefault(topic, []).append((partition, end))
     topics = ", ".join(
         f"{_string(topic)}, map({', '.join(f'{p}, {o}L' for p, o in parts)})" for topic, parts in by_topic.items())
-    return f"`offset` < coalesce(try_element_at(try_element_at(map({topics}), `topic`), `partition`), 0L)"
+    return f"`offset` < coalesce(try_element_at(try_element_at(map({topics}), `topic`), `partition`), {missing_end}L)"
 
 
 def view_sql(database: str, boundary: Boundary, create: bool = False, table: str = "records",
@@ -204,11 +219,13 @@ def view_sql(database: str, boundary: Boundary, create: bool = False, table: str
     last, as the catalog has them)."""
     names = ", ".join(_quote(c) for c in columns)
     name = f"`{database}`.`{table}{LIVE_SUFFIX}`"
+    # dead letters of a topic with no end (e.g. typed once, raw now) are all in the table
+    missing = 2**63 - 1 if boundary.dead_letter_formats is not None else 0
     head = (f"CREATE VIEW IF NOT EXISTS {name} "
             f"COMMENT 'pipeline.{table} plus the acknowledged records not yet committed, each once'"
             if create else f"ALTER VIEW {name}")
     return (f"{head} AS "
-            f"SELECT {names} FROM `{database}`.`{table}` WHERE {table_filter_sql(boundary.ends)} "
+            f"SELECT {names} FROM `{database}`.`{table}` WHERE {table_filter_sql(boundary.ends, missing)} "
             f"UNION ALL SELECT {names} FROM `{database}`.`{table}{TAIL_SUFFIX}` "
             f"WHERE `{BOUNDARY_COLUMN}` = {_string(boundary.encode())}")
 
@@ -379,7 +396,7 @@ def records_to_batch(records: Sequence[Any], day_topics: frozenset[str]) -> pa.R
     return _with_boundary(add_time_partitions(_records_table(records), day_topics))
 
 
-def typed_records_to_batch(records: Sequence[Any], topic: str, fmt: "ValueFormat", day_topics: frozenset[str],
+def typed_records_to_batch(records: Sequence[Any], topic: str, fmt: "TopicFormat", day_topics: frozenset[str],
                            schema: pa.Schema) -> pa.RecordBatch:
     """kafka-python ``ConsumerRecord``s of typed topic ``topic`` as the rows its table gets from them
     (``pipeline.table.typed.split_typed`` with ``fmt``, the table side's own decode: the raw columns,
@@ -398,5 +415,20 @@ def typed_records_to_batch(records: Sequence[Any], topic: str, fmt: "ValueFormat
     if typed is None:
         return pa.RecordBatch.from_pylist([], schema=schema)
     batch = _with_boundary(add_time_partitions(typed, day_topics))
+    columns = [batch.column(name).cast(field.type) for name, field in zip(schema.names, schema)]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def dead_letters_to_batch(records: Sequence[Any], fmt: "TopicFormat", day_topics: frozenset[str],
+                          schema: pa.Schema) -> pa.RecordBatch:
+    """kafka-python ``ConsumerRecord``s of one typed topic whose format is ``fmt`` as the
+    ``dead_letters`` rows the table side makes of them (``split_typed``: the records whose value does
+    not parse, with the reason in ``error``), partition columns and ``_boundary`` (null) appended,
+    in ``schema``'s column order and types (the tail table's)."""
+    from pipeline.table.typed import split_typed
+
+    topic = records[0].topic if records else ""
+    dead = split_typed(_records_table(records), {topic: fmt}).dead_letters
+    batch = _with_boundary(add_time_partitions(dead, day_topics))
     columns = [batch.column(name).cast(field.type) for name, field in zip(schema.names, schema)]
     return pa.RecordBatch.from_arrays(columns, schema=schema)

@@ -13,7 +13,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, EqualTo, InputP
 
 from pipeline.table.live import (
     BATCH_ROWS, BOUNDARY_COLUMN, LIVE_SUFFIX, READ_TIMEOUT_MS, SOURCE_NAME, TAIL_TABLE, Boundary, Bounds, TailPartition, tail_schema,
-    format_from_json, narrow, plan_tail, records_to_batch, typed_records_to_batch,
+    dead_letters_to_batch, format_from_json, narrow, plan_tail, records_to_batch, typed_records_to_batch,
 )
 
 if TYPE_CHECKING:
@@ -75,6 +75,9 @@ class LiveTailReader(DataSourceReader):
             return []
         if self.boundary.topic is not None:  # a typed topic's view reads that topic alone
             self.bounds.topics = {self.boundary.topic} & (self.bounds.topics or {self.boundary.topic})
+        elif self.boundary.dead_letter_formats is not None:  # the dead letters': the typed topics
+            typed = set(self.boundary.dead_letter_formats)
+            self.bounds.topics = typed & (self.bounds.topics if self.bounds.topics is not None else typed)
         consumer = _consumer(self.boundary.brokers, self.options)
         try:
             # Named topics are looked up alone: ``topics()`` always asks for fresh metadata, and when
@@ -138,13 +141,18 @@ class LiveTailReader(DataSourceReader):
         """Records -> rows of the records table, or of the typed topic's table the boundary names
         (decoded with its format: ``typed_records_to_batch``)."""
         day = boundary.day_topics
-        if boundary.topic is None or boundary.value_format is None:
+        dead = boundary.dead_letter_formats
+        if dead is None and (boundary.topic is None or boundary.value_format is None):
             return lambda rows: records_to_batch(rows, day)
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        topic, fmt = boundary.topic, format_from_json(boundary.value_format)
         assert self.schema is not None  # Spark gives the reader the table's schema
         schema = to_arrow_schema(self.schema, timezone="UTC")  # what Spark checks a batch against
+        if dead is not None:
+            formats = {t: format_from_json(f) for t, f in dead.items()}
+            return lambda rows: dead_letters_to_batch(rows, formats[rows[0].topic], day, schema)
+        assert boundary.topic is not None and boundary.value_format is not None
+        topic, fmt = boundary.topic, format_from_json(boundary.value_format)
         return lambda rows: typed_records_to_batch(rows, topic, fmt, day, schema)
 
 

@@ -65,10 +65,19 @@ def test_a_typed_topics_live_view_shows_each_good_record_at_once_and_once(multiq
             rows = session.sql(f"SELECT n, memo, `partition`, `offset` FROM {VIEW} WHERE n = {n}").collect()
             assert [tuple(r) for r in rows] == [(n, f"m{n}", *acked[n])], (n, rows)
 
-        # A dead letter is acknowledged and in no typed table.
+        # A dead letter is acknowledged and in no typed table; it is in dead_letters' own live view,
+        # which appears with that table (its first dead letter's commit), at once.
         bad_partition, bad_offset = produce(1000, b"not json")
         assert session.sql(f"SELECT count(*) FROM {VIEW} WHERE `partition` = {bad_partition} "
                            f"AND `offset` = {bad_offset}").first()[0] == 0
+        deadline = time.monotonic() + 60
+        while not session.catalog.tableExists("pipeline.dead_letters_live"):
+            assert time.monotonic() < deadline, "pipeline.dead_letters_live not published"
+            time.sleep(0.2)
+        bad_partition, bad_offset = produce(1001, b"{not json either")
+        rows = session.sql(f"SELECT error FROM pipeline.dead_letters_live WHERE topic = '{TOPIC}' "
+                           f"AND `partition` = {bad_partition} AND `offset` = {bad_offset}").collect()
+        assert len(rows) == 1 and rows[0][0], rows
 
         # Snapshots while a producer goes on: each acknowledged good record once.
         snapshots = []

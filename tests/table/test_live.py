@@ -206,6 +206,15 @@ def test_typed_tail_rows_are_the_rows_the_typed_table_gets():
     assert rows == [{"offset": 7, "n": 1, "memo": "one", "date": "2026-11-28", "hour": 21, "_boundary": None},
                     {"offset": 9, "n": 2, "memo": None, "date": "2026-11-28", "hour": 21, "_boundary": None}]
 
+    # The same records as dead_letters' tail (partitioned by topic and date) gives the one that did not parse.
+    from pipeline.table.live import dead_letters_to_batch
+
+    dead_schema = StructType([*SPARK_SCHEMA.fields, StructField("error", StringType()), StructField("date", StringType()),
+                              StructField("_boundary", StringType())])
+    dead = dead_letters_to_batch(records, fmt, frozenset(), to_arrow_schema(dead_schema, timezone="UTC")).to_pylist()
+    assert [(r["offset"], r["value"], r["date"]) for r in dead] == [(8, b"not json", "2026-11-28")]
+    assert dead[0]["error"]
+
 
 def test_a_typed_views_sql_names_its_own_table_and_tail():
     view = view_sql("pipeline", Boundary({("t", 0): 5}, topic="t", value_format={}), table="t",
