@@ -136,10 +136,10 @@ class LiveTailReader(DataSourceReader):
         finally:
             consumer.close()
 
-
     def _to_batch(self, boundary: Boundary) -> Callable[[list[Any]], pa.RecordBatch]:
-        """Records -> rows of the records table, or of the typed topic's table the boundary names
-        (decoded with its format: ``typed_records_to_batch``)."""
+        """Records (of one topic-partition) -> rows of the records table, of the typed topic's table
+        the boundary names (``typed_records_to_batch``), or of ``dead_letters``
+        (``dead_letters_to_batch``), each decoded with the format the boundary carries."""
         day = boundary.day_topics
         dead = boundary.dead_letter_formats
         if dead is None and (boundary.topic is None or boundary.value_format is None):
