@@ -230,6 +230,8 @@ class SparkGroupSink:
         self._decode_niceness = decode_niceness
         self._pool: ProcessPoolExecutor | None = None
         self._formats: dict[str, TopicFormat] = {}
+        self._flush_formats: dict[str, TopicFormat] | None = None
+        """The typed topics' formats the last flush was decoded with (``_current_formats``)."""
         self._live_published: dict[str, str] = {}
         """Typed topic -> the boundary its live view was last published at (``_publish_live_typed``)."""
         self._topic_store_target = topic_store
@@ -393,9 +395,9 @@ class SparkGroupSink:
         catalog = self._sink.catalog
         self._apply_topic_configs()
         topics = catalog.registry_topics()
-        if not topics:
-            return self._formats
-        return {**self._formats, **{t: catalog.registry_format(t) for t in topics}}
+        formats = self._formats if not topics else {**self._formats, **{t: catalog.registry_format(t) for t in topics}}
+        self._flush_formats = formats
+        return formats
 
     def _apply_topic_configs(self) -> None:
         """Take the topic store's configs over the configuration file's (one read of its change
@@ -486,12 +488,14 @@ class SparkGroupSink:
             merged = merge_ends(*every)
             catalog.publish_live(Boundary(merged, typed, catalog.config.day_topics, stopped=stopped,
                                           brokers=bootstrap_servers))
-            if typed:
-                self._publish_live_typed(merged, stopped, bootstrap_servers)
+        # Outside the hold: another broker's commits need not wait for these catalog calls, and an
+        # older boundary published after a newer one is still exact (below it all is in the table).
+        if typed:
+            self._publish_live_typed(merged, stopped, bootstrap_servers)
 
     def _publish_live_typed(self, ends: dict[tuple[str, int], int], stopped: bool, bootstrap_servers: str) -> None:
         """Each typed topic's live view, and the dead letters', at ``ends``
-        (``TableCatalog.publish_live_typed``), with the formats values are decoded with now; each
+        (``TableCatalog.publish_live_typed``), with the formats the last flush decoded values with; each
         once its ends or its formats changed. A topic whose format is ``NoSchema`` (its records are
         dead letters) has no view of its own; one whose registry is a PostgreSQL metadata store (the
         view would carry its credentials; a registry URL does not) has none, and then neither has
@@ -501,8 +505,8 @@ class SparkGroupSink:
         from pipeline.table.values import ValueFormat
 
         catalog = self._sink.catalog
-        try:
-            formats = self._current_formats()
+        try:  # the last flush's (so no registry call here); before the first, now's
+            formats = self._flush_formats if self._flush_formats is not None else self._current_formats()
         except Exception as exc:  # noqa: BLE001 - a registry unreachable: the typed views wait
             log.warning("live view: typed topics' views not published: %s", str(exc).splitlines()[0] if str(exc) else exc)
             return

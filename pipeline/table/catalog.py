@@ -441,7 +441,7 @@ class TableCatalog:
                 _, existing = live.typed_tail_columns(self.spark.table(f"`{db}`.`{table}{live.TAIL_SUFFIX}`").schema)
                 if existing != ddl:  # the table's columns changed: the tail's follow
                     self.spark.sql(f"DROP VIEW IF EXISTS `{db}`.`{table}{live.LIVE_SUFFIX}`")
-                    self.spark.sql(f"DROP TABLE `{db}`.`{table}{live.TAIL_SUFFIX}`")
+                    self.spark.sql(f"DROP TABLE IF EXISTS `{db}`.`{table}{live.TAIL_SUFFIX}`")
             self.spark.sql(live.tail_table_sql(db, table, ddl))
             self.spark.sql(live.view_sql(db, boundary, create=True, table=table, columns=columns))
             self._live_typed[table] = ddl
