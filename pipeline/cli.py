@@ -768,8 +768,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="table (default) or JSON lines (binary as base64)")
     sql.add_argument("--max-rows", type=positive_int, default=1000, help="rows to print (default 1000)")
     sql.add_argument("--committed", action="store_true",
-                     help="`records` is the committed table alone; by default it is the live view records_live "
-                          "(the table plus the records acknowledged and not committed yet, each once)")
+                     help="each table is the committed table alone; by default a table with a live view is "
+                          "that view (records_live, <typed table>_live, dead_letters_live: the table plus the "
+                          "records acknowledged and not committed yet, each once)")
     sql.set_defaults(func=cmd_sql)
     compact = sub.add_parser("compact", help="compact the table now (with the server stopped)")
     compact.add_argument("--config", type=Path, default=None, metavar="FILE",
