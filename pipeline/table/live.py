@@ -302,6 +302,10 @@ class Bounds:
     offset_lo: int = 0
     offset_hi: int = 2**63
 
+    def only_topics(self, topics: set[str]) -> None:
+        """Narrow to ``topics`` (a typed table's view reads its topic, the dead letters' the typed ones)."""
+        self.topics = set(topics) if self.topics is None else self.topics & topics
+
     def allows(self, topic: str, partition: int) -> bool:
         return ((self.topics is None or topic in self.topics)
                 and (self.partitions is None or partition in self.partitions)

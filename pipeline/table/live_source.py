@@ -74,10 +74,9 @@ class LiveTailReader(DataSourceReader):
         if self.boundary.stopped:
             return []
         if self.boundary.topic is not None:  # a typed topic's view reads that topic alone
-            self.bounds.topics = {self.boundary.topic} & (self.bounds.topics or {self.boundary.topic})
+            self.bounds.only_topics({self.boundary.topic})
         elif self.boundary.dead_letter_formats is not None:  # the dead letters': the typed topics
-            typed = set(self.boundary.dead_letter_formats)
-            self.bounds.topics = typed & (self.bounds.topics if self.bounds.topics is not None else typed)
+            self.bounds.only_topics(set(self.boundary.dead_letter_formats))
         consumer = _consumer(self.boundary.brokers, self.options)
         try:
             # Named topics are looked up alone: ``topics()`` always asks for fresh metadata, and when
