@@ -417,7 +417,7 @@ def test_every_live_view_snapshot_holds_each_acknowledged_record_once(cluster, c
     admin.create_topics([NewTopic(topic, 6, 1)])[topic].result(30)
     _until(lambda: _agreed(c, list(range(BROKERS)), topic, 6), "the topic's leaders agreed", c)
     wait_for_live_view(connect_spark, database=DATABASES[backend])
-    load = PacedLoad(c.bootstrap(), topic, per_producer=1_000).start()
+    load = PacedLoad(c.bootstrap(), topic, per_producer=500).start()
     snapshots = live_snapshots(connect_spark, DATABASES[backend], load)
     load.join()
     assert not load.errors, load.errors[:5]
