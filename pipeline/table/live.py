@@ -394,6 +394,12 @@ def _with_boundary(table: pa.Table) -> pa.RecordBatch:
         [], schema=table.schema)
 
 
+def _as_schema(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch``'s columns named in ``schema``, in its order, cast to its types (the tail table's)."""
+    columns = [batch.column(name).cast(field.type) for name, field in zip(schema.names, schema)]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
 def records_to_batch(records: Sequence[Any], day_topics: frozenset[str]) -> pa.RecordBatch:
     """kafka-python ``ConsumerRecord``s as one batch of the records table's columns plus ``_boundary``
     (null): the same values the table's decode gives (``pipeline.table.arrow.appends_to_table``)."""
@@ -418,9 +424,7 @@ def typed_records_to_batch(records: Sequence[Any], topic: str, fmt: "TopicFormat
     typed = split_typed(_records_table(records), {topic: fmt}).typed.get(topic)
     if typed is None:
         return pa.RecordBatch.from_pylist([], schema=schema)
-    batch = _with_boundary(add_time_partitions(typed, day_topics))
-    columns = [batch.column(name).cast(field.type) for name, field in zip(schema.names, schema)]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return _as_schema(_with_boundary(add_time_partitions(typed, day_topics)), schema)
 
 
 def dead_letters_to_batch(records: Sequence[Any], fmt: "TopicFormat", day_topics: frozenset[str],
@@ -433,6 +437,4 @@ def dead_letters_to_batch(records: Sequence[Any], fmt: "TopicFormat", day_topics
 
     topic = records[0].topic if records else ""
     dead = split_typed(_records_table(records), {topic: fmt}).dead_letters
-    batch = _with_boundary(add_time_partitions(dead, day_topics))
-    columns = [batch.column(name).cast(field.type) for name, field in zip(schema.names, schema)]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return _as_schema(_with_boundary(add_time_partitions(dead, day_topics)), schema)
