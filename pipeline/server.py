@@ -32,7 +32,7 @@ from pipeline.admin.apis import AdminApis, broker_configs
 from pipeline.config import Mode, ServerConfig
 from pipeline.metadata.topics import FILE as TOPIC_STORE_FILE, TopicStore
 from pipeline.cluster.membership import Cluster, DynamicCluster
-from pipeline.cluster.service import LeadershipService
+from pipeline.cluster.service import CommitEnds, LeadershipService
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.checkpoint import Checkpoint
 from pipeline.admin.topic_configs import TopicConfigs, broker_topic_defaults
@@ -61,7 +61,7 @@ from pipeline.network.listeners import (
 from pipeline.network.memory_pool import MemoryPool
 from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
-from pipeline.persist.persister import DEFAULT_WAL_POLICY, BatchingPersister
+from pipeline.persist.persister import DEFAULT_WAL_POLICY, BatchingPersister, offset_ranges
 from pipeline.persist.recovery import Recovered, TableSink, recover, recover_log, replay
 from pipeline.log.checkpoint import StateStore
 from pipeline.log.wal import WriteAheadLog
@@ -360,14 +360,18 @@ class Server:
             return self.config.log_retention_ms, self.config.log_retention_bytes
         return catalog.retention(topic)
 
-    def drain_wal(self, directory: Path) -> list[PartitionAppend]:
+    def drain_wal(self, directory: Path, ends: CommitEnds) -> list[PartitionAppend]:
         """A dead broker incarnation's WAL (``directory``: its ``wal/`` and checkpoint, as
         ``incarnation_dir`` lays them out): write the records after its checkpoint that the table lacks
         (``pipeline.persist.recovery.replay``; transactions are not served with leadership through the
-        database). Blocking; the sink started. Returns the appends after the checkpoint.
+        database), under the tables' lock. What the table holds of a partition is known from the end
+        its commits recorded (``ends.recorded``); the table is read only for the partitions without one.
+        The write records its partitions' ends as the persister's commits do (``ends.begin``/``done``).
+        Blocking; the sink started. Returns the appends after the checkpoint.
 
         Raises:
             pipeline.log.wal.WalCorruptionError: the WAL is damaged before its tail.
+            pipeline.metadata.brokers.FencedBrokerError: this broker is no longer a member (nothing written).
             Whatever Spark raises if the table cannot be read or written.
         """
         wal = WriteAheadLog(directory / "wal", segment_bytes=self.config.log_segment_bytes)
@@ -375,8 +379,22 @@ class Server:
             recovered = recover_log(wal, StateStore(directory))
         finally:
             wal.close()
-        replay(self.sink, recovered.backlog)
-        return [a for _, appends in recovered.backlog for a in appends]
+        appends = [a for _, entry in recovered.backlog for a in entry]
+        if not appends:
+            return appends
+        hold = self._table_lock()
+        with hold() if hold is not None else nullcontext():
+            ranges = offset_ranges(appends)
+            recorded = ends.recorded(ranges.keys())
+            unknown = {key: r for key, r in ranges.items() if key not in recorded}
+            present = self.sink.present_offsets(unknown) if unknown else set()
+            present |= {(a.topic, a.partition, o) for a in appends if (a.topic, a.partition) in recorded
+                        for o in range(a.base_offset, min(a.base_offset + a.record_count,
+                                                          recorded[(a.topic, a.partition)]))}
+            ends.begin(appends)
+            replay(self.sink, recovered.backlog, present=present)
+            ends.done(appends)
+        return appends
 
     def _live_publisher(self, endpoints: Sequence[tuple[str, str, int]],
                         ) -> Callable[[dict[tuple[str, int], int], bool], None] | None:
@@ -410,13 +428,18 @@ class Server:
         tables' lock: a commit by the partition's previous leader, which checks its membership
         and commits under that lock (``BatchingPersister(table_lock=...)``), lands either before
         this read or not at all."""
-        catalog = getattr(self.sink, "catalog", None)
         hold = self._table_lock() if self.dynamic else None
         with hold() if hold is not None else nullcontext():
-            if catalog is not None:
-                for owned in catalog.tables(topics):  # another broker's commits: not in this session's listing yet
-                    catalog.spark.catalog.refreshTable(owned.name)
+            self._refresh_tables(topics)
             return self.sink.end_offsets(topics)
+
+    def _refresh_tables(self, topics: Collection[str]) -> None:
+        """Drop this Spark session's cached relations of the tables holding ``topics`` (blocking):
+        another broker's commits and tables are not in them yet. One catalog call per table, no job."""
+        catalog = getattr(self.sink, "catalog", None)
+        if catalog is not None:
+            for owned in catalog.tables(topics):
+                catalog.spark.catalog.refreshTable(owned.name)
 
     def table_started(self) -> None:
         """The sink is started (call it in the trio thread): reads of offsets only the table holds
@@ -513,7 +536,8 @@ class Server:
             self.leadership = LeadershipService(
                 cluster, store_target(c.metadata_url, c.data_dir, CLUSTER_STORE_FILE), endpoints,
                 session_ms=c.broker_session_timeout_ms, heartbeat_ms=c.broker_heartbeat_interval_ms,
-                logs=self.logs, end_offsets=self._table_end_offsets, topics=lambda: self.catalog.all_topics(),
+                logs=self.logs, end_offsets=self._table_end_offsets, refresh_tables=self._refresh_tables,
+                topics=lambda: self.catalog.all_topics(),
                 incarnation=self.incarnation, data_dir=Path(c.data_dir), wal_path=self.wal_path,
                 drain_wal=self.drain_wal if self.wal_path is not None else None)
         broker = BrokerInfo(
@@ -542,6 +566,7 @@ class Server:
             maintains=self._is_controller if self.dynamic else None,
             log_listener=self.logs,
             before_table_write=self.leadership.before_table_write if self.leadership is not None else None,
+            after_table_write=self.leadership.after_table_write if self.leadership is not None else None,
             table_lock=self._table_lock() if self.dynamic else None,
             publish_live=self._live_publisher(endpoints),
         )

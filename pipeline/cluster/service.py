@@ -31,7 +31,10 @@ database, no home-made consensus), as KRaft brokers do with their controller
    - a partition it now leads is served once the prior leader handed off or is
      no longer a live member (a dead broker has nothing more to write): its log
      continues at the table's end offset (with ``--ack-on spark`` the table holds
-     exactly what was acknowledged) and its idempotent producers' state is taken
+     exactly what was acknowledged), as the partition's commits recorded it in the
+     database (``LeadershipStore.table_ends``; the table is read only for a
+     partition whose last commit is pending: its writer died within it), and its
+     idempotent producers' state is taken
      from the database (written before each table commit,
      ``LeadershipStore.record_producers``), so a producer's retry of a batch the
      table holds is answered as a duplicate; a group coordinator loads the
@@ -63,6 +66,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +82,28 @@ from pipeline.metadata.leadership import BrokerWal, Leadership, LeadershipStore,
 from pipeline.persist.persister import BatchingPersister
 
 log = logging.getLogger(__name__)
+
+
+def append_ends(appends: Sequence[PartitionAppend]) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> the offset after the last record of ``appends`` on it."""
+    ends: dict[tuple[str, int], int] = {}
+    for a in appends:
+        key = (a.topic, a.partition)
+        ends[key] = max(ends.get(key, 0), a.base_offset + a.record_count)
+    return ends
+
+
+@dataclass(frozen=True, slots=True)
+class CommitEnds:
+    """The recorded table ends (``LeadershipStore``'s ``table_ends``), for a table write outside the
+    persister (a dead broker's WAL drained, ``drain_wal``): ``recorded(keys)`` the ends commits recorded
+    (below one, every record of the partition is in the table; at and above, none), ``begin(appends)``
+    before the write (pending ends; raises ``FencedBrokerError`` when the writer is no longer a member),
+    ``done(appends)`` after it."""
+
+    recorded: Callable[[Collection[tuple[str, int]]], dict[tuple[str, int], int]]
+    begin: Callable[[Sequence[PartitionAppend]], None]
+    done: Callable[[Sequence[PartitionAppend]], None]
 
 
 def producer_batches(appends: Sequence[PartitionAppend]) -> list[ProducerBatch]:
@@ -119,7 +145,9 @@ class LeadershipService:
         session_ms, heartbeat_ms: ``broker.session.timeout.ms``, ``broker.heartbeat.interval.ms``.
         logs: the partitions' logs (reset when a partition is taken over).
         end_offsets: blocking; the table's (topic, partition) -> end offset over the rows of the
-            topics given.
+            topics given (read only for a partition whose end no commit recorded).
+        refresh_tables: blocking; forget what the broker's table reader cached of the tables of the
+            topics given (before a partition taken over is read, whatever gave its end); None: nothing cached.
         topics: the existing topics (name -> partitions), for the controller.
         on_fenced: called when this broker's membership is fenced; default: end the process
             (``os._exit(FENCED_STATUS)``).
@@ -129,16 +157,18 @@ class LeadershipService:
             registered before the broker serves anything; None (``--ack-on spark``): the table holds
             everything acknowledged, no WAL is drained and none waited for.
         drain_wal: with ``wal_path``: blocking; writes what the table lacks of the WAL in the directory
-            given (a dead broker's) and returns the appends it held after its checkpoint.
+            given (a dead broker's), keeping the recorded table ends (``CommitEnds``), and returns the
+            appends it held after its checkpoint.
     """
 
     def __init__(self, cluster: DynamicCluster, target: Target, endpoints: Sequence[Endpoint], *,
                  session_ms: int, heartbeat_ms: int, logs: LogManager,
                  end_offsets: Callable[[Collection[str]], dict[tuple[str, int], int]],
                  topics: Callable[[], dict[str, int]],
+                 refresh_tables: Callable[[Collection[str]], None] | None = None,
                  on_fenced: Callable[[], None] | None = None, incarnation: uuid.UUID | None = None,
                  data_dir: Path | None = None, wal_path: str | None = None,
-                 drain_wal: Callable[[Path], Sequence[PartitionAppend]] | None = None) -> None:
+                 drain_wal: Callable[[Path, CommitEnds], Sequence[PartitionAppend]] | None = None) -> None:
         if wal_path is not None and (data_dir is None or drain_wal is None):
             raise ValueError("wal_path needs data_dir and drain_wal")
         self.cluster = cluster
@@ -151,6 +181,7 @@ class LeadershipService:
         self.heartbeat_ms = heartbeat_ms
         self.logs = logs
         self.end_offsets = end_offsets
+        self.refresh_tables = refresh_tables
         self.topics = topics
         self.on_fenced = on_fenced or (lambda: os._exit(FENCED_STATUS))
         self.persister: BatchingPersister | None = None
@@ -175,6 +206,8 @@ class LeadershipService:
         """Dead brokers' WALs not drained yet (``--ack-on wal``): no partition is taken over meanwhile."""
         self._handing_off: set[tuple[str, int, int]] = set()
         self._loaded_epochs: dict[tuple[str, int], int] = {}  # the leader epoch each loaded partition was taken at
+        self.ends_read_from_table = 0
+        """Partitions taken over whose end offset was read from the table (no commit recorded it)."""
         self._changed = trio.Event()
         self._leaving = False
         """``unregister`` ended the lease: a heartbeat refused from then on is the clean stop's, not a fence."""
@@ -182,8 +215,8 @@ class LeadershipService:
     # -- wiring ----------------------------------------------------------------
 
     def before_table_write(self, appends: Sequence[PartitionAppend]) -> None:
-        """``BatchingPersister(before_table_write=...)``: write the commit's idempotent batches to the
-        database, fenced by this broker's membership (blocking).
+        """``BatchingPersister(before_table_write=...)``: write the commit's idempotent batches and its
+        partitions' pending table ends to the database, fenced by this broker's membership (blocking).
 
         Raises:
             FencedBrokerError: not a member (any more): the commit must not happen.
@@ -191,9 +224,19 @@ class LeadershipService:
         store, epoch = self.store, self.epoch
         if store is None or epoch is None:
             raise FencedBrokerError(f"broker {self.cluster.node_id} is not registered")
-        batches = producer_batches(appends)
-        if batches:
-            store.record_producers(self.cluster.node_id, epoch, batches)
+        store.record_producers(self.cluster.node_id, epoch, producer_batches(appends), append_ends(appends))
+
+    def after_table_write(self, appends: Sequence[PartitionAppend]) -> None:
+        """``BatchingPersister(after_table_write=...)``: the commit is in the table, its partitions' ends
+        are recorded (``LeadershipStore.commit_done``; blocking). A failure is logged: the ends stay
+        pending and a take-over reads those partitions' ends from the table."""
+        store = self.store
+        if store is None or not appends:
+            return
+        try:
+            store.commit_done(append_ends(appends))
+        except Exception as exc:  # noqa: BLE001 - the commit stands; only the take-over's shortcut is lost
+            log.warning("recording the table's end offsets after a commit failed: %s", exc)
 
     async def run(self, persister: BatchingPersister | None = None, coordinator: GroupCoordinatorService | None = None,
                   *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -398,7 +441,8 @@ class LeadershipService:
             if not await trio.to_thread.run_sync(store.claim_wal, wal.incarnation_id, node, epoch):
                 continue
             started = trio.current_time()
-            appends = await trio.to_thread.run_sync(self.drain_wal, self.data_dir / wal.path)
+            ends = CommitEnds(store.table_ends, self.before_table_write, self.after_table_write)
+            appends = await trio.to_thread.run_sync(self.drain_wal, self.data_dir / wal.path, ends)
             if await trio.to_thread.run_sync(store.wal_drained, wal.incarnation_id, node, epoch,
                                              producer_batches(appends)):
                 log.info("controller: drained broker %d's WAL (epoch %d, %s): %d records after its checkpoint "
@@ -517,10 +561,12 @@ class LeadershipService:
         if groups:
             await self._take(groups, self._load_groups)
         if partitions:
+            read_before, started = self.ends_read_from_table, trio.current_time()
             taken = await self._take(partitions, self._load_partitions)
             if taken:
-                log.info("broker %d leads %d more partition(s) now, continuing at the table's end offsets", me,
-                         len(taken))
+                log.info("broker %d leads %d more partition(s) now, continuing at the table's end offsets "
+                         "(%d read from the table, the others as their commits recorded them; %.2f s)", me,
+                         len(taken), self.ends_read_from_table - read_before, trio.current_time() - started)
 
     async def _load_groups(self, keys: set[tuple[str, int]]) -> None:
         """Load the groups of these ``__consumer_offsets`` partitions into the coordinator (if any)."""
@@ -529,11 +575,22 @@ class LeadershipService:
             await self.coordinator.load_groups(lambda g: offsets_partition(g) in numbers)
 
     async def _load_partitions(self, keys: set[tuple[str, int]]) -> None:
-        """Continue these partitions' logs at the table's end offsets, with their producers' states."""
+        """Continue these partitions' logs at the table's end offsets, with their producers' states.
+
+        Each end is the one its commits recorded (``LeadershipStore.table_ends``); the table is read
+        (``end_offsets``) only for the partitions without one: no commit recorded yet, or the last one
+        pending (its writer died within it)."""
         store = self.store
         assert store is not None
-        ends_all = await trio.to_thread.run_sync(self.end_offsets, {t for t, _ in keys})
-        ends = {key: ends_all.get(key, 0) for key in keys}
+        ends = await trio.to_thread.run_sync(store.table_ends, keys)
+        unknown = keys - ends.keys()
+        if unknown:  # the read refreshes what it reads
+            read = await trio.to_thread.run_sync(self.end_offsets, {t for t, _ in unknown})
+            ends |= await trio.to_thread.run_sync(store.settle_table_ends, {key: read.get(key, 0) for key in unknown})
+        recorded = {t for t, _ in keys} - {t for t, _ in unknown}
+        if recorded and self.refresh_tables is not None:
+            await trio.to_thread.run_sync(self.refresh_tables, recorded)
+        self.ends_read_from_table += len(unknown)
         batches = await trio.to_thread.run_sync(store.producers, ends)
         by_partition: dict[tuple[str, int], list[tuple[int, int, int, int, int]]] = {}
         for b in batches:

@@ -27,6 +27,14 @@ home-made consensus (issue 24):
   and drops the others (a commit that never happened), so a producer's retry of
   a batch the table already holds is answered as a duplicate after a move
   (exactly once across the move, KIP-98's sequence rules).
+- **table end offsets**: each partition's end offset in the table as its
+  commits record it (``begin_commit`` writes the commit's end as *pending*, in
+  the transaction that writes its producer batches, fenced by the writer's
+  membership; ``commit_done`` makes it the end once the commit is in the table).
+  A new leader takes a partition's end from here (``table_ends``) and reads the
+  table only for a partition whose last commit is still pending (its writer
+  died within it) or that has no row yet; retention dropping a partition's rows
+  leaves its end as it was, as Kafka's log end offset.
 - **broker WALs** (``--ack-on wal``): each broker incarnation registers the
   directory of its write-ahead log (on the shared volume) once it is a member.
   The WAL of an incarnation that is no longer a live member may hold acknowledged
@@ -44,7 +52,7 @@ when leadership changed, which brokers poll (pipeline.cluster.service).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.metadata.brokers import BrokerRegistry
@@ -104,8 +112,18 @@ CREATE TABLE IF NOT EXISTS retired_epochs (
 
 _SERVING = "ALTER TABLE partition_leaders ADD COLUMN serving INTEGER NOT NULL DEFAULT 1"
 
+_TABLE_ENDS = """
+CREATE TABLE IF NOT EXISTS table_ends (
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    end_offset BIGINT NOT NULL,
+    pending_end BIGINT,
+    PRIMARY KEY (topic, partition)
+)"""
+
 MIGRATIONS = (Migration(1, sqlite=_SCHEMA, postgresql=_SCHEMA), Migration(2, sqlite=_WALS, postgresql=_WALS),
-              Migration(3, sqlite=_RETIRED, postgresql=_RETIRED), Migration(4, sqlite=_SERVING, postgresql=_SERVING))
+              Migration(3, sqlite=_RETIRED, postgresql=_RETIRED), Migration(4, sqlite=_SERVING, postgresql=_SERVING),
+              Migration(5, sqlite=_TABLE_ENDS, postgresql=_TABLE_ENDS))
 
 BATCHES_KEPT = 5
 """Producer batches kept per (partition, producer) (Kafka ProducerStateEntry.NumBatchesToRetain)."""
@@ -294,8 +312,11 @@ class LeadershipStore:
 
     # -- idempotent producers --------------------------------------------------
 
-    def record_producers(self, node_id: int, broker_epoch: int, batches: Sequence[ProducerBatch]) -> None:
-        """Before a table commit: the commit's idempotent batches, written by ``node_id`` at ``broker_epoch``.
+    def record_producers(self, node_id: int, broker_epoch: int, batches: Sequence[ProducerBatch],
+                         ends: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Before a table commit: the commit's idempotent batches and, with ``ends`` ((topic, partition)
+        -> the offset after the commit's last record of it), each partition's end once the commit is in
+        (pending until ``commit_done``), written by ``node_id`` at ``broker_epoch`` in one transaction.
 
         Raises:
             FencedBrokerError: ``node_id`` is not a live member at ``broker_epoch`` (nothing written: the
@@ -306,6 +327,57 @@ class LeadershipStore:
                             "(topic, partition, producer_id, base_offset) DO NOTHING",
                             [(b.topic, b.partition, b.producer_id, b.producer_epoch, b.first_seq, b.last_seq,
                               b.base_offset) for b in batches])
+            if ends:
+                # A pending end only grows: a retry of a commit, or the next one after a pending that never
+                # became the end (its writer died: whoever takes the partition over reads the table).
+                cur.executemany("INSERT INTO table_ends VALUES (?, ?, 0, ?) ON CONFLICT (topic, partition) DO "
+                                "UPDATE SET pending_end = CASE WHEN table_ends.pending_end IS NULL OR "
+                                "table_ends.pending_end < excluded.pending_end THEN excluded.pending_end "
+                                "ELSE table_ends.pending_end END",
+                                [(t, p, end) for (t, p), end in sorted(ends.items())])
+
+    # -- table end offsets -------------------------------------------------------
+
+    def commit_done(self, ends: Mapping[tuple[str, int], int]) -> None:
+        """After a table commit of ``ends`` (as given to ``record_producers``): each partition's records
+        below its end are in the table. A pending end at or below it is cleared (one above it: a later
+        commit's, still pending). Not fenced: what it records is true whoever wrote the commit."""
+        with self._db.transaction() as cur:
+            cur.executemany("INSERT INTO table_ends VALUES (?, ?, ?, NULL) ON CONFLICT (topic, partition) DO "
+                            "UPDATE SET end_offset = CASE WHEN table_ends.end_offset < excluded.end_offset THEN "
+                            "excluded.end_offset ELSE table_ends.end_offset END, pending_end = CASE WHEN "
+                            "table_ends.pending_end <= excluded.end_offset THEN NULL ELSE table_ends.pending_end END",
+                            [(t, p, end) for (t, p), end in sorted(ends.items())])
+
+    def settle_table_ends(self, ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """A new leader read ``ends`` from the table (under the tables' lock, its prior leader gone): each
+        partition's end is the larger of that and its recorded one (retention may have dropped the rows
+        below it), and a pending commit is cleared (it landed, as far as the read found it, or never
+        will). Returns the ends now recorded."""
+        out: dict[tuple[str, int], int] = {}
+        with self._db.transaction() as cur:
+            for (topic, partition), end in sorted(ends.items()):
+                row = cur.execute("SELECT end_offset FROM table_ends WHERE topic = ? AND partition = ?"
+                                  f"{self._for_update}", (topic, partition)).fetchone()
+                out[(topic, partition)] = max(end, int(row[0])) if row is not None else end
+                cur.execute("INSERT INTO table_ends VALUES (?, ?, ?, NULL) ON CONFLICT (topic, partition) DO "
+                            "UPDATE SET end_offset = excluded.end_offset, pending_end = NULL",
+                            (topic, partition, out[(topic, partition)]))
+        return out
+
+    def table_ends(self, keys: Collection[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The recorded table end offset of each of ``keys`` whose commits are all done; a partition
+        with no row, or whose last commit is pending (its writer may have died within it), is missing:
+        read its end from the table, then ``commit_done`` it."""
+        wanted = set(keys)
+        out: dict[tuple[str, int], int] = {}
+        with self._db.transaction(write=False) as cur:
+            for topic in sorted({t for t, _ in wanted}):
+                for partition, end, pending in cur.execute(
+                        "SELECT partition, end_offset, pending_end FROM table_ends WHERE topic = ?", (topic,)):
+                    if (topic, int(partition)) in wanted and pending is None:
+                        out[(topic, int(partition))] = int(end)
+        return out
 
     def producers(self, ends: Mapping[tuple[str, int], int]) -> list[ProducerBatch]:
         """For a new leader of each partition of ``ends`` ((topic, partition) -> the table's end offset):
@@ -340,9 +412,11 @@ class LeadershipStore:
                 f">= {BATCHES_KEPT}").rowcount
 
     def forget_topic(self, topic: str) -> None:
-        """A deleted topic's producer states (its re-created partitions start from offset 0)."""
+        """A deleted topic's producer states and table end offsets (its re-created partitions start from
+        offset 0)."""
         with self._db.transaction() as cur:
             cur.execute("DELETE FROM producer_states WHERE topic = ?", (topic,))
+            cur.execute("DELETE FROM table_ends WHERE topic = ?", (topic,))
 
     # -- broker WALs (--ack-on wal) ------------------------------------------------
 

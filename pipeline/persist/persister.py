@@ -332,6 +332,9 @@ class BatchingPersister(Generic[FlushT]):
         before_table_write: called (in a worker thread) with a commit's appends before each try of
             its table write; raising fails that try (leadership through the database writes the
             commit's idempotent producer state first, fenced by the broker's membership).
+        after_table_write: called (in the worker thread, still under ``table_lock``) with a
+            commit's appends once its table write succeeded (leadership through the database
+            records each partition's new table end); it must not raise.
         table_lock: held (in the worker thread, blocking) around ``before_table_write`` and the
             table write of each try, so the fencing check and the commit are one step for
             anyone else holding it (a new leader reading the table's end); the sink's own
@@ -368,6 +371,7 @@ class BatchingPersister(Generic[FlushT]):
         backlog: Sequence[tuple[WalPosition, Sequence[PartitionAppend]]] = (),
         table_ready: bool = True,
         before_table_write: Callable[[Sequence[PartitionAppend]], None] | None = None,
+        after_table_write: Callable[[Sequence[PartitionAppend]], None] | None = None,
         table_lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
         publish_live: Callable[[dict[tuple[str, int], int], bool], None] | None = None,
     ) -> None:
@@ -408,6 +412,7 @@ class BatchingPersister(Generic[FlushT]):
         self._topics = dict(checkpoint.topics)
         self._listener = log_listener
         self._before_table_write = before_table_write
+        self._after_table_write = after_table_write
         self._table_lock = table_lock or contextlib.nullcontext
         self._checkpointed_position = checkpoint.wal_position  # of the last checkpoint saved
         self._checkpoint_lock = trio.Lock()
@@ -1047,12 +1052,15 @@ class BatchingPersister(Generic[FlushT]):
 
     def _commit(self, appends: Sequence[PartitionAppend], table: FlushT | None,
                 exclude: set[tuple[str, int, int]] | None) -> None:
-        """One try of a table write (blocking): ``before_table_write``, then the write, under ``table_lock``."""
+        """One try of a table write (blocking): ``before_table_write``, the write, then
+        ``after_table_write``, under ``table_lock``."""
         with self._table_lock():
             if self._before_table_write is not None:
                 self._before_table_write(appends)
             if table is not None:
                 self._sink.write(table, exclude)
+            if self._after_table_write is not None:
+                self._after_table_write(appends)
 
     async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: FlushT | None,
                            exclude: set[tuple[str, int, int]] | None = None) -> bool:

@@ -119,9 +119,13 @@ def recover_log(wal: WriteAheadLog, store: StateStore,
     return Recovered(checkpoint, stored, backlog)
 
 
-def replay(sink: TableSink, backlog: Backlog, policy: FlushPolicy = DEFAULT_POLICY) -> tuple[int, int]:
+def replay(sink: TableSink, backlog: Backlog, policy: FlushPolicy = DEFAULT_POLICY,
+           present: set[tuple[str, int, int]] | None = None) -> tuple[int, int]:
     """Step 3: write the backlog's records the table does not hold yet, in writes of at most
     ``policy``'s records and bytes (whole appends). Blocking.
+
+    ``present``: the backlog's (topic, partition, offset) rows the table holds, when the caller
+    knows them; None: read from the table (``TableSink.present_offsets``).
 
     Returns:
         (records written, records already in the table).
@@ -132,7 +136,8 @@ def replay(sink: TableSink, backlog: Backlog, policy: FlushPolicy = DEFAULT_POLI
     appends = [a for _, entry in backlog for a in entry]
     if not appends:
         return 0, 0
-    present = sink.present_offsets(offset_ranges(appends))
+    if present is None:
+        present = sink.present_offsets(offset_ranges(appends))
     total = sum(a.record_count for a in appends)
     if len(present) < total:
         for chunk in _chunks(appends, policy):

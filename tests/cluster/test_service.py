@@ -95,7 +95,8 @@ def test_with_ack_on_wal_a_dead_brokers_wal_is_drained_before_its_partition_is_t
     """Broker 0 (``--ack-on wal``) leads ``t``-0 and dies (its tasks end, its lease runs out). Broker 1,
     the controller then, moves the partition to itself but takes it over only once broker 0's WAL is
     drained (``drain_wal``, held here until released; the real one writes to the table:
-    tests/e2e/test_failover.py): the idempotent batch the WAL held joins the producer states, and
+    tests/e2e/test_failover.py): the idempotent batch the WAL held joins the producer states, broker 1
+    continues at the table end the drain recorded (the table read once, by broker 0's first load), and
     broker 0's next incarnation deletes the drained WAL's directory."""
     import threading
     from pathlib import Path
@@ -108,14 +109,17 @@ def test_with_ack_on_wal_a_dead_brokers_wal_is_drained_before_its_partition_is_t
     table_reads: list[set[str]] = []
     acked = PartitionAppend("t", 0, 40, b"", 10, 0, producer_id=7, producer_epoch=0, base_sequence=0)
 
-    def drain(directory: Path) -> list[PartitionAppend]:
+    def drain(directory: Path, ends) -> list[PartitionAppend]:
         drained.append(directory)
         assert release.wait(30)
+        assert ends.recorded([("t", 0)]) == {("t", 0): 40}  # broker 0's load recorded what it read
+        ends.begin([acked])  # what Server.drain_wal does around its table write of [40, 50)
+        ends.done([acked])
         return [acked]
 
     def end_offsets(topics) -> dict[tuple[str, int], int]:
         table_reads.append(set(topics))
-        return {("t", 0): 50}
+        return {("t", 0): 40}  # the table before the drain
 
     def service(node: int, wal_path: str) -> LeadershipService:
         return LeadershipService(DynamicCluster(node, "127.0.0.1", 9092 + node), db, ENDPOINT,
@@ -144,6 +148,9 @@ def test_with_ack_on_wal_a_dead_brokers_wal_is_drained_before_its_partition_is_t
             assert ("t", 0) not in second.cluster.loaded and {"t"} not in table_reads[1:]
             release.set()
             await _until(lambda: ("t", 0) in second.cluster.loaded, "broker 1 serves t-0")
+            # Broker 1 continues at the end the drain recorded, without reading the table.
+            assert second.logs.log_end_offset("t", 0) == 50
+            assert table_reads == [{"t"}] and second.ends_read_from_table == 0
             assert second.store is not None
             batches = await trio.to_thread.run_sync(second.store.producers, {("t", 0): 50})
             assert [(b.producer_id, b.base_offset) for b in batches] == [(7, 40)]

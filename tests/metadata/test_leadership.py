@@ -129,6 +129,41 @@ def test_producer_states_below_the_tables_end_are_kept_the_rest_dropped(metadata
         reader.close()
 
 
+def test_a_partitions_table_end_is_what_its_commits_recorded_and_unknown_while_a_commit_is_pending(metadata_target):
+    """``record_producers`` writes a commit's ends as pending (fenced by the writer's membership),
+    ``commit_done`` makes them the ends; a partition whose last commit is pending (its writer died within
+    it) or that has none is not in ``table_ends`` (a take-over reads the table), and ``settle_table_ends``
+    records what that read found, never below what commits recorded (retention may drop the rows)."""
+    writer, reader = LeadershipStore(metadata_target("cluster.db")), LeadershipStore(metadata_target("cluster.db"))
+    try:
+        epoch = _register(writer, 0)
+        keys = [("t", 0), ("t", 1), ("u", 0)]
+        assert reader.table_ends(keys) == {}
+        writer.record_producers(0, epoch, [], {("t", 0): 10, ("t", 1): 4})
+        assert reader.table_ends(keys) == {}  # pending: the commit may or may not be in the table
+        writer.commit_done({("t", 0): 10, ("t", 1): 4})
+        assert reader.table_ends(keys) == {("t", 0): 10, ("t", 1): 4}
+        # A retried commit (pending again at the same end), then the next one pending when its writer dies.
+        writer.record_producers(0, epoch, [], {("t", 0): 10})
+        writer.commit_done({("t", 0): 10})
+        writer.record_producers(0, epoch, [], {("t", 0): 25})
+        assert reader.table_ends(keys) == {("t", 1): 4}
+        writer.commit_done({("t", 0): 20})  # an older commit's late confirmation: the pending 25 stays
+        assert reader.table_ends(keys) == {("t", 1): 4}
+        # The new leader read the table: 18 (the pending commit's files did not land), below the 20 recorded.
+        assert reader.settle_table_ends({("t", 0): 18, ("u", 0): 0}) == {("t", 0): 20, ("u", 0): 0}
+        assert reader.table_ends(keys) == {("t", 0): 20, ("t", 1): 4, ("u", 0): 0}
+        writer.registry.fence(0)
+        with pytest.raises(FencedBrokerError):
+            writer.record_producers(0, epoch, [], {("t", 0): 30})
+        assert reader.table_ends([("t", 0)]) == {("t", 0): 20}  # the fenced commit left nothing pending
+        reader.forget_topic("t")
+        assert reader.table_ends(keys) == {("u", 0): 0}
+    finally:
+        writer.close()
+        reader.close()
+
+
 def test_a_dead_brokers_wal_is_drained_by_one_live_claimant_and_a_dead_claimants_claim_moves(metadata_target):
     a, b, c = (LeadershipStore(metadata_target("cluster.db")) for _ in range(3))
     try:
