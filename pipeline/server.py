@@ -387,6 +387,8 @@ class Server:
             ranges = offset_ranges(appends)
             recorded = ends.recorded(ranges.keys())
             unknown = {key: r for key, r in ranges.items() if key not in recorded}
+            if unknown:
+                self._fence_dead_writers(unknown.keys())
             present = self.sink.present_offsets(unknown) if unknown else set()
             present |= {(a.topic, a.partition, o) for a in appends if (a.topic, a.partition) in recorded
                         for o in range(a.base_offset, min(a.base_offset + a.record_count,
@@ -422,16 +424,37 @@ class Server:
         """The sink's hold on the shared tables (``SparkGroupSink.hold_table``), if it has one."""
         return getattr(self.sink, "hold_table", None)
 
-    def _table_end_offsets(self, topics: Collection[str]) -> dict[tuple[str, int], int]:
-        """The table's (topic, partition) -> end offset over the rows of ``topics``, as other
-        brokers left it (blocking). With leadership through the database it is read under the
-        tables' lock: a commit by the partition's previous leader, which checks its membership
-        and commits under that lock (``BatchingPersister(table_lock=...)``), lands either before
-        this read or not at all."""
+    def _table_end_offsets(self, keys: Collection[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The table's (topic, partition) -> end offset over the rows of the topics of ``keys``, as
+        other brokers left it (blocking). With leadership through the database it is read under the
+        tables' lock, after the commits in flight of ``keys`` by brokers that are no longer members
+        are fenced (``_fence_dead_writers``): a commit by the partition's previous leader, which
+        checks its membership and commits under that lock (``BatchingPersister(table_lock=...)``),
+        lands either before this read or not at all, even if that leader only stalled."""
+        topics = {t for t, _ in keys}
         hold = self._table_lock() if self.dynamic else None
         with hold() if hold is not None else nullcontext():
+            self._fence_dead_writers(keys)
             self._refresh_tables(topics)
             return self.sink.end_offsets(topics)
+
+    def _fence_dead_writers(self, keys: Collection[tuple[str, int]]) -> None:
+        """Holding the tables' lock: the brokers whose commit of one of ``keys`` is pending
+        (``LeadershipStore.pending_writers``) and that are not live members now have their staging
+        directory moved away (``SparkGroupSink.fence_staging``), so a commit of theirs still in
+        flight (a paused broker that wakes) cannot add a file after this. Blocking."""
+        store = self.leadership.store if self.leadership is not None else None
+        fence = getattr(self.sink, "fence_staging", None)
+        if store is None or fence is None:
+            return
+        writers = store.pending_writers(keys)
+        if not writers:
+            return
+        live = {m.node_id for m in store.registry.live_members()}
+        for node in sorted(writers - live):
+            if fence(node):
+                log.warning("broker %d died (or stalled) within a table commit: its staging directory is moved "
+                            "away, so nothing more of that commit lands", node)
 
     def _refresh_tables(self, topics: Collection[str]) -> None:
         """Drop this Spark session's cached relations of the tables holding ``topics`` (blocking):

@@ -54,9 +54,11 @@ leader's ``before_table_write`` (fenced by its membership) and its table write
 are one hold of the lock (``BatchingPersister(table_lock=...)``), and a new
 leader reads the table's end under it too, so the previous leader's commit
 lands before that read or not at all; ``_lease_watchdog`` stops a member before
-the database can expire it. Not covered: a commit job a dead broker submitted
-to the Spark Connect server runs on there, and a holder stalled past the
-lock's lease can commit after another took it.
+the database can expire it. A holder stalled within a commit past its lease is
+fenced by the reader: the stalled broker's staging directory is moved away
+first (``Server._fence_dead_writers``, ``SparkGroupSink.fence_staging``), so no
+file of its commit lands after the read. Not covered: a commit job a dead
+broker submitted to the Spark Connect server (rows Spark appends) runs on there.
 """
 
 from __future__ import annotations
@@ -145,7 +147,8 @@ class LeadershipService:
         session_ms, heartbeat_ms: ``broker.session.timeout.ms``, ``broker.heartbeat.interval.ms``.
         logs: the partitions' logs (reset when a partition is taken over).
         end_offsets: blocking; the table's (topic, partition) -> end offset over the rows of the
-            topics given (read only for a partition whose end no commit recorded).
+            topics of the partitions given (read only for partitions whose end no commit recorded;
+            it fences the commits of theirs in flight by brokers no longer members first).
         refresh_tables: blocking; forget what the broker's table reader cached of the tables of the
             topics given (before a partition taken over is read, whatever gave its end); None: nothing cached.
         topics: the existing topics (name -> partitions), for the controller.
@@ -163,7 +166,7 @@ class LeadershipService:
 
     def __init__(self, cluster: DynamicCluster, target: Target, endpoints: Sequence[Endpoint], *,
                  session_ms: int, heartbeat_ms: int, logs: LogManager,
-                 end_offsets: Callable[[Collection[str]], dict[tuple[str, int], int]],
+                 end_offsets: Callable[[Collection[tuple[str, int]]], dict[tuple[str, int], int]],
                  topics: Callable[[], dict[str, int]],
                  refresh_tables: Callable[[Collection[str]], None] | None = None,
                  on_fenced: Callable[[], None] | None = None, incarnation: uuid.UUID | None = None,
@@ -585,7 +588,7 @@ class LeadershipService:
         ends = await trio.to_thread.run_sync(store.table_ends, keys)
         unknown = keys - ends.keys()
         if unknown:  # the read refreshes what it reads
-            read = await trio.to_thread.run_sync(self.end_offsets, {t for t, _ in unknown})
+            read = await trio.to_thread.run_sync(self.end_offsets, unknown)
             ends |= await trio.to_thread.run_sync(store.settle_table_ends, {key: read.get(key, 0) for key in unknown})
         recorded = {t for t, _ in keys} - {t for t, _ in unknown}
         if recorded and self.refresh_tables is not None:

@@ -118,6 +118,7 @@ CREATE TABLE IF NOT EXISTS table_ends (
     partition INTEGER NOT NULL,
     end_offset BIGINT NOT NULL,
     pending_end BIGINT,
+    pending_writer INTEGER,
     PRIMARY KEY (topic, partition)
 )"""
 
@@ -330,11 +331,11 @@ class LeadershipStore:
             if ends:
                 # A pending end only grows: a retry of a commit, or the next one after a pending that never
                 # became the end (its writer died: whoever takes the partition over reads the table).
-                cur.executemany("INSERT INTO table_ends VALUES (?, ?, 0, ?) ON CONFLICT (topic, partition) DO "
+                cur.executemany("INSERT INTO table_ends VALUES (?, ?, 0, ?, ?) ON CONFLICT (topic, partition) DO "
                                 "UPDATE SET pending_end = CASE WHEN table_ends.pending_end IS NULL OR "
                                 "table_ends.pending_end < excluded.pending_end THEN excluded.pending_end "
-                                "ELSE table_ends.pending_end END",
-                                [(t, p, end) for (t, p), end in sorted(ends.items())])
+                                "ELSE table_ends.pending_end END, pending_writer = excluded.pending_writer",
+                                [(t, p, end, node_id) for (t, p), end in sorted(ends.items())])
 
     # -- table end offsets -------------------------------------------------------
 
@@ -343,10 +344,12 @@ class LeadershipStore:
         below its end are in the table. A pending end at or below it is cleared (one above it: a later
         commit's, still pending). Not fenced: what it records is true whoever wrote the commit."""
         with self._db.transaction() as cur:
-            cur.executemany("INSERT INTO table_ends VALUES (?, ?, ?, NULL) ON CONFLICT (topic, partition) DO "
+            cur.executemany("INSERT INTO table_ends VALUES (?, ?, ?, NULL, NULL) ON CONFLICT (topic, partition) DO "
                             "UPDATE SET end_offset = CASE WHEN table_ends.end_offset < excluded.end_offset THEN "
                             "excluded.end_offset ELSE table_ends.end_offset END, pending_end = CASE WHEN "
-                            "table_ends.pending_end <= excluded.end_offset THEN NULL ELSE table_ends.pending_end END",
+                            "table_ends.pending_end <= excluded.end_offset THEN NULL ELSE table_ends.pending_end END, "
+                            "pending_writer = CASE WHEN table_ends.pending_end <= excluded.end_offset THEN NULL "
+                            "ELSE table_ends.pending_writer END",
                             [(t, p, end) for (t, p), end in sorted(ends.items())])
 
     def settle_table_ends(self, ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
@@ -360,9 +363,22 @@ class LeadershipStore:
                 row = cur.execute("SELECT end_offset FROM table_ends WHERE topic = ? AND partition = ?"
                                   f"{self._for_update}", (topic, partition)).fetchone()
                 out[(topic, partition)] = max(end, int(row[0])) if row is not None else end
-                cur.execute("INSERT INTO table_ends VALUES (?, ?, ?, NULL) ON CONFLICT (topic, partition) DO "
-                            "UPDATE SET end_offset = excluded.end_offset, pending_end = NULL",
+                cur.execute("INSERT INTO table_ends VALUES (?, ?, ?, NULL, NULL) ON CONFLICT (topic, partition) DO "
+                            "UPDATE SET end_offset = excluded.end_offset, pending_end = NULL, pending_writer = NULL",
                             (topic, partition, out[(topic, partition)]))
+        return out
+
+    def pending_writers(self, keys: Collection[tuple[str, int]]) -> set[int]:
+        """The brokers (node ids) whose commit of one of ``keys`` is pending: begun, not known done."""
+        wanted = set(keys)
+        out: set[int] = set()
+        with self._db.transaction(write=False) as cur:
+            for topic in sorted({t for t, _ in wanted}):
+                for partition, writer in cur.execute(
+                        "SELECT partition, pending_writer FROM table_ends WHERE topic = ? AND pending_end IS NOT NULL",
+                        (topic,)):
+                    if (topic, int(partition)) in wanted and writer is not None:
+                        out.add(int(writer))
         return out
 
     def table_ends(self, keys: Collection[tuple[str, int]]) -> dict[tuple[str, int], int]:

@@ -33,8 +33,10 @@ import json
 import multiprocessing
 import logging
 import os
+import re
 import shutil
 import threading
+import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, Sequence
@@ -169,6 +171,15 @@ def _discard(flush: FlushTables) -> None:
                     os.unlink(f.path)
 
 
+def _staging_name(state_dir: str) -> str:
+    """A sink's staging directory name: its state directory's name for a cluster's broker
+    (``broker-<node.id>``, ``pipeline.server.state_dir``), else a hash of the state directory's path."""
+    base = os.path.basename(os.path.normpath(state_dir))
+    if re.fullmatch(r"broker-\d+", base):
+        return base
+    return hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:16]
+
+
 class SparkGroupSink:
     """The table side of the persister: Arrow conversion + Spark, blocking (worker thread).
 
@@ -285,20 +296,42 @@ class SparkGroupSink:
                 future.result()
 
     def _start_staging(self) -> Staging:
-        """This sink's staging directory, emptied: ``TABLE_DIR/_staging/<hash of the state
-        directory>`` (each broker of a cluster has its own state directory, so its own staging).
-        Whatever is there is left from a run that stopped before committing it, and the WAL
-        still holds those records."""
-        catalog = self._sink.catalog
-        table_dir = local_path(catalog.table_dir)
-        if table_dir is None:
-            raise RuntimeError(f"the records table {catalog.table_dir} is not on a local filesystem")
-        name = hashlib.sha256(os.path.abspath(self._state_dir).encode()).hexdigest()[:16]
-        directory = os.path.join(table_dir, STAGING_DIR, name)
+        """This sink's staging directory, emptied: ``TABLE_DIR/_staging/<name>``, ``broker-<node.id>``
+        for a cluster's broker (its state directory's name, so other brokers find it:
+        ``fence_staging``), else a hash of the state directory. Whatever is there is left from a run
+        that stopped before committing it, and the WAL still holds those records."""
+        directory = self._staging_path(_staging_name(self._state_dir))
         shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory)
         codec = arrow_codec(self._sink.spark.conf.get("spark.sql.parquet.compression.codec", "snappy") or "snappy")
-        return Staging(directory, catalog.config.day_topics, codec)
+        return Staging(directory, self._sink.catalog.config.day_topics, codec)
+
+    def _staging_path(self, name: str) -> str:
+        """``TABLE_DIR/_staging/<name>``."""
+        table_dir = local_path(self._sink.catalog.table_dir)
+        if table_dir is None:
+            raise RuntimeError(f"the records table {self._sink.catalog.table_dir} is not on a local filesystem")
+        return os.path.join(table_dir, STAGING_DIR, name)
+
+    def fence_staging(self, node_id: int) -> bool:
+        """Fence a dead broker's commit in flight (blocking; call it holding the tables' lock, once
+        ``node_id`` is no longer a live member): move its staging directory away (one ``rename``),
+        then delete it. A commit publishes a file by renaming it from there into its partition, so
+        each of that broker's files is either in the table before this (and any read after finds
+        it) or never: a zombie that wakes (SIGSTOP, a long GC pause) fails its next rename with
+        ENOENT. Returns whether there was a directory to move.
+
+        Raises:
+            OSError: the directory could not be moved (it is then still there).
+        """
+        directory = self._staging_path(f"broker-{node_id}")
+        fenced = f"{directory}.fenced-{uuid.uuid4().hex[:12]}"
+        try:
+            os.rename(directory, fenced)
+        except FileNotFoundError:
+            return False
+        shutil.rmtree(fenced, ignore_errors=True)
+        return True
 
     @property
     def staging(self) -> Staging:

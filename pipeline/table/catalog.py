@@ -19,6 +19,7 @@ which the journal deletes at the next start; after its swap, the old one.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -1023,8 +1024,19 @@ class TableCatalog:
 
 def _present(staged: StagedRecords, exclude: set[tuple[str, int, int]] | None, codec: str) -> list[StagedFile]:
     """The files of ``staged`` still in the staging directory (an earlier attempt moved the
-    others), each without the rows in ``exclude`` (``staging.without``)."""
+    others), each without the rows in ``exclude`` (``staging.without``).
+
+    Raises:
+        FileNotFoundError: a file is missing and so is the staging directory: another broker moved
+            it away (``SparkGroupSink.fence_staging``), and what is missing may never have been
+            committed.
+    """
     files = [f for f in staged.files if os.path.exists(f.path)]
+    if len(files) < len(staged.files):
+        directory = os.path.dirname(staged.files[0].path)
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(errno.ENOENT, "the staging directory is gone: another broker fenced this "
+                                    "commit (its broker is no longer a member)", directory)
     if exclude:
         kept = (without(f, exclude, codec) for f in files)
         files = [f for f in kept if f is not None]

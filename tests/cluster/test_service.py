@@ -117,8 +117,8 @@ def test_with_ack_on_wal_a_dead_brokers_wal_is_drained_before_its_partition_is_t
         ends.done([acked])
         return [acked]
 
-    def end_offsets(topics) -> dict[tuple[str, int], int]:
-        table_reads.append(set(topics))
+    def end_offsets(keys) -> dict[tuple[str, int], int]:
+        table_reads.append({t for t, _ in keys})
         return {("t", 0): 40}  # the table before the drain
 
     def service(node: int, wal_path: str) -> LeadershipService:
@@ -175,8 +175,8 @@ def test_a_coordinator_serves_its_groups_before_its_partitions_table_end_offsets
     release = threading.Event()
     reads: list[set[str]] = []
 
-    def end_offsets(topics) -> dict[tuple[str, int], int]:
-        reads.append(set(topics))
+    def end_offsets(keys) -> dict[tuple[str, int], int]:
+        reads.append({t for t, _ in keys})
         assert release.wait(30)
         return {("t", 0): 5}
 

@@ -185,3 +185,43 @@ def test_with_the_database_lock_a_write_waits_while_another_broker_holds_it(conn
         sink.stop()
         mine.close()
         other.close()
+
+
+@pytest.mark.slow
+def test_a_commit_stalled_past_its_brokers_lease_lands_nothing_after_another_broker_fences_it(spark, tmp_path):
+    """A broker stalls within a table commit (SIGSTOP, a long GC pause) past its lease; the partition's new
+    leader finds the commit pending and, holding the tables' lock, moves the stalled broker's staging
+    directory away (``SparkGroupSink.fence_staging``) before it reads the table's end. What the stalled
+    commit renamed into the table before is there for that read; when it wakes, the rest of its commit
+    fails (its next rename), and so does a retry (the staging directory is gone), so nothing of it lands
+    after the read and it never records the commit as done."""
+    from pipeline.table.staging import StagedRecords
+
+    config = TableConfig(database=unique_database())
+    data_dir = tmp_path / "data"
+    stalled, successor = (SparkGroupSink(data_dir, spark=spark, table_config=config, decode_in_subprocess=False,
+                                         state_dir=data_dir / "_pipeline" / f"broker-{i}") for i in range(2))
+    try:
+        stalled.start()
+        successor.start()
+        flush = stalled.to_table([PartitionAppend("t", 0, 0, rc.record_batch([b"a", b"b"]), 2, 0),
+                                  PartitionAppend("u", 0, 0, rc.record_batch([b"c"]), 1, 0)])
+        assert isinstance(flush.records, StagedRecords)
+        files = sorted(flush.records.files, key=lambda f: f.ranges[0][0])  # "t"'s file, then "u"'s
+        assert [f.ranges[0][0] for f in files] == ["t", "u"]
+        assert os.path.dirname(files[0].path).endswith(os.path.join("_staging", "broker-0"))
+        stalled.catalog.commit_staged(StagedRecords(files[:1]))  # its first rename, then the stall
+
+        assert successor.fence_staging(0)
+        assert successor.end_offsets() == {("t", 0): 2}  # the read after the fence finds what landed before it
+        with pytest.raises(FileNotFoundError):
+            stalled.catalog.commit_staged(StagedRecords(files[1:]))  # it wakes: the next rename
+        with pytest.raises(FileNotFoundError):
+            stalled.write(flush)  # the persister's retry of the whole flush
+        assert successor.end_offsets() == {("t", 0): 2}
+        assert not successor.fence_staging(0)  # nothing left to move
+        assert successor.fence_staging(1) and not os.path.isdir(successor.staging.directory)
+    finally:
+        spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
+        for sink in (stalled, successor):
+            sink.stop()
