@@ -516,6 +516,10 @@ class KafkaApis:
             verdict = state.producers.check(info.producer_id, info.producer_epoch, part.topic,
                                            part.partition, info.base_sequence, info.last_sequence)
             if verdict.verdict is Verdict.ERROR:
+                # As Kafka's ReplicaManager logs a failed append (OutOfOrderSequenceException, ...).
+                log.info("%s-%d: producer %d epoch %d batch of sequences %d-%d refused (%s)", part.topic,
+                         part.partition, info.producer_id, info.producer_epoch, info.base_sequence,
+                         info.last_sequence, ErrorCode(verdict.error_code).name.upper())
                 results[index] = PartitionResult(part.topic, part.partition, verdict.error_code)
                 continue
             if verdict.verdict is Verdict.DUPLICATE:

@@ -28,7 +28,13 @@ starts again (a new incarnation), registers, and gets its partitions back.
   after the kill is acknowledged by a live broker, before the victim restarts); how long after the
   kill is printed, with when the controller moved them and when their new leaders took them over
   (a speed figure, in docs/benchmarks.md, not asserted: issue 24 asks for 15 s);
-* the killed broker rejoins and leads partitions again (leadership rebalances);
+* the killed broker rejoins and leads partitions again (leadership rebalances); every take-over
+  from the kill on continues at the end offset the partition's commits recorded, none reads the table;
+* then another broker (neither the controller nor the group's coordinator) is paused (SIGSTOP of
+  its tree) while one of its table commits is pending in the database, past its lease, while the
+  producers go on: its partitions move, the broker that finds the commit pending fences it (moves
+  its staging directory away) before reading the table, and the paused broker, resumed, ends fenced
+  and starts again (as its supervisor would);
 * the table maintenance moved with the controller: a surviving broker compacts after the kill;
 * afterwards every acknowledged record is in the table exactly once, at the offset its producer was told,
   offsets 0..n-1 per partition in send order per producer, nothing else in the table;
@@ -46,13 +52,14 @@ import functools
 import json
 import os
 import signal
-import subprocess
 import re
+import subprocess
 import sys
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import pytest
@@ -221,9 +228,14 @@ class HostBroker:
 
     def start(self) -> None:
         self._ending = False
+        threading.Thread(target=self._supervise, args=(self._spawn(),), daemon=True,
+                         name=f"broker-{self.node_id}-supervisor").start()
+
+    def _spawn(self) -> subprocess.Popen:
         self.listening = listening = threading.Event()
         with open(self.log_path, "ab") as log:
-            # No orphans: SIGKILL when the test process dies (PR_SET_PDEATHSIG, kept across ip netns exec's exec).
+            # No orphans: SIGKILL when the thread that starts it ends (PR_SET_PDEATHSIG, kept across ip netns
+            # exec's exec): the test's thread, or the supervisor's, which outlives what it starts.
             self.proc = proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                                                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, process_group=0,
                                                 preexec_fn=functools.partial(die_with_parent, os.getpid()))
@@ -234,17 +246,17 @@ class HostBroker:
                     listening.set()
 
         threading.Thread(target=read, daemon=True, name=f"broker-{self.node_id}-stdout").start()
-        threading.Thread(target=self._supervise, args=(proc,), daemon=True,
-                         name=f"broker-{self.node_id}-supervisor").start()
+        return proc
 
     def _supervise(self, proc: subprocess.Popen) -> None:
-        """Start the broker again when ``proc`` ends fenced and the test did not end it."""
-        if proc.wait() == FENCED_STATUS and not self._ending and self.proc is proc:
+        """Start the broker again, from this thread, each time it ends fenced and the test did not end it
+        (PR_SET_PDEATHSIG ties a process to the thread that started it: this one waits on it next)."""
+        while proc.wait() == FENCED_STATUS and not self._ending and self.proc is proc:
             self.fenced_restarts += 1
             with open(self.log_path, "a") as log:
                 log.write(f"--- the test: broker {self.node_id} ended fenced (status {FENCED_STATUS}); "
                           "started again, as its supervisor would\n")
-            self.start()
+            proc = self._spawn()
 
     def wait_listening(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -468,12 +480,50 @@ def _read_from(bootstrap: str, topic: str, starts: dict[int, int], timeout_s: fl
     return {p: f"{len(o)} records" + (f" {o[0]}-{o[-1]}" if o else "") for p, o in got.items()}
 
 
-def _takeover_times(brokers: list[HostBroker], killed_wall: float,
-                    restarted_wall: float) -> tuple[float, float, int]:
+FENCED_COMMIT = "within a table commit: its staging directory is moved away"
+"""What a broker logs when it fences a commit another broker left pending (``Server._fence_dead_writers``)."""
+
+
+def _signal_tree(broker: HostBroker, sig: signal.Signals) -> None:
+    """``sig`` to the broker's whole process tree (SIGSTOP: a frozen host, a long GC pause)."""
+    for process in broker.tree():
+        try:
+            process.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _pause_within_a_commit(broker: HostBroker, url: str, topic: str, produce: Callable[[], None],
+                           timeout_s: float = 90.0) -> int:
+    """SIGSTOP ``broker``'s process tree while one of its table commits of ``topic`` is pending in the
+    database (between ``record_producers`` and ``commit_done``: it holds the tables' lock within a
+    commit), calling ``produce`` between looks so that commits keep coming. A stop that came after the
+    commit ended is undone and tried again. Returns how many tries it took."""
+    import psycopg
+
+    query = "SELECT count(*) FROM table_ends WHERE topic = %s AND pending_writer = %s"
+    deadline = time.monotonic() + timeout_s
+    tries = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            assert time.monotonic() < deadline, f"broker {broker.node_id} was not caught within a commit"
+            produce()
+            if not conn.execute(query, (topic, broker.node_id)).fetchone()[0]:
+                time.sleep(0.005)
+                continue
+            tries += 1
+            _signal_tree(broker, signal.SIGSTOP)
+            if conn.execute(query, (topic, broker.node_id)).fetchone()[0]:
+                return tries
+            _signal_tree(broker, signal.SIGCONT)  # the commit ended before the stop: again
+
+
+def _takeover_times(brokers: list[HostBroker], killed_wall: float, restarted_wall: float,
+                    until_wall: float) -> tuple[float, float, int]:
     """From the brokers' logs (``time.time()`` instants): seconds from the kill to the first
     controller move after it and to the last take-over ("leads N more partition(s)") before the
-    victim's restart, and how many partitions taken over since the kill had their end offset read
-    from the table (not as their commits recorded it)."""
+    victim's restart, and how many partitions taken over from the kill to ``until_wall`` had their
+    end offset read from the table (not as their commits recorded it)."""
     moved, taken, read = [], [], 0
     for b in brokers:
         for line in b.log_path.read_text(errors="replace").splitlines():
@@ -481,7 +531,7 @@ def _takeover_times(brokers: list[HostBroker], killed_wall: float,
                 when = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000
             except ValueError:
                 continue
-            if when >= killed_wall and "more partition(s) now" in line:
+            if killed_wall <= when < until_wall and "more partition(s) now" in line:
                 found = re.search(r"\((\d+) read from the table", line)
                 assert found, line
                 read += int(found.group(1))
@@ -521,7 +571,11 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
             future.result(60)
 
-        acked: dict[tuple[int, int], tuple[int, int, float]] = {}  # (producer, i) -> (partition, offset, when)
+        # (producer, i) -> (partition, offset, when). The offset is None for a record librdkafka acknowledged
+        # implicitly: sent in a request that timed out (to a paused broker that had committed it), then
+        # known persisted once a later request of the same producer and partition was acknowledged
+        # (rd_kafka_dr_implicit_ack): its delivery report carries no offset.
+        acked: dict[tuple[int, int], tuple[int, int | None, float]] = {}
         errors: list[str] = []
         duplicates: list[tuple[int, int]] = []
         lock = threading.Lock()
@@ -631,10 +685,49 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         while victim_id not in _leaders(admin, TOPIC).values():
             assert time.monotonic() < deadline, f"leadership did not rebalance\n{logs()}"
             time.sleep(0.5)
-        for _ in range(third):
+
+        # A broker paused within a table commit past its lease, while the producers go on (issue 34): one
+        # that is neither the controller nor the group's coordinator now, stopped (SIGSTOP, its whole
+        # tree) while its commit is pending in the database. Its partitions move; their new leaders
+        # (or, with --ack-on wal, the controller draining its WAL) find the commit pending and fence
+        # it (its staging directory moved away) before they read the table. Then it wakes (SIGCONT),
+        # finds its lease gone, ends fenced and is started again.
+        store = LeadershipStore(url)
+        try:
+            others = {controller_now[0] for controller_now in [store.controller()] if controller_now is not None}
+            coordinator_now = store.assignment().get((OFFSETS_TOPIC, offsets_partition(GROUP)))
+            others |= {coordinator_now.leader_id} if coordinator_now is not None else set()
+        finally:
+            store.close()
+        leading = set(_leaders(admin, TOPIC).values())
+        paused = next(b for b in sorted(brokers, key=lambda b: (b.node_id in others, b.node_id))
+                      if b.node_id in leading)
+        paused_logged = {b.node_id: b.log_path.stat().st_size for b in brokers}
+
+        def produce_one() -> None:  # ~100 records/s from each producer until the pause: commits keep coming
             for j in range(PRODUCERS):
                 send(j, sent[j])
                 sent[j] += 1
+            time.sleep(0.01)
+
+        tries = _pause_within_a_commit(paused, url, TOPIC, produce_one)
+        paused_wall = time.time()
+        for _ in range(third):  # and on while it is paused: its partitions' records wait for their move
+            produce_one()
+        deadline = time.monotonic() + 120
+        while not any(FENCED_COMMIT in _log_since(b, paused_logged[b.node_id]) for b in brokers if b is not paused):
+            assert time.monotonic() < deadline, f"the paused broker's pending commit was not fenced\n{logs()}"
+            time.sleep(0.5)
+        fenced_before = paused.fenced_restarts
+        _signal_tree(paused, signal.SIGCONT)
+        deadline = time.monotonic() + 120
+        while paused.fenced_restarts == fenced_before:
+            assert time.monotonic() < deadline, f"the paused broker did not end fenced once resumed\n{logs()}"
+            time.sleep(0.2)
+        paused.wait_listening()
+        print(f"broker {paused.node_id} paused within a commit ({tries} tries), fenced by "
+              f"{[b.node_id for b in brokers if FENCED_COMMIT in _log_since(b, paused_logged[b.node_id])]}, "
+              f"resumed, ended fenced and started again")
         flush(240)
         assert not errors, errors[:5]
         assert not duplicates, duplicates[:5]
@@ -668,7 +761,8 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
 
         ends: dict[int, int] = defaultdict(int)
         for p, o, _ in acked.values():
-            ends[p] = max(ends[p], o + 1)
+            if o is not None:  # an implicitly acknowledged record is below a later one's offset
+                ends[p] = max(ends[p], o + 1)
         try:
             group.wait_for(ends, 180)
         except AssertionError as e:
@@ -700,7 +794,16 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
                                 f"WHERE topic = '{TOPIC}'", remote=connect.url)
     table = {(r["partition"], r["offset"]): r["v"] for r in rows}
     assert len(rows) == len(table), "an offset is written twice"
-    assert table == {(p, o): f"{j}:{i}" for (j, i), (p, o, _) in acked.items()}, "a record missing or extra"
+    told = {(p, o): f"{j}:{i}" for (j, i), (p, o, _) in acked.items() if o is not None}
+    implicit = {f"{j}:{i}": p for (j, i), (p, o, _) in acked.items() if o is None}
+    # Each record at the offset its producer was told, each implicitly acknowledged one once at an offset no
+    # other record was told, and nothing else.
+    assert {k: v for k, v in table.items() if k in told} == told, "an acknowledged record missing"
+    rest = {k: v for k, v in table.items() if k not in told}
+    assert sorted(rest.values()) == sorted(implicit), "a record the producers were not told of, or one missing"
+    assert all(implicit[v] == p for (p, _), v in rest.items()), "an implicitly acknowledged record elsewhere"
+    print(f"the table: {len(table)} records, each once, {len(implicit)} of them acknowledged without an offset "
+          f"(implicitly, after a request to the paused broker timed out)")
     by_partition: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     for (p, o), v in table.items():
         j, i = (int(x) for x in v.split(":"))
@@ -749,7 +852,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             next_offset[p] = o + 1
     assert set(first) == set(table), "the group did not consume every record of the table"
     crashes = sorted({line["crash"][:80] for _, line in group.lines if "crash" in line})
-    moved_at, taken_at, ends_read = _takeover_times(brokers, killed_wall, restarted_wall)
+    moved_at, taken_at, ends_read = _takeover_times(brokers, killed_wall, restarted_wall, paused_wall)
     print(f"after the kill: partitions moved by the controller at {moved_at:.1f} s, taken over by their "
           f"new leaders at {taken_at:.1f} s ({ends_read} end offsets read from the table), served (probe "
           f"acknowledged) at {max(moved_after.values()):.1f} s; "
@@ -758,6 +861,6 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
           f"{sum(1 for _, line in group.lines if 'join' in line)} joins, "
           f"{sum(1 for _, line in group.lines if 'crash' in line)} crashes {crashes}; "
           f"fenced restarts {[b.fenced_restarts for b in brokers]}")
-    # Every take-over since the kill (the moved partitions, then their return) continued at the end the
-    # partition's commits (or the dead broker's WAL drain) recorded in the database: no table read.
+    # Every take-over from the kill to the pause (the moved partitions, then their return) continued at the
+    # end the partition's commits (or the dead broker's WAL drain) recorded in the database: no table read.
     assert ends_read == 0, f"{ends_read} take-over(s) read their end offset from the table\n{_move_lines(brokers)}"
