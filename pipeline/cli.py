@@ -179,12 +179,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         started = time.monotonic()
         recovered = server.recover_log() if early else server.recover()
         took = time.monotonic() - started
+        # The phase first: a /readyz answered after this line is logged no longer says "recovering".
+        _set_phase(endpoint, "STARTING_LISTENER")
         log.info("recovery done in %.2f s (recovered: %d partitions, %d producer batches, %d records "
                  "%s)", took, len(recovered.checkpoint.end_offsets), len(recovered.checkpoint.producers),
                  recovered.backlog_records if early else recovered.replayed_records,
                  "in the WAL after the checkpoint, for the table once Spark is up" if early
                  else "replayed from the WAL", extra={"stage": "recovery", "seconds": round(took, 3)})
-        _set_phase(endpoint, "STARTING_LISTENER")
         signals.defer()
     except StartupInterrupted as exc:
         _set_phase(endpoint, "STOPPING")
