@@ -35,8 +35,12 @@ starts again (a new incarnation), registers, and gets its partitions back.
   producers go on: its partitions move, the broker that finds the commit pending fences it (moves
   its staging directory away) before reading the table, and the paused broker, resumed, ends fenced
   and starts again (as its supervisor would);
+* then a third broker's link is cut, past its lease, while an idempotent producer inside its own
+  namespace (``tests/e2e/inner_producer.py``, reaching only that broker) and the others go on: the
+  cut broker ends fenced, and once its link is back it starts again, and the inner producer's
+  records are delivered;
 * the table maintenance moved with the controller: a surviving broker compacts after the kill;
-* afterwards every acknowledged record is in the table exactly once, at the offset its producer was told,
+* afterwards every acknowledged record (from any producer) is in the table exactly once, at the offset its producer was told,
   offsets 0..n-1 per partition in send order per producer, nothing else in the table;
 * a consumer group of two kafkajs and two confluent-kafka members, consuming the whole time, read every record of the table
   in offset order per partition: the first delivery of each offset follows the first delivery of
@@ -80,6 +84,8 @@ pytestmark = pytest.mark.slow
 PARTITIONS = 6
 PRODUCERS = 2
 PER_PRODUCER = 1500
+INNER, INNER_COUNT = PRODUCERS, 400
+"""The producer inside a cut host's namespace: its id in the records' values, and how many it sends."""
 """Records each producer sends: a third before the kill, a third while the partitions move, a third after
 the victim rejoined."""
 BROKERS = 3
@@ -221,6 +227,10 @@ class HostBroker:
         for its heartbeats on a loaded runner) and was started again, as ``Restart=on-failure`` does
         (deploy/pipeline.service)."""
         self._ending = False  # kill() or stop(): its end is the test's doing, not restarted
+        self.restart_gate = threading.Event()
+        """Set: a broker that ends fenced is started again at once; cleared: once it is set again (a host
+        whose link is down would start a broker that cannot reach the database)."""
+        self.restart_gate.set()
 
     @property
     def address(self) -> str:
@@ -256,6 +266,9 @@ class HostBroker:
             with open(self.log_path, "a") as log:
                 log.write(f"--- the test: broker {self.node_id} ended fenced (status {FENCED_STATUS}); "
                           "started again, as its supervisor would\n")
+            self.restart_gate.wait()
+            if self._ending:
+                return
             proc = self._spawn()
 
     def wait_listening(self) -> None:
@@ -728,10 +741,63 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         print(f"broker {paused.node_id} paused within a commit ({tries} tries), fenced by "
               f"{[b.node_id for b in brokers if FENCED_COMMIT in _log_since(b, paused_logged[b.node_id])]}, "
               f"resumed, ended fenced and started again")
+
+        # A broker cut off from the network past its lease while it runs, with a producer inside its own
+        # namespace going on (issue 34): the one with the lowest id that was not paused and leads
+        # partitions. Only its own broker answers the inner producer while the link is down; the broker
+        # stops acknowledging a margin before its lease could run out, ends fenced, and is started again
+        # once its link is back (its host's service manager would start it at once, and it would wait
+        # for the database).
+        leading = set(_leaders(admin, TOPIC).values())
+        cut = next(b for b in brokers if b is not paused and b.node_id in leading)
+        inner_lines: list[dict] = []
+        inner = subprocess.Popen(cut.host.command(sys.executable, str(Path(__file__).with_name("inner_producer.py")),
+                                                  cut.address, TOPIC, str(INNER), str(INNER_COUNT)),
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                 preexec_fn=functools.partial(die_with_parent, os.getpid()))
+
+        def read_inner() -> None:
+            for raw in iter(inner.stdout.readline, b""):
+                inner_lines.append(json.loads(raw))
+
+        threading.Thread(target=read_inner, daemon=True, name="inner-producer-stdout").start()
+        try:
+            deadline = time.monotonic() + 60
+            while len(inner_lines) < 20:  # it produces, and its broker acknowledges, before the cut
+                assert inner.poll() is None and time.monotonic() < deadline, f"the inner producer: {inner_lines[:5]}"
+                time.sleep(0.1)
+            fenced_before = cut.fenced_restarts
+            cut.restart_gate.clear()
+            hosts[cut.node_id].set_link(False)
+            cut_acked = len(inner_lines)
+            deadline = time.monotonic() + 120
+            while cut.fenced_restarts == fenced_before:  # the outer producers go on meanwhile
+                assert time.monotonic() < deadline, f"the cut broker did not end fenced\n{logs()}"
+                produce_one()
+            fenced_after = len(inner_lines)
+            hosts[cut.node_id].set_link(True)
+            cut.restart_gate.set()
+            cut.wait_listening()
+            assert inner.wait(300) == 0, f"the inner producer left records undelivered: {inner_lines[-5:]}"
+        finally:
+            if inner.poll() is None:
+                inner.kill()
+                inner.wait()
+        with lock:
+            for line in inner_lines:
+                if "err" in line:
+                    errors.append(f"{INNER}:{line['i']} {line['err']}")
+                elif (INNER, line["i"]) in acked:
+                    duplicates.append((INNER, line["i"]))
+                else:
+                    acked[(INNER, line["i"])] = (line["p"], line["o"], time.monotonic())
+        print(f"broker {cut.node_id} cut off: the producer inside its namespace had {cut_acked} records "
+              f"acknowledged before the cut, {fenced_after - cut_acked} after it until the broker ended fenced, "
+              f"{len(inner_lines)} in all")
         flush(240)
         assert not errors, errors[:5]
         assert not duplicates, duplicates[:5]
-        assert len(acked) == sum(sent)
+        assert len(acked) == sum(sent) + INNER_COUNT
         rejoined = [p for p, leader in _leaders(admin, TOPIC).items() if leader == victim_id]
         assert rejoined and any(acked[k][0] in rejoined and acked[k][2] > killed_at for k in acked)
 
@@ -811,7 +877,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
     for p, entries in by_partition.items():
         entries.sort()
         assert [o for o, _, _ in entries] == list(range(len(entries))), f"partition {p}: a gap in the offsets"
-        for j in range(PRODUCERS):
+        for j in range(PRODUCERS + 1):  # and the inner producer's
             mine = [i for _, jj, i in entries if jj == j]
             assert mine == sorted(mine), f"partition {p}: producer {j}'s records out of order"
 
