@@ -439,10 +439,11 @@ class Server:
             return self.sink.end_offsets(topics)
 
     def _fence_dead_writers(self, keys: Collection[tuple[str, int]]) -> None:
-        """Holding the tables' lock: the brokers whose commit of one of ``keys`` is pending
-        (``LeadershipStore.pending_writers``) and that are not live members now have their staging
-        directory moved away (``SparkGroupSink.fence_staging``), so a commit of theirs still in
-        flight (a paused broker that wakes) cannot add a file after this. Blocking."""
+        """Holding the tables' lock: the broker runs (node id and broker epoch) whose commit of one of
+        ``keys`` is pending (``LeadershipStore.pending_writers``) and that are not live members now
+        have their staging directory moved away (``SparkGroupSink.fence_staging``), so a commit of
+        theirs still in flight (a paused broker that wakes) cannot add a file after this; a later run
+        of the same node stages elsewhere. Blocking."""
         store = self.leadership.store if self.leadership is not None else None
         fence = getattr(self.sink, "fence_staging", None)
         if store is None or fence is None:
@@ -450,11 +451,11 @@ class Server:
         writers = store.pending_writers(keys)
         if not writers:
             return
-        live = {m.node_id for m in store.registry.live_members()}
-        for node in sorted(writers - live):
-            if fence(node):
-                log.warning("broker %d died (or stalled) within a table commit: its staging directory is moved "
-                            "away, so nothing more of that commit lands", node)
+        live = {(m.node_id, m.epoch) for m in store.registry.live_members()}
+        for node, epoch, staging in sorted(writers, key=str):
+            if (node, epoch) not in live and staging is not None and fence(staging):
+                log.warning("broker %d (epoch %d) died (or stalled) within a table commit: its staging directory "
+                            "is moved away, so nothing more of that commit lands", node, epoch)
 
     def _refresh_tables(self, topics: Collection[str]) -> None:
         """Drop this Spark session's cached relations of the tables holding ``topics`` (blocking):
@@ -560,6 +561,7 @@ class Server:
                 cluster, store_target(c.metadata_url, c.data_dir, CLUSTER_STORE_FILE), endpoints,
                 session_ms=c.broker_session_timeout_ms, heartbeat_ms=c.broker_heartbeat_interval_ms,
                 logs=self.logs, end_offsets=self._table_end_offsets, refresh_tables=self._refresh_tables,
+                staging_name=lambda: getattr(self.sink, "staging_name", None),
                 topics=lambda: self.catalog.all_topics(),
                 incarnation=self.incarnation, data_dir=Path(c.data_dir), wal_path=self.wal_path,
                 drain_wal=self.drain_wal if self.wal_path is not None else None)

@@ -151,6 +151,8 @@ class LeadershipService:
             it fences the commits of theirs in flight by brokers no longer members first).
         refresh_tables: blocking; forget what the broker's table reader cached of the tables of the
             topics given (before a partition taken over is read, whatever gave its end); None: nothing cached.
+        staging_name: where this broker stages a commit's files (``SparkGroupSink.staging_name``),
+            recorded with the commit's pending ends so that another broker can fence it.
         topics: the existing topics (name -> partitions), for the controller.
         on_fenced: called when this broker's membership is fenced; default: end the process
             (``os._exit(FENCED_STATUS)``).
@@ -169,6 +171,7 @@ class LeadershipService:
                  end_offsets: Callable[[Collection[tuple[str, int]]], dict[tuple[str, int], int]],
                  topics: Callable[[], dict[str, int]],
                  refresh_tables: Callable[[Collection[str]], None] | None = None,
+                 staging_name: Callable[[], str | None] | None = None,
                  on_fenced: Callable[[], None] | None = None, incarnation: uuid.UUID | None = None,
                  data_dir: Path | None = None, wal_path: str | None = None,
                  drain_wal: Callable[[Path, CommitEnds], Sequence[PartitionAppend]] | None = None) -> None:
@@ -185,6 +188,7 @@ class LeadershipService:
         self.logs = logs
         self.end_offsets = end_offsets
         self.refresh_tables = refresh_tables
+        self.staging_name = staging_name
         self.topics = topics
         self.on_fenced = on_fenced or (lambda: os._exit(FENCED_STATUS))
         self.persister: BatchingPersister | None = None
@@ -227,7 +231,8 @@ class LeadershipService:
         store, epoch = self.store, self.epoch
         if store is None or epoch is None:
             raise FencedBrokerError(f"broker {self.cluster.node_id} is not registered")
-        store.record_producers(self.cluster.node_id, epoch, producer_batches(appends), append_ends(appends))
+        store.record_producers(self.cluster.node_id, epoch, producer_batches(appends), append_ends(appends),
+                               self.staging_name() if self.staging_name is not None else None)
 
     def after_table_write(self, appends: Sequence[PartitionAppend]) -> None:
         """``BatchingPersister(after_table_write=...)``: the commit is in the table, its partitions' ends

@@ -119,6 +119,8 @@ CREATE TABLE IF NOT EXISTS table_ends (
     end_offset BIGINT NOT NULL,
     pending_end BIGINT,
     pending_writer INTEGER,
+    pending_epoch BIGINT,
+    pending_staging TEXT,
     PRIMARY KEY (topic, partition)
 )"""
 
@@ -314,10 +316,11 @@ class LeadershipStore:
     # -- idempotent producers --------------------------------------------------
 
     def record_producers(self, node_id: int, broker_epoch: int, batches: Sequence[ProducerBatch],
-                         ends: Mapping[tuple[str, int], int] | None = None) -> None:
+                         ends: Mapping[tuple[str, int], int] | None = None, staging: str | None = None) -> None:
         """Before a table commit: the commit's idempotent batches and, with ``ends`` ((topic, partition)
         -> the offset after the commit's last record of it), each partition's end once the commit is in
-        (pending until ``commit_done``), written by ``node_id`` at ``broker_epoch`` in one transaction.
+        (pending until ``commit_done``), written by ``node_id`` at ``broker_epoch`` in one transaction;
+        ``staging``: where the writer stages the commit's files (``pending_writers``).
 
         Raises:
             FencedBrokerError: ``node_id`` is not a live member at ``broker_epoch`` (nothing written: the
@@ -331,11 +334,12 @@ class LeadershipStore:
             if ends:
                 # A pending end only grows: a retry of a commit, or the next one after a pending that never
                 # became the end (its writer died: whoever takes the partition over reads the table).
-                cur.executemany("INSERT INTO table_ends VALUES (?, ?, 0, ?, ?) ON CONFLICT (topic, partition) DO "
-                                "UPDATE SET pending_end = CASE WHEN table_ends.pending_end IS NULL OR "
+                cur.executemany("INSERT INTO table_ends VALUES (?, ?, 0, ?, ?, ?, ?) ON CONFLICT (topic, partition) "
+                                "DO UPDATE SET pending_end = CASE WHEN table_ends.pending_end IS NULL OR "
                                 "table_ends.pending_end < excluded.pending_end THEN excluded.pending_end "
-                                "ELSE table_ends.pending_end END, pending_writer = excluded.pending_writer",
-                                [(t, p, end, node_id) for (t, p), end in sorted(ends.items())])
+                                "ELSE table_ends.pending_end END, pending_writer = excluded.pending_writer, "
+                                "pending_epoch = excluded.pending_epoch, pending_staging = excluded.pending_staging",
+                                [(t, p, end, node_id, broker_epoch, staging) for (t, p), end in sorted(ends.items())])
 
     # -- table end offsets -------------------------------------------------------
 
@@ -344,12 +348,14 @@ class LeadershipStore:
         below its end are in the table. A pending end at or below it is cleared (one above it: a later
         commit's, still pending). Not fenced: what it records is true whoever wrote the commit."""
         with self._db.transaction() as cur:
-            cur.executemany("INSERT INTO table_ends VALUES (?, ?, ?, NULL, NULL) ON CONFLICT (topic, partition) DO "
-                            "UPDATE SET end_offset = CASE WHEN table_ends.end_offset < excluded.end_offset THEN "
-                            "excluded.end_offset ELSE table_ends.end_offset END, pending_end = CASE WHEN "
-                            "table_ends.pending_end <= excluded.end_offset THEN NULL ELSE table_ends.pending_end END, "
-                            "pending_writer = CASE WHEN table_ends.pending_end <= excluded.end_offset THEN NULL "
-                            "ELSE table_ends.pending_writer END",
+            # pending_end last: the other pending columns compare it before it is cleared (SQL evaluates
+            # every SET expression against the row as it was).
+            cur.executemany("INSERT INTO table_ends VALUES (?, ?, ?, NULL, NULL, NULL, NULL) ON CONFLICT "
+                            "(topic, partition) DO UPDATE SET end_offset = CASE WHEN table_ends.end_offset < "
+                            "excluded.end_offset THEN excluded.end_offset ELSE table_ends.end_offset END, "
+                            + ", ".join(f"{c} = CASE WHEN table_ends.pending_end <= excluded.end_offset THEN NULL "
+                                        f"ELSE table_ends.{c} END" for c in ("pending_writer", "pending_epoch",
+                                                                            "pending_staging", "pending_end")),
                             [(t, p, end) for (t, p), end in sorted(ends.items())])
 
     def settle_table_ends(self, ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
@@ -363,22 +369,24 @@ class LeadershipStore:
                 row = cur.execute("SELECT end_offset FROM table_ends WHERE topic = ? AND partition = ?"
                                   f"{self._for_update}", (topic, partition)).fetchone()
                 out[(topic, partition)] = max(end, int(row[0])) if row is not None else end
-                cur.execute("INSERT INTO table_ends VALUES (?, ?, ?, NULL, NULL) ON CONFLICT (topic, partition) DO "
-                            "UPDATE SET end_offset = excluded.end_offset, pending_end = NULL, pending_writer = NULL",
+                cur.execute("INSERT INTO table_ends VALUES (?, ?, ?, NULL, NULL, NULL, NULL) ON CONFLICT "
+                            "(topic, partition) DO UPDATE SET end_offset = excluded.end_offset, pending_end = NULL, "
+                            "pending_writer = NULL, pending_epoch = NULL, pending_staging = NULL",
                             (topic, partition, out[(topic, partition)]))
         return out
 
-    def pending_writers(self, keys: Collection[tuple[str, int]]) -> set[int]:
-        """The brokers (node ids) whose commit of one of ``keys`` is pending: begun, not known done."""
+    def pending_writers(self, keys: Collection[tuple[str, int]]) -> set[tuple[int, int, str | None]]:
+        """The writers whose commit of one of ``keys`` is pending (begun, not known done): (node id,
+        broker epoch, their staging as ``record_producers`` was told it)."""
         wanted = set(keys)
-        out: set[int] = set()
+        out: set[tuple[int, int, str | None]] = set()
         with self._db.transaction(write=False) as cur:
             for topic in sorted({t for t, _ in wanted}):
-                for partition, writer in cur.execute(
-                        "SELECT partition, pending_writer FROM table_ends WHERE topic = ? AND pending_end IS NOT NULL",
-                        (topic,)):
+                for partition, writer, epoch, staging in cur.execute(
+                        "SELECT partition, pending_writer, pending_epoch, pending_staging FROM table_ends "
+                        "WHERE topic = ? AND pending_end IS NOT NULL", (topic,)):
                     if (topic, int(partition)) in wanted and writer is not None:
-                        out.add(int(writer))
+                        out.add((int(writer), int(epoch), None if staging is None else str(staging)))
         return out
 
     def table_ends(self, keys: Collection[tuple[str, int]]) -> dict[tuple[str, int], int]:

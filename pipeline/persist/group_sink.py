@@ -249,6 +249,9 @@ class SparkGroupSink:
         self._topic_store: TopicStore | None = None
         self._topics_version: int | None = None
         self._staging: Staging | None = None
+        self.staging_name: str | None = None
+        """This run's staging directory, relative to ``TABLE_DIR/_staging`` (after ``start``): what a
+        commit in flight records with its pending ends, so another broker can fence it."""
 
     @contextlib.contextmanager
     def hold_table(self) -> Iterator[None]:
@@ -296,12 +299,17 @@ class SparkGroupSink:
                 future.result()
 
     def _start_staging(self) -> Staging:
-        """This sink's staging directory, emptied: ``TABLE_DIR/_staging/<name>``, ``broker-<node.id>``
-        for a cluster's broker (its state directory's name, so other brokers find it:
-        ``fence_staging``), else a hash of the state directory. Whatever is there is left from a run
-        that stopped before committing it, and the WAL still holds those records."""
-        directory = self._staging_path(_staging_name(self._state_dir))
-        shutil.rmtree(directory, ignore_errors=True)
+        """This run's staging directory: ``TABLE_DIR/_staging/<name>/<run>``, ``<name>``
+        ``broker-<node.id>`` for a cluster's broker (its state directory's name), else a hash of the
+        state directory, and ``<run>`` new for each start, so that fencing a dead run's commit
+        (``fence_staging``) never touches the next run's. ``<name>`` is emptied first: whatever is
+        there is left from a run that stopped before committing it (its records are in its WAL, or
+        were never acknowledged), and a run of this broker still going (stalled, its lease gone)
+        can then commit none of it."""
+        name = _staging_name(self._state_dir)
+        shutil.rmtree(self._staging_path(name), ignore_errors=True)
+        self.staging_name = f"{name}/{uuid.uuid4().hex[:12]}"
+        directory = self._staging_path(self.staging_name)
         os.makedirs(directory)
         codec = arrow_codec(self._sink.spark.conf.get("spark.sql.parquet.compression.codec", "snappy") or "snappy")
         return Staging(directory, self._sink.catalog.config.day_topics, codec)
@@ -313,18 +321,21 @@ class SparkGroupSink:
             raise RuntimeError(f"the records table {self._sink.catalog.table_dir} is not on a local filesystem")
         return os.path.join(table_dir, STAGING_DIR, name)
 
-    def fence_staging(self, node_id: int) -> bool:
-        """Fence a dead broker's commit in flight (blocking; call it holding the tables' lock, once
-        ``node_id`` is no longer a live member): move its staging directory away (one ``rename``),
-        then delete it. A commit publishes a file by renaming it from there into its partition, so
-        each of that broker's files is either in the table before this (and any read after finds
-        it) or never: a zombie that wakes (SIGSTOP, a long GC pause) fails its next rename with
-        ENOENT. Returns whether there was a directory to move.
+    def fence_staging(self, staging_name: str) -> bool:
+        """Fence a dead broker run's commit in flight (blocking; call it holding the tables' lock, once
+        that run is no longer a live member): move its staging directory (``staging_name``, as its
+        ``staging_name`` was) away (one ``rename``), then delete it. A commit publishes a file by
+        renaming it from there into its partition, so each of that run's files is either in the table
+        before this (and any read after finds it) or never: a zombie that wakes (SIGSTOP, a long GC
+        pause) fails its next rename with ENOENT. Returns whether there was a directory to move.
 
         Raises:
+            ValueError: ``staging_name`` is not a staging directory's name.
             OSError: the directory could not be moved (it is then still there).
         """
-        directory = self._staging_path(f"broker-{node_id}")
+        if not re.fullmatch(r"[\w.-]+/[0-9a-f]+", staging_name):
+            raise ValueError(f"not a staging directory's name: {staging_name!r}")
+        directory = self._staging_path(staging_name)
         fenced = f"{directory}.fenced-{uuid.uuid4().hex[:12]}"
         try:
             os.rename(directory, fenced)

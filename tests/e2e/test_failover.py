@@ -493,7 +493,7 @@ def _read_from(bootstrap: str, topic: str, starts: dict[int, int], timeout_s: fl
     return {p: f"{len(o)} records" + (f" {o[0]}-{o[-1]}" if o else "") for p, o in got.items()}
 
 
-FENCED_COMMIT = "within a table commit: its staging directory is moved away"
+FENCED_COMMIT = "within a table commit: its staging directory"
 """What a broker logs when it fences a commit another broker left pending (``Server._fence_dead_writers``)."""
 
 

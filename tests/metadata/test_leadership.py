@@ -139,20 +139,20 @@ def test_a_partitions_table_end_is_what_its_commits_recorded_and_unknown_while_a
         epoch = _register(writer, 0)
         keys = [("t", 0), ("t", 1), ("u", 0)]
         assert reader.table_ends(keys) == {}
-        writer.record_producers(0, epoch, [], {("t", 0): 10, ("t", 1): 4})
+        writer.record_producers(0, epoch, [], {("t", 0): 10, ("t", 1): 4}, "broker-0/a")
         assert reader.table_ends(keys) == {}  # pending: the commit may or may not be in the table
-        assert reader.pending_writers(keys) == {0} and reader.pending_writers([("u", 0)]) == set()
+        assert reader.pending_writers(keys) == {(0, epoch, "broker-0/a")} and reader.pending_writers([("u", 0)]) == set()
         writer.commit_done({("t", 0): 10, ("t", 1): 4})
         assert reader.table_ends(keys) == {("t", 0): 10, ("t", 1): 4} and reader.pending_writers(keys) == set()
         # A retried commit (pending again at the same end), then the next one pending when its writer dies.
         writer.record_producers(0, epoch, [], {("t", 0): 10})
         writer.commit_done({("t", 0): 10})
-        writer.record_producers(0, epoch, [], {("t", 0): 25})
+        writer.record_producers(0, epoch, [], {("t", 0): 25}, "broker-0/b")
         assert reader.table_ends(keys) == {("t", 1): 4}
         writer.commit_done({("t", 0): 20})  # an older commit's late confirmation: the pending 25 stays
         assert reader.table_ends(keys) == {("t", 1): 4}
         # The new leader read the table: 18 (the pending commit's files did not land), below the 20 recorded.
-        assert reader.pending_writers(keys) == {0}
+        assert reader.pending_writers(keys) == {(0, epoch, "broker-0/b")}
         assert reader.settle_table_ends({("t", 0): 18, ("u", 0): 0}) == {("t", 0): 20, ("u", 0): 0}
         assert reader.pending_writers(keys) == set()
         assert reader.table_ends(keys) == {("t", 0): 20, ("t", 1): 4, ("u", 0): 0}

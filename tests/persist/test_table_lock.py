@@ -209,18 +209,25 @@ def test_a_commit_stalled_past_its_brokers_lease_lands_nothing_after_another_bro
         assert isinstance(flush.records, StagedRecords)
         files = sorted(flush.records.files, key=lambda f: f.ranges[0][0])  # "t"'s file, then "u"'s
         assert [f.ranges[0][0] for f in files] == ["t", "u"]
-        assert os.path.dirname(files[0].path).endswith(os.path.join("_staging", "broker-0"))
+        assert stalled.staging_name is not None and stalled.staging_name.startswith("broker-0/")
+        assert os.path.dirname(files[0].path).endswith(os.path.join("_staging", stalled.staging_name))
         stalled.catalog.commit_staged(StagedRecords(files[:1]))  # its first rename, then the stall
 
-        assert successor.fence_staging(0)
+        assert successor.fence_staging(stalled.staging_name)
         assert successor.end_offsets() == {("t", 0): 2}  # the read after the fence finds what landed before it
         with pytest.raises(FileNotFoundError):
             stalled.catalog.commit_staged(StagedRecords(files[1:]))  # it wakes: the next rename
         with pytest.raises(FileNotFoundError):
             stalled.write(flush)  # the persister's retry of the whole flush
         assert successor.end_offsets() == {("t", 0): 2}
-        assert not successor.fence_staging(0)  # nothing left to move
-        assert successor.fence_staging(1) and not os.path.isdir(successor.staging.directory)
+        assert not successor.fence_staging(stalled.staging_name)  # nothing left to move
+        # The stalled broker's next run stages elsewhere: fencing the old run's commit cannot touch it.
+        stalled.stop()
+        stalled.start()
+        assert stalled.staging_name.startswith("broker-0/") and os.path.isdir(stalled.staging.directory)
+        assert not successor.fence_staging(f"broker-0/{'0' * 12}") and os.path.isdir(stalled.staging.directory)
+        with pytest.raises(ValueError):
+            successor.fence_staging("../broker-0")
     finally:
         spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
         for sink in (stalled, successor):
