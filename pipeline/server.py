@@ -260,6 +260,7 @@ class Server:
         self.store = StateStore(own)
         self.logs = LogManager(wal=self.wal, retention=self._retention, index_max_bytes=config.wal_index_max_bytes)
         """Every partition's log: offsets, producer state, high watermarks, reads, WAL retention."""
+        self.logs.table_pending = not table_ready  # until _attach_table, or table_failed
         self.recovered: Recovered | None = None
         self._shutdown = trio.Event()
         self.address: tuple[str, int] | None = None
@@ -476,6 +477,7 @@ class Server:
     def table_failed(self) -> None:
         """The sink will not start (call it in the trio thread): a stop stops waiting for it to
         write what was acknowledged (the WAL keeps it)."""
+        self.logs.table_pending = False
         if self.persister is not None:
             self.persister.abandon_table()
 

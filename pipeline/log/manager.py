@@ -151,6 +151,9 @@ class LogManager:
         self._segment_entries: dict[int, int] = {}  # segment -> indexed appends in it
         self.wal = wal
         self.table = table
+        self.table_pending = False
+        """The table side is starting (the server listens before Spark is up, ``attach_table`` comes):
+        a read of offsets only the table holds answers nothing yet instead of going on at the WAL."""
         self.retention = retention or (lambda topic: (-1, -1))
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._segment_last_append_ms: dict[int, int] = {}
@@ -174,6 +177,7 @@ class LogManager:
     def attach_table(self, table: TableSource) -> None:
         """Read the offsets the WAL no longer has from ``table`` from now on (the table side is up)."""
         self.table = table
+        self.table_pending = False
 
     def log(self, topic: str, partition: int) -> PartitionLog:
         """The partition's log, created empty (high watermark 0) on first use."""
@@ -480,9 +484,13 @@ class LogManager:
     async def _read_table(self, topic: str, partition: int, offset: int, max_bytes: int, end: int,
                           min_one: bool) -> tuple[bytes, int]:
         """(records, next offset) of a table read of [offset, end) (``TableSource.read``); without a
-        table, (b"", end): the offsets the WAL no longer has are not served."""
-        if self.table is None or offset >= end:
+        table, (b"", end): the offsets the WAL no longer has are not served; while the table side
+        starts (``table_pending``), (b"", offset): nothing yet, and no offset is skipped (the consumer
+        asks again; a partition taken over before Spark is up has its older offsets in the table)."""
+        if offset >= end:
             return b"", end
+        if self.table is None:
+            return b"", offset if self.table_pending else end
         result = await trio.to_thread.run_sync(functools.partial(
             self.table.read, topic, partition, offset, max(0, max_bytes), end=end, min_one=min_one))
         return bytes(result.records), result.next_offset

@@ -714,3 +714,25 @@ async def test_offset_for_leader_epoch_answers_the_log_end_for_epochs_up_to_the_
         assert got == [(0, 0, 0, 2), (0, 0, 3, 2), (0, 0, 1, 2), (0, 0, -1, -1),
                        (0, FENCED_LEADER_EPOCH, -1, -1), (0, UNKNOWN_LEADER_EPOCH, -1, -1),
                        (1, NOT_LEADER_OR_FOLLOWER, -1, -1), (5, UNKNOWN_TOPIC_OR_PARTITION, -1, -1)]
+
+
+async def test_while_the_table_side_starts_a_fetch_below_the_wal_gets_nothing_and_skips_nothing(autojump_clock, tmp_path):
+    """A broker that listens before Spark is up (``--ack-on wal``) may take a partition over then, at the end
+    its commits recorded (here 630): the offsets below are in the table only. Until the table side is
+    attached (``LogManager.table_pending``) a fetch below the WAL's first offset is answered with no records
+    and its own offset, not with the WAL's records from 630 (a consumer would skip 0-629, as kafkajs did in
+    CI). Without a table to come, the WAL's first offset is where a fetch goes on, as before."""
+    async with broker(tmp_path) as b:
+        b.logs.table, b.logs.table_pending = None, True
+        b.logs.reset_partition("t", 0, 630)
+        client, _ = await b.connect()
+        await client.send(produce(1, [b"after the take-over"]))
+        await client.wait_responses(1)
+        await eventually(lambda: b.logs.log("t", 0).high_watermark == 631)
+        await client.send(fetch(2, ("t", 0, 0)))
+        await client.wait_responses(2)
+        assert fetched(client.responses[1][1])[("t", 0)] == (0, 631, [])
+        b.logs.table_pending = False  # the table side failed: no table will come
+        await client.send(fetch(3, ("t", 0, 0)))
+        await client.wait_responses(3)
+        assert fetched(client.responses[2][1])[("t", 0)] == (0, 631, [(630, b"after the take-over")])
