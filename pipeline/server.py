@@ -258,9 +258,9 @@ class Server:
         self.leadership: LeadershipService | None = None
         self.wal = WriteAheadLog(own / "wal", segment_bytes=config.log_segment_bytes)
         self.store = StateStore(own)
-        self.logs = LogManager(wal=self.wal, retention=self._retention, index_max_bytes=config.wal_index_max_bytes)
+        self.logs = LogManager(wal=self.wal, retention=self._retention, index_max_bytes=config.wal_index_max_bytes,
+                               table_pending=not table_ready)  # until _attach_table, or table_failed
         """Every partition's log: offsets, producer state, high watermarks, reads, WAL retention."""
-        self.logs.table_pending = not table_ready  # until _attach_table, or table_failed
         self.recovered: Recovered | None = None
         self._shutdown = trio.Event()
         self.address: tuple[str, int] | None = None
@@ -477,7 +477,7 @@ class Server:
     def table_failed(self) -> None:
         """The sink will not start (call it in the trio thread): a stop stops waiting for it to
         write what was acknowledged (the WAL keeps it)."""
-        self.logs.table_pending = False
+        self.logs.abandon_table()
         if self.persister is not None:
             self.persister.abandon_table()
 

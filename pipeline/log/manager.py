@@ -145,13 +145,13 @@ class LogManager:
     def __init__(self, state: LogState | None = None, wal: WriteAheadLog | None = None,
                  table: TableSource | None = None,
                  retention: Callable[[str], tuple[int, int]] | None = None,
-                 index_max_bytes: int | None = None) -> None:
+                 index_max_bytes: int | None = None, table_pending: bool = False) -> None:
         self.state = state or LogState()
         self.index_max_bytes = index_max_bytes
         self._segment_entries: dict[int, int] = {}  # segment -> indexed appends in it
         self.wal = wal
         self.table = table
-        self.table_pending = False
+        self.table_pending = table_pending
         """The table side is starting (the server listens before Spark is up, ``attach_table`` comes):
         a read of offsets only the table holds answers nothing yet instead of going on at the WAL."""
         self.retention = retention or (lambda topic: (-1, -1))
@@ -173,6 +173,11 @@ class LogManager:
         self.state = state
         for (topic, partition), end in end_offsets.items():
             self.log(topic, partition).advance_high_watermark(end)
+
+    def abandon_table(self) -> None:
+        """No table will be attached (the table side failed to start): offsets only it would hold are
+        not served, and a fetch below the WAL goes on at its first offset."""
+        self.table_pending = False
 
     def attach_table(self, table: TableSource) -> None:
         """Read the offsets the WAL no longer has from ``table`` from now on (the table side is up)."""

@@ -732,7 +732,7 @@ async def test_while_the_table_side_starts_a_fetch_below_the_wal_gets_nothing_an
         await client.send(fetch(2, ("t", 0, 0)))
         await client.wait_responses(2)
         assert fetched(client.responses[1][1])[("t", 0)] == (0, 631, [])
-        b.logs.table_pending = False  # the table side failed: no table will come
+        b.logs.abandon_table()  # the table side failed: no table will come
         await client.send(fetch(3, ("t", 0, 0)))
         await client.wait_responses(3)
         assert fetched(client.responses[2][1])[("t", 0)] == (0, 631, [(630, b"after the take-over")])
