@@ -81,18 +81,14 @@ from pipeline.log.manager import LogManager
 from pipeline.metadata.brokers import BrokerRegistry, DuplicateBrokerError, Endpoint, FencedBrokerError
 from pipeline.metadata.database import Target
 from pipeline.metadata.leadership import BrokerWal, Leadership, LeadershipStore, NotControllerError, ProducerBatch
-from pipeline.persist.persister import BatchingPersister
+from pipeline.persist.persister import BatchingPersister, offset_ranges
 
 log = logging.getLogger(__name__)
 
 
 def append_ends(appends: Sequence[PartitionAppend]) -> dict[tuple[str, int], int]:
-    """(topic, partition) -> the offset after the last record of ``appends`` on it."""
-    ends: dict[tuple[str, int], int] = {}
-    for a in appends:
-        key = (a.topic, a.partition)
-        ends[key] = max(ends.get(key, 0), a.base_offset + a.record_count)
-    return ends
+    """(topic, partition) -> the offset after the last record of ``appends`` on it (``offset_ranges``' ends)."""
+    return {key: end for key, (_, end) in offset_ranges(appends).items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ home-made consensus (issue 24):
   a batch the table already holds is answered as a duplicate after a move
   (exactly once across the move, KIP-98's sequence rules).
 - **table end offsets**: each partition's end offset in the table as its
-  commits record it (``begin_commit`` writes the commit's end as *pending*, in
+  commits record it (``record_producers`` writes the commit's end as *pending*, in
   the transaction that writes its producer batches, fenced by the writer's
   membership; ``commit_done`` makes it the end once the commit is in the table).
   A new leader takes a partition's end from here (``table_ends``) and reads the
