@@ -384,7 +384,7 @@ class Server:
         if not appends:
             return appends
         hold = self._table_lock()
-        with hold() if hold is not None else nullcontext():
+        with hold(False) if hold is not None else nullcontext():
             ranges = offset_ranges(appends)
             recorded = ends.recorded(ranges.keys())
             unknown = {key: r for key, r in ranges.items() if key not in recorded}
@@ -421,8 +421,9 @@ class Server:
         """Whether this broker is the controller now (leadership through the database)."""
         return self.leadership is not None and self.leadership.controller_epoch is not None
 
-    def _table_lock(self) -> Callable[[], AbstractContextManager[None]] | None:
-        """The sink's hold on the shared tables (``SparkGroupSink.hold_table``), if it has one."""
+    def _table_lock(self) -> Callable[[bool], AbstractContextManager[None]] | None:
+        """The sink's hold on the shared tables (``SparkGroupSink.hold_table``: ``shared``, or exclusive
+        by default), if it has one."""
         return getattr(self.sink, "hold_table", None)
 
     def _table_end_offsets(self, keys: Collection[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -434,7 +435,7 @@ class Server:
         lands either before this read or not at all, even if that leader only stalled."""
         topics = {t for t, _ in keys}
         hold = self._table_lock() if self.dynamic else None
-        with hold() if hold is not None else nullcontext():
+        with hold(False) if hold is not None else nullcontext():
             self._fence_dead_writers(keys)
             self._refresh_tables(topics)
             return self.sink.end_offsets(topics)
@@ -594,7 +595,7 @@ class Server:
             log_listener=self.logs,
             before_table_write=self.leadership.before_table_write if self.leadership is not None else None,
             after_table_write=self.leadership.after_table_write if self.leadership is not None else None,
-            table_lock=self._table_lock() if self.dynamic else None,
+            table_lock=self._table_lock(),
             publish_live=self._live_publisher(endpoints),
         )
         self.persister = persister

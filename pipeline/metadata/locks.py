@@ -1,19 +1,29 @@
-"""Named exclusive locks in the metadata database, held under a lease (blocking calls).
+"""Named shared/exclusive locks in the metadata database, held under a lease (blocking calls).
 
 The brokers of a cluster change one set of tables (``pipeline.persist.group_sink``:
-appends, compaction, a deleted topic's rows). With leadership through the database
-they may run on several hosts, where an ``flock`` on the data directory is only as
-good as the shared filesystem's lock support (issue 24: "an fcntl lock does not
-reach another host"). A ``LeaseLock`` is held in the shared database instead, with
-no consensus of our own: one row per lock names its holder and a lease on the
-database's clock (one clock for every host), renewed by the holder while it holds
-the lock. A holder that dies stops renewing, and the lock is free once its lease ran
-out; one that cannot renew (the database unreachable for a lease) logs it, since
-the table change it guards may then overlap another holder's.
+commits of staged files, Spark appends, compaction, a deleted topic's rows). With
+leadership through the database they may run on several hosts, where an ``flock``
+on the data directory is only as good as the shared filesystem's lock support
+(issue 24: "an fcntl lock does not reach another host"). A ``LeaseLock`` is held in
+the shared database instead, with no consensus of our own: one row per holder names
+its mode and a lease on the database's clock (one clock for every host), renewed by
+the holder while it holds the lock. A holder that dies stops renewing, and its hold
+is gone once its lease ran out; one that cannot renew (the database unreachable for
+a lease) logs it, since the table change it guards may then overlap another holder's.
+
+Modes, as a readers-writer lock: any number of **shared** holders at once (brokers
+committing their own partitions' staged files, which do not conflict), or one
+**exclusive** holder (compaction, retention, a Spark append, a take-over's fence and
+read). An exclusive waiter records its intent, and no new shared hold starts while
+a live intent exists, so a stream of overlapping commits cannot starve maintenance
+(writer preference). The attempts of one lock are serialized by its row in
+``locks`` (an upsert: SQLite's ``BEGIN IMMEDIATE``, a row lock on PostgreSQL), so two
+waiters never both see the lock free.
 
 Within one process, holders queue on a local lock first: the database sees one
 holder per process (``holder``), so threads of one broker exclude each other too.
-A thread that holds the lock may take it again (the outermost hold releases it).
+A thread that holds the lock may take it again (the outermost hold releases it); an
+exclusive hold inside a shared one is refused (an upgrade could deadlock two holders).
 """
 
 from __future__ import annotations
@@ -40,7 +50,23 @@ CREATE TABLE IF NOT EXISTS locks (
     lease_expiry_ms BIGINT NOT NULL
 )"""
 
-MIGRATIONS = (Migration(1, sqlite=_SCHEMA, postgresql=_SCHEMA),)
+_HOLDERS = """
+CREATE TABLE IF NOT EXISTS lock_holders (
+    name TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    lease_expiry_ms BIGINT NOT NULL,
+    PRIMARY KEY (name, holder)
+)"""
+# ``locks`` keeps one row per lock name: what serializes the attempts (its holder column is no longer
+# read). ``lock_holders``: one row per holder, mode 's' (shared), 'x' (exclusive) or 'w' (waiting for
+# an exclusive hold: no new shared hold starts meanwhile), each under its own lease.
+
+MIGRATIONS = (Migration(1, sqlite=_SCHEMA, postgresql=_SCHEMA),
+              Migration(2, sqlite=_HOLDERS, postgresql=_HOLDERS))
+
+SHARED, EXCLUSIVE, WAITING = "s", "x", "w"
+"""``lock_holders.mode`` values."""
 
 POLL_S = 0.02
 """How often a waiting holder tries the lock again (s)."""
@@ -67,49 +93,80 @@ class LeaseLock:
         self._db.migrate(COMPONENT, MIGRATIONS)
         self._local = threading.RLock()
         self._depth = 0  # holds by the thread that has ``_local``
+        self._shared = False  # the mode of that thread's outermost hold
 
     def close(self) -> None:
         self._db.close()
 
-    def try_acquire(self) -> bool:
-        """Take the lock if it is free, its lease ran out, or this holder has it (then renewed)."""
-        now = self._db.now_ms
+    def try_acquire(self, shared: bool = False) -> bool:
+        """Take the lock if this holder may now (renewed if it has it already): shared when no other
+        holder holds it exclusively or waits to; exclusive when no other holder holds it at all. A
+        refused exclusive attempt records this holder's intent (mode ``w``, under the lease), so
+        that shared holds wait for it; ``release`` removes it."""
+        now = self._db.now_ms  # an SQL expression: the database's clock
         with self._db.transaction() as cur:
-            return cur.execute(
-                f"INSERT INTO locks VALUES (?, ?, {now} + ?) ON CONFLICT (name) DO UPDATE SET "
-                "holder = excluded.holder, lease_expiry_ms = excluded.lease_expiry_ms "
-                f"WHERE locks.holder = excluded.holder OR locks.lease_expiry_ms <= {now} RETURNING 1",
-                (self.name, self.holder, self.lease_ms)).fetchone() is not None
+            # The lock's own row first: an upsert, so concurrent attempts of this name run one at a time.
+            cur.execute("INSERT INTO locks VALUES (?, '', 0) ON CONFLICT (name) DO UPDATE SET "
+                        "lease_expiry_ms = locks.lease_expiry_ms", (self.name,))
+            cur.execute(f"DELETE FROM lock_holders WHERE name = ? AND lease_expiry_ms <= {now}", (self.name,))
+            rows = cur.execute("SELECT holder, mode FROM lock_holders WHERE name = ?", (self.name,)).fetchall()
+            own = {mode for holder, mode in rows if holder == self.holder}
+            others = {mode for holder, mode in rows if holder != self.holder}
+            if shared and own & {SHARED, EXCLUSIVE}:  # held already: renewed, in its mode
+                mode, granted = own.pop(), True
+            elif shared:
+                mode, granted = SHARED, not others & {EXCLUSIVE, WAITING}
+            else:
+                granted = not others & {SHARED, EXCLUSIVE}
+                mode = EXCLUSIVE if granted else WAITING
+            if granted or mode == WAITING:
+                cur.execute(f"INSERT INTO lock_holders VALUES (?, ?, ?, {now} + ?) ON CONFLICT (name, holder) "
+                            "DO UPDATE SET mode = excluded.mode, lease_expiry_ms = excluded.lease_expiry_ms",
+                            (self.name, self.holder, mode, self.lease_ms))
+            return granted
 
     def renew(self) -> bool:
         """Extend this holder's lease; False when it does not hold the lock (any more)."""
         now = self._db.now_ms
         with self._db.transaction() as cur:
-            return cur.execute(f"UPDATE locks SET lease_expiry_ms = {now} + ? WHERE name = ? AND holder = ? "
-                               f"AND lease_expiry_ms > {now}", (self.lease_ms, self.name, self.holder)).rowcount > 0
+            return cur.execute(f"UPDATE lock_holders SET lease_expiry_ms = {now} + ? WHERE name = ? AND holder = ? "
+                               f"AND mode <> '{WAITING}' AND lease_expiry_ms > {now}",
+                               (self.lease_ms, self.name, self.holder)).rowcount > 0
 
     def release(self) -> None:
-        """Free the lock if this holder has it."""
+        """Free this holder's hold (or intent) of the lock."""
         with self._db.transaction() as cur:
-            cur.execute("DELETE FROM locks WHERE name = ? AND holder = ?", (self.name, self.holder))
+            cur.execute("DELETE FROM lock_holders WHERE name = ? AND holder = ?", (self.name, self.holder))
 
     @contextmanager
-    def hold(self) -> Iterator[None]:
-        """Hold the lock for the block: wait for it (every ``POLL_S``), renew its lease every
-        ``renew_ms`` from a thread while the block runs, release it after. A renewal that finds the
-        lease lost is logged as an error (the block is not interrupted: a table change under way
-        cannot be taken back). Re-entrant within a thread."""
+    def hold(self, shared: bool = False) -> Iterator[None]:
+        """Hold the lock for the block, ``shared`` or exclusive: wait for it (every ``POLL_S``), renew
+        its lease every ``renew_ms`` from a thread while the block runs, release it after. A renewal
+        that finds the lease lost is logged as an error (the block is not interrupted: a table
+        change under way cannot be taken back). Re-entrant within a thread (an inner hold has the
+        outer one's mode).
+
+        Raises:
+            RuntimeError: an exclusive hold asked for inside a shared one of this thread.
+        """
         with self._local:
             self._depth += 1
             if self._depth > 1:
                 try:
+                    if self._shared and not shared:
+                        raise RuntimeError(f"lock {self.name}: an exclusive hold inside a shared one")
                     yield
                 finally:
                     self._depth -= 1
                 return
             try:
-                while not self.try_acquire():
-                    time.sleep(POLL_S)
+                try:
+                    while not self.try_acquire(shared):
+                        time.sleep(POLL_S)
+                except BaseException:
+                    self.release()  # an intent left behind would hold shared holders back for a lease
+                    raise
+                self._shared = shared
                 stop = threading.Event()
                 renewer = threading.Thread(target=self._renew_until, args=(stop,), daemon=True,
                                            name=f"lease-lock-{self.name}")

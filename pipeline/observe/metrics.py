@@ -402,6 +402,11 @@ class ServerCollector:
                        "size); divided by the flushes, the flush size", ps.flush_bytes)
         yield _counter("pipeline_flush_records", "Records written to the Spark table", ps.records)
         yield _counter("pipeline_flush_failures", "Failed Spark write attempts (each retried)", ps.failed_flushes)
+        yield _counter("pipeline_table_lock_wait_seconds", "Time table commits waited for the tables' lock shared "
+                       "with the other brokers of a cluster (s)", ps.table_lock_wait_seconds)
+        yield _counter("pipeline_table_commit_seconds", "Time table commits held the tables' lock, fencing check "
+                       "and recorded ends included (s); summed over a cluster's brokers, above the "
+                       "elapsed time only if their commits overlapped", ps.table_commit_seconds)
         yield GaugeMetricFamily("pipeline_buffered_records", "Records in the persister: waiting for or in a "
                                 "WAL write, or waiting for or in a Spark flush", value=persister.buffered_records)
         yield GaugeMetricFamily("pipeline_buffered_bytes", "Bytes in the persister (buffer.memory counts "

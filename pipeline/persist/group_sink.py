@@ -79,30 +79,48 @@ LOCAL_RELATION_MAX_BYTES = 48 * 1024 * 1024
 
 TABLE_LOCK_FILE = "table.lock"
 """``DATA_DIR/_pipeline/table.lock``: taken (flock) around every change to the tables by the
-brokers of a cluster, which share one Spark and one table."""
+brokers of a cluster, which share one Spark and one table; ``table.lock.gate`` beside it orders
+exclusive holds before new shared ones (``table_lock``)."""
 
 
 @contextlib.contextmanager
-def table_lock(path: Path | None) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (nothing if None), blocking until it is free.
+def table_lock(path: Path | None, shared: bool = False) -> Iterator[None]:
+    """Hold an ``flock`` on ``path`` (nothing if None), shared or exclusive, blocking until it is free.
 
     The brokers of a cluster append to the same tables through one Spark
     Connect server: one application, whose jobs share the table directory's
     ``_temporary`` staging directory (Hadoop FileOutputCommitter), which the
     first job to commit deletes under the others; a compaction swaps a
     partition's location and would lose files another broker added meanwhile.
-    One table change at a time across processes rules both out. The lock is
-    the kernel's: a broker killed with it held releases it.
+    Those changes hold the lock exclusively. A commit of staged files (a
+    metastore ``ADD IF NOT EXISTS PARTITION`` and one ``rename`` per file, into
+    the partitions of topics the broker leads) conflicts with neither another
+    such commit nor anything but those changes: it holds the lock shared, so the
+    brokers' commits overlap (issue 34). The lock is the kernel's: a broker
+    killed with it held releases it.
+
+    Writer preference: Linux lets a new shared ``flock`` in while an exclusive
+    one waits, so a stream of overlapping commits could starve compaction. Each
+    hold therefore passes ``path.gate`` first: an exclusive hold keeps the gate
+    (exclusively) while it waits for the lock and while it holds it; a shared
+    hold takes the gate shared only while it takes the lock.
     """
     if path is None:
         yield
         return
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    with open(f"{path}.gate", "a+") as gate, open(path, "a+") as f:
+        fcntl.flock(gate, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        finally:
+            if shared:
+                fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+            if not shared:
+                fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 def _staged_from_columns(columns: AppendColumns, formats: dict[str, TopicFormat], staging: Staging) -> FlushTables:
@@ -197,7 +215,7 @@ class SparkGroupSink:
             cluster): every change to them holds ``DATA_DIR/_pipeline/table.lock``
             (``table_lock``), or ``lock``.
         lock: with ``shared_table``: what every change to the tables holds instead of
-            the ``flock`` (a context manager factory, blocking; e.g.
+            the ``flock`` (a context manager factory taking ``shared``, blocking; e.g.
             ``pipeline.metadata.locks.LeaseLock.hold``: a lock in the metadata database
             for brokers on several hosts).
         topic_store: the topic store (``pipeline.metadata.topics``; a SQLite file or a PostgreSQL
@@ -215,7 +233,7 @@ class SparkGroupSink:
                  connect_port: int | None = None, thrift_port: int | None = None,
                  state_dir: str | os.PathLike | None = None, shared_table: bool = False,
                  decode_niceness: int = 0,
-                 lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+                 lock: Callable[[bool], contextlib.AbstractContextManager[None]] | None = None,
                  topic_store: Target | None = None) -> None:
         self._sink = SparkSink(data_dir, master=None if remote else master, remote=remote, spark=spark,
                                table_config=table_config, metastore_uris=metastore_uris,
@@ -228,7 +246,7 @@ class SparkGroupSink:
             self._table_lock.parent.mkdir(parents=True, exist_ok=True)
         self._lock = lock if shared_table and lock is not None else None
         self._holding = threading.RLock()
-        self._hold_depth = 0
+        self._held = threading.local()  # .shared: the mode of this thread's outermost hold (``hold_table``)
         self._decode_in_subprocess = decode_in_subprocess
         config = table_config or TableConfig()
         typed = (config.schema_registry is not None or any(c.value_format for c in config.topics.values())
@@ -254,23 +272,37 @@ class SparkGroupSink:
         commit in flight records with its pending ends, so another broker can fence it."""
 
     @contextlib.contextmanager
-    def hold_table(self) -> Iterator[None]:
-        """Hold the shared tables for a change (blocking): ``lock``, else the ``flock``; nothing when the
-        tables are this process's alone. Re-entrant within a thread (a commit's fencing check and
-        its write hold it once, the write's own changes again)."""
+    def hold_table(self, shared: bool = False) -> Iterator[None]:
+        """Hold the shared tables for a change (blocking): ``lock``, else the ``flock``
+        (``table_lock``); nothing when the tables are this process's alone. ``shared``: a commit of
+        staged files, which other brokers' commits may overlap (``commits_shared``); every other
+        change holds them exclusively. Re-entrant within a thread (a commit's fencing check and its
+        write hold it once, the write's own changes again; an inner hold has the outer one's mode).
+
+        Raises:
+            RuntimeError: an exclusive hold asked for inside a shared one (a bug: an upgrade
+                could deadlock two brokers).
+        """
         if self._table_lock is None and self._lock is None:
             yield
             return
         with self._holding:
-            self._hold_depth += 1
+            outer = getattr(self._held, "shared", None)  # this thread's hold: None, or its mode
+            if outer is not None:
+                if outer and not shared:
+                    raise RuntimeError("an exclusive hold of the tables inside a shared one")
+                yield
+                return
+            self._held.shared = shared
             try:
-                if self._hold_depth > 1:
+                with self._lock(shared) if self._lock is not None else table_lock(self._table_lock, shared):
                     yield
-                else:
-                    with self._lock() if self._lock is not None else table_lock(self._table_lock):
-                        yield
             finally:
-                self._hold_depth -= 1
+                self._held.shared = None
+
+    def _holds_shared(self) -> bool:
+        """Whether this thread holds the tables shared (``hold_table``)."""
+        return bool(getattr(self._held, "shared", None))
 
     def start(self) -> None:
         """Start Spark (blocking, ~8 s), warm its write path, start the decode worker.
@@ -475,7 +507,13 @@ class SparkGroupSink:
         """Write the flush minus the (topic, partition, offset) rows in ``exclude``: its staged
         files committed (``TableCatalog.commit_staged``, ``commit_staged_typed``), one Spark append
         per other destination table with rows (``TableCatalog.write_flush``). Repeatable after a failure
-        (files already committed are skipped; ``exclude`` then names their rows)."""
+        (files already committed are skipped; ``exclude`` then names their rows). Holds the tables
+        shared when it commits staged files only (``commits_shared``), else exclusively.
+
+        Raises:
+            pipeline.table.catalog.SparkAppendNeeded: called inside a shared hold (``hold_table``),
+                and the flush needs a Spark append after all (nothing of that table written).
+            Whatever the catalog raises."""
         exclude = exclude or set()
         staged = {t: v for t, v in table.typed.items() if isinstance(v, StagedRecords)}
         arrow = {t: v for t, v in table.typed.items() if not isinstance(v, StagedRecords)}
@@ -494,8 +532,24 @@ class SparkGroupSink:
             # are serialised, so setting the SQL conf per write is safe.
             threshold = "0" if spark_rows >= LOCAL_RELATION_MAX_ROWS else str(LOCAL_RELATION_MAX_BYTES)
             self._sink.spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", threshold)
-        with self.hold_table():
-            self._sink.catalog.write_flush(flush, exclude)
+        with self.hold_table(self._holds_shared() or self.commits_shared(flush)):
+            self._sink.catalog.write_flush(flush, exclude, spark_appends=not self._holds_shared())
+
+    def commits_shared(self, table: FlushTables) -> bool:
+        """Whether writing ``table`` may hold the tables shared with other brokers' commits
+        (``hold_table(shared=True)``): it commits staged files only, no Spark append (the records
+        table's, and each typed topic's whose table is known to take them: ``takes_staged``).
+        False for tables of this process alone (nothing to share).
+
+        Raises:
+            OSError: a staged file could not be read.
+        """
+        if self._table_lock is None and self._lock is None:
+            return False
+        catalog = self._sink.catalog
+        if catalog.spark_rows(table):
+            return False
+        return all(catalog.takes_staged(topic, t) for topic, t in table.typed.items() if isinstance(t, StagedRecords))
 
     def publish_live(self, bootstrap_servers: str, ends: dict[tuple[str, int], int], closing: bool) -> None:
         """Publish the live view (``pipeline.table.live``) at this broker's prefix ends ``ends``

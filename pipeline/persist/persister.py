@@ -230,6 +230,8 @@ class PersisterStats:
     flush_bytes: int = 0
     maintenance_runs: int = 0
     compacted_partitions: int = 0
+    table_lock_wait_seconds: float = 0.0
+    table_commit_seconds: float = 0.0
     wal_write_ms: HdrHistogram = field(default_factory=latency_histogram)
     flush_ms: HdrHistogram = field(default_factory=latency_histogram)
     queryable_lag_ms: HdrHistogram = field(default_factory=latency_histogram)
@@ -335,10 +337,13 @@ class BatchingPersister(Generic[FlushT]):
         after_table_write: called (in the worker thread, still under ``table_lock``) with a
             commit's appends once its table write succeeded (leadership through the database
             records each partition's new table end); it must not raise.
-        table_lock: held (in the worker thread, blocking) around ``before_table_write`` and the
-            table write of each try, so the fencing check and the commit are one step for
-            anyone else holding it (a new leader reading the table's end); the sink's own
-            table changes take it again (it must be re-entrant).
+        table_lock: called with ``shared`` and held (in the worker thread, blocking) around
+            ``before_table_write`` and the table write of each try, so the fencing check and the
+            commit are one step for anyone else holding it (a new leader reading the table's end,
+            exclusively); the sink's own table changes take it again (it must be re-entrant).
+            ``shared`` is the sink's ``commits_shared(table)`` when it has one (a commit that
+            other brokers' commits may overlap), else False; a shared try whose write raises
+            ``pipeline.table.catalog.SparkAppendNeeded`` is made again at once, exclusively.
         publish_live: called (in a worker thread, blocking) with ``prefix_ends()`` and whether
             the persister is closing, once the table side is ready, after commits (at most every
             ``pipeline.table.live.PUBLISH_INTERVAL_S``) and after the last one at a clean close:
@@ -372,7 +377,7 @@ class BatchingPersister(Generic[FlushT]):
         table_ready: bool = True,
         before_table_write: Callable[[Sequence[PartitionAppend]], None] | None = None,
         after_table_write: Callable[[Sequence[PartitionAppend]], None] | None = None,
-        table_lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+        table_lock: Callable[[bool], contextlib.AbstractContextManager[None]] | None = None,
         publish_live: Callable[[dict[tuple[str, int], int], bool], None] | None = None,
     ) -> None:
         if ack_on not in ("wal", "spark"):
@@ -413,7 +418,8 @@ class BatchingPersister(Generic[FlushT]):
         self._listener = log_listener
         self._before_table_write = before_table_write
         self._after_table_write = after_table_write
-        self._table_lock = table_lock or contextlib.nullcontext
+        self._table_lock = table_lock or (lambda shared: contextlib.nullcontext())
+        self._commits_shared: Callable[[FlushT], bool] | None = getattr(sink, "commits_shared", None)
         self._checkpointed_position = checkpoint.wal_position  # of the last checkpoint saved
         self._checkpoint_lock = trio.Lock()
         self._appended_seq = 0     # appends accepted (numbered from 1)
@@ -1053,14 +1059,32 @@ class BatchingPersister(Generic[FlushT]):
     def _commit(self, appends: Sequence[PartitionAppend], table: FlushT | None,
                 exclude: set[tuple[str, int, int]] | None) -> None:
         """One try of a table write (blocking): ``before_table_write``, the write, then
-        ``after_table_write``, under ``table_lock``."""
-        with self._table_lock():
+        ``after_table_write``, under ``table_lock`` (shared when the sink says the commit may be)."""
+        from pipeline.table.catalog import SparkAppendNeeded
+
+        shared = table is not None and self._commits_shared is not None and self._commits_shared(table)
+        try:
+            self._commit_held(appends, table, exclude, shared)
+        except SparkAppendNeeded:
+            if not shared:
+                raise
+            # A typed topic's table needs a Spark append after all (another broker changed its
+            # columns): again, exclusively. The files committed by the shared try are skipped.
+            self._commit_held(appends, table, exclude, False)
+
+    def _commit_held(self, appends: Sequence[PartitionAppend], table: FlushT | None,
+                     exclude: set[tuple[str, int, int]] | None, shared: bool) -> None:
+        started = time.perf_counter()
+        with self._table_lock(shared):
+            held = time.perf_counter()
+            self.stats.table_lock_wait_seconds += held - started
             if self._before_table_write is not None:
                 self._before_table_write(appends)
             if table is not None:
                 self._sink.write(table, exclude)
             if self._after_table_write is not None:
                 self._after_table_write(appends)
+            self.stats.table_commit_seconds += time.perf_counter() - held
 
     async def _write_spark(self, group: FlushGroup[_SparkWaiter], table: FlushT | None,
                            exclude: set[tuple[str, int, int]] | None = None) -> bool:

@@ -224,6 +224,11 @@ class Partition:
 
 
 @dataclass(slots=True)
+class SparkAppendNeeded(RuntimeError):
+    """A flush written under a shared hold of the tables needs a Spark append (``write_flush``):
+    the caller writes it again holding them exclusively."""
+
+
 class MaintenanceResult:
     """What one ``maintain`` call did."""
 
@@ -574,9 +579,15 @@ class TableCatalog:
                     f"give {expected}; drop or rename the table (or ALTER it) before changing the schema")
         return mismatches
 
-    def write_flush(self, flush: FlushTables, exclude: set[tuple[str, int, int]] | None = None) -> None:
+    def write_flush(self, flush: FlushTables, exclude: set[tuple[str, int, int]] | None = None,
+                    spark_appends: bool = True) -> None:
         """Write one flush: raw rows to the records table, typed rows to their topics' tables,
         dead letters to theirs; one Spark job per destination with rows.
+
+        ``spark_appends=False``: the caller holds the tables shared with other brokers' commits
+        (``pipeline.persist.group_sink.table_lock``), where a Spark append must not run; a typed
+        topic's staged files that need one (``commit_staged_typed``) raise ``SparkAppendNeeded``
+        (nothing of that topic written), and so does a flush with Arrow rows.
 
         ``flush.records`` and each of ``flush.typed`` is either an Arrow table (a Spark append,
         ``write``) or the flush's staged files (``pipeline.table.staging.StagedRecords``, committed
@@ -587,13 +598,15 @@ class TableCatalog:
             Whatever Spark raises; rows already written before the failure are
             found by ``present_offsets`` and not written again by the retry.
         """
+        if not spark_appends and self.spark_rows(flush):
+            raise SparkAppendNeeded("a flush with rows for a Spark append, under a shared hold of the tables")
         if isinstance(flush.records, StagedRecords):
             self.commit_staged(flush.records, exclude)
         else:
             self.write(flush.records)
         for topic, table in flush.typed.items():
             if isinstance(table, StagedRecords):
-                self.commit_staged_typed(self.typed_tables[topic], table, exclude)
+                self.commit_staged_typed(self.typed_tables[topic], table, exclude, spark_append=spark_appends)
             elif table.num_rows:
                 self._write_owned(self.typed_tables[topic], table)
         if flush.dead_letters.num_rows:
@@ -637,8 +650,30 @@ class TableCatalog:
             self._commit_files(self.records, files, self.partition_directories)
         return len(files)
 
+    @staticmethod
+    def spark_rows(flush: FlushTables) -> int:
+        """The rows of ``flush`` that a Spark append writes (every table's but staged files')."""
+        tables = [flush.records, *flush.typed.values(), flush.dead_letters]
+        return sum(t.num_rows for t in tables if not isinstance(t, StagedRecords))
+
+    def takes_staged(self, topic: str, staged: StagedRecords) -> bool:
+        """Whether ``commit_staged_typed`` is known to commit ``staged`` (typed topic ``topic``'s
+        files) as files, without a Spark append: its table's columns were checked for their schema
+        before (``_takes_files``' cache). False when unknown, or when they need an append.
+
+        Raises:
+            OSError: a staged file could not be read.
+        """
+        files = [f for f in staged.files if os.path.exists(f.path)]
+        if not files:
+            return True  # nothing left to commit
+        schema = pq.read_schema(files[0].path)
+        key = (self.typed_tables[topic].name, schema.to_string(show_field_metadata=False, show_schema_metadata=False))
+        return self._file_columns.get(key) is True
+
     def commit_staged_typed(self, owned: OwnedTable, staged: StagedRecords,
-                            exclude: set[tuple[str, int, int]] | None = None, codec: str = "snappy") -> int:
+                            exclude: set[tuple[str, int, int]] | None = None, codec: str = "snappy",
+                            spark_append: bool = True) -> int:
         """Commit a typed topic's staged files (``pipeline.table.staging.stage_typed``) to its table
         ``owned`` as ``commit_staged`` does, when the table exists and its data columns are the
         files' (names and Spark types, in order: what a Spark append would have written). Otherwise
@@ -650,6 +685,8 @@ class TableCatalog:
             The files committed (0 when Spark appended the rows).
 
         Raises:
+            SparkAppendNeeded: the rows need a Spark append and ``spark_append`` is False (nothing
+                written).
             OSError: a file could not be read, rewritten or moved.
             Whatever Spark raises for the catalog calls or the append.
         """
@@ -658,6 +695,8 @@ class TableCatalog:
             return 0
         schema = pq.read_schema(files[0].path)  # every file of a flush has the flush's columns
         if not self._takes_files(owned, schema, files[0].path):
+            if not spark_append:
+                raise SparkAppendNeeded(f"the staged rows of {owned.name} need a Spark append (new table or columns)")
             self._write_owned(owned, pa.concat_tables([pq.read_table(f.path) for f in files]))
             for f in files:
                 os.unlink(f.path)

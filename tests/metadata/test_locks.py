@@ -12,6 +12,8 @@ import textwrap
 import threading
 import time
 
+import pytest
+
 from pipeline.metadata.locks import LeaseLock
 
 LEASE_MS, RENEW_MS = 3000, 200
@@ -112,3 +114,98 @@ def test_a_holder_killed_with_the_lock_is_replaced_once_its_lease_ran_out(metada
             holder.kill()
             holder.wait()
         other.close()
+
+
+def test_shared_holders_overlap_and_an_exclusive_one_waits_for_them(metadata_target):
+    target = metadata_target("cluster.db")
+    a, b, c = _lock(target, "broker-0/a"), _lock(target, "broker-1/b"), _lock(target, "broker-2/c")
+    try:
+        with a.hold(shared=True):
+            assert b.try_acquire(shared=True)  # two brokers' commits at once
+            assert not c.try_acquire()  # compaction waits for both, and says so...
+            assert b.try_acquire(shared=True)  # b renews its own shared hold
+            b.release()
+            assert not c.try_acquire()  # ...a still holds it
+        assert c.try_acquire()
+        assert not a.try_acquire(shared=True)  # no shared hold under an exclusive one
+        c.release()
+        assert a.try_acquire(shared=True)
+        a.release()
+    finally:
+        for lock in (a, b, c):
+            lock.close()
+
+
+def test_an_exclusive_waiter_holds_new_shared_holders_back(metadata_target):
+    """Writer preference: once an exclusive hold waits, no new shared hold starts, so overlapping
+    commits cannot starve compaction; the waiter's intent goes with its release."""
+    target = metadata_target("cluster.db")
+    a, b, c = _lock(target, "broker-0/a"), _lock(target, "broker-1/b"), _lock(target, "broker-2/c")
+    try:
+        assert a.try_acquire(shared=True)
+        assert not c.try_acquire()  # waits, its intent recorded
+        assert not b.try_acquire(shared=True)  # a new commit waits behind it
+        a.release()
+        assert c.try_acquire()
+        c.release()
+        assert b.try_acquire(shared=True)
+        b.release()
+        assert a.try_acquire(shared=True)
+        assert not c.try_acquire()
+        c.release()  # an intent left by a refused attempt is gone with the release
+        assert b.try_acquire(shared=True)
+        b.release()
+    finally:
+        for lock in (a, b, c):
+            lock.close()
+
+
+def test_an_exclusive_hold_inside_a_shared_one_is_refused(metadata_target):
+    lock = _lock(metadata_target("cluster.db"), "broker-0/a")
+    try:
+        with lock.hold(shared=True):
+            with lock.hold(shared=True):
+                pass
+            with pytest.raises(RuntimeError, match="exclusive hold inside a shared one"):
+                with lock.hold():
+                    pass
+        with lock.hold():
+            with lock.hold(shared=True):  # inside an exclusive hold, anything goes
+                pass
+    finally:
+        lock.close()
+
+
+def test_a_waiting_exclusive_holder_gets_the_lock_while_shared_holds_keep_coming(metadata_target):
+    """Threads of three brokers: two commit in overlapping shared holds without pause, the third
+    asks for an exclusive hold meanwhile and gets it within a few holds."""
+    target = metadata_target("cluster.db")
+    locks = [_lock(target, f"broker-{i}/x") for i in range(3)]
+    stop = threading.Event()
+    inside: list[str] = []
+    seen_overlap = threading.Event()
+
+    def commits(lock: LeaseLock, name: str) -> None:
+        while not stop.is_set():
+            with lock.hold(shared=True):
+                inside.append(name)
+                if len(set(inside)) > 1:
+                    seen_overlap.set()
+                time.sleep(0.05)
+                inside.remove(name)
+
+    threads = [threading.Thread(target=commits, args=(locks[i], str(i))) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        assert seen_overlap.wait(30), "two shared holders never overlapped"
+        started = time.monotonic()
+        with locks[2].hold():
+            assert inside == []
+        assert time.monotonic() - started < 10
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        for lock in locks:
+            lock.close()

@@ -39,10 +39,12 @@ ROWS = 300  # records per append
 
 
 def flock_waiters(path: Path) -> int:
-    """Processes blocked in ``flock`` on ``path``: the ``->`` lines of ``/proc/locks`` for its inode."""
-    inode = os.stat(path).st_ino
+    """Processes blocked in ``flock`` on ``path`` or its gate (``table_lock``): the ``->`` lines of
+    ``/proc/locks`` for their inodes."""
+    inodes = {os.stat(p).st_ino for p in (path, Path(f"{path}.gate")) if os.path.exists(p)}
     with open("/proc/locks") as f:
-        return sum(1 for line in f if "->" in line and "FLOCK" in line and f":{inode} " in line)
+        return sum(1 for line in f if "->" in line and "FLOCK" in line
+                   and any(f":{inode} " in line for inode in inodes))
 
 
 def write_waits_for_the_lock(sink: SparkGroupSink, table, lock_path: Path) -> None:
@@ -137,9 +139,9 @@ class CountingLeaseLock(LeaseLock):
 
     attempts = 0
 
-    def try_acquire(self) -> bool:
+    def try_acquire(self, shared: bool = False) -> bool:
         self.attempts += 1
-        return super().try_acquire()
+        return super().try_acquire(shared)
 
 
 @pytest.mark.slow
@@ -232,3 +234,60 @@ def test_a_commit_stalled_past_its_brokers_lease_lands_nothing_after_another_bro
         spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
         for sink in (stalled, successor):
             sink.stop()
+
+
+@pytest.mark.slow
+def test_a_commit_of_staged_files_overlaps_another_brokers_commit_and_maintenance_waits_for_both(spark, tmp_path):
+    """Issue 34, concurrent table commits: a commit of staged files holds the tables' lock shared
+    (``SparkGroupSink.commits_shared``), so it goes through while another broker's commit holds it
+    (the test's shared hold stands in for it); compaction and retention hold it exclusively and wait
+    for every commit. A typed topic's first flush needs a Spark append (the table does not exist
+    yet): it waits like maintenance."""
+    from pipeline.table.catalog import TopicTableConfig
+    from pipeline.table.staging import StagedRecords
+
+    config = TableConfig(database=unique_database(), topics={"typed": TopicTableConfig(value_format="json", value_schema="a BIGINT")})
+    data_dir = tmp_path / "data"
+    sink = SparkGroupSink(data_dir, spark=spark, table_config=config, decode_in_subprocess=False,
+                          state_dir=data_dir / "_pipeline" / "broker-0", shared_table=True)
+    lock_path = Path(data_dir) / "_pipeline" / TABLE_LOCK_FILE
+    try:
+        sink.start()
+        flush = sink.to_table([PartitionAppend("t", 0, 0, rc.record_batch([b"a", b"b"]), 2, 0)])
+        assert isinstance(flush.records, StagedRecords) and sink.commits_shared(flush)
+        typed = sink.to_table([PartitionAppend("typed", 0, 0, rc.record_batch([b'{"a": 1}']), 1, 0)])
+        assert not sink.commits_shared(typed)  # its table's first rows: a Spark append
+        done: list[str] = []
+
+        def run(name: str, call) -> threading.Thread:
+            def go() -> None:
+                call()
+                done.append(name)
+            thread = threading.Thread(target=go, daemon=True)
+            thread.start()
+            return thread
+
+        with table_lock(lock_path, shared=True):  # another broker commits
+            run("commit", lambda: sink.write(flush)).join(120)
+            assert done == ["commit"], "a commit of staged files waited for another broker's commit"
+            waiting = [run("maintain", sink.maintain)]
+            deadline = time.monotonic() + 60
+            while flock_waiters(lock_path) == 0:
+                assert time.monotonic() < deadline and not done[1:], f"maintenance did not wait: {done}"
+                time.sleep(0.05)
+        for thread in waiting:
+            thread.join(120)
+        assert done == ["commit", "maintain"]
+        with table_lock(lock_path, shared=True):
+            waiting = [run("typed", lambda: sink.write(typed))]
+            deadline = time.monotonic() + 60
+            while flock_waiters(lock_path) == 0:
+                assert time.monotonic() < deadline and done[2:] == [], f"the Spark append did not wait: {done}"
+                time.sleep(0.05)
+        waiting[0].join(120)
+        assert done[2:] == ["typed"]
+        assert sorted(r[0] for r in sink.catalog.read().select("offset").collect()) == [0, 1]
+        assert spark.table(f"{config.database}.typed").count() == 1  # its table, by the typed topic's name
+    finally:
+        spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
+        sink.stop()
