@@ -246,7 +246,7 @@ class SparkGroupSink:
             self._table_lock.parent.mkdir(parents=True, exist_ok=True)
         self._lock = lock if shared_table and lock is not None else None
         self._holding = threading.RLock()
-        self._held = threading.local()  # .shared: the mode of this thread's outermost hold (``hold_table``)
+        self._held: dict[int, bool] = {}  # thread id -> the mode of its outermost hold (``hold_table``)
         self._decode_in_subprocess = decode_in_subprocess
         config = table_config or TableConfig()
         typed = (config.schema_registry is not None or any(c.value_format for c in config.topics.values())
@@ -287,22 +287,23 @@ class SparkGroupSink:
             yield
             return
         with self._holding:
-            outer = getattr(self._held, "shared", None)  # this thread's hold: None, or its mode
+            thread = threading.get_ident()
+            outer = self._held.get(thread)  # this thread's hold: None, or its mode
             if outer is not None:
                 if outer and not shared:
                     raise RuntimeError("an exclusive hold of the tables inside a shared one")
                 yield
                 return
-            self._held.shared = shared
+            self._held[thread] = shared
             try:
                 with self._lock(shared) if self._lock is not None else table_lock(self._table_lock, shared):
                     yield
             finally:
-                self._held.shared = None
+                del self._held[thread]
 
     def _holds_shared(self) -> bool:
         """Whether this thread holds the tables shared (``hold_table``)."""
-        return bool(getattr(self._held, "shared", None))
+        return bool(self._held.get(threading.get_ident()))
 
     def start(self) -> None:
         """Start Spark (blocking, ~8 s), warm its write path, start the decode worker.

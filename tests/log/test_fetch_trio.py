@@ -28,7 +28,7 @@ from kio.serial import entity_reader
 from kio.static.primitive import i8, i32, i64
 
 from pipeline.log.fetch import FetchApis
-from pipeline.log.manager import LogManager
+from pipeline.log.manager import RETENTION_CHECK_INTERVAL_S, LogManager
 from pipeline.log.state import LogState
 from pipeline.network.channel import MemoryWaiters
 from pipeline.network.memory_pool import MemoryPool
@@ -360,7 +360,8 @@ async def test_a_table_record_too_large_for_what_is_left_of_the_response_is_not_
         for i in range(2, 6):
             await client.send(produce(i, [b"y"], partition=1))  # "t"-1 offsets 1-4: small
         await client.wait_responses(6)
-        with trio.fail_after(60):
+        # Virtual time: retention runs every RETENTION_CHECK_INTERVAL_S (60 s), so a bound of 60 s raced it.
+        with trio.fail_after(10 * RETENTION_CHECK_INTERVAL_S):
             await eventually(lambda: len(b.sink.rows()) == 6)
             # retention let the oldest segments go: "t"-1 offset 0 is in the table only
             await eventually(lambda: (b.logs.log("t", 1).first_indexed_offset or 0) >= 1)
