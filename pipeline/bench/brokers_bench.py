@@ -263,28 +263,80 @@ def _stop(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
     log.close()
 
 
-def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list[dict]]
-              ) -> tuple[list[dict], dict, list[float], dict]:
-    """Run ``load`` (it returns the producers' figures) while sampling the broker tree and the Connect JVM.
+def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list[dict]],
+              metrics_ports: list[int], timeout_s: float) -> tuple[list[dict], dict, list[float], dict, dict]:
+    """Run ``load`` (it returns the producers' figures) while sampling the broker tree and the Connect JVM,
+    then wait until every broker's table holds what it acknowledged (``queryable``).
 
-    Returns (figures, broker tree window, CPU s of each broker in it, Connect window); the windows
-    are ``runner.Sampler.end()``'s (``server_cpu_s``, ``peak_rss_bytes``).
+    Returns (figures, broker tree window, CPU s of each broker in it, Connect window, queryable); the
+    windows are ``runner.Sampler.end()``'s (``server_cpu_s``, ``peak_rss_bytes``) over the load;
+    ``queryable`` is ``_queryable``'s, over the load and the table's catch-up after it.
     """
     from pipeline.bench.processes import Sampler, sample_tree
+    from pipeline.bench.security_bench import wait_for_table
 
     brokers = _broker_pids(server_pid, n)
     broker_sampler, connect_sampler = Sampler(server_pid, None), Sampler(connect_pid, None)
     try:
+        commits0 = _commit_counters(metrics_ports)
         cpu0 = [sample_tree(pid).cpu_s for pid in brokers]
         broker_sampler.begin()
         connect_sampler.begin()
         figures = load()
         broker_window, connect_window = broker_sampler.end(), connect_sampler.end()
         broker_cpu = [sample_tree(pid).cpu_s - c for pid, c in zip(brokers, cpu0)]
+        drained = wait_for_table(metrics_ports, timeout_s)
+        t_queryable = time.perf_counter()
+        tree_cpu = [sample_tree(pid).cpu_s - c for pid, c in zip(brokers, cpu0)]
+        commits1 = _commit_counters(metrics_ports)
     finally:
         broker_sampler.close()
         connect_sampler.close()
-    return figures, broker_window, broker_cpu, connect_window
+    queryable = _queryable(figures, t_queryable if drained is not None else None, tree_cpu, commits0, commits1)
+    return figures, broker_window, broker_cpu, connect_window, queryable
+
+
+COMMIT_COUNTERS = ("pipeline_table_commit_seconds", "pipeline_table_lock_wait_seconds", "pipeline_flush_records")
+"""Each broker's counters read before the load and once its table caught up (``_queryable``)."""
+
+
+def _commit_counters(metrics_ports: list[int]) -> list[dict[str, float]]:
+    """``COMMIT_COUNTERS`` of each broker (one ``/metrics`` port each); a missing one reads 0."""
+    from pipeline.bench.processes import counter, scrape_metrics
+
+    out = []
+    for port in metrics_ports:
+        metrics = scrape_metrics(port)
+        out.append({name: counter(metrics, name) or 0.0 for name in COMMIT_COUNTERS})
+    return out
+
+
+def _queryable(figures: list[dict], t_queryable: float | None, tree_cpu: list[float],
+               before: list[dict[str, float]], after: list[dict[str, float]]) -> dict:
+    """Ingest to queryable (issue 34): from the first ``produce()`` of any producer to the moment every
+    broker's table held what it acknowledged (``pipeline_buffered_bytes`` 0 on each, polled every
+    0.25 s). ``seconds``, ``records_per_s``, ``mb_per_s`` (value + key bytes); ``broker_cores``: the
+    broker trees' CPU seconds (each broker with its decode workers, from the load's start) over the
+    window; ``commit_s`` / ``lock_wait_s``: each broker's time holding / waiting for the tables' lock
+    in its commits (``pipeline_table_commit_seconds``, ``pipeline_table_lock_wait_seconds``);
+    ``commit_overlap``: their commit seconds summed over the window: above 1, commits of different
+    brokers overlapped in time for at least (overlap - 1) x the window (two intervals on one line
+    cannot sum past it otherwise); ``flush_records``: records each broker committed. Pure; {} when
+    the table did not catch up or no producer finished."""
+    done = [f for f in figures if "error" not in f]
+    if t_queryable is None or not done:
+        return {}
+    window = t_queryable - min(f["t_start"] for f in done)
+    records = sum(f["records"] for f in done)
+    nbytes = sum(f["bytes"] + f["key_bytes"] for f in done)
+    commit = [a["pipeline_table_commit_seconds"] - b["pipeline_table_commit_seconds"] for a, b in zip(after, before)]
+    wait = [a["pipeline_table_lock_wait_seconds"] - b["pipeline_table_lock_wait_seconds"]
+            for a, b in zip(after, before)]
+    flushed = [int(a["pipeline_flush_records"] - b["pipeline_flush_records"]) for a, b in zip(after, before)]
+    return {"seconds": round(window, 3), "records_per_s": records / window, "mb_per_s": nbytes / window / 1e6,
+            "broker_cores": sum(tree_cpu) / window, "broker_cpu_s": [round(c, 2) for c in tree_cpu],
+            "commit_s": [round(c, 3) for c in commit], "lock_wait_s": [round(w, 3) for w in wait],
+            "commit_overlap": sum(commit) / window, "flush_records": flushed}
 
 
 def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: Callable[[str], None]) -> dict:
@@ -323,9 +375,10 @@ def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: 
             connect_pid = spark_process.proc.pid
             if opts.client == "kcat":
                 inputs = [kcat_input(data / f"kcat-{i}.txt", per, opts.record_bytes) for i in range(opts.producers)]
-                figures, broker_window, broker_cpu, connect_window = _measured(
+                figures, broker_window, broker_cpu, connect_window, queryable = _measured(
                     proc.pid, n, connect_pid,
-                    lambda: kcat_produce(bootstrap, topics[1:], inputs, per, opts.record_bytes, opts.timeout_s))
+                    lambda: kcat_produce(bootstrap, topics[1:], inputs, per, opts.record_bytes, opts.timeout_s),
+                    metrics_ports, opts.timeout_s)
             else:
                 ctx = multiprocessing.get_context("spawn")
                 out = ctx.Queue()
@@ -344,7 +397,8 @@ def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: 
                     for w in workers:
                         w.start()
                     ready.wait(180)
-                    figures, broker_window, broker_cpu, connect_window = _measured(proc.pid, n, connect_pid, load)
+                    figures, broker_window, broker_cpu, connect_window, queryable = _measured(
+                        proc.pid, n, connect_pid, load, metrics_ports, opts.timeout_s)
                 finally:
                     for w in workers:
                         w.join(30)
@@ -352,6 +406,7 @@ def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: 
                             w.kill()
             row = phase_row(n, opts, figures, per * opts.producers, broker_window, broker_cpu, connect_window)
             row["table_wait_s"] = drained
+            row["queryable"] = queryable
             return row
         finally:
             del admin  # its connections go before the brokers (no "connection refused" noise)

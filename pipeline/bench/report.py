@@ -27,6 +27,12 @@ TARGET_E2E_MB_S = 200.0
 TARGET_BROKERS_RATIO = 1.6
 """--brokers 2 throughput over one broker's, stated for machines with at least TARGET_BROKERS_MIN_CORES cores."""
 TARGET_BROKERS_MIN_CORES = 4
+TARGET_QUERYABLE_BROKERS = 3
+TARGET_QUERYABLE_RATIO = 1.3
+"""Issue 34: 1 KiB ingest to queryable through ``--brokers 3`` over one broker's."""
+TARGET_QUERYABLE_CPU_BOUND_CORES = 1.8
+"""Issue 34: where the ratio is not met, the machine is shown to be the limit when the brokers' CPU
+sums to at least this many cores over the window (and their commits overlap: ``commit_overlap`` > 1)."""
 
 
 def runs(results: dict) -> Iterator[tuple[dict, dict]]:
@@ -296,7 +302,30 @@ def brokers_targets(results: dict) -> list[dict]:
             scale |= {"status": f"not measurable here ({cores} cores)", "detail": detail}
         else:
             scale |= {"status": "met" if ratio >= TARGET_BROKERS_RATIO else "not met", "detail": detail}
-    return [e2e, scale]
+    return [e2e, scale, queryable_target(results)]
+
+
+def queryable_target(results: dict) -> dict:
+    """Issue 34's target: ingest to queryable with ``--brokers 3`` >= ``TARGET_QUERYABLE_RATIO`` x one
+    broker's; where not, "machine-bound" when the brokers used >= ``TARGET_QUERYABLE_CPU_BOUND_CORES``
+    cores over the window and their commits overlapped (``commit_overlap`` > 1)."""
+    n = TARGET_QUERYABLE_BROKERS
+    target = {"target": f"ingest to queryable: --brokers {n} >= {TARGET_QUERYABLE_RATIO:g}x one broker's "
+                        f"(or the machine the limit: brokers' CPU >= {TARGET_QUERYABLE_CPU_BOUND_CORES:g} cores, "
+                        "commits overlapping)"}
+    rows = {r["brokers"]: r["queryable"] for r in results.get("brokers") or []
+            if r.get("ok") and (r.get("queryable") or {}).get("records_per_s")}
+    if 1 not in rows or n not in rows:
+        return target | {"status": "not measured", "detail": f"N=1 and N={n} did not both reach queryable clean"}
+    one, many = rows[1], rows[n]
+    ratio = many["records_per_s"] / one["records_per_s"]
+    detail = (f"{ratio:.2f}x ({many['records_per_s']:,.0f} vs {one['records_per_s']:,.0f} records/s); N={n}: "
+              f"brokers' CPU {many['broker_cores']:.2f} cores, commits {' + '.join(f'{c:.1f}' for c in many['commit_s'])}"
+              f" s in {many['seconds']:.1f} s (overlap {many['commit_overlap']:.2f})")
+    if ratio >= TARGET_QUERYABLE_RATIO:
+        return target | {"status": "met", "detail": detail}
+    bound = many["broker_cores"] >= TARGET_QUERYABLE_CPU_BOUND_CORES and many["commit_overlap"] > 1
+    return target | {"status": "machine-bound" if bound else "not met", "detail": detail}
 
 
 # ------------------------------------------------------------------ tables
@@ -374,6 +403,36 @@ def brokers_rows(results: dict) -> list[list[str]]:
     return rows
 
 
+QUERYABLE_COLUMNS = ("brokers", "to queryable s", "records/s", "MB/s", "x N=1", "broker cores", "commit s",
+                     "commit overlap", "lock wait s")
+
+
+def queryable_rows(results: dict) -> list[list[str]]:
+    """The brokers phase's ingest to queryable (``row["queryable"]``, ``brokers_bench._queryable``), in
+    ``QUERYABLE_COLUMNS`` order; commit s and lock wait s per broker ("a+b")."""
+    rows = []
+    one = next((r["queryable"] for r in results.get("brokers") or []
+                if r.get("brokers") == 1 and (r.get("queryable") or {}).get("records_per_s")), None)
+    for r in results.get("brokers") or []:
+        q = r.get("queryable") or {}
+        if not q:
+            rows.append([str(r["brokers"])] + ["-"] * (len(QUERYABLE_COLUMNS) - 1))
+            continue
+        ratio = q["records_per_s"] / one["records_per_s"] if one else None
+        rows.append([str(r["brokers"]), _fmt(q["seconds"], ".1f"), _fmt(q["records_per_s"]),
+                     _fmt(q["mb_per_s"], ".1f"), _fmt(ratio, ".2f"), _fmt(q["broker_cores"], ".2f"),
+                     "+".join(f"{c:.1f}" for c in q["commit_s"]), _fmt(q["commit_overlap"], ".2f"),
+                     "+".join(f"{c:.1f}" for c in q["lock_wait_s"])])
+    return rows
+
+
+QUERYABLE_CAPTION = ("Ingest to queryable: from the first produce() to every broker's table holding what it "
+                     "acknowledged (pipeline_buffered_bytes 0); broker cores: the brokers' CPU over that window; "
+                     "commit s / lock wait s: per broker, holding / waiting for the tables' lock in commits; "
+                     "commit overlap: commit s summed over the window (above 1: commits of different brokers "
+                     "overlapped).")
+
+
 def _brokers_caption(results: dict) -> str:
     o = results.get("brokers_options") or {}
     client = "kcat" if o.get("client") == "kcat" else "confluent-kafka"
@@ -409,6 +468,12 @@ def print_report(results: dict, console: Console) -> None:
         for row in brokers_rows(results):
             b.add_row(*row, style="red" if row[-1] != "OK" else None)
         console.print(b)
+        q = Table(title=QUERYABLE_CAPTION)
+        for col in QUERYABLE_COLUMNS:
+            q.add_column(col, justify="right")
+        for row in queryable_rows(results):
+            q.add_row(*row)
+        console.print(q)
     g = Table(title="targets")
     g.add_column("target")
     g.add_column("status")
@@ -442,6 +507,9 @@ def markdown(results: dict) -> str:
         lines += ["", _brokers_caption(results), "",
                   "| " + " | ".join(BROKERS_COLUMNS) + " |", "|" + "---|" * len(BROKERS_COLUMNS)]
         lines += ["| " + " | ".join(r) + " |" for r in brokers_rows(results)]
+        lines += ["", QUERYABLE_CAPTION, "",
+                  "| " + " | ".join(QUERYABLE_COLUMNS) + " |", "|" + "---|" * len(QUERYABLE_COLUMNS)]
+        lines += ["| " + " | ".join(r) + " |" for r in queryable_rows(results)]
     lines += ["", "Targets:", ""]
     lines += [f"- **{t['status']}**: {t['target']} ({t['detail']})" for t in results.get("targets", [])]
     return "\n".join(lines) + "\n"

@@ -41,6 +41,10 @@ def test_brokers_bench_smoke(tmp_path):
         assert 0 < r["latency_ms"]["p50"] <= r["latency_ms"]["p99"] <= r["latency_ms"]["p99.9"]
         assert len(r["broker_cpu_s"]) == r["brokers"] and r["cpu_s_per_m_records"] > 0
         assert r["peak_rss_mb"] > 0 and r["connect_peak_rss_mb"] > 0
+        q = r["queryable"]  # ingest to queryable: every acknowledged record committed by the brokers
+        assert q["seconds"] >= r["seconds"] and 0 < q["records_per_s"] <= r["records_per_s"]
+        assert sum(q["flush_records"]) == 20000 and len(q["commit_s"]) == len(q["lock_wait_s"]) == 2
+        assert all(c > 0 for c in q["commit_s"]) and q["broker_cores"] > 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["brokers"] == rows
     assert {t["target"].split(":")[0] for t in results["targets"]} >= {"end to end"}

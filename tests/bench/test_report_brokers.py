@@ -74,3 +74,33 @@ def test_targets_with_a_row_that_recorded_no_record_size():
     e2e = _target(_results([_row(1, 300_000, record_bytes=100), unknown], 8), "end to end")
     assert e2e["status"] == "not measured"
     assert e2e["detail"].startswith("records of [None, 100] B, not 1 KiB")
+
+
+def _queryable(row: dict, records_per_s: float, cores: float, commit_s: list[float], seconds: float = 10.0) -> dict:
+    row["queryable"] = {"seconds": seconds, "records_per_s": records_per_s, "mb_per_s": records_per_s * 1029 / 1e6,
+                        "broker_cores": cores, "broker_cpu_s": [cores * seconds / len(commit_s)] * len(commit_s),
+                        "commit_s": commit_s, "lock_wait_s": [0.1] * len(commit_s),
+                        "commit_overlap": sum(commit_s) / seconds, "flush_records": [1] * len(commit_s)}
+    return row
+
+
+def test_the_ingest_to_queryable_target_and_table():
+    start = "ingest to queryable"
+    met = _results([_queryable(_row(1, 50_000), 20_000, 0.9, [3.0]),
+                    _queryable(_row(3, 70_000), 27_000, 1.9, [4.0, 4.0, 4.0])], 2)
+    assert _target(met, start)["status"] == "met"
+    assert _target(met, start)["detail"].startswith("1.35x") and "overlap 1.20" in _target(met, start)["detail"]
+    md = report.markdown(met)
+    assert "| " + " | ".join(report.QUERYABLE_COLUMNS) + " |" in md
+    assert "| 3 | 10.0 | 27000 | 27.8 | 1.35 | 1.90 | 4.0+4.0+4.0 | 1.20 | 0.1+0.1+0.1 |" in md
+
+    bound = _results([_queryable(_row(1, 50_000), 20_000, 0.9, [3.0]),
+                      _queryable(_row(3, 70_000), 22_000, 1.9, [4.0, 4.0, 4.0])], 2)
+    assert _target(bound, start)["status"] == "machine-bound"
+    serial = _results([_queryable(_row(1, 50_000), 20_000, 0.9, [3.0]),
+                       _queryable(_row(3, 70_000), 22_000, 1.9, [3.0, 3.0, 3.0])], 2)
+    assert _target(serial, start)["status"] == "not met"  # the commits never overlapped
+    idle = _results([_queryable(_row(1, 50_000), 20_000, 0.9, [3.0]),
+                     _queryable(_row(3, 70_000), 22_000, 1.2, [4.0, 4.0, 4.0])], 2)
+    assert _target(idle, start)["status"] == "not met"  # the machine was not the limit
+    assert _target(_results([_queryable(_row(1, 50_000), 20_000, 0.9, [3.0])], 2), start)["status"] == "not measured"
