@@ -296,7 +296,8 @@ def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list
     return figures, broker_window, broker_cpu, connect_window, queryable
 
 
-COMMIT_COUNTERS = ("pipeline_table_commit_seconds", "pipeline_table_lock_wait_seconds", "pipeline_flush_records")
+COMMIT_COUNTERS = ("pipeline_table_commit_seconds_total", "pipeline_table_lock_wait_seconds_total",
+                   "pipeline_flush_records_total")
 """Each broker's counters read before the load and once its table caught up (``_queryable``)."""
 
 
@@ -329,10 +330,11 @@ def _queryable(figures: list[dict], t_queryable: float | None, tree_cpu: list[fl
     window = t_queryable - min(f["t_start"] for f in done)
     records = sum(f["records"] for f in done)
     nbytes = sum(f["bytes"] + f["key_bytes"] for f in done)
-    commit = [a["pipeline_table_commit_seconds"] - b["pipeline_table_commit_seconds"] for a, b in zip(after, before)]
-    wait = [a["pipeline_table_lock_wait_seconds"] - b["pipeline_table_lock_wait_seconds"]
-            for a, b in zip(after, before)]
-    flushed = [int(a["pipeline_flush_records"] - b["pipeline_flush_records"]) for a, b in zip(after, before)]
+    def delta(name: str) -> list[float]:
+        return [a[f"{name}_total"] - b[f"{name}_total"] for a, b in zip(after, before)]
+
+    commit, wait = delta("pipeline_table_commit_seconds"), delta("pipeline_table_lock_wait_seconds")
+    flushed = [int(f) for f in delta("pipeline_flush_records")]
     return {"seconds": round(window, 3), "records_per_s": records / window, "mb_per_s": nbytes / window / 1e6,
             "broker_cores": sum(tree_cpu) / window, "broker_cpu_s": [round(c, 2) for c in tree_cpu],
             "commit_s": [round(c, 3) for c in commit], "lock_wait_s": [round(w, 3) for w in wait],

@@ -77,6 +77,11 @@ LOCAL_RELATION_MAX_BYTES = 48 * 1024 * 1024
 """Spark's default ``spark.sql.execution.arrow.localRelationThreshold``."""
 
 
+PARTITION_GENERATION_FILE = "partitions.generation"
+"""``DATA_DIR/_pipeline/partitions.generation``: a token the brokers of a cluster change when they
+have moved or dropped partitions of the shared tables (``SparkGroupSink._partitions_moved``); each
+broker keeps the partition directories it cached for its commits while it stays the same."""
+
 TABLE_LOCK_FILE = "table.lock"
 """``DATA_DIR/_pipeline/table.lock``: taken (flock) around every change to the tables by the
 brokers of a cluster, which share one Spark and one table; ``table.lock.gate`` beside it orders
@@ -314,11 +319,12 @@ class SparkGroupSink:
         """
         with self.hold_table():  # creating the tables, settling a compaction cut short
             self._sink.start()
+            self._partitions_moved()
         self._formats = self._sink.catalog.value_formats()
         self._sink.catalog.check_typed_tables(self._formats)
         self._staging = self._start_staging()
-        if self._table_lock is not None:  # other brokers may move partitions (compaction): no cache
-            self._sink.catalog.share_partitions()
+        if self._shared:  # other brokers may move partitions (compaction): cached while the generation holds
+            self._sink.catalog.share_partitions(self._partition_generation)
         warmup = pa.table({"warmup": pa.array([1], pa.int32())})
         path = os.path.join(self._state_dir, "warmup")
         self._sink.spark.createDataFrame(warmup).write.mode("overwrite").parquet(path)
@@ -653,9 +659,49 @@ class SparkGroupSink:
         """Remove every row of a deleted topic from the tables (``TableCatalog.drop_topic``);
         blocking, run it in a worker thread. Returns the partitions dropped."""
         with self.hold_table():
-            return self._sink.catalog.drop_topic(topic)
+            try:
+                return self._sink.catalog.drop_topic(topic)
+            finally:
+                self._partitions_moved()
 
     def maintain(self) -> MaintenanceResult:
         """Table maintenance (retention, compaction, deleting replaced files): ``TableCatalog.maintain``."""
         with self.hold_table():
-            return self._sink.catalog.maintain()
+            try:
+                result = self._sink.catalog.maintain()
+            except BaseException:  # one that failed part-way may have moved some
+                self._partitions_moved()
+                raise
+            if result.compacted_partitions or result.dropped_partitions:
+                self._partitions_moved()
+            return result
+
+    @property
+    def _shared(self) -> bool:
+        return self._table_lock is not None or self._lock is not None
+
+    def _generation_path(self) -> Path:
+        return Path(self._sink.data_dir) / "_pipeline" / PARTITION_GENERATION_FILE
+
+    def _partition_generation(self) -> str:
+        """The tables' partition generation (``PARTITION_GENERATION_FILE``; "" before any change)."""
+        try:
+            return self._generation_path().read_text()
+        except FileNotFoundError:
+            return ""
+
+    def _partitions_moved(self) -> None:
+        """Holding the tables exclusively, after partitions may have moved or gone: a new partition
+        generation, so every broker's next commit asks the catalog for its partitions' directories
+        (``TableCatalog.share_partitions``). Nothing for tables of this process alone (its catalog
+        forgets its own cache).
+
+        Raises:
+            OSError: the file could not be written.
+        """
+        if not self._shared:
+            return
+        path = self._generation_path()
+        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+        tmp.write_text(uuid.uuid4().hex)
+        os.replace(tmp, path)

@@ -291,3 +291,38 @@ def test_a_commit_of_staged_files_overlaps_another_brokers_commit_and_maintenanc
     finally:
         spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
         sink.stop()
+
+
+@pytest.mark.slow
+def test_a_broker_commits_into_a_partition_another_broker_compacted_meanwhile(spark, tmp_path):
+    """Each broker caches its partitions' directories for its commits (no catalog call per commit);
+    another broker's compaction moves a partition to a new location. The compacting broker changes
+    the partition generation (``partitions.generation``) before it releases the tables, so the first
+    broker's next commit asks the catalog again and its file lands where readers look. Without it, the
+    file would go into the replaced directory: renamed, acknowledged, and read by nobody."""
+    config = TableConfig(database=unique_database(), compaction_min_files=2)
+    data_dir = tmp_path / "data"
+    writer, compactor = (SparkGroupSink(data_dir, spark=spark, table_config=config, decode_in_subprocess=False,
+                                        state_dir=data_dir / "_pipeline" / f"broker-{i}", shared_table=True)
+                         for i in range(2))
+
+    def flush(sink: SparkGroupSink, offset: int):
+        return sink.to_table([PartitionAppend("t", 0, offset, rc.record_batch([b"v%d" % offset]), 1, 0)])
+
+    try:
+        writer.start()
+        compactor.start()
+        for offset in range(3):  # three files in one hour partition: cached after the first commit
+            writer.write(flush(writer, offset))
+        [partition] = writer.catalog.partition_values()
+        before = writer.catalog.partition_location(partition)
+        assert compactor.maintain().compacted_partitions == 1
+        after = compactor.catalog.partition_location(partition)
+        assert after != before
+        writer.write(flush(writer, 3))
+        offsets = sorted(r[0] for r in writer.catalog.read().select("offset").collect())
+        assert offsets == [0, 1, 2, 3]
+    finally:
+        spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
+        for sink in (writer, compactor):
+            sink.stop()
