@@ -275,10 +275,13 @@ def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list
     from pipeline.bench.processes import Sampler, sample_tree
     from pipeline.bench.security_bench import wait_for_table
 
+    import psutil
+
     brokers = _broker_pids(server_pid, n)
     broker_sampler, connect_sampler = Sampler(server_pid, None), Sampler(connect_pid, None)
     try:
         commits0 = _commit_counters(metrics_ports)
+        machine0 = psutil.cpu_times()
         cpu0 = [sample_tree(pid).cpu_s for pid in brokers]
         broker_sampler.begin()
         connect_sampler.begin()
@@ -288,11 +291,16 @@ def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list
         drained = wait_for_table(metrics_ports, timeout_s)
         t_queryable = time.perf_counter()
         tree_cpu = [sample_tree(pid).cpu_s - c for pid, c in zip(brokers, cpu0)]
+        machine1 = psutil.cpu_times()
         commits1 = _commit_counters(metrics_ports)
     finally:
         broker_sampler.close()
         connect_sampler.close()
     queryable = _queryable(figures, t_queryable if drained is not None else None, tree_cpu, commits0, commits1)
+    if queryable:
+        idle = (machine1.idle - machine0.idle) + (machine1.iowait - machine0.iowait)
+        total = sum(machine1) - sum(machine0)
+        queryable["machine_busy_cores"] = (1 - idle / total) * (os.cpu_count() or 1) if total > 0 else None
     return figures, broker_window, broker_cpu, connect_window, queryable
 
 

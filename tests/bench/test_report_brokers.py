@@ -92,7 +92,7 @@ def test_the_ingest_to_queryable_target_and_table():
     assert _target(met, start)["detail"].startswith("1.35x") and "overlap 1.20" in _target(met, start)["detail"]
     md = report.markdown(met)
     assert "| " + " | ".join(report.QUERYABLE_COLUMNS) + " |" in md
-    assert "| 3 | 10.0 | 27000 | 27.8 | 1.35 | 1.90 | 4.0+4.0+4.0 | 1.20 | 0.1+0.1+0.1 |" in md
+    assert "| 3 | 10.0 | 27000 | 27.8 | 1.35 | 1.90 | - | 4.0+4.0+4.0 | 1.20 | 0.1+0.1+0.1 |" in md
 
     bound = _results([_queryable(_row(1, 50_000), 20_000, 0.9, [3.0]),
                       _queryable(_row(3, 70_000), 22_000, 1.9, [4.0, 4.0, 4.0])], 2)
