@@ -322,7 +322,7 @@ def queryable_target(results: dict) -> dict:
     busy = many.get("machine_busy_cores")
     detail = (f"{ratio:.2f}x ({many['records_per_s']:,.0f} vs {one['records_per_s']:,.0f} records/s); N={n}: "
               f"brokers' CPU {many['broker_cores']:.2f} cores"
-              + (f" of the machine's {busy:.2f} busy" if busy is not None else "") + ", commits {' + '.join(f'{c:.1f}' for c in many['commit_s'])}"
+              + (f" of the machine's {busy:.2f} busy" if busy is not None else "") + f", commits {' + '.join(f'{c:.1f}' for c in many['commit_s'])}"
               f" s in {many['seconds']:.1f} s (overlap {many['commit_overlap']:.2f})")
     if ratio >= TARGET_QUERYABLE_RATIO:
         return target | {"status": "met", "detail": detail}
