@@ -324,6 +324,8 @@ EVERY_FAMILY = (
     "pipeline_flush_bytes_total",
     "pipeline_flush_records_total",
     "pipeline_flush_failures_total",
+    "pipeline_table_commit_seconds_total",
+    "pipeline_table_lock_wait_seconds_total",
     "pipeline_buffered_records",
     "pipeline_buffered_bytes",
     "pipeline_queryable_lag_ms_bucket",
