@@ -351,6 +351,7 @@ class SparkGroupSink:
         directory = self._staging_path(self.staging_name)
         os.makedirs(directory)
         codec = arrow_codec(self._sink.spark.conf.get("spark.sql.parquet.compression.codec", "snappy") or "snappy")
+        self._sink.catalog.stage_spark_appends(directory)  # fenced with the staged files
         return Staging(directory, self._sink.catalog.config.day_topics, codec)
 
     def _staging_path(self, name: str) -> str:
@@ -363,10 +364,13 @@ class SparkGroupSink:
     def fence_staging(self, staging_name: str) -> bool:
         """Fence a dead broker run's commit in flight (blocking; call it holding the tables' lock, once
         that run is no longer a live member): move its staging directory (``staging_name``, as its
-        ``staging_name`` was) away (one ``rename``), then delete it. A commit publishes a file by
-        renaming it from there into its partition, so each of that run's files is either in the table
-        before this (and any read after finds it) or never: a zombie that wakes (SIGSTOP, a long GC
-        pause) fails its next rename with ENOENT. Returns whether there was a directory to move.
+        ``staging_name`` was) away (one ``rename``), delete it, and leave an empty file in its place.
+        A commit publishes a file by renaming it from there into its partition, so each of that run's
+        files is either in the table before this (and any read after finds it) or never: a zombie that
+        wakes (SIGSTOP, a long GC pause) fails its next rename with ENOENT. The file in its place keeps
+        a Spark job of that run still going on a shared Connect server (an append through
+        ``TableCatalog.spark_staging``) from making the directory again: its writes fail, and so do
+        its renames (ENOTDIR). Returns whether there was a directory to move.
 
         Raises:
             ValueError: ``staging_name`` is not a staging directory's name.
@@ -375,13 +379,23 @@ class SparkGroupSink:
         if not re.fullmatch(r"[\w.-]+/[0-9a-f]+", staging_name):
             raise ValueError(f"not a staging directory's name: {staging_name!r}")
         directory = self._staging_path(staging_name)
-        fenced = f"{directory}.fenced-{uuid.uuid4().hex[:12]}"
-        try:
-            os.rename(directory, fenced)
-        except FileNotFoundError:
-            return False
-        shutil.rmtree(fenced, ignore_errors=True)
-        return True
+        moved = False
+        while not os.path.isfile(directory):  # fenced before
+            fenced = f"{directory}.fenced-{uuid.uuid4().hex[:12]}"
+            try:
+                os.rename(directory, fenced)
+                moved = True
+                shutil.rmtree(fenced, ignore_errors=True)
+            except FileNotFoundError:
+                pass
+            try:
+                with open(directory, "x"):
+                    break
+            except FileExistsError:  # the run made it again in between (a Spark job's mkdirs): again
+                continue
+            except FileNotFoundError:  # no staging directory of that broker here at all
+                break
+        return moved
 
     @property
     def staging(self) -> Staging:

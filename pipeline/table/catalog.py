@@ -25,6 +25,8 @@ import logging
 import os
 import shutil
 import time
+import urllib.parse
+import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -316,6 +318,9 @@ class TableCatalog:
         ``commit_staged`` registered or found it. A catalog call costs ~0.2 s of JVM CPU; this
         process's own ``maintain`` and ``drop_topic`` empty the cache, and so does a change of
         ``share_partitions``' generation (another process moved partitions)."""
+        self.spark_staging: str | None = None
+        """A directory (this broker run's staging directory) Spark appends write their files into
+        before they are committed as files (``_spark_staged``); None: they insert into the table."""
         self._generation: Callable[[], str] | None = None
         self._generation_seen: str | None = None
         self._typed_partition_directories: dict[str, dict[tuple, str]] = {}
@@ -759,6 +764,14 @@ class TableCatalog:
             os.rename(f.path, os.path.join(directories[f.partition], os.path.basename(f.path)))
 
     def _write_owned(self, owned: OwnedTable, table: pa.Table) -> None:
+        """Append ``table``'s rows to ``owned`` (a typed topic's table, or the dead letters) with Spark,
+        creating the table or adding its new columns first. With ``spark_staging`` set the rows are
+        written there by Spark and committed as files (``_spark_staged``), else inserted directly.
+
+        Raises:
+            FileNotFoundError: the staging directory is gone (another broker fenced this broker's run).
+            Whatever Spark raises.
+        """
         self._file_columns.clear()  # the append may create or change the table
         table = add_time_partitions(table, self.config.day_topics)
         if "hour" not in owned.partition_columns:
@@ -769,15 +782,61 @@ class TableCatalog:
         if table.num_rows < COALESCE_BELOW_ROWS:
             df = df.coalesce(1)
         if not self.spark.catalog.tableExists(owned.name):
-            df.write.partitionBy(*owned.partition_columns).option("path", owned.directory).saveAsTable(owned.name)
-            return
-        if owned.topic is not None and owned.topic in self.registry_topics():
+            if self.spark_staging is None:
+                df.write.partitionBy(*owned.partition_columns).option("path", owned.directory).saveAsTable(owned.name)
+                return
+            # The table alone (no rows: no files); its rows go through the staging directory below.
+            df.limit(0).write.partitionBy(*owned.partition_columns).option("path", owned.directory) \
+                .saveAsTable(owned.name)
+        elif owned.topic is not None and owned.topic in self.registry_topics():
             try:
                 df = self._evolve(owned, df)
             except Exception:
                 self._table_columns.pop(owned.name, None)  # another broker may have changed it: read it again
                 raise
-        df.write.insertInto(owned.name)
+        if self.spark_staging is None:
+            df.write.insertInto(owned.name)
+            return
+        files, written = self._spark_staged(owned, df)
+        try:
+            self._commit_files(owned, files, self._typed_partition_directories.setdefault(owned.name, {}))
+        finally:
+            shutil.rmtree(written, ignore_errors=True)  # Spark's _SUCCESS and checksum files
+
+    def _spark_staged(self, owned: OwnedTable, df: DataFrame) -> tuple[list[StagedFile], str]:
+        """Write ``df`` (``owned``'s columns, partition columns last) with Spark into a new directory
+        of ``spark_staging``, partitioned as ``owned``; returns its Parquet files (each with the
+        partition its path names, Hive style: ``column=value``, percent-escaped) and the directory.
+
+        Issue 34: a Spark append that a broker submitted to a shared Spark Connect server runs on
+        there if the broker then stalls or dies. Written here, its files are published only by this
+        broker's own ``rename`` into their partitions (``_commit_files``); another broker that
+        fences this broker's run (``pipeline.persist.group_sink.SparkGroupSink.fence_staging``)
+        leaves a file where the staging directory was, so the job's output can land nowhere the
+        rename would take it from, and Spark cannot make the directory again under it.
+
+        Raises:
+            FileNotFoundError: the staging directory is gone or fenced.
+            Whatever Spark raises.
+        """
+        assert self.spark_staging is not None  # checked by the caller
+        if not os.path.isdir(self.spark_staging):
+            raise FileNotFoundError(errno.ENOENT, "the staging directory is gone: another broker fenced this "
+                                    "broker's run (it is no longer a member)", self.spark_staging)
+        written = os.path.join(self.spark_staging, f"spark-{uuid.uuid4().hex[:12]}")
+        df.write.partitionBy(*owned.partition_columns).parquet(written)
+        files = []
+        for root, _dirs, names in os.walk(written):
+            relative = os.path.relpath(root, written)
+            values: list[tuple[str, object]] = []
+            for segment in ([] if relative == "." else relative.split(os.sep)):
+                column, _, raw = segment.partition("=")
+                text = urllib.parse.unquote(raw)
+                values.append((column, None if text == "__HIVE_DEFAULT_PARTITION__" else
+                               int(text) if column == "hour" else text))
+            files += [StagedFile(os.path.join(root, name), tuple(values), 0, ())
+                      for name in sorted(names) if name.endswith(".parquet") and not name.startswith(".")]
+        return files, written
 
     def _evolve(self, owned: OwnedTable, df: DataFrame) -> DataFrame:
         """``df`` with the columns of ``owned``'s table, in its order: a column ``df`` has and the table
@@ -1005,6 +1064,12 @@ class TableCatalog:
         log.info("compacted %s: %d files (%d bytes) into %d", partition_spec_sql(values), len(files),
                  sum(f.size for f in files), n)
         return len(files), n
+
+    def stage_spark_appends(self, directory: str) -> None:
+        """Spark appends (a typed table's rows that need one, the dead letters) write their files
+        into ``directory`` (this broker run's staging directory) and are committed from there as
+        staged files are (``_spark_staged``)."""
+        self.spark_staging = directory
 
     def share_partitions(self, generation: Callable[[], str]) -> None:
         """Other processes share these tables and may move or drop a partition (their compaction,

@@ -326,3 +326,67 @@ def test_a_broker_commits_into_a_partition_another_broker_compacted_meanwhile(sp
         spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
         for sink in (writer, compactor):
             sink.stop()
+
+
+@pytest.mark.slow
+def test_a_spark_append_of_a_stalled_broker_lands_nothing_after_another_broker_fences_it(spark, tmp_path):
+    """Issue 34, a commit job in flight on the Spark server when its broker loses leadership: a typed
+    topic's first rows need a Spark append. Its job writes the rows into the broker run's staging
+    directory, and the broker then stalls before its renames publish them (the test holds it there).
+    Another broker fences the run (``fence_staging``): the job's files go with the directory, a file
+    takes its place, and when the stalled broker wakes its renames fail, as does a retry, whose Spark
+    job cannot make the directory again. The typed table holds none of those rows."""
+    from pipeline.table.catalog import TopicTableConfig
+
+    config = TableConfig(database=unique_database(), topics={"typed": TopicTableConfig(value_format="json",
+                                                                                       value_schema="a BIGINT")})
+    data_dir = tmp_path / "data"
+    stalled, successor = (SparkGroupSink(data_dir, spark=spark, table_config=config, decode_in_subprocess=False,
+                                         state_dir=data_dir / "_pipeline" / f"broker-{i}", shared_table=True)
+                          for i in range(2))
+    written, wake = threading.Event(), threading.Event()
+    catalog = None
+    try:
+        stalled.start()
+        successor.start()
+        catalog = stalled.catalog
+        commit_files = catalog._commit_files
+
+        def stall_first(owned, files, cache):  # the job's files are written: the broker stalls here
+            if not written.is_set():
+                assert files and all(f.path.startswith(stalled.staging.directory) for f in files)
+                written.set()
+                assert wake.wait(120)
+            return commit_files(owned, files, cache)
+
+        catalog._commit_files = stall_first
+        flush = stalled.to_table([PartitionAppend("typed", 0, 0, rc.record_batch([b'{"a": 1}', b'{"a": 2}']), 2, 0)])
+        assert not stalled.commits_shared(flush)  # a Spark append: exclusive
+        outcome: list[BaseException | None] = []
+
+        def write() -> None:
+            try:
+                stalled.write(flush)
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=write, daemon=True)
+        thread.start()
+        assert written.wait(300), outcome
+        # the stalled broker holds the tables: the fence comes after its lease (here: the test's word)
+        assert successor.fence_staging(stalled.staging_name)
+        assert os.path.isfile(stalled.staging.directory)  # nothing can be made under it again
+        wake.set()
+        thread.join(300)
+        assert len(outcome) == 1 and isinstance(outcome[0], OSError), outcome
+        with pytest.raises(OSError):
+            stalled.write(flush)  # the persister's retry: no directory to stage in
+        table = f"{config.database}.typed"
+        assert spark.catalog.tableExists(table) and spark.table(table).count() == 0
+        assert not successor.fence_staging(stalled.staging_name)  # fenced once
+    finally:
+        wake.set()
+        spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
+        for sink in (stalled, successor):
+            sink.stop()
