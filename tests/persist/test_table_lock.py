@@ -20,10 +20,12 @@ same order with it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -189,6 +191,21 @@ def test_with_the_database_lock_a_write_waits_while_another_broker_holds_it(conn
         other.close()
 
 
+@contextlib.contextmanager
+def two_sinks(spark, data_dir: Path, config: TableConfig, *, shared_table: bool) -> Iterator[tuple[SparkGroupSink, ...]]:
+    """Two brokers' sinks on one data directory (state directories ``_pipeline/broker-0`` and ``-1``),
+    not started; their database dropped and both stopped after the block."""
+    sinks = tuple(SparkGroupSink(data_dir, spark=spark, table_config=config, decode_in_subprocess=False,
+                                 state_dir=data_dir / "_pipeline" / f"broker-{i}", shared_table=shared_table)
+                  for i in range(2))
+    try:
+        yield sinks
+    finally:
+        spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
+        for sink in sinks:
+            sink.stop()
+
+
 @pytest.mark.slow
 def test_a_commit_stalled_past_its_brokers_lease_lands_nothing_after_another_broker_fences_it(spark, tmp_path):
     """A broker stalls within a table commit (SIGSTOP, a long GC pause) past its lease; the partition's new
@@ -201,9 +218,7 @@ def test_a_commit_stalled_past_its_brokers_lease_lands_nothing_after_another_bro
 
     config = TableConfig(database=unique_database())
     data_dir = tmp_path / "data"
-    stalled, successor = (SparkGroupSink(data_dir, spark=spark, table_config=config, decode_in_subprocess=False,
-                                         state_dir=data_dir / "_pipeline" / f"broker-{i}") for i in range(2))
-    try:
+    with two_sinks(spark, data_dir, config, shared_table=False) as (stalled, successor):
         stalled.start()
         successor.start()
         flush = stalled.to_table([PartitionAppend("t", 0, 0, rc.record_batch([b"a", b"b"]), 2, 0),
@@ -230,10 +245,6 @@ def test_a_commit_stalled_past_its_brokers_lease_lands_nothing_after_another_bro
         assert not successor.fence_staging(f"broker-0/{'0' * 12}") and os.path.isdir(stalled.staging.directory)
         with pytest.raises(ValueError):
             successor.fence_staging("../broker-0")
-    finally:
-        spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
-        for sink in (stalled, successor):
-            sink.stop()
 
 
 @pytest.mark.slow
@@ -302,14 +313,11 @@ def test_a_broker_commits_into_a_partition_another_broker_compacted_meanwhile(sp
     file would go into the replaced directory: renamed, acknowledged, and read by nobody."""
     config = TableConfig(database=unique_database(), compaction_min_files=2)
     data_dir = tmp_path / "data"
-    writer, compactor = (SparkGroupSink(data_dir, spark=spark, table_config=config, decode_in_subprocess=False,
-                                        state_dir=data_dir / "_pipeline" / f"broker-{i}", shared_table=True)
-                         for i in range(2))
 
     def flush(sink: SparkGroupSink, offset: int):
         return sink.to_table([PartitionAppend("t", 0, offset, rc.record_batch([b"v%d" % offset]), 1, 0)])
 
-    try:
+    with two_sinks(spark, data_dir, config, shared_table=True) as (writer, compactor):
         writer.start()
         compactor.start()
         for offset in range(3):  # three files in one hour partition: cached after the first commit
@@ -322,10 +330,6 @@ def test_a_broker_commits_into_a_partition_another_broker_compacted_meanwhile(sp
         writer.write(flush(writer, 3))
         offsets = sorted(r[0] for r in writer.catalog.read().select("offset").collect())
         assert offsets == [0, 1, 2, 3]
-    finally:
-        spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
-        for sink in (writer, compactor):
-            sink.stop()
 
 
 @pytest.mark.slow
