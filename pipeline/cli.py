@@ -478,11 +478,16 @@ every acknowledgement's path and keeps the server's priority."""
 TABLE_LOCK_NAME = "table"
 """The ``LeaseLock`` every table change of a broker with leadership through the database holds."""
 
+LIVE_LOCK_NAME = "live"
+"""The ``LeaseLock`` a broker with leadership through the database holds while it publishes the
+live view's boundary (``SparkGroupSink.publish_live``)."""
 
-def _table_lock(config: ServerConfig) -> LeaseLock | None:
-    """With leadership through the database (brokers maybe on several hosts): the tables' lock in the
-    metadata database, leased for ``broker.session.timeout.ms`` and renewed every
-    ``broker.heartbeat.interval.ms``; else None (a supervisor's brokers share one host's ``flock``)."""
+
+def _table_lock(config: ServerConfig, name: str = TABLE_LOCK_NAME) -> LeaseLock | None:
+    """With leadership through the database (brokers maybe on several hosts): the tables' lock
+    (``name``: or the live view's, ``LIVE_LOCK_NAME``) in the metadata database, leased for
+    ``broker.session.timeout.ms`` and renewed every ``broker.heartbeat.interval.ms``; else None (a
+    supervisor's brokers share one host's ``flock``)."""
     if config.cluster_leadership != "database":
         return None
     import uuid
@@ -491,7 +496,7 @@ def _table_lock(config: ServerConfig) -> LeaseLock | None:
     from pipeline.metadata.locks import LeaseLock
     from pipeline.server import CLUSTER_STORE_FILE
 
-    return LeaseLock(store_target(config.metadata_url, config.data_dir, CLUSTER_STORE_FILE), TABLE_LOCK_NAME,
+    return LeaseLock(store_target(config.metadata_url, config.data_dir, CLUSTER_STORE_FILE), name,
                      f"broker-{config.node_id}/{uuid.uuid4()}", lease_ms=config.broker_session_timeout_ms,
                      renew_ms=config.broker_heartbeat_interval_ms)
 
@@ -516,7 +521,7 @@ def _group_sink(config: ServerConfig) -> SparkGroupSink:
     from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.server import state_dir
 
-    lock = _table_lock(config)
+    lock, live_lock = _table_lock(config), _table_lock(config, LIVE_LOCK_NAME)
     return SparkGroupSink(config.data_dir, config.spark_master, config.spark_remote,
                           # A broker of a cluster shares the tables: a supervisor's (cluster_brokers set), or
                           # one started alone with leadership through the database (another host's broker,
@@ -528,6 +533,7 @@ def _group_sink(config: ServerConfig) -> SparkGroupSink:
                           thrift_port=config.thrift_port or None if not config.spark_remote else None,
                           decode_niceness=DECODE_NICENESS_WITH_WAL_ACKS if config.ack_on == "wal" else 0,
                           lock=lock.hold if lock is not None else None,
+                          live_lock=live_lock.hold if live_lock is not None else None,
                           # value.format / value.schema / value.wire.format set as topic configs
                           topic_store=store_target(config.metadata_url, config.data_dir, TOPICS_FILE))
 

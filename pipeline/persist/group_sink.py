@@ -87,6 +87,11 @@ TABLE_LOCK_FILE = "table.lock"
 brokers of a cluster, which share one Spark and one table; ``table.lock.gate`` beside it orders
 exclusive holds before new shared ones (``table_lock``)."""
 
+LIVE_LOCK_FILE = "live.lock"
+"""``DATA_DIR/_pipeline/live.lock``: taken (flock, exclusive) by a broker of a cluster while it
+publishes the live view's boundary (``SparkGroupSink.publish_live``): publications exclude each
+other, and nothing else waits for them."""
+
 
 @contextlib.contextmanager
 def table_lock(path: Path | None, shared: bool = False) -> Iterator[None]:
@@ -223,6 +228,9 @@ class SparkGroupSink:
             the ``flock`` (a context manager factory taking ``shared``, blocking; e.g.
             ``pipeline.metadata.locks.LeaseLock.hold``: a lock in the metadata database
             for brokers on several hosts).
+        live_lock: with ``shared_table``: what a publication of the live view holds instead of the
+            ``flock`` on ``LIVE_LOCK_FILE`` (a context manager factory, exclusive, blocking; with
+            ``lock`` set and this None, the tables' lock exclusively).
         topic_store: the topic store (``pipeline.metadata.topics``; a SQLite file or a PostgreSQL
             URL) whose topic configs (``value.format``, ``value.schema``, ``value.wire.format``) override
             the configuration file's at the next flush; None: the configuration file's alone.
@@ -239,6 +247,7 @@ class SparkGroupSink:
                  state_dir: str | os.PathLike | None = None, shared_table: bool = False,
                  decode_niceness: int = 0,
                  lock: Callable[[bool], contextlib.AbstractContextManager[None]] | None = None,
+                 live_lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
                  topic_store: Target | None = None) -> None:
         self._sink = SparkSink(data_dir, master=None if remote else master, remote=remote, spark=spark,
                                table_config=table_config, metastore_uris=metastore_uris,
@@ -250,6 +259,7 @@ class SparkGroupSink:
         if self._table_lock is not None:
             self._table_lock.parent.mkdir(parents=True, exist_ok=True)
         self._lock = lock if shared_table and lock is not None else None
+        self._live_lock = live_lock if shared_table and live_lock is not None else None
         self._holding = threading.RLock()
         self._held: dict[int, bool] = {}  # thread id -> the mode of its outermost hold (``hold_table``)
         self._decode_in_subprocess = decode_in_subprocess
@@ -305,6 +315,21 @@ class SparkGroupSink:
                     yield
             finally:
                 del self._held[thread]
+
+    @contextlib.contextmanager
+    def _hold_live(self) -> Iterator[None]:
+        """Hold the live view's lock (blocking): ``live_lock``, else the ``flock`` on
+        ``LIVE_LOCK_FILE``; the tables' exclusively when only their lock is in the database (a
+        sink built without ``live_lock``); nothing when the tables are this process's alone."""
+        if self._live_lock is not None:
+            with self._live_lock():
+                yield
+        elif self._lock is not None:
+            with self.hold_table():
+                yield
+        else:
+            with table_lock(self._table_lock.with_name(LIVE_LOCK_FILE) if self._table_lock is not None else None):
+                yield
 
     def _holds_shared(self) -> bool:
         """Whether this thread holds the tables shared (``hold_table``)."""
@@ -579,7 +604,10 @@ class SparkGroupSink:
         first (atomically), and the view takes the largest per partition (``merge_ends``). The view is
         ``stopped`` (no tail: the table holds everything) when every broker's file says it stopped
         cleanly (``closing``): the last broker of a cluster to stop publishes that, holding the
-        tables' lock (``hold_table``) so that two brokers stopping at once do not both miss it.
+        live view's lock (``_hold_live``) so that two brokers stopping at once do not both miss it.
+        Not the tables' lock: a boundary is made of ends already committed, so a publication
+        conflicts with no commit, and with writer preference (``table_lock``) the brokers'
+        publications, each at most every ``PUBLISH_INTERVAL_S``, would hold back every commit.
 
         Raises:
             OSError: this broker's file could not be written.
@@ -588,7 +616,7 @@ class SparkGroupSink:
         directory = Path(self._sink.data_dir) / "_pipeline" / LIVE_DIR
         directory.mkdir(parents=True, exist_ok=True)
         own = directory / (hashlib.sha256(os.path.abspath(self._state_dir).encode()).hexdigest()[:16] + ".json")
-        with self.hold_table():
+        with self._hold_live():
             tmp = own.with_suffix(".tmp")
             tmp.write_text(json.dumps({"ends": [[t, p, o] for (t, p), o in sorted(ends.items())],
                                        "stopped": closing}))

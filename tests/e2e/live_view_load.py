@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 @dataclass
 class PacedLoad:
     """Idempotent confluent-kafka producers, one thread each, writing ``per_producer`` records (value:
-    the record's number as text, keyed over 50 keys) to ``topic`` at ``rate`` records/s each.
+    the record's number as text, keyed over 50 keys) to ``topic`` at ``rate`` records/s each, then
+    waiting up to ``flush_s`` for the last acknowledgements.
 
     ``acked``: record number -> (partition, offset) as acknowledged; ``errors``: delivery errors."""
 
@@ -23,6 +24,7 @@ class PacedLoad:
     producers: int = 2
     per_producer: int = 2_000
     rate: float = 300.0
+    flush_s: float = 60.0
     acked: dict[int, tuple[int, int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -37,9 +39,10 @@ class PacedLoad:
     def running(self) -> bool:
         return any(t.is_alive() for t in self._threads)
 
-    def join(self, timeout_s: float = 60.0) -> None:
+    def join(self) -> None:
+        deadline = time.monotonic() + self.per_producer / self.rate + self.flush_s + 30.0
         for t in self._threads:
-            t.join(timeout_s)
+            t.join(max(0.0, deadline - time.monotonic()))
         assert not self.running(), "a producer did not finish"
 
     def acknowledged(self) -> set[tuple[int, int]]:
@@ -63,7 +66,7 @@ class PacedLoad:
             delay = started + (i - first + 1) / self.rate - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-        producer.flush(60)
+        producer.flush(self.flush_s)
 
 
 @dataclass(frozen=True)
