@@ -102,7 +102,8 @@ def table_lock(path: Path | None, shared: bool = False) -> Iterator[None]:
     ``_temporary`` staging directory (Hadoop FileOutputCommitter), which the
     first job to commit deletes under the others; a compaction swaps a
     partition's location and would lose files another broker added meanwhile.
-    Those changes hold the lock exclusively. A commit of staged files (a
+    Those changes hold the lock exclusively (a compaction only to swap:
+    ``TableCatalog.maintain``). A commit of staged files (a
     metastore ``ADD IF NOT EXISTS PARTITION`` and one ``rename`` per file, into
     the partitions of topics the broker leads) conflicts with neither another
     such commit nor anything but those changes: it holds the lock shared, so the
@@ -707,16 +708,12 @@ class SparkGroupSink:
                 self._partitions_moved()
 
     def maintain(self) -> MaintenanceResult:
-        """Table maintenance (retention, compaction, deleting replaced files): ``TableCatalog.maintain``."""
-        with self.hold_table():
-            try:
-                result = self._sink.catalog.maintain()
-            except BaseException:  # one that failed part-way may have moved some
-                self._partitions_moved()
-                raise
-            if result.compacted_partitions or result.dropped_partitions:
-                self._partitions_moved()
-            return result
+        """Table maintenance (retention, compaction, deleting replaced files): ``TableCatalog.maintain``,
+        which holds the shared tables (``hold_table``) exclusively only to change the catalog and
+        shared while it plans and while Spark writes compacted files, so other brokers' commits go on."""
+        if not self._shared:
+            return self._sink.catalog.maintain()
+        return self._sink.catalog.maintain(hold=self.hold_table, moved=self._partitions_moved)
 
     @property
     def _shared(self) -> bool:

@@ -27,7 +27,8 @@ import shutil
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
@@ -292,6 +293,30 @@ def list_data_files(location: str) -> list[DataFile]:
             if entry.is_file() and not entry.name.startswith(("_", ".")):
                 out.append(DataFile(entry.path, entry.stat().st_size))
     return sorted(out, key=lambda f: f.path)
+
+
+@contextmanager
+def _unlocked(shared: bool) -> Iterator[None]:
+    """``TableCatalog.maintain``'s hold when the tables are one process's alone: nothing."""
+    yield
+
+
+@dataclass(frozen=True)
+class _Compaction:
+    """One partition ``TableCatalog.maintain`` compacts: its files as listed (``location``), merged
+    into ``n`` files in ``new``."""
+
+    owned: OwnedTable
+    values: dict[str, object]
+    location: str
+    files: list[DataFile]
+    n: int
+    new: str
+
+    def entry(self) -> dict[str, object]:
+        """Its journal entry while it is under way (``resume_journal`` settles one a crash left)."""
+        return {"compacting": self.new, "replaces": self.location, "partition": self.values,
+                "table": self.owned.name}
 
 
 class TableCatalog:
@@ -983,45 +1008,109 @@ class TableCatalog:
 
     # -- maintenance --------------------------------------------------------------
 
-    def maintain(self, *, time_budget_s: float = 30.0, now_ms: int | None = None) -> MaintenanceResult:
+    def maintain(self, *, time_budget_s: float = 30.0, now_ms: int | None = None,
+                 hold: Callable[[bool], AbstractContextManager[None]] | None = None,
+                 moved: Callable[[], None] | None = None) -> MaintenanceResult:
         """Retention, then compaction, then deletion of directories whose delay has passed.
+
+        In phases, so that with tables shared by the brokers of a cluster the long part, Spark
+        writing compacted files, overlaps their commits (issue 34):
+
+        1. plan, holding the tables shared: partitions past retention; partitions to compact, with
+           their files (``plan_compaction``); journal entries due for deletion.
+        2. holding them exclusively: retention's drops, and a ``compacting`` journal entry per
+           planned compaction (its new directory is garbage if the process dies before 4).
+        3. holding them shared: each planned partition's listed files merged into its new
+           directory; no new one after ``time_budget_s``. Other brokers commit meanwhile.
+        4. holding them exclusively: each new directory swapped in (``SET LOCATION``) after the
+           files committed into the old one since the listing are hard-linked into it, so it
+           holds every row the old one does; a compaction whose partition moved or went meanwhile
+           (another broker dropped the topic), or whose journal entry is gone (a broker starting
+           settled it, ``resume_journal``), is dropped. Then deletions whose delay passed.
 
         Args:
             time_budget_s: no new partition is compacted after this long (the
                 one under way finishes); the rest waits for the next call.
             now_ms: wall-clock ms (default: now); partitions dates compare in UTC.
+            hold: the tables' lock, ``hold(shared)`` blocking (``SparkGroupSink.hold_table``);
+                None: the tables are this process's alone and its caller makes no commit
+                meanwhile (the persister's writer slot; ``pipeline compact``).
+            moved: called holding the tables exclusively after partitions moved or went
+                (``SparkGroupSink._partitions_moved``).
 
         Raises:
             Whatever Spark raises; the journal keeps every directory it must
             delete, so a failed call loses nothing and leaks nothing.
         """
         started = time.monotonic()
-        self._forget_partition_directories()
+        hold = hold or _unlocked
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         result = MaintenanceResult()
-        journal = Journal(self._journal_path)
-        for owned in self.tables():
-            survivors = []
-            for v in self.partition_values(owned):
-                if self._expired(v, owned, now_ms):
+        expired: list[tuple[OwnedTable, dict[str, object]]] = []
+        plans: list[_Compaction] = []
+        with hold(True):  # 1
+            for owned in self.tables():
+                for v in self.partition_values(owned):
+                    if self._expired(v, owned, now_ms):
+                        expired.append((owned, v))
+                        continue
                     location = self.partition_location(v, owned)
-                    self.spark.sql(f"ALTER TABLE {owned.name} DROP IF EXISTS PARTITION ({partition_spec_sql(v)})")
-                    journal.entries.append({"delete": location,
-                                            "after_ms": now_ms + self.config.file_delete_delay_ms})
-                    journal.save()
-                    result.dropped_partitions += 1
-                    log.info("retention: dropped %s partition %s", owned.name, v)
-                else:
-                    survivors.append(v)
-            for v in survivors:
-                if time.monotonic() - started > time_budget_s:
-                    break
-                done = self._compact_partition(v, journal, now_ms, owned)
-                if done is not None:
-                    result.compacted_partitions += 1
-                    result.files_before += done[0]
-                    result.files_after += done[1]
-        result.deleted_directories = self._delete_due(journal, now_ms)
+                    files = list_data_files(location)
+                    n = plan_compaction(files, self.config.target_file_bytes, self.config.compaction_min_files)
+                    if n is not None:
+                        plans.append(_Compaction(owned, v, location, files, n,
+                                                 compacted_location(owned.directory, v, now_ms)))
+            due = any("delete" in e and e["after_ms"] <= now_ms for e in Journal(self._journal_path).entries)
+        if expired or plans:
+            with hold(False):  # 2
+                self._forget_partition_directories()
+                journal = Journal(self._journal_path)
+                try:
+                    for owned, v in expired:
+                        location = self.partition_location(v, owned)
+                        self.spark.sql(f"ALTER TABLE {owned.name} DROP IF EXISTS PARTITION ({partition_spec_sql(v)})")
+                        journal.entries.append({"delete": location, "after_ms": now_ms + self.config.file_delete_delay_ms})
+                        journal.save()
+                        result.dropped_partitions += 1
+                        log.info("retention: dropped %s partition %s", owned.name, v)
+                finally:
+                    if expired and moved is not None:
+                        moved()
+                journal.entries.extend(c.entry() for c in plans)
+                journal.save()
+        written: list[_Compaction] = []
+        if plans:
+            with hold(True):  # 3
+                for c in plans:
+                    if time.monotonic() - started > time_budget_s:
+                        break
+                    schema = (DATA_SPARK_SCHEMA if c.owned is self.records else StructType(
+                        [f for f in self.spark.table(c.owned.name).schema.fields
+                         if f.name not in c.owned.partition_columns]))
+                    df = self.spark.read.schema(schema).parquet(*(f"file://{f.path}" for f in c.files))
+                    df.coalesce(c.n).sortWithinPartitions("partition", "offset").write.parquet(c.new)
+                    written.append(c)
+        if plans or due or expired:  # retention's deletions may be due at once (file.delete.delay.ms 0)
+            with hold(False):  # 4
+                self._forget_partition_directories()
+                journal = Journal(self._journal_path)
+                swapping = False
+                try:
+                    for c in plans:
+                        if c in written:
+                            swapping = True
+                        if c in written and self._swap(c, journal, now_ms):
+                            result.compacted_partitions += 1
+                            result.files_before += len(c.files)
+                            result.files_after += c.n
+                        elif c.entry() in journal.entries:  # not written, or dropped: its directory is garbage
+                            journal.entries.remove(c.entry())
+                            journal.entries.append({"delete": c.new, "after_ms": 0})
+                            journal.save()
+                finally:
+                    if swapping and moved is not None:
+                        moved()
+                result.deleted_directories = self._delete_due(journal, now_ms)
         result.seconds = time.monotonic() - started
         return result
 
@@ -1040,30 +1129,39 @@ class TableCatalog:
         cutoff = time.strftime("%Y-%m-%d", time.gmtime(now_ms / 1000 - days * 86400))
         return str(date) < cutoff
 
-    def _compact_partition(self, values: dict[str, object], journal: Journal, now_ms: int,
-                           owned: OwnedTable | None = None) -> tuple[int, int] | None:
-        owned = owned or self.records
-        location = self.partition_location(values, owned)
-        files = list_data_files(location)
-        n = plan_compaction(files, self.config.target_file_bytes, self.config.compaction_min_files)
-        if n is None:
-            return None
-        new = compacted_location(owned.directory, values, now_ms)
-        entry = {"compacting": new, "replaces": location, "partition": values, "table": owned.name}
-        journal.entries.append(entry)
+    def _swap(self, c: _Compaction, journal: Journal, now_ms: int) -> bool:
+        """Holding the tables exclusively: point ``c``'s partition at its written directory, after
+        hard-linking into it the files committed into the old one since ``c`` listed it; False
+        (nothing changed) when the partition moved or went meanwhile or ``c``'s journal entry is
+        gone (``maintain``, phase 4).
+
+        Raises:
+            OSError: a file could not be linked (the partition still points at the old directory).
+            Whatever Spark raises.
+        """
+        if c.entry() not in journal.entries:
+            log.warning("compaction of %s %s dropped: its journal entry was settled meanwhile", c.owned.name, c.values)
+            return False
+        try:
+            current = self.partition_location(c.values, c.owned)
+        except Exception:  # noqa: BLE001 - the partition is gone (its topic was dropped)
+            current = None
+        if current is None or local_path(current) != local_path(c.location):
+            log.info("compaction of %s %s dropped: the partition moved or went meanwhile", c.owned.name, c.values)
+            return False
+        listed = {os.path.basename(f.path) for f in c.files}
+        target = local_path(c.new)
+        assert target is not None  # a local table directory: list_data_files found the files
+        newer = [f for f in list_data_files(c.location) if os.path.basename(f.path) not in listed]
+        for f in newer:
+            os.link(f.path, os.path.join(target, os.path.basename(f.path)))
+        self.spark.sql(f"ALTER TABLE {c.owned.name} PARTITION ({partition_spec_sql(c.values)}) SET LOCATION '{c.new}'")
+        journal.entries.remove(c.entry())
+        journal.entries.append({"delete": c.location, "after_ms": now_ms + self.config.file_delete_delay_ms})
         journal.save()
-        schema = (DATA_SPARK_SCHEMA if owned is self.records else StructType(
-            [f for f in self.spark.table(owned.name).schema.fields if f.name not in owned.partition_columns]))
-        df = self.spark.read.schema(schema).parquet(*(f"file://{f.path}" for f in files))
-        df.coalesce(n).sortWithinPartitions("partition", "offset").write.parquet(new)
-        self.spark.sql(f"ALTER TABLE {owned.name} PARTITION ({partition_spec_sql(values)}) "
-                       f"SET LOCATION '{new}'")
-        journal.entries.remove(entry)
-        journal.entries.append({"delete": location, "after_ms": now_ms + self.config.file_delete_delay_ms})
-        journal.save()
-        log.info("compacted %s: %d files (%d bytes) into %d", partition_spec_sql(values), len(files),
-                 sum(f.size for f in files), n)
-        return len(files), n
+        log.info("compacted %s: %d files (%d bytes) into %d%s", partition_spec_sql(c.values), len(c.files),
+                 sum(f.size for f in c.files), c.n, f", and {len(newer)} committed meanwhile linked" if newer else "")
+        return True
 
     def stage_spark_appends(self, directory: str) -> None:
         """Spark appends (a typed table's rows that need one, the dead letters) write their files

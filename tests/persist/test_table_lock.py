@@ -251,20 +251,22 @@ def test_a_commit_stalled_past_its_brokers_lease_lands_nothing_after_another_bro
 def test_a_commit_of_staged_files_overlaps_another_brokers_commit_and_maintenance_waits_for_both(spark, tmp_path):
     """Issue 34, concurrent table commits: a commit of staged files holds the tables' lock shared
     (``SparkGroupSink.commits_shared``), so it goes through while another broker's commit holds it
-    (the test's shared hold stands in for it); compaction and retention hold it exclusively and wait
-    for every commit. A typed topic's first flush needs a Spark append (the table does not exist
-    yet): it waits like maintenance."""
+    (the test's shared hold stands in for it); compaction and retention hold it exclusively to change
+    the catalog, and wait for every commit. A typed topic's first flush needs a Spark append (the
+    table does not exist yet): it waits like maintenance."""
     from pipeline.table.catalog import TopicTableConfig
     from pipeline.table.staging import StagedRecords
 
-    config = TableConfig(database=unique_database(), topics={"typed": TopicTableConfig(value_format="json", value_schema="a BIGINT")})
+    config = TableConfig(database=unique_database(), compaction_min_files=2,
+                         topics={"typed": TopicTableConfig(value_format="json", value_schema="a BIGINT")})
     data_dir = tmp_path / "data"
     sink = SparkGroupSink(data_dir, spark=spark, table_config=config, decode_in_subprocess=False,
                           state_dir=data_dir / "_pipeline" / "broker-0", shared_table=True)
     lock_path = Path(data_dir) / "_pipeline" / TABLE_LOCK_FILE
     try:
         sink.start()
-        flush = sink.to_table([PartitionAppend("t", 0, 0, rc.record_batch([b"a", b"b"]), 2, 0)])
+        sink.write(sink.to_table([PartitionAppend("t", 0, 0, rc.record_batch([b"a", b"b"]), 2, 0)]))
+        flush = sink.to_table([PartitionAppend("t", 0, 2, rc.record_batch([b"c"]), 1, 0)])  # a 2nd file: compacted
         assert isinstance(flush.records, StagedRecords) and sink.commits_shared(flush)
         typed = sink.to_table([PartitionAppend("typed", 0, 0, rc.record_batch([b'{"a": 1}']), 1, 0)])
         assert not sink.commits_shared(typed)  # its table's first rows: a Spark append
@@ -297,7 +299,7 @@ def test_a_commit_of_staged_files_overlaps_another_brokers_commit_and_maintenanc
                 time.sleep(0.05)
         waiting[0].join(120)
         assert done[2:] == ["typed"]
-        assert sorted(r[0] for r in sink.catalog.read().select("offset").collect()) == [0, 1]
+        assert sorted(r[0] for r in sink.catalog.read().select("offset").collect()) == [0, 1, 2]
         assert spark.table(f"{config.database}.typed").count() == 1  # its table, by the typed topic's name
     finally:
         spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
@@ -350,6 +352,51 @@ def test_a_publication_of_the_live_view_waits_only_for_another_publication(spark
     finally:
         spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
         sink.stop()
+
+
+@pytest.mark.slow
+def test_a_commit_while_spark_writes_a_compaction_lands_in_the_compacted_partition(spark, tmp_path, monkeypatch):
+    """A compaction holds the tables shared while Spark merges a partition's files into a new
+    directory (``TableCatalog.maintain``, phase 3), so another broker commits into the partition
+    meanwhile; the swap, holding them exclusively, hard-links that file into the new directory before
+    it points the partition there. Without the link, the row would stay in the replaced directory:
+    acknowledged, and read by nobody."""
+    config = TableConfig(database=unique_database(), compaction_min_files=2)
+    data_dir = tmp_path / "data"
+
+    def flush(sink: SparkGroupSink, offset: int):
+        return sink.to_table([PartitionAppend("t", 0, offset, rc.record_batch([b"v%d" % offset]), 1, 0)])
+
+    with two_sinks(spark, data_dir, config, shared_table=True) as (writer, compactor):
+        writer.start()
+        compactor.start()
+        for offset in range(3):
+            writer.write(flush(writer, offset))
+        [partition] = writer.catalog.partition_values()
+        before = writer.catalog.partition_location(partition)
+        holds: list[bool] = []
+        hold_table = compactor.hold_table
+
+        @contextlib.contextmanager
+        def hold(shared: bool = False) -> Iterator[None]:
+            holds.append(shared)
+            with hold_table(shared):
+                if holds == [True, False, True]:  # Spark writes the compacted files: another broker commits
+                    committer = threading.Thread(target=writer.write, args=(flush(writer, 3),))
+                    committer.start()
+                    committer.join(120)
+                    assert not committer.is_alive(), "a commit waited for a compaction's write"
+                yield
+
+        monkeypatch.setattr(compactor, "hold_table", hold)
+        result = compactor.maintain()
+        assert holds == [True, False, True, False]  # plan, journal, write, swap
+        assert (result.compacted_partitions, result.files_before, result.files_after) == (1, 3, 1)
+        after = compactor.catalog.partition_location(partition)
+        assert after != before
+        assert len(os.listdir(before.removeprefix("file:"))) >= 4  # its 3 files and the one committed meanwhile
+        rows = spark.table(f"{config.database}.records").select("offset").collect()
+        assert sorted(r[0] for r in rows) == [0, 1, 2, 3]
 
 
 @pytest.mark.slow
