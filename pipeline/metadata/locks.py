@@ -103,6 +103,8 @@ class LeaseLock:
         holder holds it exclusively or waits to; exclusive when no other holder holds it at all. A
         refused exclusive attempt records this holder's intent (mode ``w``, under the lease), so
         that shared holds wait for it; ``release`` removes it."""
+        if not self._may_take(shared):
+            return False
         now = self._db.now_ms  # an SQL expression: the database's clock
         with self._db.transaction() as cur:
             # The lock's own row first: an upsert, so concurrent attempts of this name run one at a time.
@@ -124,6 +126,24 @@ class LeaseLock:
                             "DO UPDATE SET mode = excluded.mode, lease_expiry_ms = excluded.lease_expiry_ms",
                             (self.name, self.holder, mode, self.lease_ms))
             return granted
+
+    def _may_take(self, shared: bool) -> bool:
+        """A read, no write: False when the lock is not this holder's to take now and, for an
+        exclusive attempt, its intent stands for more than half a lease still; else ``try_acquire``
+        decides in a write transaction. So a waiter's polls commit nothing: a commit is an fsync
+        (SQLite's ``synchronous=FULL``, PostgreSQL's WAL flush), and one per ``POLL_S`` per waiter
+        (every broker's commits waiting out another's compaction) kept the disk busy."""
+        now = self._db.now_ms
+        with self._db.transaction(write=False) as cur:
+            rows = cur.execute(f"SELECT holder, mode, lease_expiry_ms - {now} FROM lock_holders "
+                               f"WHERE name = ? AND lease_expiry_ms > {now}", (self.name,)).fetchall()
+        own = {mode: left for holder, mode, left in rows if holder == self.holder}
+        others = {mode for holder, mode, _ in rows if holder != self.holder}
+        if shared:
+            return SHARED in own or EXCLUSIVE in own or not others & {EXCLUSIVE, WAITING}
+        if not others & {SHARED, EXCLUSIVE}:
+            return True
+        return WAITING not in own or own[WAITING] < self.lease_ms / 2  # record or refresh the intent
 
     def renew(self) -> bool:
         """Extend this holder's lease; False when it does not hold the lock (any more)."""

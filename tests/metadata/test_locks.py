@@ -209,3 +209,33 @@ def test_a_waiting_exclusive_holder_gets_the_lock_while_shared_holds_keep_coming
             t.join(30)
         for lock in locks:
             lock.close()
+
+
+def test_refused_attempts_commit_nothing_until_an_intent_needs_renewing(tmp_path):
+    """A waiter polls every ``POLL_S``; a commit is an fsync (``synchronous=FULL``), so a refused attempt
+    only reads: an exclusive waiter writes its intent once and again only once half its lease has
+    passed, and a shared attempt refused for that intent writes nothing. SQLite's ``data_version``,
+    read on a connection of its own, changes with every commit of another connection."""
+    import sqlite3
+
+    target = tmp_path / "cluster.db"
+    a, b, c = (_lock(target, f"broker-{i}/{name}") for i, name in enumerate("abc"))
+    watcher = sqlite3.connect(target)
+    try:
+        assert a.try_acquire(shared=True)
+        assert not b.try_acquire()  # b's intent: one commit
+        version = watcher.execute("PRAGMA data_version").fetchone()[0]
+        for _ in range(20):
+            assert not b.try_acquire()
+            assert not c.try_acquire(shared=True)  # held back by b's intent
+        assert watcher.execute("PRAGMA data_version").fetchone()[0] == version
+        time.sleep(LEASE_MS / 2000 + 0.2)  # past half of b's lease: its next poll renews the intent
+        assert not b.try_acquire()
+        assert watcher.execute("PRAGMA data_version").fetchone()[0] != version
+        a.release()
+        assert b.try_acquire()  # granted: a commit
+        b.release()
+    finally:
+        watcher.close()
+        for lock in (a, b, c):
+            lock.close()
