@@ -170,6 +170,11 @@ class ProducerStateManager:
         entry = self._entries.get((producer_id, topic, partition))
         return None if entry is None else entry.epoch
 
+    def batches(self, producer_id: int, topic: str, partition: int) -> list[BatchMetadata]:
+        """The producer's last batches kept on the partition (at most ``BATCHES_KEPT``), oldest first."""
+        entry = self._entries.get((producer_id, topic, partition))
+        return [] if entry is None else list(entry.batches)
+
     def active(self, topic: str, partition: int) -> list[tuple[int, int, int]]:
         """(producer id, epoch, last sequence or -1) of each producer with state on the partition,
         by producer id (Kafka DescribeProducers' ``active_producers``)."""

@@ -516,10 +516,14 @@ class KafkaApis:
             verdict = state.producers.check(info.producer_id, info.producer_epoch, part.topic,
                                            part.partition, info.base_sequence, info.last_sequence)
             if verdict.verdict is Verdict.ERROR:
-                # As Kafka's ReplicaManager logs a failed append (OutOfOrderSequenceException, ...).
-                log.info("%s-%d: producer %d epoch %d batch of sequences %d-%d refused (%s)", part.topic,
-                         part.partition, info.producer_id, info.producer_epoch, info.base_sequence,
-                         info.last_sequence, ErrorCode(verdict.error_code).name.upper())
+                # As Kafka's ReplicaManager logs a failed append (OutOfOrderSequenceException, ...), with
+                # the batches this broker knows of the producer here (epoch, sequences @ base offset).
+                known = state.producers.batches(info.producer_id, part.topic, part.partition)
+                log.info("%s-%d: producer %d epoch %d batch of sequences %d-%d refused (%s); known here: epoch %s, %s",
+                         part.topic, part.partition, info.producer_id, info.producer_epoch, info.base_sequence,
+                         info.last_sequence, ErrorCode(verdict.error_code).name.upper(),
+                         state.producers.epoch(info.producer_id, part.topic, part.partition),
+                         ", ".join(f"{b.first_seq}-{b.last_seq}@{b.base_offset}" for b in known) or "no batch")
                 results[index] = PartitionResult(part.topic, part.partition, verdict.error_code)
                 continue
             if verdict.verdict is Verdict.DUPLICATE:
