@@ -1020,8 +1020,9 @@ class TableCatalog:
            their files (``plan_compaction``); journal entries due for deletion.
         2. holding them exclusively: retention's drops, and a ``compacting`` journal entry per
            planned compaction (its new directory is garbage if the process dies before 4).
-        3. holding them shared: each planned partition's listed files merged into its new
-           directory; no new one after ``time_budget_s``. Other brokers commit meanwhile.
+        3. holding them shared, once per partition: each planned partition's listed files merged
+           into its new directory; no new one after ``time_budget_s``. Other brokers commit
+           meanwhile, and one waiting to hold them exclusively goes in between two partitions.
         4. holding them exclusively: each new directory swapped in (``SET LOCATION``) after the
            files committed into the old one since the listing are hard-linked into it, so it
            holds every row the old one does; a compaction whose partition moved or went meanwhile
@@ -1079,17 +1080,16 @@ class TableCatalog:
                 journal.entries.extend(c.entry() for c in plans)
                 journal.save()
         written: list[_Compaction] = []
-        if plans:
-            with hold(True):  # 3
-                for c in plans:
-                    if time.monotonic() - started > time_budget_s:
-                        break
-                    schema = (DATA_SPARK_SCHEMA if c.owned is self.records else StructType(
-                        [f for f in self.spark.table(c.owned.name).schema.fields
-                         if f.name not in c.owned.partition_columns]))
-                    df = self.spark.read.schema(schema).parquet(*(f"file://{f.path}" for f in c.files))
-                    df.coalesce(c.n).sortWithinPartitions("partition", "offset").write.parquet(c.new)
-                    written.append(c)
+        for c in plans:
+            if time.monotonic() - started > time_budget_s:
+                break
+            with hold(True):  # 3, a hold per partition: an exclusive waiter (a take-over) goes in between
+                schema = (DATA_SPARK_SCHEMA if c.owned is self.records else StructType(
+                    [f for f in self.spark.table(c.owned.name).schema.fields
+                     if f.name not in c.owned.partition_columns]))
+                df = self.spark.read.schema(schema).parquet(*(f"file://{f.path}" for f in c.files))
+                df.coalesce(c.n).sortWithinPartitions("partition", "offset").write.parquet(c.new)
+                written.append(c)
         if plans or due or expired:  # retention's deletions may be due at once (file.delete.delay.ms 0)
             with hold(False):  # 4
                 self._forget_partition_directories()
