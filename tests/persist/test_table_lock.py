@@ -21,6 +21,7 @@ same order with it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -191,6 +192,16 @@ def test_with_the_database_lock_a_write_waits_while_another_broker_holds_it(conn
         other.close()
 
 
+def _run_recorded(done: list[str], name: str, call) -> threading.Thread:
+    """Run ``call()`` in a daemon thread that appends ``name`` to ``done`` once it returned."""
+    def go() -> None:
+        call()
+        done.append(name)
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    return thread
+
+
 @contextlib.contextmanager
 def two_sinks(spark, data_dir: Path, config: TableConfig, *, shared_table: bool) -> Iterator[tuple[SparkGroupSink, ...]]:
     """Two brokers' sinks on one data directory (state directories ``_pipeline/broker-0`` and ``-1``),
@@ -271,14 +282,7 @@ def test_a_commit_of_staged_files_overlaps_another_brokers_commit_and_maintenanc
         typed = sink.to_table([PartitionAppend("typed", 0, 0, rc.record_batch([b'{"a": 1}']), 1, 0)])
         assert not sink.commits_shared(typed)  # its table's first rows: a Spark append
         done: list[str] = []
-
-        def run(name: str, call) -> threading.Thread:
-            def go() -> None:
-                call()
-                done.append(name)
-            thread = threading.Thread(target=go, daemon=True)
-            thread.start()
-            return thread
+        run = functools.partial(_run_recorded, done)
 
         with table_lock(lock_path, shared=True):  # another broker commits
             run("commit", lambda: sink.write(flush)).join(120)
@@ -321,14 +325,7 @@ def test_a_publication_of_the_live_view_waits_only_for_another_publication(spark
                           state_dir=data_dir / "_pipeline" / "broker-0", shared_table=True)
     view = f"{config.database}.records_live"
     done: list[str] = []
-
-    def run(name: str, call) -> threading.Thread:
-        def go() -> None:
-            call()
-            done.append(name)
-        thread = threading.Thread(target=go, daemon=True)
-        thread.start()
-        return thread
+    run = functools.partial(_run_recorded, done)
 
     try:
         sink.start()
@@ -354,6 +351,24 @@ def test_a_publication_of_the_live_view_waits_only_for_another_publication(spark
         sink.stop()
 
 
+def one_record(sink: SparkGroupSink, offset: int):
+    """A flush of one record of topic-partition t-0 at ``offset``."""
+    return sink.to_table([PartitionAppend("t", 0, offset, rc.record_batch([b"v%d" % offset]), 1, 0)])
+
+
+@contextlib.contextmanager
+def writer_and_compactor(spark, tmp_path: Path) -> Iterator[tuple[TableConfig, SparkGroupSink, SparkGroupSink]]:
+    """Two started brokers' sinks on one data directory (``two_sinks``; compaction from 2 files), the
+    first having committed three files into one hour partition (cached after the first commit)."""
+    config = TableConfig(database=unique_database(), compaction_min_files=2)
+    with two_sinks(spark, tmp_path / "data", config, shared_table=True) as (writer, compactor):
+        writer.start()
+        compactor.start()
+        for offset in range(3):
+            writer.write(one_record(writer, offset))
+        yield config, writer, compactor
+
+
 @pytest.mark.slow
 def test_a_commit_while_spark_writes_a_compaction_lands_in_the_compacted_partition(spark, tmp_path, monkeypatch):
     """A compaction holds the tables shared while Spark merges a partition's files into a new
@@ -361,17 +376,7 @@ def test_a_commit_while_spark_writes_a_compaction_lands_in_the_compacted_partiti
     meanwhile; the swap, holding them exclusively, hard-links that file into the new directory before
     it points the partition there. Without the link, the row would stay in the replaced directory:
     acknowledged, and read by nobody."""
-    config = TableConfig(database=unique_database(), compaction_min_files=2)
-    data_dir = tmp_path / "data"
-
-    def flush(sink: SparkGroupSink, offset: int):
-        return sink.to_table([PartitionAppend("t", 0, offset, rc.record_batch([b"v%d" % offset]), 1, 0)])
-
-    with two_sinks(spark, data_dir, config, shared_table=True) as (writer, compactor):
-        writer.start()
-        compactor.start()
-        for offset in range(3):
-            writer.write(flush(writer, offset))
+    with writer_and_compactor(spark, tmp_path) as (config, writer, compactor):
         [partition] = writer.catalog.partition_values()
         before = writer.catalog.partition_location(partition)
         holds: list[bool] = []
@@ -382,7 +387,7 @@ def test_a_commit_while_spark_writes_a_compaction_lands_in_the_compacted_partiti
             holds.append(shared)
             with hold_table(shared):
                 if holds == [True, False, True]:  # Spark writes the compacted files: another broker commits
-                    committer = threading.Thread(target=writer.write, args=(flush(writer, 3),))
+                    committer = threading.Thread(target=writer.write, args=(one_record(writer, 3),))
                     committer.start()
                     committer.join(120)
                     assert not committer.is_alive(), "a commit waited for a compaction's write"
@@ -406,23 +411,13 @@ def test_a_broker_commits_into_a_partition_another_broker_compacted_meanwhile(sp
     the partition generation (``partitions.generation``) before it releases the tables, so the first
     broker's next commit asks the catalog again and its file lands where readers look. Without it, the
     file would go into the replaced directory: renamed, acknowledged, and read by nobody."""
-    config = TableConfig(database=unique_database(), compaction_min_files=2)
-    data_dir = tmp_path / "data"
-
-    def flush(sink: SparkGroupSink, offset: int):
-        return sink.to_table([PartitionAppend("t", 0, offset, rc.record_batch([b"v%d" % offset]), 1, 0)])
-
-    with two_sinks(spark, data_dir, config, shared_table=True) as (writer, compactor):
-        writer.start()
-        compactor.start()
-        for offset in range(3):  # three files in one hour partition: cached after the first commit
-            writer.write(flush(writer, offset))
+    with writer_and_compactor(spark, tmp_path) as (config, writer, compactor):
         [partition] = writer.catalog.partition_values()
         before = writer.catalog.partition_location(partition)
         assert compactor.maintain().compacted_partitions == 1
         after = compactor.catalog.partition_location(partition)
         assert after != before
-        writer.write(flush(writer, 3))
+        writer.write(one_record(writer, 3))
         offsets = sorted(r[0] for r in writer.catalog.read().select("offset").collect())
         assert offsets == [0, 1, 2, 3]
 
