@@ -57,6 +57,17 @@ Target = str | os.PathLike[str]
 _PG_SCHEMES = ("postgresql", "postgres")
 _MIGRATION_LOCK = 0x706970656C696E65  # "pipeline": the advisory lock key every broker migrates under
 _PG_NOW_MS = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+
+PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 2000
+"""PostgreSQL ends a session of ours that stays idle inside a transaction this long (its
+``idle_in_transaction_session_timeout``), rolling the transaction back and releasing its row locks.
+Our transactions run their statements back to back, so only a stalled process (SIGSTOP, a long
+pause, a frozen VM) is idle in one: without this, a broker stopped between two statements of a
+commit's transaction held its rows locked until it woke, and every broker waiting for them (a
+take-over settling the partition's end, the controller fencing it) stopped heartbeating and fenced
+itself (seen in tests/e2e/test_failover.py). Below the smallest ``broker.session.timeout.ms`` worth
+running (5000 ms in the tests), so a waiter's heartbeats resume within its session. The stalled
+process finds its connection closed when it wakes: its transaction fails and commits nothing."""
 _SQLITE_NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
 
 
@@ -291,8 +302,9 @@ class _Postgres(Database):
             if conn is not None:
                 conn.close()
             # autocommit: transactions are explicit (conn.transaction()), none is left open between calls.
-            self._conn = conn = self._psycopg.connect(self.url, autocommit=True,
-                                                      connect_timeout=max(1, int(self._timeout_s)))
+            self._conn = conn = self._psycopg.connect(
+                self.url, autocommit=True, connect_timeout=max(1, int(self._timeout_s)),
+                options=f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}")
         return conn
 
     @contextmanager

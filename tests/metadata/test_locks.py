@@ -239,3 +239,33 @@ def test_refused_attempts_commit_nothing_until_an_intent_needs_renewing(tmp_path
         watcher.close()
         for lock in (a, b, c):
             lock.close()
+
+
+def test_a_holder_stalled_inside_a_transaction_loses_its_row_locks_on_postgresql(postgres_server):
+    """A broker stopped (SIGSTOP) between two statements of a transaction keeps its row locks while its
+    session lives. PostgreSQL ends a session idle inside a transaction after
+    ``PG_IDLE_IN_TRANSACTION_TIMEOUT_MS`` (``pipeline.metadata.database``), so another holder's
+    attempt on the same lock goes through after about that long instead of waiting for the stalled one
+    to wake; the stalled one's transaction then fails and writes nothing."""
+    import psycopg
+
+    from pipeline.metadata.database import PG_IDLE_IN_TRANSACTION_TIMEOUT_MS, open_database
+
+    url = postgres_server.create_database()
+    a, b = _lock(url, "broker-0/a"), _lock(url, "broker-1/b")
+    stalled = open_database(url)
+    try:
+        assert a.try_acquire()
+        a.release()
+        with pytest.raises(psycopg.Error):  # IdleInTransactionSessionTimeout at its commit
+            with stalled.transaction() as cur:  # the lock's row locked, then a stall
+                cur.execute("UPDATE locks SET lease_expiry_ms = lease_expiry_ms WHERE name = 'table'")
+                started = time.monotonic()
+                assert b.try_acquire()  # waits for the row until the stalled session is ended
+                waited = time.monotonic() - started
+        assert PG_IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 - 0.5 < waited < PG_IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 + 5
+        b.release()
+    finally:
+        stalled.close()
+        a.close()
+        b.close()
