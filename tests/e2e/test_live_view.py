@@ -69,7 +69,7 @@ def test_every_snapshot_holds_each_acknowledged_record_once(tmp_path, brokers, a
         load.join()
         assert not load.errors, load.errors[:5]
         assert len(load.acked) == load.producers * load.per_producer
-        assert_each_acknowledged_record_once(snapshots)
+        assert_each_acknowledged_record_once(snapshots, load)
         if "spark" not in args:  # acknowledged at the WAL: the view held what the table did not yet
             assert any(s.rows > s.in_table for s in snapshots), snapshots
         acked = load.acked
