@@ -676,10 +676,14 @@ class PendingProduce:
     resolved (partitions of a failed Commit get KAFKA_STORAGE_ERROR), or at its
     timeout, when partitions not yet durable get REQUEST_TIMED_OUT. Never
     success for a record that is not durable, nor once ``lease_current`` says this
-    broker's membership lease may have run out (NOT_LEADER_OR_FOLLOWER: another
-    broker may lead the partition by now; an idempotent producer's retry there is
-    answered as a duplicate if the records reached the table). Each partition's
-    error code is then counted in ``errors`` (Kafka ``ProduceResponse.errorCounts``).
+    broker's membership lease may have run out: another broker may lead the
+    partition by now. Records durable by then are answered REQUEST_TIMED_OUT, as
+    Kafka answers acks=all records appended but not acknowledged in time: "possibly
+    persisted" to the client, which retries them with the same sequence numbers (the
+    new leader answers a duplicate for those in the table); NOT_LEADER_OR_FOLLOWER
+    would tell it "not written" (librdkafka: RD_KAFKA_MSG_STATUS_NOT_PERSISTED),
+    which is false for them. Each partition's error code is then counted in
+    ``errors`` (Kafka ``ProduceResponse.errorCounts``).
     """
 
     __slots__ = ("connection", "token", "header", "results", "waiting", "answered", "_durable", "_errors",
@@ -738,8 +742,9 @@ class PendingProduce:
                 for i, r in enumerate(self.results):
                     if r.error_code == 0:
                         self.results[i] = PartitionResult(
-                            r.topic, r.partition, ErrorCode.not_leader_or_follower.value,
-                            error_message="this broker's membership lease ran out before the records were acknowledged")
+                            r.topic, r.partition, ErrorCode.request_timed_out.value,
+                            error_message="the records are durable, but this broker's membership lease ran out "
+                                          "before they were acknowledged: retry them at the partition's leader")
             if self._errors is not None:
                 for r in self.results:
                     add_error(self._errors, r.error_code)

@@ -48,7 +48,7 @@ from tests.requests.test_handler_trio import Broker, MemorySink, eventually, par
 pytestmark = pytest.mark.trio
 
 OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 1, 3
-FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER = 74, 75, 6
+FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT = 74, 75, 6, 7
 
 
 class MemoryTable:
@@ -533,8 +533,10 @@ async def test_records_durable_only_after_the_membership_lease_may_have_run_out_
         autojump_clock, tmp_path):
     """Leadership through the database: a produce whose records become durable (here: reach the table,
     ``--ack-on spark``) once this broker's lease may have run out (``DynamicCluster.lease_until``, which
-    the service keeps a margin before the database's expiry) is answered NOT_LEADER_OR_FOLLOWER, not
-    acknowledged: another broker may lead the partition by then. Within the lease, acknowledged."""
+    the service keeps a margin before the database's expiry) is not acknowledged: another broker may
+    lead the partition by then. It is answered REQUEST_TIMED_OUT ("possibly persisted": the producer
+    retries it with its sequence numbers), not NOT_LEADER_OR_FOLLOWER ("not written": librdkafka may
+    send it again as new records after an epoch bump). Within the lease, acknowledged."""
     from pipeline.cluster.membership import DynamicCluster
     from pipeline.metadata.leadership import Leadership
 
@@ -557,7 +559,7 @@ async def test_records_durable_only_after_the_membership_lease_may_have_run_out_
         assert len(client.responses) == 1  # not durable yet
         b.sink.resume()
         await client.wait_responses(2)
-        assert partition_result(client.responses[1][1])[0] == NOT_LEADER_OR_FOLLOWER
+        assert partition_result(client.responses[1][1])[0] == REQUEST_TIMED_OUT
 
 
 async def test_list_offsets_waits_for_a_partition_this_broker_is_taking_over(autojump_clock, tmp_path):
