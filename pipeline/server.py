@@ -388,8 +388,9 @@ class Server:
             ranges = offset_ranges(appends)
             recorded = ends.recorded(ranges.keys())
             unknown = {key: r for key, r in ranges.items() if key not in recorded}
-            if unknown:
-                self._fence_dead_writers(unknown.keys())
+            store = self.leadership.store if self.leadership is not None else None
+            if unknown and store is not None:
+                self._fence_dead_writers(store.pending_writers(unknown.keys()))
             present = self.sink.present_offsets(unknown) if unknown else set()
             present |= {(a.topic, a.partition, o) for a in appends if (a.topic, a.partition) in recorded
                         for o in range(a.base_offset, min(a.base_offset + a.record_count,
@@ -429,29 +430,38 @@ class Server:
     def _table_end_offsets(self, keys: Collection[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """The table's (topic, partition) -> end offset over the rows of the topics of ``keys``, as
         other brokers left it (blocking). With leadership through the database it is read under the
-        tables' lock, after the commits in flight of ``keys`` by brokers that are no longer members
-        are fenced (``_fence_dead_writers``): a commit by the partition's previous leader, which
-        checks its membership and commits under that lock (``BatchingPersister(table_lock=...)``),
-        lands either before this read or not at all, even if that leader only stalled."""
+        tables' lock, exclusively when a commit of one of ``keys`` is pending: then after the commits
+        in flight of ``keys`` by brokers that are no longer members are fenced
+        (``_fence_dead_writers``), so a commit by the partition's previous leader, which checks its
+        membership and commits under that lock (``BatchingPersister(table_lock=...)``), lands either
+        before this read or not at all, even if that leader only stalled. Shared otherwise (the
+        partitions of a new topic)."""
         topics = {t for t, _ in keys}
         hold = self._table_lock() if self.dynamic else None
-        with hold(False) if hold is not None else nullcontext():
-            self._fence_dead_writers(keys)
+        store = self.leadership.store if self.leadership is not None else None
+        # No commit of ``keys`` pending (a partition no commit ever recorded: a new topic's): nothing to
+        # fence, and a writer that is no longer a member cannot begin one (``record_producers`` is fenced
+        # by its membership), so the read holds the tables shared and other brokers' commits go on.
+        writers = store.pending_writers(keys) if store is not None else set()
+        started = time.monotonic()
+        with hold(not writers) if hold is not None else nullcontext():
+            self._fence_dead_writers(writers)
             self._refresh_tables(topics)
-            return self.sink.end_offsets(topics)
+            ends = self.sink.end_offsets(topics)
+        log.info("read the table's end offsets of %d partition(s) of %s holding the tables %s (%.2f s)", len(keys),
+                 ", ".join(sorted(topics)), "exclusively: a commit of theirs was pending" if writers else "shared: no commit of theirs pending",
+                 time.monotonic() - started)
+        return ends
 
-    def _fence_dead_writers(self, keys: Collection[tuple[str, int]]) -> None:
-        """Holding the tables' lock: the broker runs (node id and broker epoch) whose commit of one of
-        ``keys`` is pending (``LeadershipStore.pending_writers``) and that are not live members now
-        have their staging directory moved away (``SparkGroupSink.fence_staging``), so a commit of
-        theirs still in flight (a paused broker that wakes) cannot add a file after this; a later run
-        of the same node stages elsewhere. Blocking."""
+    def _fence_dead_writers(self, writers: Collection[tuple[int, int, str | None]]) -> None:
+        """Holding the tables' lock exclusively: the broker runs among ``writers`` ((node id, broker
+        epoch, staging) whose commit of a partition taken over is pending, ``LeadershipStore.pending_writers``)
+        that are not live members now have their staging directory moved away
+        (``SparkGroupSink.fence_staging``), so a commit of theirs still in flight (a paused broker that
+        wakes) cannot add a file after this; a later run of the same node stages elsewhere. Blocking."""
         store = self.leadership.store if self.leadership is not None else None
         fence = getattr(self.sink, "fence_staging", None)
-        if store is None or fence is None:
-            return
-        writers = store.pending_writers(keys)
-        if not writers:
+        if store is None or fence is None or not writers:
             return
         live = {(m.node_id, m.epoch) for m in store.registry.live_members()}
         for node, epoch, staging in sorted(writers, key=str):
