@@ -769,6 +769,8 @@ class Server:
             task_status.started((host, port))
 
             await self._shutdown.wait()
+            if self.leadership is not None:
+                self.leadership.stop_taking_over()  # its stores close below: what moves to it waits for its lease's end
             log.info("shutting down: no new connections")
             acceptor_scope.cancel()
             for p in self.processors:

@@ -214,6 +214,10 @@ class LeadershipService:
         self._changed = trio.Event()
         self._leaving = False
         """``unregister`` ended the lease: a heartbeat refused from then on is the clean stop's, not a fence."""
+        self._stopping = False
+        """``stop_taking_over`` was called: partitions assigned to this broker are left for the others."""
+        self._left: set[tuple[str, int]] = set()
+        """The partitions left so, as logged."""
 
     # -- wiring ----------------------------------------------------------------
 
@@ -273,6 +277,13 @@ class LeadershipService:
         a producer writing to the re-created topic is not checked against the old one's sequences."""
         if self.store is not None:
             await trio.to_thread.run_sync(self.store.forget_topic, topic)
+
+    def stop_taking_over(self) -> None:
+        """A clean stop has begun (call it before the persister and the group coordinator close): no
+        partition is taken over from now on, since this broker's stores are closing and it would not
+        serve them; those assigned to it meanwhile move to the others once ``unregister`` ends its
+        lease. Its own partitions are still handed off."""
+        self._stopping = True
 
     async def unregister(self) -> None:
         """A controlled shutdown: end this broker's lease now, so its partitions move at once."""
@@ -550,6 +561,12 @@ class LeadershipService:
         ready = {key: row for key, row in rows.items() if row.leader_id == me and key not in cluster.loaded
                  and (row.handed_off or row.prior_id not in self._live or row.prior_id < 0)}
         if not ready:
+            return
+        if self._stopping:
+            if ready.keys() - self._left:
+                log.info("broker %d is stopping: %d partition(s) assigned to it are left for the other brokers",
+                         me, len(ready))
+                self._left |= ready.keys()
             return
         if self._undrained:
             # A dead broker's WAL may hold acknowledged records of these partitions that the table lacks.

@@ -243,3 +243,43 @@ def test_a_broker_whose_heartbeats_stop_reaching_the_database_stops_acknowledgin
 
     trio.run(main)
     assert len(fenced) == 1
+
+
+def test_a_stopping_broker_takes_over_nothing_and_says_so_once(tmp_path, caplog):
+    """After ``stop_taking_over`` (a clean stop has begun: the broker's stores close next) a partition the
+    controller assigns to the broker is not taken over (its table end offsets are not read, it is not
+    served), and the broker logs it once, not at every pass; before it, a partition is taken over."""
+    import logging
+
+    topics = {"t": 1}
+    reads: list[set[tuple[str, int]]] = []
+
+    def end_offsets(keys) -> dict[tuple[str, int], int]:
+        reads.append(set(keys))
+        return {}
+
+    service = LeadershipService(DynamicCluster(0, "127.0.0.1", 9092), tmp_path / "cluster.db", ENDPOINT,
+                                session_ms=TWO_BROKERS_SESSION_MS, heartbeat_ms=TWO_BROKERS_HEARTBEAT_MS,
+                                logs=LogManager(), end_offsets=end_offsets, topics=lambda: dict(topics),
+                                on_fenced=lambda: None)
+    cluster = service.cluster
+    said = "is stopping: 1 partition(s) assigned to it are left for the other brokers"
+
+    async def main() -> None:
+        async with _registered(service):
+            await _until(lambda: cluster.leads("t", 0), "t-0 taken over before the stop")
+            service.stop_taking_over()
+            topics["u"] = 1
+            await _until(lambda: ("u", 0) in cluster.leaders and cluster.leaders[("u", 0)].leader_id == 0,
+                         "u-0 assigned to the stopping broker")
+            await _until(lambda: said in caplog.text, "the stopping broker's message")
+            count = caplog.text.count(said)
+            for _ in range(2):  # two more passes: the first one's take-over (none) is done by the second
+                version = cluster.leaders
+                await _until(lambda seen=version: cluster.leaders is not seen, "another pass over the assignment")
+            assert ("u", 0) not in cluster.loaded and not cluster.leads("u", 0)
+            assert all(("u", 0) not in keys for keys in reads), reads
+            assert caplog.text.count(said) == count == 1
+
+    with caplog.at_level(logging.INFO, logger="pipeline.cluster.service"):
+        trio.run(main)
