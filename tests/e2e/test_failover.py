@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import signal
 import re
@@ -184,6 +185,34 @@ def _log_lines(broker: HostBroker) -> list[str]:
         return broker.log_path.read_text(errors="replace").splitlines()
     except OSError:
         return []
+
+
+class _EosLog:
+    """A logger for confluent-kafka producers (``logger=``; librdkafka's lines arrive on their ``poll``)
+    writing to ``path``; ``digest()``: its last lines other than a partition's drain (ERRSEQ, DUPSEQ,
+    REQTMOUT, NEWPID, RESETSEQ, IDEMPSTATE: sequence errors, timeouts, epoch bumps), then its last drains
+    (a passing run logs hundreds)."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.path = path
+        self.logger = logging.getLogger(name)
+        self.logger.propagate = False
+        self.logger.setLevel(logging.DEBUG)
+        self._handler = logging.FileHandler(path)
+        self._handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        self.logger.addHandler(self._handler)
+
+    def digest(self, last: int = 80, drains: int = 10) -> str:
+        self._handler.flush()
+        lines = [line[:300] for line in self.path.read_text(errors="replace").splitlines()]
+        drain = [line for line in lines if " DRAIN " in line]
+        other = [line for line in lines if " DRAIN " not in line]
+        return (f"librdkafka's idempotence lines ({self.path}):\n" + "\n".join(other[-last:])
+                + "\nits last partition drains:\n" + "\n".join(drain[-drains:]))
+
+    def close(self) -> None:
+        self.logger.removeHandler(self._handler)
+        self._handler.close()
 
 
 def _digest(brokers: list[HostBroker], per_broker: int = 40) -> str:
@@ -574,6 +603,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
     group: ConsumerGroup | None = None
     admin = None
     producers: list = []
+    eos: _EosLog | None = None
     try:
         for b in brokers:
             b.start()
@@ -607,10 +637,14 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         # (then the producer reconnects, refreshes its metadata and finds the new leader), well within
         # the 15 s the moved partitions have; an idempotent retry of a batch that did land is answered
         # as a duplicate, with its offset.
+        # librdkafka's idempotence events (PID, drains, epoch bumps, sequence errors: debug "eos", a few
+        # lines per event) in a file, for a failure's message: an epoch bump renumbers what it has not seen
+        # acknowledged, and a record the table already held is then written again.
+        eos = _EosLog(tmp_path / "librdkafka-eos.log", f"failover-{ack_on}-librdkafka")
         producers += [confluent_kafka.Producer({
             "bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
             "message.timeout.ms": 300_000, "batch.num.messages": 100, "request.timeout.ms": 5000,
-            "socket.timeout.ms": 5000}) for _ in range(PRODUCERS)]
+            "socket.timeout.ms": 5000, "debug": "eos"}, logger=eos.logger) for _ in range(PRODUCERS)]
 
         def send(j: int, i: int, partition: int | None = None) -> None:
             extra = {} if partition is None else {"partition": partition}
@@ -798,7 +832,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
               f"{len(inner_lines)} in all")
         flush(240)
         assert not errors, errors[:5]
-        assert not duplicates, duplicates[:5]
+        assert not duplicates, f"{duplicates[:5]}\n{eos.digest()}"
         assert len(acked) == sum(sent) + INNER_COUNT
         assert rejoined and any(acked[k][0] in rejoined and acked[k][2] > killed_at for k in acked)
 
@@ -852,6 +886,8 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         admin = None
         if group is not None:
             group.stop()
+        if eos is not None:
+            eos.close()
         for b in brokers:
             b._ending = True  # not started again by its supervisor thread
             if b.proc is not None and b.proc.poll() is None:
@@ -865,9 +901,10 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
     implicit = {f"{j}:{i}": p for (j, i), (p, o, _) in acked.items() if o is None}
     # Each record at the offset its producer was told, each implicitly acknowledged one once at an offset no
     # other record was told, and nothing else.
-    assert {k: v for k, v in table.items() if k in told} == told, "an acknowledged record missing"
+    assert {k: v for k, v in table.items() if k in told} == told, f"an acknowledged record missing\n{eos.digest()}"
     rest = {k: v for k, v in table.items() if k not in told}
-    assert sorted(rest.values()) == sorted(implicit), "a record the producers were not told of, or one missing"
+    assert sorted(rest.values()) == sorted(implicit), (
+        f"a record the producers were not told of, or one missing\n{eos.digest()}")
     assert all(implicit[v] == p for (p, _), v in rest.items()), "an implicitly acknowledged record elsewhere"
     print(f"the table: {len(table)} records, each once, {len(implicit)} of them acknowledged without an offset "
           f"(implicitly, after a request to the paused broker timed out)")
