@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from pipeline.cluster.membership import ClusterBroker
 from pipeline.log.manager import DEFAULT_INDEX_MAX_BYTES
+from pipeline.metadata.database import PG_IDLE_IN_TRANSACTION_TIMEOUT_MS
 from pipeline.observe.structured_logs import FORMATS, LogConfig, level_number
 from pipeline.network.connection_quotas import DEFAULT_MAX_CONNECTIONS
 from pipeline.network.connection_state import (
@@ -512,7 +513,9 @@ _KEY_LIST: list[Key] = [
         "--cluster-leadership", "static|database", group="listener"),
     Key("broker.session.timeout.ms", ("broker_session_timeout_ms",), integer(1),
         "with pipeline.cluster.leadership=database: a broker whose heartbeats stop this long loses its "
-        "membership, and its partitions move (ms)", "--broker-session-timeout-ms", "MS", group="listener"),
+        "membership, and its partitions move (ms); with pipeline.metadata.url above "
+        f"{PG_IDLE_IN_TRANSACTION_TIMEOUT_MS} ms plus broker.heartbeat.interval.ms", "--broker-session-timeout-ms",
+        "MS", group="listener"),
     Key("broker.heartbeat.interval.ms", ("broker_heartbeat_interval_ms",), integer(1),
         "with pipeline.cluster.leadership=database: how often a broker renews its membership (ms)",
         "--broker-heartbeat-interval-ms", "MS", group="listener"),
@@ -1110,6 +1113,14 @@ def resolve(config_file: str | Path | None = None, environ: Mapping[str, str] | 
         if values["broker.heartbeat.interval.ms"] >= values["broker.session.timeout.ms"]:
             raise ConfigError(f"broker.heartbeat.interval.ms ({sources['broker.heartbeat.interval.ms']}) must be "
                               f"below broker.session.timeout.ms ({sources['broker.session.timeout.ms']})")
+        stall_ms = PG_IDLE_IN_TRANSACTION_TIMEOUT_MS + values["broker.heartbeat.interval.ms"]
+        if values["pipeline.metadata.url"] is not None and values["broker.session.timeout.ms"] <= stall_ms:
+            raise ConfigError(
+                f"broker.session.timeout.ms ({sources['broker.session.timeout.ms']}) must be above {stall_ms} ms "
+                f"with pipeline.metadata.url ({sources['pipeline.metadata.url']}): PostgreSQL ends a session of "
+                f"a broker stalled inside a transaction after {PG_IDLE_IN_TRANSACTION_TIMEOUT_MS} ms "
+                f"(pipeline.metadata.database), and until then the brokers waiting for its rows may miss their "
+                f"heartbeats, every broker.heartbeat.interval.ms ({sources['broker.heartbeat.interval.ms']})")
     if values["pipeline.brokers"] > 1 and values["listeners"][2] and len(values["listeners"][2]) > 1:
         raise ConfigError(f"{sources['listeners']}: listeners: --brokers N gives each broker one listener")
     if values["spark.remote"] is not None and sources["spark.master"] != DEFAULT_SOURCE:

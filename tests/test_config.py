@@ -168,6 +168,30 @@ def test_spark_master_and_remote_exclude_each_other_whatever_their_sources():
                 flag_values(serve_args("--spark-master", "local[2]")))
 
 
+def test_leadership_through_the_database_needs_a_session_that_outlasts_a_heartbeat_and_a_stalled_transaction():
+    """broker.heartbeat.interval.ms below broker.session.timeout.ms; with PostgreSQL (pipeline.metadata.url)
+    the session above PostgreSQL's end of a stalled transaction (PG_IDLE_IN_TRANSACTION_TIMEOUT_MS) plus a
+    heartbeat interval: a broker waiting that long for a stalled one's rows must not lose its lease."""
+    from pipeline.metadata.database import PG_IDLE_IN_TRANSACTION_TIMEOUT_MS
+
+    url = "postgresql://pipeline@db.example:5432/pipeline"
+    database = ("--cluster-leadership", "database", "--broker-heartbeat-interval-ms", "1000")
+    with pytest.raises(ConfigError, match=r"broker.heartbeat.interval.ms \(flag:--broker-heartbeat-interval-ms\) "
+                                          r"must be below broker.session.timeout.ms"):
+        resolve(None, {}, flag_values(serve_args(*database, "--broker-session-timeout-ms", "1000")))
+    stall = PG_IDLE_IN_TRANSACTION_TIMEOUT_MS + 1000
+    with pytest.raises(ConfigError, match=rf"broker.session.timeout.ms \(flag:--broker-session-timeout-ms\) "
+                                          rf"must be above {stall} ms with pipeline.metadata.url"):
+        resolve(None, {}, flag_values(serve_args(*database, "--broker-session-timeout-ms", str(stall),
+                                                 "--metadata-url", url)))
+    ok = resolve(None, {}, flag_values(serve_args(*database, "--broker-session-timeout-ms", str(stall + 1),
+                                                  "--metadata-url", url)))
+    assert ok.server.broker_session_timeout_ms == stall + 1
+    # SQLite (no pipeline.metadata.url): no such timeout, only the heartbeat's rule
+    assert resolve(None, {}, flag_values(serve_args(*database, "--broker-session-timeout-ms", str(stall)))
+                   ).server.broker_session_timeout_ms == stall
+
+
 def test_load_config_keeps_its_shape_for_the_table_keys(tmp_path):
     toml = tmp_path / "t.toml"
     toml.write_text('table.commit.interval.ms = 2000\nfile.delete.delay.ms = 0\nnum.partitions = 3\n')

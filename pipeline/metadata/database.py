@@ -65,8 +65,9 @@ Our transactions run their statements back to back, so only a stalled process (S
 pause, a frozen VM) is idle in one: without this, a broker stopped between two statements of a
 commit's transaction held its rows locked until it woke, and every broker waiting for them (a
 take-over settling the partition's end, the controller fencing it) stopped heartbeating and fenced
-itself (seen in tests/e2e/test_failover.py). Below the smallest ``broker.session.timeout.ms`` worth
-running (5000 ms in the tests), so a waiter's heartbeats resume within its session. The stalled
+itself (seen in tests/e2e/test_failover.py). ``pipeline.config`` refuses a ``broker.session.timeout.ms``
+not above this plus ``broker.heartbeat.interval.ms`` with a PostgreSQL metadata database, so a waiter's
+heartbeats resume within its session (the tests: 5000 ms, heartbeats every 1000 ms). The stalled
 process finds its connection closed when it wakes: its transaction fails and commits nothing."""
 _SQLITE_NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
 
