@@ -107,6 +107,17 @@ class Cluster:
         except OSError:
             return ""
 
+    def log_about(self, *words: str, limit: int = 200) -> str:
+        """The log's lines (the last ``limit``) that name one of ``words`` or are warnings and errors: what
+        a failure message needs when the log's tail is another test's traffic."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        lines = [line[:400] for line in text.splitlines()
+                 if any(w in line for w in words) or " WARNING " in line or " ERROR " in line]
+        return "\n".join(lines[-limit:])
+
 
 
 def cmdline(process: psutil.Process) -> list[str]:

@@ -190,6 +190,9 @@ class ServerProcess:
     def stop(self, timeout_s: float = 120.0) -> int:
         """SIGTERM, wait for the ordered shutdown; returns the exit code.
 
+        Raises:
+            AssertionError: not stopped within ``timeout_s`` (it is killed), with its log's end.
+
         Child processes still alive 15 s after the server exited are killed
         (and the test fails in ``tests/e2e/test_lifecycle.py``, which checks
         that there are none).
@@ -201,7 +204,9 @@ class ServerProcess:
             return self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise
+            # Where it stood (the shutdown logs each stage): the stage that did not end is the finding.
+            raise AssertionError(f"the server did not stop within {timeout_s:.0f} s of SIGTERM (killed); "
+                                 f"its log ends:\n{self.log_text()[-6000:]}") from None
         finally:
             self._log.close()
             reap(children)
