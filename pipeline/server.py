@@ -619,7 +619,10 @@ class Server:
                                     retention_defaults=(c.log_retention_ms, c.log_retention_bytes),
                                     # With a metadata database, brokers on other hosts may change topics at any time.
                                     shared=(self.cluster is not None and self.cluster.size > 1 or bool(c.metadata_url)
-                                            or self.dynamic))
+                                            or self.dynamic),
+                                    # A new partition's table end is 0: its first leader reads nothing from the table.
+                                    on_new_partitions=(self.leadership.record_new_partitions
+                                                       if self.leadership is not None else None))
         # Producer ids: from the wall clock on one machine; with a metadata database, blocks claimed
         # from it (Kafka's ProducerIdManager), so no two brokers on any hosts hand out the same id.
         producer_ids = (ProducerIdManager(ProducerIdStore(store_target(c.metadata_url, c.data_dir,

@@ -272,6 +272,20 @@ class LeadershipService:
             if leases is not None:
                 await trio.to_thread.run_sync(leases.close)
 
+    def record_new_partitions(self, topic: str, partitions: range) -> None:
+        """New partitions of ``topic`` (created, or added, through the shared topic store just now): their
+        table end is 0 (``LeadershipStore.record_new_partitions``), so taking them over reads nothing from
+        the table. Blocking. Best effort: without the store (not started, or stopping) or on a database
+        error, their first leader reads their end from the table, as for any partition without one."""
+        store = self.store
+        if store is None:
+            return
+        try:
+            store.record_new_partitions(topic, partitions)
+        except Exception as exc:
+            log.warning("recording the new partitions %s-%d..%d as empty in the table failed (their leaders "
+                        "read the table instead): %s", topic, partitions.start, partitions.stop - 1, exc)
+
     async def forget_topic(self, topic: str) -> None:
         """A deleted topic's idempotent producer states in the database (``LeadershipStore.forget_topic``):
         a producer writing to the re-created topic is not checked against the old one's sequences."""

@@ -358,6 +358,17 @@ class LeadershipStore:
                                                                             "pending_staging", "pending_end")),
                             [(t, p, end) for (t, p), end in sorted(ends.items())])
 
+    def record_new_partitions(self, topic: str, partitions: Iterable[int]) -> None:
+        """Partitions that did not exist before (a topic just created in the topic store, or partitions just
+        added to one): the table holds none of their rows, since a topic's rows are dropped before its
+        deletion leaves the store (``TopicCatalog.delete``). Their end is recorded as 0 unless a row exists
+        already (a leader that read the table, or committed, first), so their first leader reads nothing
+        from the table. A topic that came from elsewhere (a data directory's single-broker run) gets no
+        row here and is read from the table, as before."""
+        with self._db.transaction() as cur:
+            cur.executemany("INSERT INTO table_ends VALUES (?, ?, 0, NULL, NULL, NULL, NULL) ON CONFLICT "
+                            "(topic, partition) DO NOTHING", [(topic, p) for p in sorted(partitions)])
+
     def settle_table_ends(self, ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """A new leader read ``ends`` from the table (under the tables' lock, its prior leader gone): each
         partition's end is the larger of that and its recorded one (retention may have dropped the rows

@@ -50,12 +50,16 @@ class TopicCatalog:
         shared: the store is shared with other broker processes (a cluster): ``refresh`` takes
             their changes; a name not found is looked up in the store again first.
         clock: wall-clock seconds, for creation times.
+        on_new_partitions: blocking; told ``(topic, range of partition numbers)`` after the store took
+            partitions that did not exist before (a topic created, auto-created or given more partitions
+            here), before they are visible in this catalog; it must not raise.
     """
 
     def __init__(self, num_partitions: int = 1, auto_create: bool = True,
                  initial: dict[str, int] | None = None, *, store: TopicStore | None = None,
                  retention_defaults: tuple[int, int] = (-1, -1), shared: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 on_new_partitions: Callable[[str, range], None] | None = None) -> None:
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
         self.num_partitions = num_partitions
@@ -63,6 +67,7 @@ class TopicCatalog:
         self.store = store
         self.retention_defaults = retention_defaults
         self._clock = clock
+        self._on_new_partitions = on_new_partitions
         self._busy: set[str] = set()  # being created or deleted
         self._config_lock = trio.Lock()
         legacy = [self._new(name, count) for name, count in (initial or {}).items()]
@@ -177,6 +182,8 @@ class TopicCatalog:
                 if stored is None:
                     return ErrorCode.leader_not_available.value, 0
                 return ErrorCode.none.value, stored.partitions
+            if self._on_new_partitions is not None:
+                self._on_new_partitions(name, range(topic.partitions))
         self._put(topic)
         log.info("auto-created topic %r with %d partitions", name, self.num_partitions)
         return ErrorCode.none.value, self.num_partitions
@@ -234,6 +241,8 @@ class TopicCatalog:
         self._busy.add(name)
         try:
             await self._store("insert", topic)
+            if self.store is not None and self._on_new_partitions is not None:
+                await trio.to_thread.run_sync(self._on_new_partitions, name, range(partitions))
             self._put(topic)
         finally:
             self._busy.discard(name)
@@ -251,6 +260,8 @@ class TopicCatalog:
             if topic is None:
                 raise NoSuchTopicError(name)
             await self._store("set_partitions", name, partitions)
+            if self.store is not None and self._on_new_partitions is not None:
+                await trio.to_thread.run_sync(self._on_new_partitions, name, range(topic.partitions, partitions))
             if name in self._topics:
                 self._put(StoredTopic(name, partitions, topic.topic_id, topic.created_ms, self._topics[name].configs))
         log.info("topic %r now has %d partitions", name, partitions)

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 import trio
 
+from pipeline.metadata.leadership import LeadershipStore
 from pipeline.metadata.topics import StoredTopic, TopicExistsError, TopicStore
 from pipeline.protocol.apis import topic_id_for
 from pipeline.requests.catalog import NoSuchTopicError, TopicCatalog
@@ -115,3 +116,33 @@ def test_delete_hides_the_topic_at_once_and_a_failed_hook_brings_it_back(metadat
     assert catalog.partitions("t") is None
     assert catalog.partitions("u") == 1
     assert TopicCatalog(1, False, store=TopicStore(metadata_target("topics.db"))).all_topics() == {"u": 1}
+
+
+def test_partitions_new_to_the_store_are_recorded_empty_in_the_table_so_their_leaders_read_nothing(metadata_target):
+    """A cluster's catalog (``on_new_partitions``: ``LeadershipService.record_new_partitions``) records a
+    table end of 0 for the partitions it creates, auto-creates or adds, and only for those: a topic another
+    broker created first, and one imported from a checkpoint (its rows may be in the table), get none, so
+    their leaders read the table as before; a partition's end a commit recorded is left as it is."""
+    ends = LeadershipStore(metadata_target("cluster.db"))
+    path = metadata_target("topics.db")
+    catalog = TopicCatalog(2, True, {"legacy": 3}, store=TopicStore(path), shared=True,
+                           on_new_partitions=ends.record_new_partitions)
+    other = TopicCatalog(2, True, store=TopicStore(path), shared=True)  # another broker: no hook
+    try:
+        ends.commit_done({("a", 1): 7})  # as if a leader had committed to it first
+
+        async def main() -> None:
+            await catalog.create("a", 2, {})
+            await catalog.set_partitions("a", 3)
+            await other.create("elsewhere", 1, {})
+            with pytest.raises(TopicExistsError):
+                await catalog.create("elsewhere", 1, {})
+
+        trio.run(main)
+        assert catalog.describe("auto", True) == (0, 2)
+        assert other.describe("auto2", True) == (0, 2)
+        assert catalog.describe("auto2", True) == (0, 2)  # created by the other a moment ago: not new here
+        keys = [(t, p) for t in ("a", "auto", "auto2", "elsewhere", "legacy") for p in range(3)]
+        assert ends.table_ends(keys) == {("a", 0): 0, ("a", 1): 7, ("a", 2): 0, ("auto", 0): 0, ("auto", 1): 0}
+    finally:
+        ends.close()
