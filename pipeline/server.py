@@ -30,6 +30,7 @@ import trio
 
 from pipeline.admin.apis import AdminApis, broker_configs
 from pipeline.config import Mode, ServerConfig
+from pipeline.metadata.leadership import LeadershipStore
 from pipeline.metadata.topics import FILE as TOPIC_STORE_FILE, TopicStore
 from pipeline.cluster.membership import Cluster, DynamicCluster
 from pipeline.cluster.service import CommitEnds, LeadershipService
@@ -388,7 +389,7 @@ class Server:
             ranges = offset_ranges(appends)
             recorded = ends.recorded(ranges.keys())
             unknown = {key: r for key, r in ranges.items() if key not in recorded}
-            store = self.leadership.store if self.leadership is not None else None
+            store = self._leadership_store
             if unknown and store is not None:
                 self._fence_dead_writers(store.pending_writers(unknown.keys()))
             present = self.sink.present_offsets(unknown) if unknown else set()
@@ -422,6 +423,12 @@ class Server:
         """Whether this broker is the controller now (leadership through the database)."""
         return self.leadership is not None and self.leadership.controller_epoch is not None
 
+    @property
+    def _leadership_store(self) -> LeadershipStore | None:
+        """The leadership store in the metadata database, while this broker's ``LeadershipService`` has
+        it open (leadership through the database)."""
+        return self.leadership.store if self.leadership is not None else None
+
     def _table_lock(self) -> Callable[[bool], AbstractContextManager[None]] | None:
         """The sink's hold on the shared tables (``SparkGroupSink.hold_table``: ``shared``, or exclusive
         by default), if it has one."""
@@ -438,7 +445,7 @@ class Server:
         partitions of a new topic)."""
         topics = {t for t, _ in keys}
         hold = self._table_lock() if self.dynamic else None
-        store = self.leadership.store if self.leadership is not None else None
+        store = self._leadership_store
         # No commit of ``keys`` pending (a partition no commit ever recorded: a new topic's): nothing to
         # fence, and a writer that is no longer a member cannot begin one (``record_producers`` is fenced
         # by its membership), so the read holds the tables shared and other brokers' commits go on.
@@ -459,7 +466,7 @@ class Server:
         that are not live members now have their staging directory moved away
         (``SparkGroupSink.fence_staging``), so a commit of theirs still in flight (a paused broker that
         wakes) cannot add a file after this; a later run of the same node stages elsewhere. Blocking."""
-        store = self.leadership.store if self.leadership is not None else None
+        store = self._leadership_store
         fence = getattr(self.sink, "fence_staging", None)
         if store is None or fence is None or not writers:
             return

@@ -180,7 +180,7 @@ SUPPORTED_VERSIONS.update({
     26: (0, 3),                     # EndTxn (v4: TRANSACTION_ABORTABLE, v5: KIP-890 epoch bumps)
     28: (0, 3),                     # TxnOffsetCommit
     65: (0, 0),                     # DescribeTransactions
-    66: (0, 0),                     # ListTransactions (v1: duration filter, KIP-994)
+    66: (0, 1),                     # ListTransactions (v1: duration filter, KIP-994)
     61: (0, 0),                     # DescribeProducers (KIP-664)
     27: (1, 1),                     # WriteTxnMarkers: the admin abort of a hanging transaction (KIP-664)
 })

@@ -538,17 +538,26 @@ class TransactionApis:
             module.DescribeTransactionsResponse, throttle_time=apis.ZERO_MS, transaction_states=tuple(states))))
 
     async def _list(self, request: Request) -> None:
+        """ListTransactions v0-v1: every transaction this coordinator knows, filtered by state, producer id
+        and (v1, KIP-994) ``duration_filter`` ms: one that began that long ago or less is left out, as
+        Kafka's ``TransactionStateManager.listTransactionStates`` does (``now - start <= filter``; a
+        negative filter keeps all). A transaction not ongoing has no start here (-1), so a filter keeps
+        it, as Kafka keeps one that never began."""
         header = request.header
         body = apis.decode_request(header, request.frame)
         module = apis.response_module(LIST_TRANSACTIONS, header.api_version)
         known = {s.value for s in TxnState}
         state_filters = set(body.state_filters)
         pid_filters = {int(p) for p in body.producer_id_filters}
+        duration_ms = int(getattr(body, "duration_filter", -1))
+        now = _now_ms()
         rows = []
         for meta in self.state.transactions.values():
             if state_filters and meta.state.value not in state_filters:
                 continue
             if pid_filters and meta.producer_id not in pid_filters:
+                continue
+            if duration_ms >= 0 and now - meta.start_ms <= duration_ms:
                 continue
             if not self.apis.authorize(request, DESCRIBE, TRANSACTIONAL_ID, meta.transactional_id, False):
                 continue

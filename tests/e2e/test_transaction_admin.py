@@ -1,5 +1,5 @@
 """Finding and aborting a hanging transaction with kafka-python 3.x's KafkaAdminClient (KIP-664), on
-the shared server: ``list_transactions``, ``describe_transactions``, ``describe_producers`` and
+the shared server: ``list_transactions`` (with ListTransactions v1's duration filter), ``describe_transactions``, ``describe_producers`` and
 ``find_hanging_transactions`` find a transaction a confluent-kafka producer left open, and
 ``abort_transaction`` (WriteTxnMarkers to the partition leader; docs/operations.md's ``abort_hanging``,
 run as written) aborts it; a read_committed consumer
@@ -68,6 +68,11 @@ def test_a_transaction_left_open_is_found_and_aborted_with_the_admin_client(mult
 
         listed = [t for listings in admin.list_transactions().values() for t in listings if t.transactional_id == tid]
         assert [(t.state.value, t.producer_id >= 0) for t in listed] == [("Ongoing", True)], listed
+        # ListTransactions v1's duration filter (KIP-994): open longer than 1 ms, yes; than 10 min, no
+        assert [tid] == [t.transactional_id for ts in admin.list_transactions(duration_filter_ms=1).values()
+                         for t in ts if t.transactional_id == tid]
+        assert not [t for ts in admin.list_transactions(duration_filter_ms=600_000).values()
+                    for t in ts if t.transactional_id == tid]
         described = admin.describe_transactions([tid])[tid]
         assert described.state.value == "Ongoing" and described.topic_partitions == {TopicPartition(topic, 0)}
         pid, epoch = described.producer_id, described.producer_epoch
