@@ -191,6 +191,9 @@ _LOG4J_LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging
                  "WARN": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
 HARMLESS_JVM_LINES = ("WARNING: Using incubator modules: jdk.incubator.vector",)
 """Lines a JVM prints that say nothing actionable: logged at DEBUG."""
+HARMLESS_JVM_PREFIXES = ("Picked up JAVA_TOOL_OPTIONS:", "NOTE: Picked up JDK_JAVA_OPTIONS:")
+"""Beginnings of such lines: the options the environment gave every JVM (the JVM's own notice of what the
+user set; ``make test`` sets ``-XX:TieredStopAtLevel=1``, docs/development.md)."""
 _CONTINUATION_WAIT_S = 0.2
 """How long a log4j line waits for more lines of its stack trace before it is logged (s)."""
 
@@ -233,7 +236,8 @@ class _StderrForwarder:
             self._pending[2].append(text)  # the stack trace of the log4j line before it
         elif text.strip():
             self._flush()
-            level = logging.DEBUG if text.strip() in HARMLESS_JVM_LINES else logging.WARNING
+            harmless = text.strip() in HARMLESS_JVM_LINES or text.startswith(HARMLESS_JVM_PREFIXES)
+            level = logging.DEBUG if harmless else logging.WARNING
             logging.getLogger("stderr").log(level, "%s", text)
 
     def _flush(self) -> None:

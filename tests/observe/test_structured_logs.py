@@ -127,6 +127,7 @@ def test_children_stderr_becomes_log_records(restore_logging):
         "w('java.lang.IllegalStateException: bad\\n\\tat org.apache.spark.X.y(X.scala:1)\\n')\n"
         "w('Caused by: java.io.IOException: disk\\n\\t... 3 more\\n')\n"
         "w('Error: JAVA_HOME is not set\\n')\n"
+        "w('Picked up JAVA_TOOL_OPTIONS: -XX:TieredStopAtLevel=1\\n')\n"
     )
     with children_stderr_to_log():
         subprocess.run([sys.executable, "-c", child], check=True)
@@ -146,8 +147,9 @@ def test_children_stderr_becomes_log_records(restore_logging):
     stray = [e for e in events if e["logger"] == "stderr"]
     assert [(e["level"], e["message"]) for e in stray] == [
         ("DEBUG", "WARNING: Using incubator modules: jdk.incubator.vector"),
-        ("WARNING", "Error: JAVA_HOME is not set")]
-    assert len(events) == 5
+        ("WARNING", "Error: JAVA_HOME is not set"),
+        ("DEBUG", "Picked up JAVA_TOOL_OPTIONS: -XX:TieredStopAtLevel=1")]
+    assert len(events) == 6
 
 
 def test_the_incubator_line_is_not_shown_at_info(restore_logging):
