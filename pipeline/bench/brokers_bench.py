@@ -272,7 +272,7 @@ def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list
     windows are ``runner.Sampler.end()``'s (``server_cpu_s``, ``peak_rss_bytes``) over the load;
     ``queryable`` is ``_queryable``'s, over the load and the table's catch-up after it.
     """
-    from pipeline.bench.processes import Sampler, sample_tree
+    from pipeline.bench.processes import Sampler, cpu_since, sample_tree
     from pipeline.bench.security_bench import wait_for_table
 
     import psutil
@@ -282,15 +282,15 @@ def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list
     try:
         commits0 = _commit_counters(metrics_ports)
         machine0 = psutil.cpu_times()
-        cpu0 = [sample_tree(pid).cpu_s for pid in brokers]
+        cpu0 = [sample_tree(pid) for pid in brokers]
         broker_sampler.begin()
         connect_sampler.begin()
         figures = load()
         broker_window, connect_window = broker_sampler.end(), connect_sampler.end()
-        broker_cpu = [sample_tree(pid).cpu_s - c for pid, c in zip(brokers, cpu0)]
+        broker_cpu = [cpu_since(c, sample_tree(pid)) for pid, c in zip(brokers, cpu0)]
         drained = wait_for_table(metrics_ports, timeout_s)
         t_queryable = time.perf_counter()
-        tree_cpu = [sample_tree(pid).cpu_s - c for pid, c in zip(brokers, cpu0)]
+        tree_cpu = [cpu_since(c, sample_tree(pid)) for pid, c in zip(brokers, cpu0)]
         machine1 = psutil.cpu_times()
         commits1 = _commit_counters(metrics_ports)
     finally:

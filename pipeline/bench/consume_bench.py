@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from hdrh.histogram import HdrHistogram
     from rich.console import Console
 
-from pipeline.bench.processes import ManagedProcess, machine_and_kernel, server_cpu
+from pipeline.bench.processes import ManagedProcess, cpu_since, machine_and_kernel, server_cpu
 
 TOPIC = "bench-consume"
 LATENCY_TOPIC = "bench-consume-latency"
@@ -491,7 +491,7 @@ def _timed_consume(server: ManagedProcess, client: str, topic: str, acked: dict[
     figures = consume_all(client, f"127.0.0.1:{server.port}", topic, acked, opts.record_bytes,
                           opts.consume_timeout_s, opts.stall_s)
     fetches1 = _fetch_requests(server)
-    figures["server_cpu_s"] = server_cpu(server) - cpu0
+    figures["server_cpu_s"] = cpu_since(cpu0, server_cpu(server))
     figures["fetch_requests"] = (fetches1 - fetches0) if fetches0 is not None and fetches1 is not None else None
     return figures
 
@@ -647,7 +647,7 @@ def main(opts: ConsumeBenchOptions, argv: list[str] | None = None) -> int:
         console.print(f"producing {opts.records:,} records of {opts.record_bytes} B")
         cpu0 = server_cpu(server)
         produced = produce(bootstrap, TOPIC, opts.records, opts.record_bytes, opts.produce_timeout_s)
-        produced["server_cpu_s"] = server_cpu(server) - cpu0
+        produced["server_cpu_s"] = cpu_since(cpu0, server_cpu(server))
         acked = produced.pop("acked")
         produced["acked_per_partition"] = {str(p): n for p, n in sorted(acked.items())}
         result["produce"] = produced

@@ -18,7 +18,7 @@ import json
 import time
 import urllib.request
 from array import array
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -231,24 +231,39 @@ def cpu_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str
 @dataclass(slots=True)
 class ProcessSample:
     cpu_s: float
+    """CPU seconds of the tree's processes so far (``by_pid`` summed)."""
     rss_bytes: int
+    by_pid: dict[int, float] = field(default_factory=dict)
+    """Each process's CPU seconds so far, with its reaped children's (see ``sample_tree``)."""
 
 
 def sample_tree(pid: int) -> ProcessSample:
-    """CPU seconds (user + system) and RSS of ``pid`` and all its descendants (the Spark JVM). The
-    CPU includes what descendants that ended and were waited for used (``children_user`` and
-    ``children_system``: the kernel adds a reaped child's times to its parent's), so the figure never
-    goes down when one ends between two samples (a bench window once measured -0.17 s)."""
-    cpu, rss = 0.0, 0
+    """CPU seconds (user + system) and RSS of ``pid`` and all its descendants (the Spark JVM), per
+    process. A process's CPU includes what its children that ended and were waited for used
+    (``children_user`` and ``children_system``: the kernel adds a reaped child's times to its parent's),
+    so a descendant that ends between two samples keeps counting. Take differences with
+    ``cpu_since``."""
+    cpu, rss, by_pid = 0.0, 0, {}
     for p in process_tree(pid):
         try:
             with p.oneshot():
                 t = p.cpu_times()
-                cpu += t.user + t.system + t.children_user + t.children_system
+                by_pid[p.pid] = t.user + t.system + t.children_user + t.children_system
+                cpu += by_pid[p.pid]
                 rss += p.memory_info().rss
         except psutil.Error:
             pass
-    return ProcessSample(cpu, rss)
+    return ProcessSample(cpu, rss, by_pid)
+
+
+def cpu_since(before: ProcessSample, after: ProcessSample) -> float:
+    """CPU seconds a process tree used between two ``sample_tree`` readings (>= 0): each process's
+    growth, a process new in ``after`` from 0. A process of ``before`` missing from ``after`` adds
+    nothing: reaped inside the tree, its CPU is in its parent's children times (counted in full, so
+    what it used before ``before`` too); left the tree (its parent ended first, and init or a
+    subreaper waits for it), the rest of its CPU is lost. The sums' difference went negative that
+    way (bench-smoke failed CI twice with -0.17 s and -0.12 s of server CPU in a window). Pure."""
+    return sum(max(0.0, cpu - before.by_pid.get(pid, 0.0)) for pid, cpu in after.by_pid.items())
 
 
 def scrape_metrics(port: int, timeout_s: float = 1.0) -> dict[str, dict[tuple, float]]:
@@ -333,7 +348,7 @@ class Sampler:
         s = sample_tree(self.pid)
         m = self._scrape()
         with self._lock:
-            self._window = {"t0": time.monotonic(), "cpu0": s.cpu_s, "peak_rss": s.rss_bytes,
+            self._window = {"t0": time.monotonic(), "cpu0": s, "peak_rss": s.rss_bytes,
                             "depth": [], "m0": m}
 
     def end(self) -> dict:
@@ -351,7 +366,7 @@ class Sampler:
         depths = [d for _, d in w["depth"]]
         queues = max((len(d) for d in depths), default=0)
         return {
-            "server_cpu_s": s.cpu_s - w["cpu0"],
+            "server_cpu_s": cpu_since(w["cpu0"], s),
             "window_s": time.monotonic() - w["t0"],
             "peak_rss_bytes": max(w["peak_rss"], s.rss_bytes),
             "queue_depth": {
@@ -389,9 +404,10 @@ def machine_and_kernel() -> dict:
             "load_average": os.getloadavg()}
 
 
-def server_cpu(server: ManagedProcess) -> float:
-    """CPU seconds (user + system) of ``server``'s process tree so far."""
-    return sample_tree(server.pid).cpu_s
+def server_cpu(server: ManagedProcess) -> ProcessSample:
+    """CPU seconds (user + system) of ``server``'s process tree so far, per process (``cpu_since``
+    takes the difference of two)."""
+    return sample_tree(server.pid)
 
 
 def run_and_report(opts: Any, flag: str, argv: list[str] | None, run: Callable[..., dict],

@@ -386,7 +386,7 @@ def main(opts: SecurityBenchOptions, argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from pipeline.bench.processes import ManagedProcess, machine_and_kernel, server_cpu
+    from pipeline.bench.processes import ManagedProcess, cpu_since, machine_and_kernel, server_cpu
     from pipeline.security.users import UserStore
 
     console = Console(width=None if Console().is_terminal else 180)
@@ -426,7 +426,7 @@ def main(opts: SecurityBenchOptions, argv: list[str] | None = None) -> int:
                 drained = wait_for_table([server.metrics_port], opts.timeout_s)
                 cpu0 = server_cpu(server)
                 throughput = produce(config, topic, opts.records, opts.record_bytes, opts.timeout_s)
-                cpu = server_cpu(server) - cpu0
+                cpu = cpu_since(cpu0, server_cpu(server))
                 wait_for_table([server.metrics_port], opts.timeout_s)
                 steady = produce(config, topic + "-latency", max(1, int(opts.rate * opts.latency_s)),
                                  opts.record_bytes, opts.latency_s + opts.timeout_s, rate=opts.rate)
