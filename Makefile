@@ -16,10 +16,6 @@ PYTEST_ARGS ?=
 # time each, so module-scoped servers start once (tests/conftest.py); TEST_WORKERS=0 runs it in this process.
 # Three on 2 cores: much of an end-to-end test waits (a JVM's start, a timeout), and a third worker fills it.
 TEST_WORKERS ?= 3
-# The tests' JVMs (their servers' Spark drivers, Connect servers, the tests' own sessions) live seconds to
-# minutes: with C1 alone they spend about a third less CPU than with C2 compiling behind them (measured in
-# docs/development.md). Benchmarks (bench-smoke) run the JVM as a server does.
-TEST_JAVA_OPTIONS ?= -XX:TieredStopAtLevel=1
 
 .PHONY: serve check test bench-smoke sanitize clean clean-data
 
@@ -46,7 +42,7 @@ check: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
 test: check
-	JAVA_TOOL_OPTIONS="$(TEST_JAVA_OPTIONS)" $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not bench_smoke" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not bench_smoke" $(PYTEST_ARGS)
 
 # `pipeline bench` in its smoke forms, each on real servers under load: minutes of CPU on 2 cores, so beside
 # make test's budget, as the sanitizer and the image check are (docs/development.md)

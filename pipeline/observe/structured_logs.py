@@ -192,8 +192,8 @@ _LOG4J_LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging
 HARMLESS_JVM_LINES = ("WARNING: Using incubator modules: jdk.incubator.vector",)
 """Lines a JVM prints that say nothing actionable: logged at DEBUG."""
 HARMLESS_JVM_PREFIXES = ("Picked up JAVA_TOOL_OPTIONS:", "NOTE: Picked up JDK_JAVA_OPTIONS:")
-"""Beginnings of such lines: the options the environment gave every JVM (the JVM's own notice of what the
-user set; ``make test`` sets ``-XX:TieredStopAtLevel=1``, docs/development.md)."""
+"""Beginnings of such lines: the JVM's notice of the options the environment gave it (``JAVA_TOOL_OPTIONS``,
+``JDK_JAVA_OPTIONS``), which the user set and knows of."""
 _CONTINUATION_WAIT_S = 0.2
 """How long a log4j line waits for more lines of its stack trace before it is logged (s)."""
 
