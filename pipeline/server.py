@@ -441,12 +441,13 @@ class Server:
         in flight of ``keys`` by brokers that are no longer members are fenced
         (``_fence_dead_writers``), so a commit by the partition's previous leader, which checks its
         membership and commits under that lock (``BatchingPersister(table_lock=...)``), lands either
-        before this read or not at all, even if that leader only stalled. Shared otherwise (the
-        partitions of a new topic)."""
+        before this read or not at all, even if that leader only stalled. Shared otherwise (a topic
+        from a single-broker run of the data directory; a new topic's partitions have a recorded end
+        of 0 and are not read, ``LeadershipStore.record_new_partitions``)."""
         topics = {t for t, _ in keys}
         hold = self._table_lock() if self.dynamic else None
         store = self._leadership_store
-        # No commit of ``keys`` pending (a partition no commit ever recorded: a new topic's): nothing to
+        # No commit of ``keys`` pending (a partition no commit ever recorded: a single-broker run's): nothing to
         # fence, and a writer that is no longer a member cannot begin one (``record_producers`` is fenced
         # by its membership), so the read holds the tables shared and other brokers' commits go on.
         writers = store.pending_writers(keys) if store is not None else set()
