@@ -208,3 +208,55 @@ class ProducerStateManager:
                 self.end_transaction(pid, epoch, topic, partition)
             else:
                 self.update(pid, epoch, topic, partition, first_seq, last_seq, base_offset)
+
+
+REFUSALS_KEPT = 10_000
+"""Connections' partitions ``RefusedPartitions`` remembers at most (the oldest is forgotten first)."""
+
+
+class RefusedPartitions:
+    """Per connection, the partitions whose last produce this broker refused with a retriable error,
+    unwritten (NOT_LEADER_OR_FOLLOWER while it takes a partition over, REQUEST_TIMED_OUT while
+    persistence is stalled, KAFKA_STORAGE_ERROR), until a batch of the partition from that connection
+    is appended or answered as a duplicate.
+
+    A producer pipelines up to 5 requests per connection. When the first is refused and the next
+    arrives once the cause is gone (the take-over done), the next batch's sequence leaves a gap, and
+    Kafka's rules answer OUT_OF_ORDER_SEQUENCE_NUMBER (UNKNOWN_PRODUCER_ID if the refused batch was
+    the producer's first there). librdkafka takes the former for "an earlier request failed" and
+    bumps its epoch (KIP-360, ``rd_kafka_idemp_drain_epoch_bump``): it renumbers, on every partition,
+    each message it has not seen acknowledged, including those of requests that timed out at another
+    broker that went on to write them, which are then written twice; the latter, with messages
+    unacknowledged, is fatal to it. ``gap_error`` gives such a batch the first refusal's error
+    instead, and the client retries the batches in order with their sequences. Keyed by connection,
+    not producer: a Kafka client has one producer id. No I/O; the request handlers share one (a
+    connection's requests reach them in order).
+    """
+
+    def __init__(self, kept: int = REFUSALS_KEPT) -> None:
+        self._kept = kept
+        self._errors: dict[tuple[str, str, int], int] = {}  # insertion order: oldest first
+
+    def __bool__(self) -> bool:
+        return bool(self._errors)
+
+    def refused(self, connection_id: str, topic: str, partition: int, error_code: int) -> None:
+        """A produce of ``topic``-``partition`` from ``connection_id`` was answered ``error_code``,
+        unwritten. Only retriable errors are kept (a client retries the batch with its sequence)."""
+        if not ErrorCode(error_code).retriable:
+            return
+        key = (connection_id, topic, partition)
+        self._errors.pop(key, None)
+        self._errors[key] = error_code
+        if len(self._errors) > self._kept:
+            del self._errors[next(iter(self._errors))]
+
+    def accepted(self, connection_id: str, topic: str, partition: int) -> None:
+        """A batch of ``topic``-``partition`` from ``connection_id`` was appended or was a duplicate:
+        the retries caught up."""
+        self._errors.pop((connection_id, topic, partition), None)
+
+    def gap_error(self, connection_id: str, topic: str, partition: int) -> int | None:
+        """The error to answer a batch with a sequence gap (OUT_OF_ORDER_SEQUENCE_NUMBER or
+        UNKNOWN_PRODUCER_ID by Kafka's rules) from ``connection_id``: the refusal before it, if one is kept, else None."""
+        return self._errors.get((connection_id, topic, partition))

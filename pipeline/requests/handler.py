@@ -42,7 +42,7 @@ from pipeline.protocol.records import (RecordsInfo, has_compressed_batch, summar
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.network.request_channel import ConnectionHandle, Request, RequestChannel, release_requests
 from pipeline.network.request_metrics import RequestMetrics, add_error
-from pipeline.log.producer_state import BatchMetadata, Verdict
+from pipeline.log.producer_state import BatchMetadata, RefusedPartitions, Verdict
 from pipeline.security.acl import CLUSTER_NAME, AclOperation, Authorizer, ResourceType
 from pipeline.requests.acl_apis import authorize_request
 
@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from pipeline.requests.txn_apis import TransactionApis
 
 log = logging.getLogger(__name__)
+
+_SEQUENCE_GAPS = frozenset({ErrorCode.out_of_order_sequence_number.value, ErrorCode.unknown_producer_id.value})
+"""What Kafka's sequence rules answer a batch that does not follow the last one (``ProducerStateManager.check``)."""
 
 API_VERSIONS, METADATA, PRODUCE, INIT_PRODUCER_ID = 18, 3, 0, 22
 TRANSACTION_APIS = frozenset({24, 25, 26, 27, 28, 61, 65, 66})
@@ -151,6 +154,9 @@ class KafkaApis:
         # every other connection meanwhile (zlib, lz4 and zstd release the
         # GIL), and the memory bound counts one inflated batch.
         self._inflate_limiter = trio.CapacityLimiter(1)
+        # Partitions whose last produce from a connection was refused unwritten: a pipelined batch behind
+        # it gets that error again rather than OUT_OF_ORDER_SEQUENCE_NUMBER (RefusedPartitions).
+        self._refused = RefusedPartitions()
         self.stats = HandlerStats()
         self.request_metrics = request_metrics if request_metrics is not None else RequestMetrics()
         self._produce_errors = self.request_metrics.errors(PRODUCE)
@@ -504,6 +510,7 @@ class KafkaApis:
         now_ms = int(time.time() * 1000)
         state = self.logs.state
         transactions = self.transactions
+        refused, connection_id = self._refused, request.connection.connection_id
         for index, part, info in checked:
             # KIP-890 part 1: the transaction is checked again here, where nothing awaits before the
             # append. An EndTxn may have run during the wait for persister memory above: its marker is
@@ -515,6 +522,15 @@ class KafkaApis:
                 continue
             verdict = state.producers.check(info.producer_id, info.producer_epoch, part.topic,
                                            part.partition, info.base_sequence, info.last_sequence)
+            if (verdict.verdict is Verdict.ERROR and verdict.error_code in _SEQUENCE_GAPS and refused
+                    and (earlier := refused.gap_error(connection_id, part.topic, part.partition)) is not None):
+                # A batch pipelined behind one refused unwritten: the same answer, so the client retries
+                # both in order (RefusedPartitions), not an epoch bump that renumbers what it sent.
+                log.info("%s-%d: producer %d epoch %d batch of sequences %d-%d follows one refused on this "
+                         "connection: answered %s as it was", part.topic, part.partition, info.producer_id,
+                         info.producer_epoch, info.base_sequence, info.last_sequence, ErrorCode(earlier).name.upper())
+                results[index] = PartitionResult(part.topic, part.partition, earlier)
+                continue
             if verdict.verdict is Verdict.ERROR:
                 # As Kafka's ReplicaManager logs a failed append (OutOfOrderSequenceException, ...), with
                 # the batches this broker knows of the producer here (epoch, sequences @ base offset).
@@ -526,6 +542,8 @@ class KafkaApis:
                          ", ".join(f"{b.first_seq}-{b.last_seq}@{b.base_offset}" for b in known) or "no batch")
                 results[index] = PartitionResult(part.topic, part.partition, verdict.error_code)
                 continue
+            if refused:
+                refused.accepted(connection_id, part.topic, part.partition)
             if verdict.verdict is Verdict.DUPLICATE:
                 assert verdict.duplicate is not None
                 duplicates.append((index, verdict.duplicate))
@@ -557,14 +575,17 @@ class KafkaApis:
                     stats.records += a.record_count
                     bytes_in[a.topic] = bytes_in.get(a.topic, 0) + len(a.records)
                     messages_in[a.topic] = messages_in.get(a.topic, 0) + a.record_count
-        self.stats.partition_errors += sum(1 for r in results if r.error_code)
+        failed = [r for r in results if r.error_code]
+        if failed:
+            self.stats.partition_errors += len(failed)
+            for r in failed:
+                refused.refused(connection_id, r.topic, r.partition, r.error_code)
 
         connection, token = request.connection, request.token
         if view.acks == 0:
             connection.complete(token, None)
             if commit is not None:
                 commit.add_callback(functools.partial(_log_unacked_failure, log_context.get()))
-            failed = [r for r in results if r.error_code]
             if failed:
                 # acks=0 clients never read a response, so Kafka closes the
                 # connection to tell them something went wrong (and counts the

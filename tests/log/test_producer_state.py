@@ -1,4 +1,4 @@
-"""ProducerStateManager: Kafka's idempotent-producer sequence rules, no I/O."""
+"""ProducerStateManager: Kafka's idempotent-producer sequence rules; RefusedPartitions; no I/O."""
 
 from kio.schema.errors import ErrorCode
 
@@ -6,6 +6,7 @@ from pipeline.log.producer_state import (
     BATCHES_KEPT,
     MAX_SEQUENCE,
     ProducerStateManager,
+    RefusedPartitions,
     Verdict,
     next_sequence,
 )
@@ -80,3 +81,19 @@ def test_partitions_are_independent_and_snapshot_round_trips():
     assert restored.snapshot() == state.snapshot()
     assert restored.check(PID, EPOCH, T, 1, 0, 2).duplicate.base_offset == 50
     assert restored.check(PID, EPOCH, T, P, 10, 10).verdict is Verdict.APPEND
+
+
+def test_refused_partitions_keep_retriable_refusals_per_connection_until_accepted_and_a_bounded_number():
+    refused = RefusedPartitions(kept=2)
+    assert not refused
+    refused.refused("c1", "t", 0, 6)  # NOT_LEADER_OR_FOLLOWER
+    refused.refused("c1", "t", 1, 45)  # OUT_OF_ORDER_SEQUENCE_NUMBER: not retriable, not kept
+    assert refused and refused.gap_error("c1", "t", 0) == 6
+    assert refused.gap_error("c2", "t", 0) is None and refused.gap_error("c1", "t", 1) is None
+    refused.refused("c1", "t", 0, 7)  # REQUEST_TIMED_OUT: the latest refusal is the one answered
+    assert refused.gap_error("c1", "t", 0) == 7
+    refused.accepted("c1", "t", 0)
+    assert refused.gap_error("c1", "t", 0) is None and not refused
+    for connection in ("a", "b", "c"):  # at most two kept: the oldest goes
+        refused.refused(connection, "t", 0, 6)
+    assert [refused.gap_error(c, "t", 0) for c in ("a", "b", "c")] == [None, 6, 6]

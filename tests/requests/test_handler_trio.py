@@ -378,12 +378,12 @@ def _records_request(correlation_id: int, records: bytes, *, acks: int = -1, par
             PartitionProduceData(index=i32(partition), records=records),)),)), correlation_id)
 
 
-def _batch(values: list[bytes], *, compression: int = 0, producer_id: int = -1) -> bytes:
+def _batch(values: list[bytes], *, compression: int = 0, producer_id: int = -1, base_sequence: int = 0) -> bytes:
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
     builder = DefaultRecordBatchBuilder(magic=2, compression_type=compression, is_transactional=0,
                                         producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
-                                        base_sequence=0 if producer_id >= 0 else -1, batch_size=1 << 20)
+                                        base_sequence=base_sequence if producer_id >= 0 else -1, batch_size=1 << 20)
     for i, value in enumerate(values):
         builder.append(i, timestamp=1_700_000_000_000 + i, key=None, value=value, headers=[])
     batch = bytes(builder.build())
@@ -439,3 +439,69 @@ async def test_the_shared_unmuted_ablation_keeps_one_scheduling_point_per_reques
     info, catalog = BrokerInfo(0, "127.0.0.1", 9092, "test"), TopicCatalog(initial={"t": 1})
     assert KafkaApis(info, catalog, LogManager(), persister, 1).produce_runs
     assert not KafkaApis(info, catalog, LogManager(), persister, 1, yield_before_sequencing=True).produce_runs
+
+
+NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID = 6, 45, 59
+
+
+async def test_a_batch_pipelined_behind_one_refused_unwritten_gets_the_same_answer_not_a_sequence_error(
+        autojump_clock, tmp_path):
+    """The failover test's duplicates (CI, session 47): a broker taking "t"-0 over answers an
+    idempotent batch NOT_LEADER_OR_FOLLOWER; the take-over ends; the next batch, pipelined behind it
+    on the same connection, leaves a sequence gap. Kafka's rule answers OUT_OF_ORDER_SEQUENCE_NUMBER,
+    on which librdkafka bumps its epoch and renumbers what it has not seen acknowledged, everywhere.
+    It gets NOT_LEADER_OR_FOLLOWER again (``RefusedPartitions``), the client retries both in order,
+    and both land once. A gap on another connection, or after the retries caught up, is still refused
+    by Kafka's rule; so is one behind a refusal that is not retriable."""
+    from pipeline.cluster.membership import DynamicCluster
+    from pipeline.metadata.leadership import Leadership
+
+    view = DynamicCluster(0, "127.0.0.1", 9092)
+    view.member = True
+    view.leaders = {("t", 0): Leadership(0, 1, 0, True), ("t", 1): Leadership(0, 1, 0, True)}
+    view.loaded = {("t", 0), ("t", 1)}
+    async with broker(tmp_path, cluster=view) as b:
+        pid = b.apis.next_producer_id()
+
+        def idempotent(correlation_id: int, seq: int, partition: int = 0) -> bytes:
+            return _records_request(correlation_id, _batch([b"s%d" % seq], producer_id=pid, base_sequence=seq),
+                                    partition=partition)
+
+        client, _ = await b.connect()
+        await client.send(idempotent(1, 0))
+        await client.wait_responses(1)
+        view.loaded = {("t", 1)}  # "t"-0 moved away and back: this broker takes it over again
+        assert view.taking_over("t", 0)
+        await client.send(idempotent(2, 1))
+        await client.wait_responses(2)
+        view.loaded = {("t", 0), ("t", 1)}  # taken over: the next batch, sent before the answer, arrives
+        await client.send(idempotent(3, 2))
+        await client.wait_responses(3)
+        other, _ = await b.connect()  # the same producer id's gap on a connection that was refused nothing
+        await other.send(idempotent(1, 3))
+        await other.wait_responses(1)
+        await client.send(idempotent(4, 1) + idempotent(5, 2) + idempotent(6, 4))  # the retries, then a gap
+        await client.wait_responses(6)
+        assert [partition_result(body) for _, body in client.responses] == [
+            (0, 0), (NOT_LEADER_OR_FOLLOWER, -1), (NOT_LEADER_OR_FOLLOWER, -1), (0, 1), (0, 2),
+            (OUT_OF_ORDER_SEQUENCE_NUMBER, -1)]
+        assert partition_result(other.responses[0][1]) == (OUT_OF_ORDER_SEQUENCE_NUMBER, -1)
+        # A first batch refused (its producer unknown here), then the next: the same answer, not the
+        # UNKNOWN_PRODUCER_ID that is fatal to librdkafka with messages unacknowledged.
+        view.loaded = {("t", 0)}
+        await client.send(idempotent(7, 0, partition=1))
+        await client.wait_responses(7)
+        view.loaded = {("t", 0), ("t", 1)}
+        await client.send(idempotent(8, 1, partition=1) + idempotent(9, 0, partition=1) + idempotent(10, 1, partition=1))
+        await client.wait_responses(10)
+        assert [partition_result(body) for _, body in client.responses[6:]] == [
+            (NOT_LEADER_OR_FOLLOWER, -1), (NOT_LEADER_OR_FOLLOWER, -1), (0, 0), (0, 1)]
+        # Refused for a reason no retry changes (an unknown partition is retriable, a sequence error
+        # is not): a gap behind OUT_OF_ORDER_SEQUENCE_NUMBER stays OUT_OF_ORDER_SEQUENCE_NUMBER.
+        await client.send(idempotent(11, 7) + idempotent(12, 8))
+        await client.wait_responses(12)
+        assert [partition_result(body) for _, body in client.responses[10:]] == [
+            (OUT_OF_ORDER_SEQUENCE_NUMBER, -1)] * 2
+        await eventually(lambda: len(b.sink.rows()) == 5)
+        assert sorted((r["partition"], r["offset"], r["value"]) for r in b.sink.rows()) == [
+            (0, 0, b"s0"), (0, 1, b"s1"), (0, 2, b"s2"), (1, 0, b"s0"), (1, 1, b"s1")]
