@@ -17,7 +17,10 @@ class PacedLoad:
     the record's number as text, keyed over 50 keys) to ``topic`` at ``rate`` records/s each, then
     waiting up to ``flush_s`` for the last acknowledgements.
 
-    ``acked``: record number -> (partition, offset) as acknowledged; ``errors``: delivery errors."""
+    ``acked``: record number -> (partition, offset) as acknowledged, the offset None for a record
+    librdkafka acknowledged implicitly (a request of it timed out, ``request.timeout.ms``, and a later
+    one of the same partition was acknowledged, ``rd_kafka_dr_implicit_ack``: its delivery report
+    carries offset -1001); ``errors``: delivery errors."""
 
     bootstrap: str
     topic: str
@@ -25,7 +28,7 @@ class PacedLoad:
     per_producer: int = 2_000
     rate: float = 300.0
     flush_s: float = 60.0
-    acked: dict[int, tuple[int, int]] = field(default_factory=dict)
+    acked: dict[int, tuple[int, int | None]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     _threads: list[threading.Thread] = field(default_factory=list)
 
@@ -45,8 +48,12 @@ class PacedLoad:
             t.join(max(0.0, deadline - time.monotonic()))
         assert not self.running(), "a producer did not finish"
 
-    def acknowledged(self) -> set[tuple[int, int]]:
-        return set(dict(self.acked).values())
+    def acknowledged(self) -> tuple[set[tuple[int, int]], set[int]]:
+        """The (partition, offset) of each record acknowledged with its offset, and the numbers of
+        those acknowledged implicitly (no offset)."""
+        acked = dict(self.acked)
+        return ({po for po in acked.values() if po[1] is not None},
+                {n for n, (_, o) in acked.items() if o is None})
 
     def _produce(self, first: int) -> None:
         from confluent_kafka import Producer
@@ -57,7 +64,7 @@ class PacedLoad:
             if err is not None:
                 self.errors.append(str(err))
             else:
-                self.acked[int(msg.value())] = (msg.partition(), msg.offset())
+                self.acked[int(msg.value())] = (msg.partition(), msg.offset() if msg.offset() >= 0 else None)
 
         started = time.monotonic()
         for i in range(first, first + self.per_producer):
@@ -71,16 +78,19 @@ class PacedLoad:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One read of a topic through the live view: its rows, the distinct (partition, offset) among
-    them, the records acknowledged before the query that it lacks, the (partition, offset) of its
-    rows not yet acknowledged at the end of the query (``ahead``: a record is visible once committed,
-    and its acknowledgement may still be on its way, as a Kafka consumer may read a record before
-    its producer hears of it), and the rows the table alone held just before."""
+    """One read of a topic through the live view: its rows, the distinct (partition, offset) and
+    record numbers among them, the records acknowledged before the query that it lacks (``missing``: at the offset they
+    were told, or anywhere in their partition for one acknowledged implicitly), the rows not yet
+    acknowledged at the end of the query (``ahead``, (partition, offset) -> record number: a record
+    is visible once committed, and its acknowledgement may still be on its way, as a Kafka consumer
+    may read a record before its producer hears of it), and the rows the table alone held just
+    before."""
 
     rows: int
     distinct: int
+    records: int
     missing: int
-    ahead: frozenset[tuple[int, int]]
+    ahead: dict[tuple[int, int], int]
     in_table: int
 
 
@@ -94,11 +104,15 @@ def live_snapshots(session, database: str, load: PacedLoad, at_least: int = 3, e
     while (load.running() or len(out) < at_least) and time.monotonic() < deadline:
         in_table = session.sql(f"SELECT count(*) FROM {database}.records WHERE topic = '{load.topic}'").first()[0] \
             if count_table else -1
-        before = load.acknowledged()
-        got = [(r[0], r[1]) for r in session.sql(
-            f"SELECT `partition`, `offset` FROM {database}.records_live WHERE topic = '{load.topic}'").collect()]
-        after = load.acknowledged()
-        out.append(Snapshot(len(got), len(set(got)), len(before - set(got)), frozenset(set(got) - after), in_table))
+        told_before, implicit_before = load.acknowledged()
+        collected = session.sql(f"SELECT `partition`, `offset`, CAST(value AS STRING) FROM {database}.records_live "
+                                f"WHERE topic = '{load.topic}'").collect()
+        got = {(r[0], r[1]): int(r[2]) for r in collected}
+        told_after, implicit_after = load.acknowledged()
+        numbers = set(got.values())
+        missing = len(told_before - got.keys()) + len(implicit_before - numbers)
+        ahead = {po: n for po, n in got.items() if po not in told_after and n not in implicit_after}
+        out.append(Snapshot(len(collected), len(got), len(numbers), missing, ahead, in_table))
         time.sleep(every_s)
     return out
 
@@ -106,11 +120,12 @@ def live_snapshots(session, database: str, load: PacedLoad, at_least: int = 3, e
 def assert_each_acknowledged_record_once(snapshots: list[Snapshot], load: PacedLoad, at_least: int = 3) -> None:
     """No snapshot holds a record twice, lacks one acknowledged before its query, or holds one never
     acknowledged (``load`` finished: a row ahead of its acknowledgement at the query must be
-    acknowledged at that (partition, offset) in the end)."""
+    acknowledged at that (partition, offset) in the end, or implicitly in that partition)."""
     assert not load.running(), "the load is still running: its acknowledgements are not final"
     assert len(snapshots) >= at_least, snapshots
-    assert all(s.rows == s.distinct for s in snapshots), f"a record twice: {snapshots}"
+    assert all(s.rows == s.distinct == s.records for s in snapshots), f"a record twice: {snapshots}"
     assert all(s.missing == 0 for s in snapshots), snapshots
-    acknowledged = load.acknowledged()
-    never = [sorted(s.ahead - acknowledged)[:10] for s in snapshots]
-    assert not any(never), f"rows never acknowledged, per snapshot: {never}"
+    acked = dict(load.acked)
+    never = [sorted(po for po, n in s.ahead.items() if acked.get(n, (po[0], -1)) not in (po, (po[0], None)))[:10]
+             for s in snapshots]
+    assert not any(never), f"rows never acknowledged there, per snapshot: {never}"

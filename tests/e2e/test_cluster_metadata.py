@@ -428,7 +428,7 @@ def test_every_live_view_snapshot_holds_each_acknowledged_record_once(cluster, c
         f"{load.flush_s} s; the cluster's table side:\n{_table_side_lines(c)}")
     assert_each_acknowledged_record_once(snapshots, load)
     [final] = live_snapshots(connect_spark, DATABASES[backend], load, at_least=1, count_table=False)  # after the last ack
-    assert final.rows == final.distinct == len(load.acked) and final.missing == 0, final
+    assert final.rows == final.distinct == final.records == len(load.acked) and final.missing == 0, final
     assert len({leader for leader, _ in _leaders(c.addresses[0], topic).values()}) > 1
 
 

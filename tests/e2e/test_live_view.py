@@ -84,7 +84,7 @@ def test_every_snapshot_holds_each_acknowledged_record_once(tmp_path, brokers, a
         # and a boundary 40 records back on that partition (the load has stopped, so the published one
         # is at its end), plans that range of that partition alone; Spark returns those offsets.
         partition = 2
-        end = max(o for p, o in acked.values() if p == partition) + 1
+        end = max(o for p, o in acked.values() if p == partition and o is not None) + 1
         lo, hi = end - 30, end - 10
         earlier = Boundary({**boundary.ends, (TOPIC, partition): end - 40}, brokers=boundary.brokers)
         reader = LiveTailReader({})
