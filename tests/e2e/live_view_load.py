@@ -19,8 +19,8 @@ class PacedLoad:
 
     ``acked``: record number -> (partition, offset) as acknowledged, the offset None for a record
     librdkafka acknowledged implicitly (a request of it timed out, ``request.timeout.ms``, and a later
-    one of the same partition was acknowledged, ``rd_kafka_dr_implicit_ack``: its delivery report
-    carries offset -1001); ``errors``: delivery errors."""
+    one of the same partition was acknowledged, ``rd_kafka_dr_implicit_ack``: confluent-kafka's
+    ``Message.offset()`` is None then); ``errors``: delivery errors."""
 
     bootstrap: str
     topic: str
@@ -64,7 +64,7 @@ class PacedLoad:
             if err is not None:
                 self.errors.append(str(err))
             else:
-                self.acked[int(msg.value())] = (msg.partition(), msg.offset() if msg.offset() >= 0 else None)
+                self.acked[int(msg.value())] = (msg.partition(), msg.offset())  # None: implicitly
 
         started = time.monotonic()
         for i in range(first, first + self.per_producer):
