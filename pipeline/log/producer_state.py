@@ -257,6 +257,7 @@ class RefusedPartitions:
         self._errors.pop((connection_id, topic, partition), None)
 
     def gap_error(self, connection_id: str, topic: str, partition: int) -> int | None:
-        """The error to answer a batch with a sequence gap (OUT_OF_ORDER_SEQUENCE_NUMBER or
-        UNKNOWN_PRODUCER_ID by Kafka's rules) from ``connection_id``: the refusal before it, if one is kept, else None."""
+        """The error to answer a batch from ``connection_id`` with a sequence gap (Kafka's rules answer
+        OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID): the refusal before it, if one is kept,
+        else None."""
         return self._errors.get((connection_id, topic, partition))
