@@ -79,12 +79,12 @@ class PacedLoad:
 @dataclass(frozen=True)
 class Snapshot:
     """One read of a topic through the live view: its rows, the distinct (partition, offset) and
-    record numbers among them, the records acknowledged before the query that it lacks (``missing``: at the offset they
-    were told, or anywhere in their partition for one acknowledged implicitly), the rows not yet
-    acknowledged at the end of the query (``ahead``, (partition, offset) -> record number: a record
-    is visible once committed, and its acknowledgement may still be on its way, as a Kafka consumer
-    may read a record before its producer hears of it), and the rows the table alone held just
-    before."""
+    record numbers among them, the records acknowledged before the query that it lacks
+    (``missing``: at the offset they were told, or anywhere for one acknowledged implicitly), the
+    rows not yet acknowledged at the end of the query (``ahead``, (partition, offset) -> record
+    number: a record is visible once committed, and its acknowledgement may still be on its way, as
+    a Kafka consumer may read a record before its producer hears of it), and the rows the table
+    alone held just before."""
 
     rows: int
     distinct: int

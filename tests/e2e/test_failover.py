@@ -905,8 +905,8 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
     implicit = {f"{j}:{i}": p for (j, i), (p, o, _) in acked.items() if o is None}
     # Each record at the offset its producer was told, each implicitly acknowledged one once at an offset no
     # other record was told, and nothing else.
-    # Each failure names its records in short (first 10 and a count), the broker and client lines first: a
-    # CI report keeps a message's start and end, not pytest's whole diff of two long lists.
+    # Each failure names its records in short (a count and the first 10), then the brokers' and librdkafka's
+    # lines: a CI report keeps a message's start and end, and cut them out of pytest's diff of two long lists.
     wrong = sorted((k, table.get(k), v) for k, v in told.items() if table.get(k) != v)
     assert not wrong, (f"{len(wrong)} acknowledged record(s) not at their offset ((partition, offset), the table's, "
                        f"told), first {wrong[:10]}\n{_digest(brokers)}\n{eos.digest()}")
