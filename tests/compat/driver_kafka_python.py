@@ -76,6 +76,9 @@ def do_group_consume():
         while len(out) < cfg["n"] and time.monotonic() < deadline:
             for records in consumer.poll(500).values():
                 out.extend(r.value.decode() for r in records)
+        if len(out) < cfg["n"]:  # the cell then says so with the client's last warning (driver_common.attempt)
+            raise TimeoutError(f"{len(out)} of {cfg['n']} values consumed within {T} s, assignment "
+                               f"{sorted(str(tp) for tp in consumer.assignment())}")
         consumer.commit()
     finally:
         consumer.close()
