@@ -167,6 +167,10 @@ def request_bodies() -> st.SearchStrategy[bytes]:
 def test_connection_state_with_a_small_pool(
     capacity: int, max_receive: int, max_in_flight: int, stream: list[Piece], cuts: list[int], hold: bool
 ) -> None:
+    # A size prefix without its body ends the stream: a valid size (250) would take the next pieces' bytes
+    # as its body once 250 had come (hypothesis found four 65-byte frames after it), which the model
+    # below does not follow.
+    stream = stream[:next((i + 1 for i, p in enumerate(stream) if p.body is None), len(stream))]
     pool = MemoryPool(capacity)
     state = ConnectionState(pool, ConnectionLimits(max_receive_bytes=max_receive, max_in_flight=max_in_flight),
                             now=0.0)
