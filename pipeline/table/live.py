@@ -260,10 +260,13 @@ def type_ddl(data_type: Any) -> str:
 
 
 def typed_tail_columns(table_schema: "StructType") -> tuple[list[str], str]:
-    """A typed topic's table schema (as the catalog has it: partition columns last) -> its column
-    names, and its tail table's columns DDL (the same columns, then ``_boundary``)."""
-    names = [f.name for f in table_schema.fields]
-    ddl = ", ".join(f"{_quote(f.name)} {type_ddl(f.dataType)}" for f in table_schema.fields)
+    """A typed topic's table schema (as the catalog has it: partition columns last), or its tail
+    table's (the same, then ``_boundary``: that column is not counted twice) -> the table's column
+    names, and its tail table's columns DDL (the same columns, then ``_boundary``). A tail table
+    made for the table's columns gives what the table gives."""
+    fields = [f for f in table_schema.fields if f.name != BOUNDARY_COLUMN]
+    names = [f.name for f in fields]
+    ddl = ", ".join(f"{_quote(f.name)} {type_ddl(f.dataType)}" for f in fields)
     return names, f"{ddl}, {_quote(BOUNDARY_COLUMN)} string"
 
 

@@ -277,6 +277,42 @@ def test_typed_rows_and_dead_letters_land_and_a_changed_schema_is_refused_at_sta
             "bad": TopicTableConfig(value_format="json")})).value_formats()
 
 
+def test_a_second_brokers_first_typed_view_publication_keeps_the_tail_and_the_view(spark, tmp_path):
+    """Two brokers publish one typed topic's live view (``publish_live_typed``), each through its own
+    catalog: the second one's first publication finds the tail table made for the table's columns and
+    only moves the view (``ALTER VIEW``), so a query between the two never misses the view. (It used
+    to take the tail's ``_boundary`` column for a changed schema and drop both, so brokers of a
+    cluster dropped each other's views: TABLE_OR_VIEW_NOT_FOUND on CI.)"""
+    from pipeline.table.live import Boundary, format_to_json
+    from pipeline.table.typed import split_typed
+
+    database, catalog, formats = _pay_catalog(spark, tmp_path)
+    table = rows("pay", 2, DAY0, timedelta(seconds=1))
+    table = table.set_column(table.column_names.index("value"), "value",
+                             pa.array([b'{"id": 1, "key": "a"}', b'{"id": 2, "key": "b"}'], pa.binary()))
+    catalog.write_flush(split_typed(table, formats))
+
+    def boundary(end: int) -> Boundary:
+        return Boundary({("pay", 0): end}, stopped=True, topic="pay", value_format=format_to_json(formats["pay"]))
+
+    assert catalog.publish_live_typed(boundary(1))
+    statements: list[str] = []
+
+    class Recorded:  # the real session; its SQL statements noted
+        def __getattr__(self, name):
+            return getattr(spark, name)
+
+        def sql(self, text, *args, **kwargs):
+            statements.append(text)
+            return spark.sql(text, *args, **kwargs)
+
+    second = TableCatalog(Recorded(), tmp_path / "data", catalog.config)  # type: ignore[arg-type]
+    assert second.publish_live_typed(boundary(2))
+    assert not [t for t in statements if t.lstrip().upper().startswith("DROP")], statements
+    assert any(t.startswith("ALTER VIEW") for t in statements)
+    assert [r["id"] for r in spark.sql(f"SELECT id FROM `{database}`.`pay_live` ORDER BY offset").collect()] == [1, 2]
+
+
 def test_staged_typed_rows_commit_as_files_once_the_table_takes_them(spark, tmp_path):
     """A typed topic's staged files (``stage_typed``): the table's first rows go through a Spark
     append (it creates the table), later flushes are committed as files, a retry's ``exclude``
