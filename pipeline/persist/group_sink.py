@@ -261,7 +261,6 @@ class SparkGroupSink:
             self._table_lock.parent.mkdir(parents=True, exist_ok=True)
         self._lock = lock if shared_table and lock is not None else None
         self._live_lock = live_lock if shared_table and live_lock is not None else None
-        self._holding = threading.RLock()
         self._held: dict[int, bool] = {}  # thread id -> the mode of its outermost hold (``hold_table``)
         self._decode_in_subprocess = decode_in_subprocess
         config = table_config or TableConfig()
@@ -292,8 +291,10 @@ class SparkGroupSink:
         """Hold the shared tables for a change (blocking): ``lock``, else the ``flock``
         (``table_lock``); nothing when the tables are this process's alone. ``shared``: a commit of
         staged files, which other brokers' commits may overlap (``commits_shared``); every other
-        change holds them exclusively. Re-entrant within a thread (a commit's fencing check and its
-        write hold it once, the write's own changes again; an inner hold has the outer one's mode).
+        change holds them exclusively. Each thread holds them as a broker of its own would (the
+        maintenance's shared phases overlap this broker's commits, ``BatchingPersister``), and
+        re-entrantly (a commit's fencing check and its write hold it once, the write's own changes
+        again; an inner hold has the outer one's mode).
 
         Raises:
             RuntimeError: an exclusive hold asked for inside a shared one (a bug: an upgrade
@@ -302,20 +303,19 @@ class SparkGroupSink:
         if self._table_lock is None and self._lock is None:
             yield
             return
-        with self._holding:
-            thread = threading.get_ident()
-            outer = self._held.get(thread)  # this thread's hold: None, or its mode
-            if outer is not None:
-                if outer and not shared:
-                    raise RuntimeError("an exclusive hold of the tables inside a shared one")
+        thread = threading.get_ident()
+        outer = self._held.get(thread)  # this thread's hold: None, or its mode (only this thread changes it)
+        if outer is not None:
+            if outer and not shared:
+                raise RuntimeError("an exclusive hold of the tables inside a shared one")
+            yield
+            return
+        self._held[thread] = shared
+        try:
+            with self._lock(shared) if self._lock is not None else table_lock(self._table_lock, shared):
                 yield
-                return
-            self._held[thread] = shared
-            try:
-                with self._lock(shared) if self._lock is not None else table_lock(self._table_lock, shared):
-                    yield
-            finally:
-                del self._held[thread]
+        finally:
+            del self._held[thread]
 
     @contextlib.contextmanager
     def _hold_live(self) -> Iterator[None]:
@@ -716,8 +716,14 @@ class SparkGroupSink:
         return self._sink.catalog.maintain(hold=self.hold_table, moved=self._partitions_moved)
 
     @property
-    def _shared(self) -> bool:
+    def tables_shared(self) -> bool:
+        """Whether the tables are shared with other brokers (a cluster's): ``hold_table`` holds a
+        lock, and ``maintain`` takes it itself (``BatchingPersister(maintenance_beside_writes=...)``)."""
         return self._table_lock is not None or self._lock is not None
+
+    @property
+    def _shared(self) -> bool:
+        return self.tables_shared
 
     def _generation_path(self) -> Path:
         return Path(self._sink.data_dir) / "_pipeline" / PARTITION_GENERATION_FILE
