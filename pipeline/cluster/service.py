@@ -146,7 +146,8 @@ class LeadershipService:
             topics of the partitions given (read only for partitions whose end no commit recorded;
             it fences the commits of theirs in flight by brokers no longer members first).
         refresh_tables: blocking; forget what the broker's table reader cached of the tables of the
-            topics given (before a partition taken over is read, whatever gave its end); None: nothing cached.
+            topics given (before a partition taken over is read, whatever gave its end; not for
+            partitions whose recorded end is 0, a new topic's: nothing of theirs to read); None: nothing cached.
         staging_name: where this broker stages a commit's files (``SparkGroupSink.staging_name``),
             recorded with the commit's pending ends so that another broker can fence it.
         topics: the existing topics (name -> partitions), for the controller.
@@ -622,7 +623,9 @@ class LeadershipService:
         if unknown:  # the read refreshes what it reads
             read = await trio.to_thread.run_sync(self.end_offsets, unknown)
             ends |= await trio.to_thread.run_sync(store.settle_table_ends, {key: read.get(key, 0) for key in unknown})
-        recorded = {t for t, _ in keys} - {t for t, _ in unknown}
+        # A partition whose recorded end is 0 (a new topic's) has no row in the table to read: no refresh (a
+        # catalog call per table, seconds on a busy Connect server, before the partition is served).
+        recorded = {t for (t, p), end in ends.items() if end > 0} - {t for t, _ in unknown}
         if recorded and self.refresh_tables is not None:
             await trio.to_thread.run_sync(self.refresh_tables, recorded)
         self.ends_read_from_table += len(unknown)

@@ -283,3 +283,37 @@ def test_a_stopping_broker_takes_over_nothing_and_says_so_once(tmp_path, caplog)
 
     with caplog.at_level(logging.INFO, logger="pipeline.cluster.service"):
         trio.run(main)
+
+
+def test_a_take_over_refreshes_the_tables_only_of_topics_with_rows_and_reads_none(tmp_path):
+    """Partitions whose ends their commits recorded are taken over without reading the table; the
+    table reader's cache is refreshed for a topic whose recorded end is above 0 (another broker's
+    commits are in the table), not for a new topic's partitions (recorded end 0: nothing to read, and
+    a refresh is a catalog call per table, seconds on a busy Connect server). Both continue at their
+    recorded ends."""
+    from pipeline.metadata.leadership import LeadershipStore
+
+    store = LeadershipStore(tmp_path / "cluster.db")
+    try:
+        store.record_new_partitions("fresh", [0])
+        store.settle_table_ends({("used", 0): 7})
+    finally:
+        store.close()
+    reads: list[set] = []
+    refreshed: list[set[str]] = []
+    logs = LogManager()
+    service = LeadershipService(DynamicCluster(0, "127.0.0.1", 9092), tmp_path / "cluster.db", ENDPOINT,
+                                session_ms=TWO_BROKERS_SESSION_MS, heartbeat_ms=TWO_BROKERS_HEARTBEAT_MS, logs=logs,
+                                end_offsets=lambda keys: reads.append(set(keys)) or {},
+                                refresh_tables=lambda topics: refreshed.append(set(topics)),
+                                topics=lambda: {"fresh": 1, "used": 1}, on_fenced=lambda: None)
+
+    async def main() -> None:
+        async with _registered(service):
+            await _until(lambda: service.cluster.leads("fresh", 0) and service.cluster.leads("used", 0),
+                         "both partitions served")
+            assert reads == []
+            assert refreshed and set().union(*refreshed) == {"used"}
+            assert logs.log_end_offset("fresh", 0) == 0 and logs.log_end_offset("used", 0) == 7
+
+    trio.run(main)
