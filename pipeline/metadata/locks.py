@@ -113,8 +113,9 @@ class LeaseLock:
         return name
 
     def try_acquire(self, shared: bool = False) -> bool:
-        """Take the lock if this thread's holder (``thread_holder``) may now (renewed if it has it already): shared when no other
-        holder holds it exclusively or waits to; exclusive when no other holder holds it at all. A
+        """Take the lock if this thread's holder (``thread_holder``) may now (renewed if it has it
+        already): shared when no other holder holds it exclusively or waits to; exclusive when no
+        other holder holds it at all. A
         refused exclusive attempt records this holder's intent (mode ``w``, under the lease), so
         that shared holds wait for it; ``release`` removes it."""
         holder = self.thread_holder
