@@ -75,6 +75,16 @@ POLL_S = 0.02
 """How often a waiting holder tries the lock again (s)."""
 
 
+class _PerThread(threading.local):
+    """A thread's part of a ``LeaseLock``: its holder name (None until it first takes the lock), how
+    many holds it has (they nest), and the mode of its outermost one."""
+
+    def __init__(self) -> None:
+        self.holder: str | None = None
+        self.depth = 0
+        self.shared = False
+
+
 class LeaseLock:
     """The lock ``name`` in the metadata database ``target`` (a PostgreSQL URL or a SQLite file every
     holder shares), taken as ``holder`` (unique per process, e.g. ``"broker-1/<incarnation>"``) and
@@ -95,7 +105,7 @@ class LeaseLock:
         self.lease_ms, self.renew_ms = lease_ms, renew_ms
         self._db = open_database(target)
         self._db.migrate(COMPONENT, MIGRATIONS)
-        self._threads = threading.local()  # per thread: holder, depth (its holds), shared (its outermost's mode)
+        self._threads = _PerThread()
         self._numbers = itertools.count(1)
         self._numbering = threading.Lock()
 
@@ -105,12 +115,11 @@ class LeaseLock:
     @property
     def thread_holder(self) -> str:
         """The calling thread's holder name in ``lock_holders``: ``holder``, ``#``, the thread's number."""
-        name: str | None = getattr(self._threads, "holder", None)
-        if name is None:
+        state = self._threads
+        if state.holder is None:
             with self._numbering:
-                name = f"{self.holder}#{next(self._numbers)}"
-            self._threads.holder, self._threads.depth, self._threads.shared = name, 0, False
-        return name
+                state.holder = f"{self.holder}#{next(self._numbers)}"
+        return state.holder
 
     def try_acquire(self, shared: bool = False) -> bool:
         """Take the lock if this thread's holder (``thread_holder``) may now (renewed if it has it
