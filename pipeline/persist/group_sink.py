@@ -349,7 +349,7 @@ class SparkGroupSink:
         self._formats = self._sink.catalog.value_formats()
         self._sink.catalog.check_typed_tables(self._formats)
         self._staging = self._start_staging()
-        if self._shared:  # other brokers may move partitions (compaction): cached while the generation holds
+        if self.tables_shared:  # other brokers may move partitions (compaction): cached while the generation holds
             self._sink.catalog.share_partitions(self._partition_generation)
         warmup = pa.table({"warmup": pa.array([1], pa.int32())})
         path = os.path.join(self._state_dir, "warmup")
@@ -711,7 +711,7 @@ class SparkGroupSink:
         """Table maintenance (retention, compaction, deleting replaced files): ``TableCatalog.maintain``,
         which holds the shared tables (``hold_table``) exclusively only to change the catalog and
         shared while it plans and while Spark writes compacted files, so other brokers' commits go on."""
-        if not self._shared:
+        if not self.tables_shared:
             return self._sink.catalog.maintain()
         return self._sink.catalog.maintain(hold=self.hold_table, moved=self._partitions_moved)
 
@@ -720,10 +720,6 @@ class SparkGroupSink:
         """Whether the tables are shared with other brokers (a cluster's): ``hold_table`` holds a
         lock, and ``maintain`` takes it itself (``BatchingPersister(maintenance_beside_writes=...)``)."""
         return self._table_lock is not None or self._lock is not None
-
-    @property
-    def _shared(self) -> bool:
-        return self.tables_shared
 
     def _generation_path(self) -> Path:
         return Path(self._sink.data_dir) / "_pipeline" / PARTITION_GENERATION_FILE
@@ -744,7 +740,7 @@ class SparkGroupSink:
         Raises:
             OSError: the file could not be written.
         """
-        if not self._shared:
+        if not self.tables_shared:
             return
         path = self._generation_path()
         tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}.tmp")
