@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -267,10 +268,22 @@ def test_kafka_python_consumers_and_admin_client(server):
     for t in threads:
         t.start()
     admin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
+
+    def where() -> str:
+        """Each consumer thread's stack now: twice in CI (this test, and the compatibility matrix's
+        group-consume) a kafka-python 3.0.12 member that led a join sent no heartbeat afterwards, was
+        removed after its session, and never joined again; the broker's log cannot say where it is."""
+        frames = sys._current_frames()
+        return "\n".join(f"consumer {i} (alive {t.is_alive()}):\n" + "".join(traceback.format_stack(frames[t.ident]))
+                         for i, t in enumerate(threads) if t.ident in frames)
+
     try:
-        wait_for(lambda: len(assignments.get(0, ())) == len(assignments.get(1, ())) == 3
-                 and assignments[0] | assignments[1] == set(range(6)), 120,
-                 "2 kafka-python consumers with 3 partitions each")
+        try:
+            wait_for(lambda: len(assignments.get(0, ())) == len(assignments.get(1, ())) == 3
+                     and assignments[0] | assignments[1] == set(range(6)), 120,
+                     "2 kafka-python consumers with 3 partitions each")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: assignments {assignments}, errors {errors!r}\n{where()}") from None
         groups = {g["group_id"]: g for g in admin.list_groups()}
         assert groups["groups-kp-group"]["protocol_type"] == "consumer"
         described: list[dict] = []
