@@ -610,7 +610,6 @@ class Server:
             maintenance_interval_s=c.table_compaction_interval_ms / 1000.0 if c.table_compaction_interval_ms and (
                 self.cluster is None or self.dynamic or self.cluster.controller_id == c.node_id) else None,
             maintains=self._is_controller if self.dynamic else None,
-            maintenance_beside_writes=bool(getattr(self.sink, "tables_shared", False)),
             log_listener=self.logs,
             before_table_write=self.leadership.before_table_write if self.leadership is not None else None,
             after_table_write=self.leadership.after_table_write if self.leadership is not None else None,

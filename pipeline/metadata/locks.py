@@ -20,17 +20,14 @@ a live intent exists, so a stream of overlapping commits cannot starve maintenan
 ``locks`` (an upsert: SQLite's ``BEGIN IMMEDIATE``, a row lock on PostgreSQL), so two
 waiters never both see the lock free.
 
-Each thread of a process is a holder of its own (``holder`` and a number: a row each), so
-the threads of one broker follow the same rules as brokers do: a broker's table
-maintenance, holding the tables shared while Spark writes compacted files, overlaps that
-broker's own commits, not only other brokers'. A thread that holds the lock may take it
-again (the outermost hold releases it); an exclusive hold inside a shared one is refused
-(an upgrade could deadlock two holders).
+Within one process, holders queue on a local lock first: the database sees one
+holder per process (``holder``), so threads of one broker exclude each other too.
+A thread that holds the lock may take it again (the outermost hold releases it); an
+exclusive hold inside a shared one is refused (an upgrade could deadlock two holders).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -75,20 +72,9 @@ POLL_S = 0.02
 """How often a waiting holder tries the lock again (s)."""
 
 
-class _PerThread(threading.local):
-    """A thread's part of a ``LeaseLock``: its holder name (None until it first takes the lock), how
-    many holds it has (they nest), and the mode of its outermost one."""
-
-    def __init__(self) -> None:
-        self.holder: str | None = None
-        self.depth = 0
-        self.shared = False
-
-
 class LeaseLock:
     """The lock ``name`` in the metadata database ``target`` (a PostgreSQL URL or a SQLite file every
-    holder shares), taken as ``holder`` (unique per process, e.g. ``"broker-1/<incarnation>"``) and
-    the calling thread's number: ``"broker-1/<incarnation>#2"`` (``thread_holder``).
+    holder shares), taken as ``holder`` (unique per process, e.g. ``"broker-1/<incarnation>"``).
 
     Args:
         lease_ms: how long the lock stays held after its holder's last renewal (ms): how long others
@@ -105,30 +91,19 @@ class LeaseLock:
         self.lease_ms, self.renew_ms = lease_ms, renew_ms
         self._db = open_database(target)
         self._db.migrate(COMPONENT, MIGRATIONS)
-        self._threads = _PerThread()
-        self._numbers = itertools.count(1)
-        self._numbering = threading.Lock()
+        self._local = threading.RLock()
+        self._depth = 0  # holds by the thread that has ``_local``
+        self._shared = False  # the mode of that thread's outermost hold
 
     def close(self) -> None:
         self._db.close()
 
-    @property
-    def thread_holder(self) -> str:
-        """The calling thread's holder name in ``lock_holders``: ``holder``, ``#``, the thread's number."""
-        state = self._threads
-        if state.holder is None:
-            with self._numbering:
-                state.holder = f"{self.holder}#{next(self._numbers)}"
-        return state.holder
-
     def try_acquire(self, shared: bool = False) -> bool:
-        """Take the lock if this thread's holder (``thread_holder``) may now (renewed if it has it
-        already): shared when no other holder holds it exclusively or waits to; exclusive when no
-        other holder holds it at all. A
+        """Take the lock if this holder may now (renewed if it has it already): shared when no other
+        holder holds it exclusively or waits to; exclusive when no other holder holds it at all. A
         refused exclusive attempt records this holder's intent (mode ``w``, under the lease), so
         that shared holds wait for it; ``release`` removes it."""
-        holder = self.thread_holder
-        if not self._may_take(shared, holder):
+        if not self._may_take(shared):
             return False
         now = self._db.now_ms  # an SQL expression: the database's clock
         with self._db.transaction() as cur:
@@ -137,8 +112,8 @@ class LeaseLock:
                         "lease_expiry_ms = locks.lease_expiry_ms", (self.name,))
             cur.execute(f"DELETE FROM lock_holders WHERE name = ? AND lease_expiry_ms <= {now}", (self.name,))
             rows = cur.execute("SELECT holder, mode FROM lock_holders WHERE name = ?", (self.name,)).fetchall()
-            own = {mode for name, mode in rows if name == holder}
-            others = {mode for name, mode in rows if name != holder}
+            own = {mode for holder, mode in rows if holder == self.holder}
+            others = {mode for holder, mode in rows if holder != self.holder}
             if shared and own & {SHARED, EXCLUSIVE}:  # held already: renewed, in its mode
                 mode, granted = own.pop(), True
             elif shared:
@@ -149,10 +124,10 @@ class LeaseLock:
             if granted or mode == WAITING:
                 cur.execute(f"INSERT INTO lock_holders VALUES (?, ?, ?, {now} + ?) ON CONFLICT (name, holder) "
                             "DO UPDATE SET mode = excluded.mode, lease_expiry_ms = excluded.lease_expiry_ms",
-                            (self.name, holder, mode, self.lease_ms))
+                            (self.name, self.holder, mode, self.lease_ms))
             return granted
 
-    def _may_take(self, shared: bool, holder: str) -> bool:
+    def _may_take(self, shared: bool) -> bool:
         """A read, no write: False when the lock is not this holder's to take now and, for an
         exclusive attempt, its intent stands for more than half a lease still; else ``try_acquire``
         decides in a write transaction. So a waiter's polls commit nothing: a commit is an fsync
@@ -162,28 +137,26 @@ class LeaseLock:
         with self._db.transaction(write=False) as cur:
             rows = cur.execute(f"SELECT holder, mode, lease_expiry_ms - {now} FROM lock_holders "
                                f"WHERE name = ? AND lease_expiry_ms > {now}", (self.name,)).fetchall()
-        own = {mode: left for name, mode, left in rows if name == holder}
-        others = {mode for name, mode, _ in rows if name != holder}
+        own = {mode: left for holder, mode, left in rows if holder == self.holder}
+        others = {mode for holder, mode, _ in rows if holder != self.holder}
         if shared:
             return SHARED in own or EXCLUSIVE in own or not others & {EXCLUSIVE, WAITING}
         if not others & {SHARED, EXCLUSIVE}:
             return True
         return WAITING not in own or own[WAITING] < self.lease_ms / 2  # record or refresh the intent
 
-    def renew(self, holder: str | None = None) -> bool:
-        """Extend ``holder``'s lease (default: this thread's); False when it does not hold the lock (any more)."""
-        holder = holder or self.thread_holder
+    def renew(self) -> bool:
+        """Extend this holder's lease; False when it does not hold the lock (any more)."""
         now = self._db.now_ms
         with self._db.transaction() as cur:
             return cur.execute(f"UPDATE lock_holders SET lease_expiry_ms = {now} + ? WHERE name = ? AND holder = ? "
                                f"AND mode <> '{WAITING}' AND lease_expiry_ms > {now}",
-                               (self.lease_ms, self.name, holder)).rowcount > 0
+                               (self.lease_ms, self.name, self.holder)).rowcount > 0
 
     def release(self) -> None:
-        """Free this thread's hold (or intent) of the lock."""
-        holder = self.thread_holder
+        """Free this holder's hold (or intent) of the lock."""
         with self._db.transaction() as cur:
-            cur.execute("DELETE FROM lock_holders WHERE name = ? AND holder = ?", (self.name, holder))
+            cur.execute("DELETE FROM lock_holders WHERE name = ? AND holder = ?", (self.name, self.holder))
 
     @contextmanager
     def hold(self, shared: bool = False) -> Iterator[None]:
@@ -196,43 +169,43 @@ class LeaseLock:
         Raises:
             RuntimeError: an exclusive hold asked for inside a shared one of this thread.
         """
-        holder, state = self.thread_holder, self._threads
-        state.depth += 1
-        if state.depth > 1:
+        with self._local:
+            self._depth += 1
+            if self._depth > 1:
+                try:
+                    if self._shared and not shared:
+                        raise RuntimeError(f"lock {self.name}: an exclusive hold inside a shared one")
+                    yield
+                finally:
+                    self._depth -= 1
+                return
             try:
-                if state.shared and not shared:
-                    raise RuntimeError(f"lock {self.name}: an exclusive hold inside a shared one")
-                yield
+                try:
+                    while not self.try_acquire(shared):
+                        time.sleep(POLL_S)
+                except BaseException:
+                    self.release()  # an intent left behind would hold shared holders back for a lease
+                    raise
+                self._shared = shared
+                stop = threading.Event()
+                renewer = threading.Thread(target=self._renew_until, args=(stop,), daemon=True,
+                                           name=f"lease-lock-{self.name}")
+                renewer.start()
+                try:
+                    yield
+                finally:
+                    stop.set()
+                    renewer.join()
+                    self.release()
             finally:
-                state.depth -= 1
-            return
-        try:
-            try:
-                while not self.try_acquire(shared):
-                    time.sleep(POLL_S)
-            except BaseException:
-                self.release()  # an intent left behind would hold shared holders back for a lease
-                raise
-            state.shared = shared
-            stop = threading.Event()
-            renewer = threading.Thread(target=self._renew_until, args=(stop, holder), daemon=True,
-                                       name=f"lease-lock-{self.name}")
-            renewer.start()
-            try:
-                yield
-            finally:
-                stop.set()
-                renewer.join()
-                self.release()
-        finally:
-            state.depth -= 1
+                self._depth -= 1
 
-    def _renew_until(self, stop: threading.Event, holder: str) -> None:
+    def _renew_until(self, stop: threading.Event) -> None:
         while not stop.wait(self.renew_ms / 1000.0):
             try:
-                if not self.renew(holder):
+                if not self.renew():
                     log.error("lock %s: the lease of %s ran out while held: another holder may have taken it",
-                              self.name, holder)
+                              self.name, self.holder)
                     return
             except Exception as exc:  # retried at the next renewal, within the lease
                 log.warning("lock %s: renewing the lease failed: %s", self.name, exc)

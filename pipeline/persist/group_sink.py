@@ -261,6 +261,7 @@ class SparkGroupSink:
             self._table_lock.parent.mkdir(parents=True, exist_ok=True)
         self._lock = lock if shared_table and lock is not None else None
         self._live_lock = live_lock if shared_table and live_lock is not None else None
+        self._holding = threading.RLock()
         self._held: dict[int, bool] = {}  # thread id -> the mode of its outermost hold (``hold_table``)
         self._decode_in_subprocess = decode_in_subprocess
         config = table_config or TableConfig()
@@ -291,10 +292,8 @@ class SparkGroupSink:
         """Hold the shared tables for a change (blocking): ``lock``, else the ``flock``
         (``table_lock``); nothing when the tables are this process's alone. ``shared``: a commit of
         staged files, which other brokers' commits may overlap (``commits_shared``); every other
-        change holds them exclusively. Each thread holds them as a broker of its own would (the
-        maintenance's shared phases overlap this broker's commits, ``BatchingPersister``), and
-        re-entrantly (a commit's fencing check and its write hold it once, the write's own changes
-        again; an inner hold has the outer one's mode).
+        change holds them exclusively. Re-entrant within a thread (a commit's fencing check and its
+        write hold it once, the write's own changes again; an inner hold has the outer one's mode).
 
         Raises:
             RuntimeError: an exclusive hold asked for inside a shared one (a bug: an upgrade
@@ -303,19 +302,20 @@ class SparkGroupSink:
         if self._table_lock is None and self._lock is None:
             yield
             return
-        thread = threading.get_ident()
-        outer = self._held.get(thread)  # this thread's hold: None, or its mode (only this thread changes it)
-        if outer is not None:
-            if outer and not shared:
-                raise RuntimeError("an exclusive hold of the tables inside a shared one")
-            yield
-            return
-        self._held[thread] = shared
-        try:
-            with self._lock(shared) if self._lock is not None else table_lock(self._table_lock, shared):
+        with self._holding:
+            thread = threading.get_ident()
+            outer = self._held.get(thread)  # this thread's hold: None, or its mode
+            if outer is not None:
+                if outer and not shared:
+                    raise RuntimeError("an exclusive hold of the tables inside a shared one")
                 yield
-        finally:
-            del self._held[thread]
+                return
+            self._held[thread] = shared
+            try:
+                with self._lock(shared) if self._lock is not None else table_lock(self._table_lock, shared):
+                    yield
+            finally:
+                del self._held[thread]
 
     @contextlib.contextmanager
     def _hold_live(self) -> Iterator[None]:
@@ -349,7 +349,7 @@ class SparkGroupSink:
         self._formats = self._sink.catalog.value_formats()
         self._sink.catalog.check_typed_tables(self._formats)
         self._staging = self._start_staging()
-        if self.tables_shared:  # other brokers may move partitions (compaction): cached while the generation holds
+        if self._shared:  # other brokers may move partitions (compaction): cached while the generation holds
             self._sink.catalog.share_partitions(self._partition_generation)
         warmup = pa.table({"warmup": pa.array([1], pa.int32())})
         path = os.path.join(self._state_dir, "warmup")
@@ -711,14 +711,12 @@ class SparkGroupSink:
         """Table maintenance (retention, compaction, deleting replaced files): ``TableCatalog.maintain``,
         which holds the shared tables (``hold_table``) exclusively only to change the catalog and
         shared while it plans and while Spark writes compacted files, so other brokers' commits go on."""
-        if not self.tables_shared:
+        if not self._shared:
             return self._sink.catalog.maintain()
         return self._sink.catalog.maintain(hold=self.hold_table, moved=self._partitions_moved)
 
     @property
-    def tables_shared(self) -> bool:
-        """Whether the tables are shared with other brokers (a cluster's): ``hold_table`` holds a
-        lock, and ``maintain`` takes it itself (``BatchingPersister(maintenance_beside_writes=...)``)."""
+    def _shared(self) -> bool:
         return self._table_lock is not None or self._lock is not None
 
     def _generation_path(self) -> Path:
@@ -740,7 +738,7 @@ class SparkGroupSink:
         Raises:
             OSError: the file could not be written.
         """
-        if not self.tables_shared:
+        if not self._shared:
             return
         path = self._generation_path()
         tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}.tmp")

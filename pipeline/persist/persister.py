@@ -324,13 +324,6 @@ class BatchingPersister(Generic[FlushT]):
         maintains: asked at each due time whether this broker runs the maintenance now (in a cluster
             with leadership through the database: whether it is the controller, so maintenance
             moves with the controller when a broker dies); None: always.
-        maintenance_beside_writes: run the maintenance in a task of its own, beside the Spark
-            writes, not in the writer's slot between two of them: for tables shared by the brokers
-            of a cluster, whose maintenance holds ``table_lock`` itself, shared while Spark writes
-            compacted files and exclusively only to change the catalog
-            (``pipeline.table.catalog.TableCatalog.maintain``), so this broker's commits (and its
-            acknowledgements with ``--ack-on spark``) go on meanwhile. False (tables of this
-            process alone): a compaction must not swap a partition a write is adding files to.
         log_listener: the read side, told where appends are in the WAL and
             when they are durable, and asked how much of the WAL to keep;
             None: nothing reads the WAL, it is cut at every checkpoint.
@@ -379,7 +372,6 @@ class BatchingPersister(Generic[FlushT]):
         table_start_wait_s: float = STOP_WAITS_FOR_TABLE_S,
         maintenance_interval_s: float | None = None,
         maintains: Callable[[], bool] | None = None,
-        maintenance_beside_writes: bool = False,
         log_listener: LogListener | None = None,
         backlog: Sequence[tuple[WalPosition, Sequence[PartitionAppend]]] = (),
         table_ready: bool = True,
@@ -409,7 +401,6 @@ class BatchingPersister(Generic[FlushT]):
         self._table_start_wait_s = table_start_wait_s
         self._maintenance_interval_s = maintenance_interval_s
         self._maintains = maintains
-        self._maintenance_beside_writes = maintenance_beside_writes and maintenance_interval_s is not None
         self._next_maintenance = math.inf  # set by run()
         self._in_wal_write = 0
         self._in_spark_prepare = 0
@@ -977,23 +968,6 @@ class BatchingPersister(Generic[FlushT]):
         return True
 
     async def _spark_writer(self, receive: trio.MemoryReceiveChannel) -> None:
-        async with trio.open_nursery() as nursery:
-            if self._maintenance_beside_writes:
-                nursery.start_soon(self._maintenance_loop)
-            try:
-                await self._spark_writes(receive)
-            finally:  # a maintenance under way finishes first (a thread is not cancelled)
-                nursery.cancel_scope.cancel()
-
-    async def _maintenance_loop(self) -> None:
-        """The maintenance beside the writes (``maintenance_beside_writes``): once the table side is
-        ready, a ``_maintain`` at each due time."""
-        await self._table_ready.wait()
-        while True:
-            await trio.sleep_until(self._next_maintenance)
-            await self._maintain()
-
-    async def _spark_writes(self, receive: trio.MemoryReceiveChannel) -> None:
         async with receive:
             if not await self._until_table_ready():
                 return
@@ -1003,8 +977,7 @@ class BatchingPersister(Generic[FlushT]):
             if self._backlog_written_any:
                 await self._publish()
             while True:
-                due = math.inf if self._maintenance_beside_writes else self._next_maintenance
-                with trio.move_on_at(due) as maintenance_due:
+                with trio.move_on_at(self._next_maintenance) as maintenance_due:
                     try:
                         group, table = await receive.receive()
                     except trio.EndOfChannel:
@@ -1064,8 +1037,7 @@ class BatchingPersister(Generic[FlushT]):
         return True
 
     async def _maintain(self) -> None:
-        """One ``sink.maintain()`` (compaction, retention), in the writer's slot or beside the writes
-        (``maintenance_beside_writes``); failures are logged."""
+        """One ``sink.maintain()`` (compaction, retention) in the writer's slot; failures are logged."""
         assert self._maintenance_interval_s is not None and self._maintainer is not None  # checked in __init__
         self._next_maintenance = trio.current_time() + self._maintenance_interval_s
         if self._maintains is not None and not self._maintains():
