@@ -245,9 +245,13 @@ def test_kafka_python_consumers_and_admin_client(server):
     errors: list[BaseException] = []
 
     def run(index: int) -> None:
-        # kafka-python consumers are not thread-safe: each lives and dies in its own thread.
+        # kafka-python consumers are not thread-safe: each lives and dies in its own thread. A session
+        # of 30 s (kafka-python's default is 10 s): this test is about joining and describing, not
+        # expiry (tested above), and under CI's load kafka-python 3.0.12's I/O loop was seen stalled
+        # 1-2 s at a time ("Task ... ran for 2.143s"); twice a member that missed its 6 s session after
+        # leading a join never joined again.
         consumer = KafkaConsumer(bootstrap_servers=server.bootstrap, group_id="groups-kp-group",
-                                 session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500,
+                                 session_timeout_ms=30_000, heartbeat_interval_ms=500,
                                  enable_auto_commit=False, auto_offset_reset="earliest")
         try:
             # The topic's metadata first, then the subscription: kafka-python 3.0.12's range
