@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -209,6 +210,12 @@ def _staging_name(state_dir: str) -> str:
     return hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:16]
 
 
+HOLD_WAIT_LOGGED_S = 1.0
+"""A hold of the shared tables (``SparkGroupSink.hold_table``) that waited this long or longer for
+the lock (other brokers' holds, this broker's other threads) is logged (INFO, with the waiting thread's
+name): a commit's acknowledgement, a take-over, the maintenance wait that long."""
+
+
 class SparkGroupSink:
     """The table side of the persister: Arrow conversion + Spark, blocking (worker thread).
 
@@ -302,6 +309,7 @@ class SparkGroupSink:
         if self._table_lock is None and self._lock is None:
             yield
             return
+        asked = time.monotonic()
         with self._holding:
             thread = threading.get_ident()
             outer = self._held.get(thread)  # this thread's hold: None, or its mode
@@ -313,6 +321,10 @@ class SparkGroupSink:
             self._held[thread] = shared
             try:
                 with self._lock(shared) if self._lock is not None else table_lock(self._table_lock, shared):
+                    waited = time.monotonic() - asked
+                    if waited >= HOLD_WAIT_LOGGED_S:
+                        log.info("waited %.1f s to hold the tables %s (%s)", waited,
+                                 "shared" if shared else "exclusively", threading.current_thread().name)
                     yield
             finally:
                 del self._held[thread]

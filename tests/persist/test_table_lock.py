@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
+import re
 import threading
 import time
 from collections import Counter
@@ -33,6 +35,7 @@ import pytest
 
 from pipeline.log.batch import PartitionAppend
 from pipeline.metadata.locks import LeaseLock
+from pipeline.persist import group_sink
 from pipeline.persist.group_sink import LIVE_LOCK_FILE, TABLE_LOCK_FILE, SparkGroupSink, table_lock
 from pipeline.table.catalog import TableConfig
 from tests.conftest import unique_database
@@ -148,10 +151,14 @@ class CountingLeaseLock(LeaseLock):
 
 
 @pytest.mark.slow
-def test_with_the_database_lock_a_write_waits_while_another_broker_holds_it(connect_server, tmp_path):
+def test_with_the_database_lock_a_write_waits_while_another_broker_holds_it(connect_server, tmp_path, caplog,
+                                                                          monkeypatch):
     """With leadership through the database a broker's table changes hold the ``table`` lock in the
     metadata database (``pipeline.cli._table_lock``): while another broker holds it, a write keeps
-    trying the lock and does not land; once released, it lands."""
+    trying the lock and does not land; once released, it lands, and its wait is logged with the
+    waiting thread's name (``HOLD_WAIT_LOGGED_S``, lowered here to the test's wait)."""
+    monkeypatch.setattr(group_sink, "HOLD_WAIT_LOGGED_S", 0.05)
+    caplog.set_level(logging.INFO, logger=group_sink.__name__)
     target = tmp_path / "cluster.db"
     mine = CountingLeaseLock(target, "table", "broker-1/mine", lease_ms=5000, renew_ms=500)
     other = LeaseLock(target, "table", "broker-0/other", lease_ms=5000, renew_ms=500)
@@ -184,6 +191,9 @@ def test_with_the_database_lock_a_write_waits_while_another_broker_holds_it(conn
         thread.join(300)
         assert not thread.is_alive() and outcome == [None], outcome
         assert sorted(r[0] for r in sink.catalog.read().select("offset").collect()) == [0, 1]
+        waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waited ")]
+        assert len(waits) == 1 and re.fullmatch(r"waited \d+\.\d s to hold the tables (shared|exclusively) "
+                                                r"\(Thread-\d+ \(write\)\)", waits[0]), waits
     finally:
         if sink.catalog is not None:
             sink.catalog.spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
