@@ -32,9 +32,10 @@ starts again (a new incarnation), registers, and gets its partitions back.
   from the kill on continues at the end offset the partition's commits recorded, none reads the table;
 * then another broker (neither the controller nor the group's coordinator) is paused (SIGSTOP of
   its tree) while one of its table commits is pending in the database, past its lease, while the
-  producers go on: its partitions move, the broker that finds the commit pending fences it (moves
-  its staging directory away) before reading the table, and the paused broker, resumed, ends fenced
-  and starts again (as its supervisor would);
+  producers go on, and while that commit's Spark job (the typed topic's dead letters) is in flight on
+  the Connect server, which goes on running it: its partitions move, the broker that finds the commit
+  pending fences it (moves its staging directory away) before reading the table, so the job lands
+  nothing, and the paused broker, resumed, ends fenced and starts again (as its supervisor would);
 * then a third broker's link is cut, past its lease, while an idempotent producer inside its own
   namespace (``tests/e2e/inner_producer.py``, reaching only that broker) and the others go on: the
   cut broker ends fenced, and once its link is back it starts again, and the inner producer's
@@ -42,7 +43,8 @@ starts again (a new incarnation), registers, and gets its partitions back.
 * the table maintenance moved with the controller: a broker compacts after the kill (a survivor, or
   the victim's next incarnation when the controller moved to it after the cut);
 * afterwards every acknowledged record (from any producer) is in the table exactly once, at the offset its producer was told,
-  offsets 0..n-1 per partition in send order per producer, nothing else in the table;
+  offsets 0..n-1 per partition in send order per producer, nothing else in the table; the same for
+  the typed topic's records in ``dead_letters``;
 * a consumer group of two kafkajs and two confluent-kafka members, consuming the whole time, read every record of the table
   in offset order per partition: the first delivery of each offset follows the first delivery of
   the one before it (nothing skipped), and a record is delivered again only to a member that a
@@ -74,6 +76,8 @@ from pipeline.cluster.membership import OFFSETS_TOPIC, offsets_partition
 from pipeline.cluster.service import FENCED_STATUS
 from pipeline.metadata.leadership import LeadershipStore
 from pipeline.process.lifecycle import die_with_parent
+from pipeline.table.layout import RECORDS_TABLE, TABLES_DIR
+from pipeline.table.staging import STAGING_DIR
 from tests.e2e import netns
 from tests.e2e.server_process import reap
 from tests.e2e.table_reader import read_table
@@ -99,6 +103,10 @@ BROKER_ARGS = ("--linger-ms", "20", "--cluster-leadership", "database",
                "--broker-session-timeout-ms", "5000", "--broker-heartbeat-interval-ms", "1000",
                # table maintenance often enough to see it move with the controller
                "--table-compaction-interval-ms", "3000", "--table-compaction-min-files", "3")
+TYPED_CONFIG = {"value.format": "json", "value.schema": "n BIGINT"}
+"""The typed topic's configs. Its producer sends values that are not JSON: every one is a dead letter, and
+a commit with dead letters writes them with a Spark job on the Connect server (into the broker run's
+staging directory, ``TableCatalog._spark_staged``), which the pause below catches in flight."""
 COMPACTED = "table maintenance: "
 """What a broker logs when its maintenance compacted partitions (``BatchingPersister._maintain``)."""
 
@@ -540,12 +548,21 @@ def _signal_tree(broker: HostBroker, sig: signal.Signals) -> None:
             pass
 
 
+def _spark_job_in_flight(data_dir: Path, node_id: int) -> bool:
+    """Whether a Spark job writing into broker ``node_id``'s staging directory is in flight on the Connect
+    server: Hadoop's FileOutputCommitter keeps the job's ``_temporary`` directory in its output directory
+    (``<staging>/spark-<id>``, ``TableCatalog._spark_staged``) from the job's setup to its commit."""
+    staging = data_dir / TABLES_DIR / RECORDS_TABLE / STAGING_DIR / f"broker-{node_id}"
+    return any(staging.glob("*/spark-*/_temporary"))
+
+
 def _pause_within_a_commit(broker: HostBroker, url: str, topic: str, produce: Callable[[], None],
-                           timeout_s: float = 90.0) -> int:
+                           in_flight: Callable[[], bool] = lambda: True, timeout_s: float = 120.0) -> int:
     """SIGSTOP ``broker``'s process tree while one of its table commits of ``topic`` is pending in the
     database (between ``record_producers`` and ``commit_done``: it holds the tables' lock within a
-    commit), calling ``produce`` between looks so that commits keep coming. A stop that came after the
-    commit ended is undone and tried again. Returns how many tries it took."""
+    commit) and ``in_flight()`` holds, calling ``produce`` between looks so that commits keep coming. A
+    stop that came after the commit ended, or when ``in_flight()`` did not hold, is undone and tried
+    again. Returns how many tries it took."""
     import psycopg
 
     query = "SELECT count(*) FROM table_ends WHERE topic = %s AND pending_writer = %s"
@@ -560,7 +577,7 @@ def _pause_within_a_commit(broker: HostBroker, url: str, topic: str, produce: Ca
                 continue
             tries += 1
             _signal_tree(broker, signal.SIGSTOP)
-            if conn.execute(query, (topic, broker.node_id)).fetchone()[0]:
+            if conn.execute(query, (topic, broker.node_id)).fetchone()[0] and in_flight():
                 return tries
             _signal_tree(broker, signal.SIGCONT)  # the commit ended before the stop: again
 
@@ -601,6 +618,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
     node_modules = kafkajs_modules()  # before anything starts: a missing one fails at once
     data_dir, connect = shared_volume  # every host's broker, one directory
     TOPIC, GROUP = f"failover-{ack_on}-orders", f"failover-{ack_on}-readers"  # noqa: N806
+    TYPED = f"failover-{ack_on}-typed"  # noqa: N806
     url = bridge_postgres.create_database(f"failover_{ack_on}")
     hosts = network.hosts
     brokers_url = url.replace("@127.0.0.1:", f"@{network.bridge_address}:")
@@ -616,7 +634,8 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             b.wait_listening()
         bootstrap = ",".join(b.address for b in brokers)
         admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
-        for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
+        for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1),
+                                           NewTopic(TYPED, PARTITIONS, 1, config=TYPED_CONFIG)]).values():
             future.result(60)
 
         # (producer, i) -> (partition, offset, when). The offset is None for a record librdkafka acknowledged
@@ -650,6 +669,35 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             "bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
             "message.timeout.ms": 300_000, "batch.num.messages": 100, "request.timeout.ms": 5000,
             "socket.timeout.ms": 5000, "debug": "eos"}, logger=eos.logger) for _ in range(PRODUCERS)]
+        # The typed topic's producer (last in ``producers``): record i is b"not json <i>", a dead letter, sent
+        # to partition i % PARTITIONS; i -> (partition, offset), the offset None when acknowledged implicitly.
+        typed_acked: dict[int, tuple[int, int | None]] = {}
+        typed_sent = [0]
+
+        def on_typed_delivery(err, msg):
+            i = int(msg.value().split(b" ")[-1])
+            with lock:
+                if err is not None:
+                    errors.append(f"typed {i} {err}")
+                elif i in typed_acked:
+                    duplicates.append((-1, i))
+                else:
+                    typed_acked[i] = (msg.partition(), msg.offset())
+
+        producers.append(confluent_kafka.Producer({
+            "bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
+            "message.timeout.ms": 300_000, "request.timeout.ms": 5000, "socket.timeout.ms": 5000}))
+
+        def send_typed() -> None:
+            i, typed = typed_sent[0], producers[PRODUCERS]
+            typed_sent[0] += 1
+            while True:
+                try:
+                    typed.produce(TYPED, value=b"not json %d" % i, partition=i % PARTITIONS, on_delivery=on_typed_delivery)
+                    break
+                except BufferError:
+                    typed.poll(0.05)
+            typed.poll(0)
 
         def send(j: int, i: int, partition: int | None = None) -> None:
             extra = {} if partition is None else {"partition": partition}
@@ -753,7 +801,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             others |= {coordinator_now.leader_id} if coordinator_now is not None else set()
         finally:
             store.close()
-        leading = set(_leaders(admin, TOPIC).values())
+        leading = set(_leaders(admin, TOPIC).values()) & set(_leaders(admin, TYPED).values())
         paused = next(b for b in sorted(brokers, key=lambda b: (b.node_id in others, b.node_id))
                       if b.node_id in leading)
         paused_logged = {b.node_id: b.log_path.stat().st_size for b in brokers}
@@ -762,9 +810,13 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             for j in range(PRODUCERS):
                 send(j, sent[j])
                 sent[j] += 1
+            send_typed()
             time.sleep(0.01)
 
-        tries = _pause_within_a_commit(paused, url, TOPIC, produce_one)
+        # Caught with its commit's Spark job (the typed topic's dead letters) in flight on the Connect
+        # server (issue 34): the job runs on there while the broker is paused and after it lost its lease.
+        tries = _pause_within_a_commit(paused, url, TYPED, produce_one,
+                                       in_flight=lambda: _spark_job_in_flight(data_dir, paused.node_id))
         paused_wall = time.time()
         for _ in range(third):  # and on while it is paused: its partitions' records wait for their move
             produce_one()
@@ -779,7 +831,8 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             assert time.monotonic() < deadline, f"the paused broker did not end fenced once resumed\n{logs()}"
             time.sleep(0.2)
         paused.wait_listening()
-        print(f"broker {paused.node_id} paused within a commit ({tries} tries), fenced by "
+        print(f"broker {paused.node_id} paused within a commit, its Spark job in flight on the Connect server "
+              f"({tries} tries), fenced by "
               f"{[b.node_id for b in brokers if FENCED_COMMIT in _log_since(b, paused_logged[b.node_id])]}, "
               f"resumed, ended fenced and started again")
 
@@ -933,6 +986,26 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         for j in range(PRODUCERS + 1):  # and the inner producer's
             mine = [i for _, jj, i in entries if jj == j]
             assert mine == sorted(mine), f"partition {p}: producer {j}'s records out of order"
+
+    # The typed topic's records, all dead letters, some written by the paused broker's fenced Spark job:
+    # each acknowledged one once in dead_letters at its offset (an implicitly acknowledged one once at an
+    # offset no other was told), offsets gapless per partition, in send order.
+    dead = read_table(data_dir, f"SELECT partition, offset, CAST(value AS STRING) AS v FROM dead_letters "
+                                f"WHERE topic = '{TYPED}'", remote=connect.url)
+    letters = {(r["partition"], r["offset"]): int(r["v"].split(" ")[-1]) for r in dead}
+    assert len(dead) == len(letters), "a dead letter's offset is written twice"
+    told_typed = {(p, o): i for i, (p, o) in typed_acked.items() if o is not None}
+    wrong = sorted((k, letters.get(k), i) for k, i in told_typed.items() if letters.get(k) != i)
+    assert not wrong, f"{len(wrong)} typed record(s) not at their offset, first {wrong[:10]}\n{_digest(brokers)}"
+    rest_typed = sorted(i for k, i in letters.items() if k not in told_typed)
+    implicit_typed = sorted(i for i, (_, o) in typed_acked.items() if o is None)
+    assert rest_typed == implicit_typed, (f"dead letters at offsets no producer was told {rest_typed[:10]}, "
+                                          f"acknowledged implicitly {implicit_typed[:10]}\n{_digest(brokers)}")
+    for p in range(PARTITIONS):
+        entries = sorted((o, i) for (pp, o), i in letters.items() if pp == p)
+        assert [o for o, _ in entries] == list(range(len(entries))), f"{TYPED}-{p}: a gap in the offsets"
+        assert [i for _, i in entries] == sorted(i for _, i in entries), f"{TYPED}-{p}: out of send order"
+    print(f"dead_letters: {len(letters)} records of {TYPED}, each once")
 
     # The consumer group, from its lines in the order they happened (kept beside the brokers' logs).
     with open(tmp_path / "kafkajs-lines.jsonl", "w") as f:
