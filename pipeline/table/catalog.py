@@ -840,8 +840,15 @@ class TableCatalog:
         leaves a file where the staging directory was, so the job's output can land nowhere the
         rename would take it from, and Spark cannot make the directory again under it.
 
+        The job's directory is listed strictly (``_written_files``): a fence that lands after the job
+        and before the listing took the job's files with it, and an empty listing taken for a
+        commit of nothing would be acknowledged and recorded as done (``commit_done``) by a broker
+        that wakes from a pause, for rows no table holds.
+
         Raises:
-            FileNotFoundError: the staging directory is gone or fenced.
+            FileNotFoundError: the staging directory is gone or fenced (before the job, or after it:
+                the job's directory is gone).
+            NotADirectoryError: fenced while the job's directory was listed.
             Whatever Spark raises.
         """
         assert self.spark_staging is not None  # checked by the caller
@@ -850,8 +857,26 @@ class TableCatalog:
                                     "broker's run (it is no longer a member)", self.spark_staging)
         written = os.path.join(self.spark_staging, f"spark-{uuid.uuid4().hex[:12]}")
         df.write.partitionBy(*owned.partition_columns).parquet(written)
+        return self._written_files(written), written
+
+    @staticmethod
+    def _written_files(written: str) -> list[StagedFile]:
+        """The Parquet files a Spark job wrote into ``written`` (``_spark_staged``), each with the
+        partition its path names.
+
+        Raises:
+            FileNotFoundError: ``written`` is not there (its run was fenced after the job).
+            OSError: a directory under it could not be listed (fenced meanwhile).
+        """
+        if not os.path.isdir(written):
+            raise FileNotFoundError(errno.ENOENT, "the Spark job's output is gone: another broker fenced this "
+                                    "broker's run after the job (it is no longer a member)", written)
+
+        def failed(exc: OSError) -> None:
+            raise exc
+
         files = []
-        for root, _dirs, names in os.walk(written):
+        for root, _dirs, names in os.walk(written, onerror=failed):
             relative = os.path.relpath(root, written)
             values: list[tuple[str, object]] = []
             for segment in ([] if relative == "." else relative.split(os.sep)):
@@ -861,7 +886,7 @@ class TableCatalog:
                                int(text) if column == "hour" else text))
             files += [StagedFile(os.path.join(root, name), tuple(values), 0, ())
                       for name in sorted(names) if name.endswith(".parquet") and not name.startswith(".")]
-        return files, written
+        return files
 
     def _evolve(self, owned: OwnedTable, df: DataFrame) -> DataFrame:
         """``df`` with the columns of ``owned``'s table, in its order: a column ``df`` has and the table

@@ -265,6 +265,7 @@ class HostBroker:
         self.proc: subprocess.Popen | None = None
         self.listening = threading.Event()
         self.fenced_restarts = 0
+        self.spawns = 0  # processes started (``_spawn``): the first, then one per fenced restart
         """Times it ended fenced (status ``FENCED_STATUS``: its lease ran out, e.g. a start-up too slow
         for its heartbeats on a loaded runner) and was started again, as ``Restart=on-failure`` does
         (deploy/pipeline.service)."""
@@ -298,6 +299,7 @@ class HostBroker:
                     listening.set()
 
         threading.Thread(target=read, daemon=True, name=f"broker-{self.node_id}-stdout").start()
+        self.spawns += 1
         return proc
 
     def _supervise(self, proc: subprocess.Popen) -> None:
@@ -312,6 +314,15 @@ class HostBroker:
             if self._ending:
                 return
             proc = self._spawn()
+
+    def wait_started_again(self, spawns: int) -> None:
+        """Wait for the supervisor to start the broker after its ``spawns``-th process ended fenced (it
+        counts the fenced end before it starts the next one), then for that one to listen."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self.spawns == spawns:
+            assert time.monotonic() < deadline, f"broker {self.node_id} not started again in {START_TIMEOUT_S} s"
+            time.sleep(0.1)
+        self.wait_listening()
 
     def wait_listening(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -824,13 +835,13 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         while not any(FENCED_COMMIT in _log_since(b, paused_logged[b.node_id]) for b in brokers if b is not paused):
             assert time.monotonic() < deadline, f"the paused broker's pending commit was not fenced\n{logs()}"
             time.sleep(0.5)
-        fenced_before = paused.fenced_restarts
+        fenced_before, spawns = paused.fenced_restarts, paused.spawns
         _signal_tree(paused, signal.SIGCONT)
         deadline = time.monotonic() + 120
         while paused.fenced_restarts == fenced_before:
             assert time.monotonic() < deadline, f"the paused broker did not end fenced once resumed\n{logs()}"
             time.sleep(0.2)
-        paused.wait_listening()
+        paused.wait_started_again(spawns)
         print(f"broker {paused.node_id} paused within a commit, its Spark job in flight on the Connect server "
               f"({tries} tries), fenced by "
               f"{[b.node_id for b in brokers if FENCED_COMMIT in _log_since(b, paused_logged[b.node_id])]}, "
@@ -860,7 +871,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             while len(inner_lines) < 20:  # it produces, and its broker acknowledges, before the cut
                 assert inner.poll() is None and time.monotonic() < deadline, f"the inner producer: {inner_lines[:5]}"
                 time.sleep(0.1)
-            fenced_before = cut.fenced_restarts
+            fenced_before, spawns = cut.fenced_restarts, cut.spawns
             cut.restart_gate.clear()
             hosts[cut.node_id].set_link(False)
             cut_acked = len(inner_lines)
@@ -871,7 +882,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             fenced_after = len(inner_lines)
             hosts[cut.node_id].set_link(True)
             cut.restart_gate.set()
-            cut.wait_listening()
+            cut.wait_started_again(spawns)
             assert inner.wait(300) == 0, f"the inner producer left records undelivered: {inner_lines[-5:]}"
         finally:
             if inner.poll() is None:

@@ -38,6 +38,7 @@ from pipeline.metadata.locks import LeaseLock
 from pipeline.persist import group_sink
 from pipeline.persist.group_sink import LIVE_LOCK_FILE, TABLE_LOCK_FILE, SparkGroupSink, table_lock
 from pipeline.table.catalog import TableConfig
+from pipeline.table.typed import DEAD_LETTERS_TABLE
 from tests.conftest import unique_database
 from tests.e2e import raw_client as rc
 
@@ -433,13 +434,18 @@ def test_a_broker_commits_into_a_partition_another_broker_compacted_meanwhile(sp
 
 
 @pytest.mark.slow
-def test_a_spark_append_of_a_stalled_broker_lands_nothing_after_another_broker_fences_it(spark, tmp_path):
+@pytest.mark.parametrize("stall", ["before_renames", "before_listing"])
+def test_a_spark_append_of_a_stalled_broker_lands_nothing_after_another_broker_fences_it(spark, tmp_path, stall):
     """Issue 34, a commit job in flight on the Spark server when its broker loses leadership: a typed
-    topic's first rows need a Spark append. Its job writes the rows into the broker run's staging
-    directory, and the broker then stalls before its renames publish them (the test holds it there).
-    Another broker fences the run (``fence_staging``): the job's files go with the directory, a file
-    takes its place, and when the stalled broker wakes its renames fail, as does a retry, whose Spark
-    job cannot make the directory again. The typed table holds none of those rows."""
+    topic's first rows, or its dead letters, need a Spark append. Its job writes the rows into the
+    broker run's staging directory, and the broker then stalls (the test holds it there) before its
+    renames publish them (``before_renames``: the typed rows) or, right after the job, before it lists
+    the job's files (``before_listing``: dead letters, the flush's last append). Another broker fences
+    the run (``fence_staging``): the job's files go with the directory, a file takes its place, and
+    when the stalled broker wakes its write fails (its renames find no files; its listing finds no
+    job directory, never a commit of nothing, which the persister would acknowledge and record as
+    done), as does a retry, whose Spark job cannot make the directory again. The table holds none of
+    those rows."""
     from pipeline.table.catalog import TopicTableConfig
 
     config = TableConfig(database=unique_database(), topics={"typed": TopicTableConfig(value_format="json",
@@ -454,17 +460,29 @@ def test_a_spark_append_of_a_stalled_broker_lands_nothing_after_another_broker_f
         stalled.start()
         successor.start()
         catalog = stalled.catalog
-        commit_files = catalog._commit_files
+        commit_files, written_files = catalog._commit_files, catalog._written_files
 
-        def stall_first(owned, files, cache):  # the job's files are written: the broker stalls here
+        def stall_renames(owned, files, cache):  # the job's files are listed: the broker stalls here
             if not written.is_set():
                 assert files and all(f.path.startswith(stalled.staging.directory) for f in files)
                 written.set()
                 assert wake.wait(120)
             return commit_files(owned, files, cache)
 
-        catalog._commit_files = stall_first
-        flush = stalled.to_table([PartitionAppend("typed", 0, 0, rc.record_batch([b'{"a": 1}', b'{"a": 2}']), 2, 0)])
+        def stall_listing(directory):  # the job is done: the broker stalls before it lists its files
+            if not written.is_set():
+                assert directory.startswith(stalled.staging.directory) and os.listdir(directory)
+                written.set()
+                assert wake.wait(120)
+            return written_files(directory)
+
+        if stall == "before_renames":
+            catalog._commit_files = stall_renames
+            values, table = [b'{"a": 1}', b'{"a": 2}'], f"{config.database}.typed"
+        else:
+            catalog._written_files = stall_listing
+            values, table = [b"not json 1", b"not json 2"], f"{config.database}.{DEAD_LETTERS_TABLE}"
+        flush = stalled.to_table([PartitionAppend("typed", 0, 0, rc.record_batch(values), 2, 0)])
         assert not stalled.commits_shared(flush)  # a Spark append: exclusive
         outcome: list[BaseException | None] = []
 
@@ -486,7 +504,6 @@ def test_a_spark_append_of_a_stalled_broker_lands_nothing_after_another_broker_f
         assert len(outcome) == 1 and isinstance(outcome[0], OSError), outcome
         with pytest.raises(OSError):
             stalled.write(flush)  # the persister's retry: no directory to stage in
-        table = f"{config.database}.typed"
         assert spark.catalog.tableExists(table) and spark.table(table).count() == 0
         assert not successor.fence_staging(stalled.staging_name)  # fenced once
     finally:
