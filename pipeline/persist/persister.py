@@ -323,7 +323,10 @@ class BatchingPersister(Generic[FlushT]):
             Set, it needs a sink that is a ``MaintainedSink``.
         maintains: asked at each due time whether this broker runs the maintenance now (in a cluster
             with leadership through the database: whether it is the controller, so maintenance
-            moves with the controller when a broker dies); None: always.
+            moves with the controller when a broker dies); None: always. A broker whose turn just
+            came runs its first maintenance one interval later: the controller's death that gave it
+            the turn moved partitions to it, and with ``--ack-on spark`` their first answers wait
+            for its table commits, which wait while it maintains (the writer's slot).
         log_listener: the read side, told where appends are in the WAL and
             when they are durable, and asked how much of the WAL to keep;
             None: nothing reads the WAL, it is cut at every checkpoint.
@@ -401,6 +404,7 @@ class BatchingPersister(Generic[FlushT]):
         self._table_start_wait_s = table_start_wait_s
         self._maintenance_interval_s = maintenance_interval_s
         self._maintains = maintains
+        self._maintaining = False  # whether ``maintains()`` said yes at the last due time
         self._next_maintenance = math.inf  # set by run()
         self._in_wal_write = 0
         self._in_spark_prepare = 0
@@ -1040,8 +1044,15 @@ class BatchingPersister(Generic[FlushT]):
         """One ``sink.maintain()`` (compaction, retention) in the writer's slot; failures are logged."""
         assert self._maintenance_interval_s is not None and self._maintainer is not None  # checked in __init__
         self._next_maintenance = trio.current_time() + self._maintenance_interval_s
-        if self._maintains is not None and not self._maintains():
-            return  # another broker's turn (the controller's)
+        if self._maintains is not None:
+            turn, was_turn = self._maintains(), self._maintaining
+            self._maintaining = turn
+            if not turn:
+                return  # another broker's turn (the controller's)
+            if not was_turn:  # it just came: the partitions taken over first
+                log.info("table maintenance is this broker's now (the controller's); its first run in %.1f s",
+                         self._maintenance_interval_s)
+                return
         try:
             result = await trio.to_thread.run_sync(self._maintainer.maintain)
         except Exception as exc:  # the next run retries; the table's journal keeps what must be deleted
