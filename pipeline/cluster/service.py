@@ -622,7 +622,13 @@ class LeadershipService:
         unknown = keys - ends.keys()
         if unknown:  # the read refreshes what it reads
             read = await trio.to_thread.run_sync(self.end_offsets, unknown)
-            ends |= await trio.to_thread.run_sync(store.settle_table_ends, {key: read.get(key, 0) for key in unknown})
+            settled = await trio.to_thread.run_sync(store.settle_table_ends, {key: read.get(key, 0) for key in unknown})
+            for (topic, partition), end in sorted(settled.items()):
+                if end > read.get((topic, partition), 0):  # the table lacks rows its commits recorded
+                    log.warning("broker %d: %s-%d continues at its recorded table end %d, above the table's rows "
+                                "(%d): retention dropped those between, or a commit recorded done did not land",
+                                self.cluster.node_id, topic, partition, end, read.get((topic, partition), 0))
+            ends |= settled
         # A partition whose recorded end is 0 (a new topic's) has no row in the table to read: no refresh (a
         # catalog call per table, seconds on a busy Connect server, before the partition is served).
         recorded = {t for (t, p), end in ends.items() if end > 0} - {t for t, _ in unknown}

@@ -9,6 +9,7 @@ the broker still serves is a fence.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -249,8 +250,6 @@ def test_a_stopping_broker_takes_over_nothing_and_says_so_once(tmp_path, caplog)
     """After ``stop_taking_over`` (a clean stop has begun: the broker's stores close next) a partition the
     controller assigns to the broker is not taken over (its table end offsets are not read, it is not
     served), and the broker logs it once, not at every pass; before it, a partition is taken over."""
-    import logging
-
     topics = {"t": 1}
     reads: list[set[tuple[str, int]]] = []
 
@@ -317,3 +316,36 @@ def test_a_take_over_refreshes_the_tables_only_of_topics_with_rows_and_reads_non
             assert logs.log_end_offset("fresh", 0) == 0 and logs.log_end_offset("used", 0) == 7
 
     trio.run(main)
+
+
+def test_a_take_over_that_finds_the_table_short_of_the_recorded_end_continues_there_and_says_so(tmp_path, caplog):
+    """A partition whose last commit is pending (its writer died within it) is read from the table; when
+    the table's rows end below the end its earlier commits recorded (retention dropped rows, or a commit
+    recorded done never landed: the fault test's lost dead letters), the new leader continues at the
+    recorded end, as Kafka's log end offset never goes back, and logs a warning naming both ends."""
+    import uuid
+
+    from pipeline.metadata.leadership import LeadershipStore
+
+    store = LeadershipStore(tmp_path / "cluster.db")
+    try:
+        writer = store.registry.register(5, uuid.uuid4(), ENDPOINT, 60_000)
+        store.record_producers(5, writer, [], {("used", 0): 7}, "broker-5/a")
+        store.commit_done({("used", 0): 7})
+        store.record_producers(5, writer, [], {("used", 0): 9}, "broker-5/b")  # pending when broker 5 died
+    finally:
+        store.close()
+    logs = LogManager()
+    service = LeadershipService(DynamicCluster(0, "127.0.0.1", 9092), tmp_path / "cluster.db", ENDPOINT,
+                                session_ms=TWO_BROKERS_SESSION_MS, heartbeat_ms=TWO_BROKERS_HEARTBEAT_MS, logs=logs,
+                                end_offsets=lambda keys: {("used", 0): 5}, topics=lambda: {"used": 1},
+                                on_fenced=lambda: None)
+
+    async def main() -> None:
+        async with _registered(service):
+            await _until(lambda: service.cluster.leads("used", 0), "the partition served")
+            assert logs.log_end_offset("used", 0) == 7
+
+    with caplog.at_level(logging.INFO, logger="pipeline.cluster.service"):
+        trio.run(main)
+    assert "used-0 continues at its recorded table end 7, above the table's rows (5)" in caplog.text
