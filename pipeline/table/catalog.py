@@ -314,9 +314,10 @@ class _Compaction:
     new: str
 
     def entry(self) -> dict[str, object]:
-        """Its journal entry while it is under way (``resume_journal`` settles one a crash left)."""
+        """Its journal entry while it is under way (``resume_journal`` settles one a crash left), with
+        the names of the files it merges: the others of ``location`` were committed after its listing."""
         return {"compacting": self.new, "replaces": self.location, "partition": self.values,
-                "table": self.owned.name}
+                "table": self.owned.name, "files": sorted(os.path.basename(f.path) for f in self.files)}
 
 
 class TableCatalog:
@@ -1048,7 +1049,9 @@ class TableCatalog:
         3. holding them shared, once per partition: each planned partition's listed files merged
            into its new directory; no new one after ``time_budget_s``. Other brokers commit
            meanwhile, and one waiting to hold them exclusively goes in between two partitions.
-        4. holding them exclusively: each new directory swapped in (``SET LOCATION``) after the
+        4. holding them exclusively: a new partition generation (``moved``, before the first swap
+           and again after the last, so that a broker dying in between leaves no broker's cached
+           directory valid), then each new directory swapped in (``SET LOCATION``) after the
            files committed into the old one since the listing are hard-linked into it, so it
            holds every row the old one does; a compaction whose partition moved or went meanwhile
            (another broker dropped the topic), or whose journal entry is gone (a broker starting
@@ -1120,6 +1123,12 @@ class TableCatalog:
                 self._forget_partition_directories()
                 journal = Journal(self._journal_path)
                 swapping = False
+                if moved is not None and any(c in written for c in plans):
+                    # Before the first SET LOCATION too: a broker that dies (or is cut off, its hold
+                    # lapsing) between a swap and the end of this phase must not leave the other
+                    # brokers' caches of the partition's old directory valid (a commit renamed into
+                    # the replaced directory after the swap is read by nobody).
+                    moved()
                 try:
                     for c in plans:
                         if c in written:
@@ -1216,11 +1225,18 @@ class TableCatalog:
         self._file_columns.clear()
 
     def resume_journal(self) -> None:
-        """Settle compactions a crash cut short: keep whichever directory the catalog points at."""
+        """Settle compactions a crash cut short: keep whichever directory the catalog points at. When
+        that is the new one (the broker died after its swap), every file of the old directory that the
+        compaction did not merge (its entry's ``files``) and the new one lacks is hard-linked into it
+        first: a commit that landed there after the compaction's own links (its broker's hold of the
+        tables lapsed: cut off, paused) is not lost with the old directory.
+
+        Raises:
+            OSError: a file could not be linked (the entry stays; the next start tries again).
+        """
         journal = Journal(self._journal_path)
         changed = False
         for entry in [e for e in journal.entries if "compacting" in e]:
-            journal.entries.remove(entry)
             owned = next((t for t in [self.records, self.dead_letters, *self.typed_tables.values()]
                           if t.name == entry.get("table", self.records.name)), self.records)
             try:
@@ -1228,12 +1244,30 @@ class TableCatalog:
             except Exception:  # the partition is gone (dropped): both directories are garbage
                 current = None
             new, old = entry["compacting"], entry["replaces"]
+            if current == local_path(new) and "files" in entry:
+                self._link_unmerged(old, new, set(entry["files"]))
+            journal.entries.remove(entry)
             garbage = old if current == local_path(new) else new
             journal.entries.append({"delete": garbage, "after_ms": 0 if garbage == new else
                                     int(time.time() * 1000) + self.config.file_delete_delay_ms})
             changed = True
         if changed:
             journal.save()
+
+    @staticmethod
+    def _link_unmerged(old: str, new: str, merged: set[str]) -> None:
+        """Hard-link into ``new`` each data file of ``old`` that is not in ``merged`` and that ``new``
+        lacks (``resume_journal``)."""
+        target = local_path(new)
+        if target is None or local_path(old) is None or not os.path.isdir(target):
+            return
+        have = set(os.listdir(target))
+        for f in list_data_files(old):
+            name = os.path.basename(f.path)
+            if name not in merged and name not in have:
+                os.link(f.path, os.path.join(target, name))
+                log.warning("compaction cut short after its swap: %s, committed into the replaced directory "
+                            "after its listing, linked into the new one", name)
 
     def _delete_due(self, journal: Journal, now_ms: int) -> int:
         due = [e for e in journal.entries if "delete" in e and e["after_ms"] <= now_ms]

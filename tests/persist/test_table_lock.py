@@ -416,15 +416,29 @@ def test_a_commit_while_spark_writes_a_compaction_lands_in_the_compacted_partiti
 
 
 @pytest.mark.slow
-def test_a_broker_commits_into_a_partition_another_broker_compacted_meanwhile(spark, tmp_path):
+@pytest.mark.parametrize("compactor_dies_after_its_swap", [False, True])
+def test_a_broker_commits_into_a_partition_another_broker_compacted_meanwhile(spark, tmp_path, monkeypatch,
+                                                                               compactor_dies_after_its_swap):
     """Each broker caches its partitions' directories for its commits (no catalog call per commit);
     another broker's compaction moves a partition to a new location. The compacting broker changes
-    the partition generation (``partitions.generation``) before it releases the tables, so the first
-    broker's next commit asks the catalog again and its file lands where readers look. Without it, the
-    file would go into the replaced directory: renamed, acknowledged, and read by nobody."""
+    the partition generation (``partitions.generation``) before its first swap and again before it
+    releases the tables, so the first broker's next commit asks the catalog again and its file lands
+    where readers look, also when the compacting broker does nothing after its swap (it died there,
+    or was cut off and its hold lapsed: CI, session 50). Without it, the file would go into the
+    replaced directory: renamed, acknowledged, and read by nobody."""
     with writer_and_compactor(spark, tmp_path) as (config, writer, compactor):
         [partition] = writer.catalog.partition_values()
         before = writer.catalog.partition_location(partition)
+        if compactor_dies_after_its_swap:  # nothing the compacting broker does after the swap happens
+            swapped, swap, partitions_moved = [False], compactor.catalog._swap, compactor._partitions_moved
+
+            def swap_then_die(*args):
+                done = swap(*args)
+                swapped[0] = True
+                return done
+
+            monkeypatch.setattr(compactor.catalog, "_swap", swap_then_die)
+            monkeypatch.setattr(compactor, "_partitions_moved", lambda: None if swapped[0] else partitions_moved())
         assert compactor.maintain().compacted_partitions == 1
         after = compactor.catalog.partition_location(partition)
         assert after != before

@@ -225,6 +225,39 @@ def test_a_compaction_cut_short_before_its_swap_leaves_no_trace(catalog):
 
 
 @pytest.mark.slow
+def test_a_compaction_cut_short_after_its_swap_keeps_what_was_committed_into_the_old_directory(catalog):
+    """A broker died after its compaction's swap (``SET LOCATION``) and before it settled its journal
+    entry, and a commit renamed a file into the replaced directory after the compaction listed it (the
+    compacting broker's hold had lapsed: it was cut off). The next start (``resume_journal``) keeps the
+    new directory and links that file into it, and only that one (the merged ones are in the new
+    directory's copy): every row once."""
+    from pipeline.table.catalog import partition_spec_sql
+
+    for i in range(3):
+        catalog.write(rows("orders", 5, DAY0, timedelta(seconds=1), base=5 * i))
+    (partition,) = catalog.partitions()
+    listed = list_data_files(partition.location)
+    new = f"{catalog.table_dir}/_compacted/topic=orders/date=2026-11-20/hour=0/v1"
+    os.makedirs(local_path(new))
+    for f in listed:  # the compacted copy (here: the listed files themselves)
+        os.link(f.path, os.path.join(local_path(new), os.path.basename(f.path)))
+    journal = Journal(catalog.data_dir / "_pipeline" / "table-journal.json")
+    journal.entries.append({"compacting": new, "replaces": partition.location, "partition": partition.values,
+                            "table": catalog.records.name, "files": [os.path.basename(f.path) for f in listed]})
+    journal.save()
+    catalog.write(rows("orders", 5, DAY0, timedelta(seconds=1), base=15))  # committed after the listing
+    catalog.spark.sql(f"ALTER TABLE {catalog.records.name} PARTITION ({partition_spec_sql(partition.values)}) "
+                      f"SET LOCATION '{new}'")  # the swap; then the broker died
+    assert count(catalog) == 15
+
+    catalog.resume_journal()  # what ensure() does at start-up
+    assert catalog.pending_deletions() == [partition.location]
+    assert count(catalog) == 20
+    offsets = [r[0] for r in catalog.read().select("offset").collect()]
+    assert sorted(offsets) == list(range(20))
+
+
+@pytest.mark.slow
 def test_retention_drops_old_day_partitions_through_the_catalog(catalog):
     for d in range(5):  # 'daily' keeps 2 days, by day; 'orders' keeps everything, by hour
         catalog.write(rows("daily", 3, DAY0 + timedelta(days=d), timedelta(hours=1), base=3 * d))
