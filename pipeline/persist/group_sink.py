@@ -714,6 +714,7 @@ class SparkGroupSink:
         """Remove every row of a deleted topic from the tables (``TableCatalog.drop_topic``);
         blocking, run it in a worker thread. Returns the partitions dropped."""
         with self.hold_table():
+            self._partitions_moved()  # before the drops too: a broker that dies within them leaves no cache valid
             try:
                 return self._sink.catalog.drop_topic(topic)
             finally:

@@ -1044,7 +1044,8 @@ class TableCatalog:
 
         1. plan, holding the tables shared: partitions past retention; partitions to compact, with
            their files (``plan_compaction``); journal entries due for deletion.
-        2. holding them exclusively: retention's drops, and a ``compacting`` journal entry per
+        2. holding them exclusively: retention's drops (a new partition generation before and after
+           them, as around the swaps of 4), and a ``compacting`` journal entry per
            planned compaction (its new directory is garbage if the process dies before 4).
         3. holding them shared, once per partition: each planned partition's listed files merged
            into its new directory; no new one after ``time_budget_s``. Other brokers commit
@@ -1094,6 +1095,8 @@ class TableCatalog:
             with hold(False):  # 2
                 self._forget_partition_directories()
                 journal = Journal(self._journal_path)
+                if expired and moved is not None:
+                    moved()  # before the drops too (as before the swaps, phase 4)
                 try:
                     for owned, v in expired:
                         location = self.partition_location(v, owned)
