@@ -1186,18 +1186,13 @@ class TableCatalog:
         if current is None or local_path(current) != local_path(c.location):
             log.info("compaction of %s %s dropped: the partition moved or went meanwhile", c.owned.name, c.values)
             return False
-        listed = {os.path.basename(f.path) for f in c.files}
-        target = local_path(c.new)
-        assert target is not None  # a local table directory: list_data_files found the files
-        newer = [f for f in list_data_files(c.location) if os.path.basename(f.path) not in listed]
-        for f in newer:
-            os.link(f.path, os.path.join(target, os.path.basename(f.path)))
+        newer = self._link_unmerged(c.location, c.new, {os.path.basename(f.path) for f in c.files})
         self.spark.sql(f"ALTER TABLE {c.owned.name} PARTITION ({partition_spec_sql(c.values)}) SET LOCATION '{c.new}'")
         journal.entries.remove(c.entry())
         journal.entries.append({"delete": c.location, "after_ms": now_ms + self.config.file_delete_delay_ms})
         journal.save()
         log.info("compacted %s: %d files (%d bytes) into %d%s", partition_spec_sql(c.values), len(c.files),
-                 sum(f.size for f in c.files), c.n, f", and {len(newer)} committed meanwhile linked" if newer else "")
+                 sum(f.size for f in c.files), c.n, f", and {newer} committed meanwhile linked" if newer else "")
         return True
 
     def stage_spark_appends(self, directory: str) -> None:
@@ -1247,8 +1242,12 @@ class TableCatalog:
             except Exception:  # the partition is gone (dropped): both directories are garbage
                 current = None
             new, old = entry["compacting"], entry["replaces"]
-            if current == local_path(new) and "files" in entry:
-                self._link_unmerged(old, new, set(entry["files"]))
+            if current is not None and current == local_path(new) and os.path.isdir(current) and "files" in entry:
+                linked = self._link_unmerged(old, new, set(entry["files"]))
+                if linked:
+                    log.warning("compaction of %s %s cut short after its swap: %d file(s) committed into the replaced "
+                                "directory after its listing linked into the new one", owned.name,
+                                entry["partition"], linked)
             journal.entries.remove(entry)
             garbage = old if current == local_path(new) else new
             journal.entries.append({"delete": garbage, "after_ms": 0 if garbage == new else
@@ -1258,19 +1257,25 @@ class TableCatalog:
             journal.save()
 
     @staticmethod
-    def _link_unmerged(old: str, new: str, merged: set[str]) -> None:
-        """Hard-link into ``new`` each data file of ``old`` that is not in ``merged`` and that ``new``
-        lacks (``resume_journal``)."""
+    def _link_unmerged(old: str, new: str, merged: set[str]) -> int:
+        """Hard-link into ``new`` each data file of ``old`` that is not in ``merged`` (a compaction's
+        input) and that ``new`` lacks: the files committed into ``old`` after the compaction listed
+        it (``_swap``, ``resume_journal``). Returns how many.
+
+        Raises:
+            OSError: a file could not be linked.
+        """
         target = local_path(new)
-        if target is None or local_path(old) is None or not os.path.isdir(target):
-            return
+        if target is None:
+            return 0  # not a local directory: nothing was listed either (``list_data_files``)
         have = set(os.listdir(target))
+        linked = 0
         for f in list_data_files(old):
             name = os.path.basename(f.path)
             if name not in merged and name not in have:
                 os.link(f.path, os.path.join(target, name))
-                log.warning("compaction cut short after its swap: %s, committed into the replaced directory "
-                            "after its listing, linked into the new one", name)
+                linked += 1
+        return linked
 
     def _delete_due(self, journal: Journal, now_ms: int) -> int:
         due = [e for e in journal.entries if "delete" in e and e["after_ms"] <= now_ms]
