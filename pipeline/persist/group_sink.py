@@ -49,7 +49,7 @@ from pipeline.process.lifecycle import worker_init
 from pipeline.table.arrow import appends_to_table
 from pipeline.log.batch import AppendColumns, PartitionAppend, to_columns
 from pipeline.persist.spark_sink import SparkSink
-from pipeline.table.catalog import (MaintenanceResult, TableCatalog, TableConfig, end_offsets, local_path,
+from pipeline.table.catalog import (MaintenanceResult, SparkAppendNeeded, TableCatalog, TableConfig, end_offsets, local_path,
                                     present_offsets)
 from pipeline.log.wal import WalSpan
 from pipeline.table.live import LIVE_DIR, Boundary, merge_ends
@@ -104,11 +104,13 @@ def table_lock(path: Path | None, shared: bool = False) -> Iterator[None]:
     first job to commit deletes under the others; a compaction swaps a
     partition's location and would lose files another broker added meanwhile.
     Those changes hold the lock exclusively (a compaction only to swap:
-    ``TableCatalog.maintain``). A commit of staged files (a
-    metastore ``ADD IF NOT EXISTS PARTITION`` and one ``rename`` per file, into
-    the partitions of topics the broker leads) conflicts with neither another
-    such commit nor anything but those changes: it holds the lock shared, so the
-    brokers' commits overlap (issue 34). The lock is the kernel's: a broker
+    ``TableCatalog.maintain``), and so does a table's creation or new columns. A
+    commit of files (a metastore ``ADD IF NOT EXISTS PARTITION`` and one
+    ``rename`` per file, into the partitions of topics the broker leads; staged
+    files, or a Spark append's written into the broker run's own staging
+    directory) conflicts with neither another such commit nor anything but
+    those changes: it holds the lock shared, so the brokers' commits overlap
+    (issue 34). The lock is the kernel's: a broker
     killed with it held releases it.
 
     Writer preference: Linux lets a new shared ``flock`` in while an exclusive
@@ -567,11 +569,13 @@ class SparkGroupSink:
         files committed (``TableCatalog.commit_staged``, ``commit_staged_typed``), one Spark append
         per other destination table with rows (``TableCatalog.write_flush``). Repeatable after a failure
         (files already committed are skipped; ``exclude`` then names their rows). Holds the tables
-        shared when it commits staged files only (``commits_shared``), else exclusively.
+        shared when the flush changes no table (``commits_shared``, then ``shared_write_blocker``
+        under the hold), else exclusively: a shared try that finds a change needed writes nothing
+        and the flush is written again, exclusively.
 
         Raises:
             pipeline.table.catalog.SparkAppendNeeded: called inside a shared hold (``hold_table``),
-                and the flush needs a Spark append after all (nothing of that table written).
+                and the flush needs a table changed after all (nothing of it written).
             Whatever the catalog raises."""
         exclude = exclude or set()
         staged = {t: v for t, v in table.typed.items() if isinstance(v, StagedRecords)}
@@ -591,24 +595,34 @@ class SparkGroupSink:
             # are serialised, so setting the SQL conf per write is safe.
             threshold = "0" if spark_rows >= LOCAL_RELATION_MAX_ROWS else str(LOCAL_RELATION_MAX_BYTES)
             self._sink.spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", threshold)
-        with self.hold_table(self._holds_shared() or self.commits_shared(flush)):
-            self._sink.catalog.write_flush(flush, exclude, spark_appends=not self._holds_shared())
+        if self._holds_shared():  # the caller's shared hold: it writes again, exclusively, if it must
+            self._sink.catalog.write_flush(flush, exclude, spark_appends=False)
+            return
+        if self.commits_shared(flush):
+            try:
+                with self.hold_table(shared=True):
+                    self._sink.catalog.write_flush(flush, exclude, spark_appends=False)
+                return
+            except SparkAppendNeeded as exc:  # raised before anything of the flush was written
+                log.info("a commit holds the tables exclusively after all: %s", exc)
+        with self.hold_table():
+            self._sink.catalog.write_flush(flush, exclude)
 
     def commits_shared(self, table: FlushTables) -> bool:
         """Whether writing ``table`` may hold the tables shared with other brokers' commits
-        (``hold_table(shared=True)``): it commits staged files only, no Spark append (the records
-        table's, and each typed topic's whose table is known to take them: ``takes_staged``).
-        False for tables of this process alone (nothing to share).
+        (``hold_table(shared=True)``), as far as the catalog knows without asking Spark
+        (``TableCatalog.may_write_shared``): it changes no table (the records table's rows are
+        staged files; each typed topic's are known to fit its table, ``takes_staged``; a Spark
+        append goes through this broker's staging directory). The write checks the rest under the
+        hold (``TableCatalog.shared_write_blocker``). False for tables of this process alone
+        (nothing to share).
 
         Raises:
             OSError: a staged file could not be read.
         """
         if self._table_lock is None and self._lock is None:
             return False
-        catalog = self._sink.catalog
-        if catalog.spark_rows(table):
-            return False
-        return all(catalog.takes_staged(topic, t) for topic, t in table.typed.items() if isinstance(t, StagedRecords))
+        return self._sink.catalog.may_write_shared(table)
 
     def publish_live(self, bootstrap_servers: str, ends: dict[tuple[str, int], int], closing: bool) -> None:
         """Publish the live view (``pipeline.table.live``) at this broker's prefix ends ``ends``

@@ -226,10 +226,10 @@ class Partition:
     location: str
 
 
-@dataclass(slots=True)
 class SparkAppendNeeded(RuntimeError):
-    """A flush written under a shared hold of the tables needs a Spark append (``write_flush``):
-    the caller writes it again holding them exclusively."""
+    """A flush written under a shared hold of the tables needs a table created or changed
+    (``write_flush``, ``shared_write_blocker``; nothing of it written): the caller writes it again
+    holding them exclusively."""
 
 
 class MaintenanceResult:
@@ -617,9 +617,10 @@ class TableCatalog:
         dead letters to theirs; one Spark job per destination with rows.
 
         ``spark_appends=False``: the caller holds the tables shared with other brokers' commits
-        (``pipeline.persist.group_sink.table_lock``), where a Spark append must not run; a typed
-        topic's staged files that need one (``commit_staged_typed``) raise ``SparkAppendNeeded``
-        (nothing of that topic written), and so does a flush with Arrow rows.
+        (``pipeline.persist.group_sink.table_lock``), where no table may be created or changed and
+        no Spark job may write into a table's directory. A flush that would (``shared_write_blocker``)
+        raises ``SparkAppendNeeded`` before anything of it is written; a Spark append into an existing
+        table through this broker's staging directory (``spark_staging``) goes on.
 
         ``flush.records`` and each of ``flush.typed`` is either an Arrow table (a Spark append,
         ``write``) or the flush's staged files (``pipeline.table.staging.StagedRecords``, committed
@@ -630,8 +631,10 @@ class TableCatalog:
             Whatever Spark raises; rows already written before the failure are
             found by ``present_offsets`` and not written again by the retry.
         """
-        if not spark_appends and self.spark_rows(flush):
-            raise SparkAppendNeeded("a flush with rows for a Spark append, under a shared hold of the tables")
+        if not spark_appends:
+            blocker = self.shared_write_blocker(flush)
+            if blocker is not None:
+                raise SparkAppendNeeded(f"{blocker}: not under a shared hold of the tables")
         if isinstance(flush.records, StagedRecords):
             self.commit_staged(flush.records, exclude)
         else:
@@ -640,9 +643,9 @@ class TableCatalog:
             if isinstance(table, StagedRecords):
                 self.commit_staged_typed(self.typed_tables[topic], table, exclude, spark_append=spark_appends)
             elif table.num_rows:
-                self._write_owned(self.typed_tables[topic], table)
+                self._write_owned(self.typed_tables[topic], table, may_change_table=spark_appends)
         if flush.dead_letters.num_rows:
-            self._write_owned(self.dead_letters, flush.dead_letters)
+            self._write_owned(self.dead_letters, flush.dead_letters, may_change_table=spark_appends)
 
     def commit_staged(self, staged: StagedRecords, exclude: set[tuple[str, int, int]] | None = None,
                       codec: str = "snappy") -> int:
@@ -687,6 +690,87 @@ class TableCatalog:
         """The rows of ``flush`` that a Spark append writes (every table's but staged files')."""
         tables = [flush.records, *flush.typed.values(), flush.dead_letters]
         return sum(t.num_rows for t in tables if not isinstance(t, StagedRecords))
+
+    def may_write_shared(self, flush: FlushTables) -> bool:
+        """Whether ``flush`` may be written under a shared hold of the tables as far as this
+        catalog knows without asking Spark (the caller's cheap guess before it takes the lock):
+        its Spark appends, if any, go through ``spark_staging``, the records table takes files only,
+        and each typed topic's staged files are known to fit its table (``takes_staged``).
+        ``write_flush(spark_appends=False)`` checks the rest (``shared_write_blocker``).
+
+        Raises:
+            OSError: a staged file could not be read.
+        """
+        if not isinstance(flush.records, StagedRecords) and flush.records.num_rows:
+            return False
+        if self.spark_rows(flush) and self.spark_staging is None:
+            return False
+        return all(self.takes_staged(topic, t) for topic, t in flush.typed.items() if isinstance(t, StagedRecords))
+
+    def shared_write_blocker(self, flush: FlushTables) -> str | None:
+        """Why ``flush`` cannot be written under a shared hold of the tables, or None when it can.
+
+        Other brokers' commits of files (``commit_staged``: partitions added, files renamed in)
+        conflict with a change of a table (its creation, new columns: the metastore's schema and
+        a typed topic's files checked against it) and with a Spark job writing into a table's
+        directory (Hadoop FileOutputCommitter's ``_temporary`` there, deleted by the first job to
+        commit), not with a Spark job writing into this broker's own staging directory
+        (``_spark_staged``) and committed by renames. So a flush blocks when it has rows for the
+        records table's Spark append, a Spark append without ``spark_staging``, rows for a table
+        that does not exist yet or lacks some of their columns, or typed staged files that need
+        an append (``commit_staged_typed``). Asks Spark's catalog (one call per table to append to).
+
+        Raises:
+            OSError: a staged file could not be read.
+            Whatever Spark raises for the catalog calls.
+        """
+        if not isinstance(flush.records, StagedRecords) and flush.records.num_rows:
+            return "rows for the records table's Spark append"
+        appends = [(self.typed_tables[t], v) for t, v in flush.typed.items()
+                   if not isinstance(v, StagedRecords) and v.num_rows]
+        if flush.dead_letters.num_rows:
+            appends.append((self.dead_letters, flush.dead_letters))
+        if appends and self.spark_staging is None:
+            return "a Spark append into a table's directory"
+        for owned, table in appends:
+            if not self.spark.catalog.tableExists(owned.name):
+                return f"the first rows of {owned.name}"
+            missing = self._columns_to_add(owned, self._append_rows(owned, table).column_names)
+            if missing:
+                return f"new columns of {owned.name} ({', '.join(missing)})"
+        for topic, staged in flush.typed.items():
+            if isinstance(staged, StagedRecords):
+                files = [f for f in staged.files if os.path.exists(f.path)]  # as ``takes_staged``: no rewrite
+                if files and not self._takes_files(self.typed_tables[topic], pq.read_schema(files[0].path),
+                                                   files[0].path):
+                    return f"staged rows of {self.typed_tables[topic].name} that need a Spark append"
+        return None
+
+    def _columns_to_add(self, owned: OwnedTable, names: Collection[str]) -> list[str]:
+        """Which of ``names`` (an append's columns, partition columns among them) ``_evolve`` would add
+        to ``owned``'s table: none but for a registry topic's table (others never change)."""
+        if owned.topic is None or owned.topic not in self.registry_topics():
+            return []
+        known = {name for name, _ in self._known_columns(owned)}
+        return [n for n in names if n not in known and n not in owned.partition_columns]
+
+    def _known_columns(self, owned: OwnedTable) -> list[tuple[str, str]]:
+        """``owned``'s data columns (name, Spark type), as ``_evolve`` last read or made them."""
+        columns = self._table_columns.get(owned.name)
+        if columns is None:
+            columns = [(f.name, f.dataType.simpleString()) for f in self.spark.table(owned.name).schema.fields
+                       if f.name not in owned.partition_columns]
+            self._table_columns[owned.name] = columns
+        return columns
+
+    def _append_rows(self, owned: OwnedTable, table: pa.Table) -> pa.Table:
+        """``table``'s rows as a Spark append to ``owned`` writes them: time partitions added (those
+        ``owned`` is not partitioned by dropped), data columns first, then the partition columns."""
+        table = add_time_partitions(table, self.config.day_topics)
+        if "hour" not in owned.partition_columns:
+            table = table.drop_columns(["hour"])
+        data = [c for c in table.column_names if c not in owned.partition_columns]
+        return table.select(data + list(owned.partition_columns))
 
     def takes_staged(self, topic: str, staged: StagedRecords) -> bool:
         """Whether ``commit_staged_typed`` is known to commit ``staged`` (typed topic ``topic``'s
@@ -789,25 +873,27 @@ class TableCatalog:
         for f in files:
             os.rename(f.path, os.path.join(directories[f.partition], os.path.basename(f.path)))
 
-    def _write_owned(self, owned: OwnedTable, table: pa.Table) -> None:
+    def _write_owned(self, owned: OwnedTable, table: pa.Table, may_change_table: bool = True) -> None:
         """Append ``table``'s rows to ``owned`` (a typed topic's table, or the dead letters) with Spark,
         creating the table or adding its new columns first. With ``spark_staging`` set the rows are
         written there by Spark and committed as files (``_spark_staged``), else inserted directly.
+        ``may_change_table=False`` (a shared hold of the tables, ``write_flush``): the table must
+        exist and take the rows' columns as it is.
 
         Raises:
+            SparkAppendNeeded: ``may_change_table`` is False and the table is missing or lacks a column
+                (nothing written; ``shared_write_blocker`` says so before).
             FileNotFoundError: the staging directory is gone (another broker fenced this broker's run).
             Whatever Spark raises.
         """
         self._file_columns.clear()  # the append may create or change the table
-        table = add_time_partitions(table, self.config.day_topics)
-        if "hour" not in owned.partition_columns:
-            table = table.drop_columns(["hour"])
-        data = [c for c in table.column_names if c not in owned.partition_columns]
-        table = table.select(data + list(owned.partition_columns))
+        table = self._append_rows(owned, table)
         df = self.spark.createDataFrame(table)
         if table.num_rows < COALESCE_BELOW_ROWS:
             df = df.coalesce(1)
         if not self.spark.catalog.tableExists(owned.name):
+            if not may_change_table:
+                raise SparkAppendNeeded(f"the first rows of {owned.name}")
             if self.spark_staging is None:
                 df.write.partitionBy(*owned.partition_columns).option("path", owned.directory).saveAsTable(owned.name)
                 return
@@ -815,6 +901,9 @@ class TableCatalog:
             df.limit(0).write.partitionBy(*owned.partition_columns).option("path", owned.directory) \
                 .saveAsTable(owned.name)
         elif owned.topic is not None and owned.topic in self.registry_topics():
+            missing = [] if may_change_table else self._columns_to_add(owned, table.column_names)
+            if missing:
+                raise SparkAppendNeeded(f"new columns of {owned.name} ({', '.join(missing)})")
             try:
                 df = self._evolve(owned, df)
             except Exception:
@@ -901,11 +990,7 @@ class TableCatalog:
             Whatever Spark raises for the catalog calls.
         """
         F = _functions(self.spark)
-        columns = self._table_columns.get(owned.name)
-        if columns is None:
-            columns = [(f.name, f.dataType.simpleString()) for f in self.spark.table(owned.name).schema.fields
-                       if f.name not in owned.partition_columns]
-            self._table_columns[owned.name] = columns
+        columns = self._known_columns(owned)
         known = {name for name, _ in columns}
         incoming = [f for f in df.schema.fields if f.name not in owned.partition_columns]
         added = [(f.name, f.dataType.simpleString()) for f in incoming if f.name not in known]

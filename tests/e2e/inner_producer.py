@@ -3,7 +3,8 @@
 ``python inner_producer.py BOOTSTRAP TOPIC PRODUCER COUNT``: sends ``COUNT`` records ``"PRODUCER:i"``
 (keys as the test's own producers), one every 10 ms, and prints one JSON line per delivery report,
 ``{"i": i, "p": partition, "o": offset or null}`` or ``{"i": i, "err": "..."}``, as it gets them;
-then flushes (up to its message timeout) and exits 0. Its stdout is line-buffered JSON only.
+then flushes (up to its message timeout) and exits 0. Its stdout is line-buffered JSON only; librdkafka's
+log (debug ``eos,broker,metadata``) goes to stderr.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ def main(bootstrap: str, topic: str, producer_id: int, count: int) -> int:
 
     producer = confluent_kafka.Producer({
         "bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
-        "message.timeout.ms": 300_000, "request.timeout.ms": 5000, "socket.timeout.ms": 5000})
+        "message.timeout.ms": 300_000, "request.timeout.ms": 5000, "socket.timeout.ms": 5000,
+        "debug": "eos,broker,metadata"})  # on stderr: the test keeps it for a failure's message
 
     def on_delivery(err, msg) -> None:
         i = int(msg.value().split(b":")[1])

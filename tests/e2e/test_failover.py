@@ -188,6 +188,15 @@ def _text_since(path: Path, offset: int) -> str:
         return f.read().decode(errors="replace")
 
 
+def _tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a text file, each cut to 300 characters ("" if it is missing)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(line[:300] for line in text.splitlines()[-lines:])
+
+
 def _log_lines(broker: HostBroker) -> list[str]:
     """The broker's log, line by line (none if it has no log yet)."""
     try:
@@ -856,10 +865,13 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         leading = set(_leaders(admin, TOPIC).values())
         cut = next(b for b in brokers if b is not paused and b.node_id in leading)
         inner_lines: list[dict] = []
-        inner = subprocess.Popen(cut.host.command(sys.executable, str(Path(__file__).with_name("inner_producer.py")),
-                                                  cut.address, TOPIC, str(INNER), str(INNER_COUNT)),
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                 preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        inner_log_path = tmp_path / "inner-producer.log"  # librdkafka's log (debug "eos,broker,msg")
+        with inner_log_path.open("wb") as inner_log:
+            inner = subprocess.Popen(cut.host.command(sys.executable,
+                                                      str(Path(__file__).with_name("inner_producer.py")),
+                                                      cut.address, TOPIC, str(INNER), str(INNER_COUNT)),
+                                     stdout=subprocess.PIPE, stderr=inner_log, stdin=subprocess.DEVNULL,
+                                     preexec_fn=functools.partial(die_with_parent, os.getpid()))
 
         def read_inner() -> None:
             for raw in iter(inner.stdout.readline, b""):
@@ -869,7 +881,9 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         try:
             deadline = time.monotonic() + 60
             while len(inner_lines) < 20:  # it produces, and its broker acknowledges, before the cut
-                assert inner.poll() is None and time.monotonic() < deadline, f"the inner producer: {inner_lines[:5]}"
+                assert inner.poll() is None and time.monotonic() < deadline, (
+                    f"the inner producer had {len(inner_lines)} records acknowledged in 60 s: {inner_lines[:5]}\n"
+                    f"its log's last lines:\n{_tail(inner_log_path, 40)}\n{logs()}")
                 time.sleep(0.1)
             fenced_before, spawns = cut.fenced_restarts, cut.spawns
             cut.restart_gate.clear()

@@ -38,7 +38,7 @@ from pipeline.metadata.locks import LeaseLock
 from pipeline.persist import group_sink
 from pipeline.persist.group_sink import LIVE_LOCK_FILE, TABLE_LOCK_FILE, SparkGroupSink, table_lock
 from pipeline.table.catalog import TableConfig
-from pipeline.table.typed import DEAD_LETTERS_TABLE
+from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables
 from tests.conftest import unique_database
 from tests.e2e import raw_client as rc
 
@@ -275,7 +275,9 @@ def test_a_commit_of_staged_files_overlaps_another_brokers_commit_and_maintenanc
     (``SparkGroupSink.commits_shared``), so it goes through while another broker's commit holds it
     (the test's shared hold stands in for it); compaction and retention hold it exclusively to change
     the catalog, and wait for every commit. A typed topic's first flush needs a Spark append (the
-    table does not exist yet): it waits like maintenance."""
+    table does not exist yet): it waits like maintenance. So do the first dead letters (their table
+    is made); later ones, a Spark append into the broker run's staging directory and renames, do
+    not."""
     from pipeline.table.catalog import TopicTableConfig
     from pipeline.table.staging import StagedRecords
 
@@ -316,6 +318,25 @@ def test_a_commit_of_staged_files_overlaps_another_brokers_commit_and_maintenanc
         assert done[2:] == ["typed"]
         assert sorted(r[0] for r in sink.catalog.read().select("offset").collect()) == [0, 1, 2]
         assert spark.table(f"{config.database}.typed").count() == 1  # its table, by the typed topic's name
+
+        def dead_letter(offset: int) -> FlushTables:
+            return sink.to_table([PartitionAppend("typed", 0, offset, rc.record_batch([b"not json"]), 1, 0)])
+
+        first, later = dead_letter(1), dead_letter(2)
+        assert first.dead_letters.num_rows == 1 and sink.commits_shared(first)  # a guess: the catalog knows
+        assert sink.catalog.shared_write_blocker(first) == f"the first rows of {sink.catalog.dead_letters.name}"
+        with table_lock(lock_path, shared=True):
+            waiting = [run("first dead letters", lambda: sink.write(first))]
+            deadline = time.monotonic() + 60
+            while flock_waiters(lock_path) == 0:
+                assert time.monotonic() < deadline and done[3:] == [], f"the table's creation did not wait: {done}"
+                time.sleep(0.05)
+        waiting[0].join(120)
+        assert sink.commits_shared(later) and sink.catalog.shared_write_blocker(later) is None
+        with table_lock(lock_path, shared=True):  # another broker commits: the append goes on beside it
+            run("later dead letters", lambda: sink.write(later)).join(120)
+            assert done[3:] == ["first dead letters", "later dead letters"], done
+        assert sorted(r[0] for r in spark.table(sink.catalog.dead_letters.name).select("offset").collect()) == [1, 2]
     finally:
         spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
         sink.stop()
@@ -497,7 +518,7 @@ def test_a_spark_append_of_a_stalled_broker_lands_nothing_after_another_broker_f
             catalog._written_files = stall_listing
             values, table = [b"not json 1", b"not json 2"], f"{config.database}.{DEAD_LETTERS_TABLE}"
         flush = stalled.to_table([PartitionAppend("typed", 0, 0, rc.record_batch(values), 2, 0)])
-        assert not stalled.commits_shared(flush)  # a Spark append: exclusive
+        assert stalled.catalog.shared_write_blocker(flush) is not None  # its table is made: exclusive
         outcome: list[BaseException | None] = []
 
         def write() -> None:
