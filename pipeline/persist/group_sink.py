@@ -215,7 +215,8 @@ def _staging_name(state_dir: str) -> str:
 HOLD_WAIT_LOGGED_S = 1.0
 """A hold of the shared tables (``SparkGroupSink.hold_table``) that waited this long or longer for
 the lock (other brokers' holds, this broker's other threads) is logged (INFO, with the waiting thread's
-name): a commit's acknowledgement, a take-over, the maintenance wait that long."""
+name): a commit's acknowledgement, a take-over, the maintenance wait that long. So is an exclusive
+hold that lasted this long (s): every other broker's commits waited for it."""
 
 
 class SparkGroupSink:
@@ -327,7 +328,13 @@ class SparkGroupSink:
                     if waited >= HOLD_WAIT_LOGGED_S:
                         log.info("waited %.1f s to hold the tables %s (%s)", waited,
                                  "shared" if shared else "exclusively", threading.current_thread().name)
-                    yield
+                    held = time.monotonic()
+                    try:
+                        yield
+                    finally:
+                        if not shared and time.monotonic() - held >= HOLD_WAIT_LOGGED_S:
+                            log.info("held the tables exclusively for %.1f s (%s)", time.monotonic() - held,
+                                     threading.current_thread().name)
             finally:
                 del self._held[thread]
 
@@ -357,6 +364,7 @@ class SparkGroupSink:
         one throwaway row written to ``DATA_DIR/_pipeline/warmup`` here keeps
         that off the first produce request's latency.
         """
+        self._sink.start_session()  # before the hold: other brokers' commits go on meanwhile
         with self.hold_table():  # creating the tables, settling a compaction cut short
             self._sink.start()
             self._partitions_moved()

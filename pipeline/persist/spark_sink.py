@@ -305,23 +305,32 @@ class SparkSink:
             raise RuntimeError("SparkSink is not started")
         return self._spark
 
+    def start_session(self) -> SparkSession:
+        """Build the Spark session unless there is one (given, or built before), and return it.
+        Touches no table: a broker of a cluster builds it before it holds the shared tables (``start``).
+
+        Blocking (~8 s; ~1 s for Connect).
+        """
+        if self._spark is None:
+            self._spark = build_spark_session(self._master, conf=self._conf, remote=self._remote)
+            self._owns_session = True
+        return self._spark
+
     def start(self) -> None:
-        """Build the Spark session unless one was given, and create the table if missing.
+        """Build the Spark session unless there is one (``start_session``), and create the table if missing.
 
         Blocking (~8 s; ~1 s for Connect).
 
         Raises:
             RuntimeError: the session's catalog is not Hive.
         """
-        if self._spark is None:
-            self._spark = build_spark_session(self._master, conf=self._conf, remote=self._remote)
-            self._owns_session = True
-        self._catalog = TableCatalog(self._spark, self.data_dir, self._table_config)
+        spark = self.start_session()
+        self._catalog = TableCatalog(spark, self.data_dir, self._table_config)
         self._catalog.ensure()
         if self._thrift_port is not None and self._thrift_server is None:
-            jvm = _jvm(self._spark)
+            jvm = _jvm(spark)
             self._thrift_server = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
-                self._spark._jsparkSession.sqlContext())
+                spark._jsparkSession.sqlContext())
 
     def write(self, table: pa.Table) -> None:
         """Append ``table`` to the records table: one Spark job (``TableCatalog.write``).

@@ -195,6 +195,14 @@ def test_with_the_database_lock_a_write_waits_while_another_broker_holds_it(conn
         waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waited ")]
         assert len(waits) == 1 and re.fullmatch(r"waited \d+\.\d s to hold the tables (shared|exclusively) "
                                                 r"\(Thread-\d+ \(write\)\)", waits[0]), waits
+        before = len(caplog.records)  # the start's hold (creating the tables) may have been logged
+        with sink.hold_table(shared=True):  # a long shared hold holds back no commit: not logged
+            time.sleep(0.1)
+        with sink.hold_table():  # a long exclusive one held back every other broker's: logged
+            time.sleep(0.1)
+        holds = [r.getMessage() for r in caplog.records[before:] if r.getMessage().startswith("held ")]
+        assert len(holds) == 1 and re.fullmatch(r"held the tables exclusively for \d+\.\d s \(MainThread\)",
+                                                holds[0]), holds
     finally:
         if sink.catalog is not None:
             sink.catalog.spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
