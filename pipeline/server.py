@@ -436,29 +436,35 @@ class Server:
 
     def _table_end_offsets(self, keys: Collection[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """The table's (topic, partition) -> end offset over the rows of the topics of ``keys``, as
-        other brokers left it (blocking). With leadership through the database it is read under the
-        tables' lock, exclusively when a commit of one of ``keys`` is pending: then after the commits
-        in flight of ``keys`` by brokers that are no longer members are fenced
-        (``_fence_dead_writers``), so a commit by the partition's previous leader, which checks its
-        membership and commits under that lock (``BatchingPersister(table_lock=...)``), lands either
-        before this read or not at all, even if that leader only stalled. Shared otherwise (a topic
-        from a single-broker run of the data directory; a new topic's partitions have a recorded end
-        of 0 and are not read, ``LeadershipStore.record_new_partitions``)."""
+        other brokers left it (blocking). With leadership through the database it is read holding
+        the tables' lock shared. When a commit of one of ``keys`` is pending, the lock is held
+        exclusively first, just to fence the commits in flight of ``keys`` by brokers that are no
+        longer members (``_fence_dead_writers``): a commit by the partition's previous leader, which
+        checks its membership and commits under that lock (``BatchingPersister(table_lock=...)``),
+        has then ended or can land nothing more, even if that leader only stalled, and the read
+        (a Spark job over the topics' rows, seconds) holds back no other broker's commits. Without
+        one pending (a topic from a single-broker run of the data directory; a new topic's
+        partitions have a recorded end of 0 and are not read, ``LeadershipStore.record_new_partitions``)
+        there is nothing to fence."""
         topics = {t for t, _ in keys}
         hold = self._table_lock() if self.dynamic else None
         store = self._leadership_store
         # No commit of ``keys`` pending (a partition no commit ever recorded: a single-broker run's): nothing to
         # fence, and a writer that is no longer a member cannot begin one (``record_producers`` is fenced
-        # by its membership), so the read holds the tables shared and other brokers' commits go on.
+        # by its membership).
         writers = store.pending_writers(keys) if store is not None else set()
         started = time.monotonic()
-        with hold(not writers) if hold is not None else nullcontext():
-            self._fence_dead_writers(writers)
+        if writers:
+            with hold(False) if hold is not None else nullcontext():
+                self._fence_dead_writers(writers)
+        fenced = time.monotonic()
+        with hold(True) if hold is not None else nullcontext():
             self._refresh_tables(topics)
             ends = self.sink.end_offsets(topics)
-        log.info("read the table's end offsets of %d partition(s) of %s holding the tables %s (%.2f s)", len(keys),
-                 ", ".join(sorted(topics)), "exclusively: a commit of theirs was pending" if writers else "shared: no commit of theirs pending",
-                 time.monotonic() - started)
+        log.info("read the table's end offsets of %d partition(s) of %s holding the tables shared (%.2f s)%s",
+                 len(keys), ", ".join(sorted(topics)), time.monotonic() - fenced,
+                 f", after holding them exclusively to fence a pending commit of theirs ({fenced - started:.2f} s)"
+                 if writers else ": no commit of theirs pending")
         return ends
 
     def _fence_dead_writers(self, writers: Collection[tuple[int, int, str | None]]) -> None:
