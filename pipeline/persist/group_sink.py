@@ -364,10 +364,14 @@ class SparkGroupSink:
         one throwaway row written to ``DATA_DIR/_pipeline/warmup`` here keeps
         that off the first produce request's latency.
         """
-        self._sink.start_session()  # before the hold: other brokers' commits go on meanwhile
-        with self.hold_table():  # creating the tables, settling a compaction cut short
-            self._sink.start()
-            self._partitions_moved()
+        self._sink.start_session()  # before any hold: other brokers' commits go on meanwhile
+        with self.hold_table(shared=True):
+            self._sink.start(ensure=False)
+            settled = self._sink.catalog.settled()
+        if not settled:
+            with self.hold_table():  # creating the tables, settling a compaction cut short
+                self._sink.catalog.ensure()
+                self._partitions_moved()
         self._formats = self._sink.catalog.value_formats()
         self._sink.catalog.check_typed_tables(self._formats)
         self._staging = self._start_staging()
@@ -563,7 +567,7 @@ class SparkGroupSink:
         catalog = self._sink.catalog
         if catalog.apply_topic_configs({t.name: t.configs for t in self._topic_store.load()}):
             formats = catalog.value_formats(strict=False)
-            with self.hold_table():
+            with self.hold_table(shared=True):  # a read: no broker changes a table meanwhile
                 mismatches = catalog.typed_table_mismatches(formats)
             formats.update({t: NoSchema(reason) for t, reason in mismatches.items()})
             self._formats = formats

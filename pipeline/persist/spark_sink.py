@@ -316,8 +316,9 @@ class SparkSink:
             self._owns_session = True
         return self._spark
 
-    def start(self) -> None:
-        """Build the Spark session unless there is one (``start_session``), and create the table if missing.
+    def start(self, ensure: bool = True) -> None:
+        """Build the Spark session unless there is one (``start_session``), and create the table if
+        missing (``TableCatalog.ensure``; ``ensure=False``: the caller does, if it must, ``settled``).
 
         Blocking (~8 s; ~1 s for Connect).
 
@@ -326,7 +327,8 @@ class SparkSink:
         """
         spark = self.start_session()
         self._catalog = TableCatalog(spark, self.data_dir, self._table_config)
-        self._catalog.ensure()
+        if ensure:
+            self._catalog.ensure()
         if self._thrift_port is not None and self._thrift_server is None:
             jvm = _jvm(spark)
             self._thrift_server = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(

@@ -388,6 +388,18 @@ class TableCatalog:
 
     # -- set-up ------------------------------------------------------------------
 
+    def settled(self) -> bool:
+        """Whether ``ensure`` would change nothing: the session's catalog is Hive, the records table
+        exists, and no compaction cut short waits to be settled (``resume_journal``). A read (one
+        catalog call): a broker of a cluster asks it holding the shared tables shared, and holds
+        them exclusively for ``ensure`` only when it is False, so that its start holds back no
+        other broker's commits."""
+        if self.spark.conf.get("spark.sql.catalogImplementation", "in-memory") != "hive":
+            return False
+        if any("compacting" in e for e in Journal(self._journal_path).entries):
+            return False
+        return bool(self.spark.catalog.tableExists(self.records_table))
+
     def ensure(self) -> None:
         """Create the database and the records table if missing (idempotent).
 

@@ -204,6 +204,19 @@ def test_replaced_files_wait_for_file_delete_delay(catalog):
 
 
 @pytest.mark.slow
+def test_a_catalog_is_settled_once_its_records_table_exists(spark, tmp_path):
+    """``TableCatalog.settled``: what a broker of a cluster asks at start holding the tables shared;
+    False until ``ensure`` made the records table (then a start holds them exclusively for it)."""
+    fresh = TableCatalog(spark, tmp_path / "data", TableConfig(database=unique_database()))
+    try:
+        assert not fresh.settled()
+        fresh.ensure()
+        assert fresh.settled()
+    finally:
+        spark.sql(f"DROP DATABASE IF EXISTS {fresh.config.database} CASCADE")
+
+
+@pytest.mark.slow
 def test_a_compaction_cut_short_before_its_swap_leaves_no_trace(catalog):
     for i in range(3):
         catalog.write(rows("orders", 5, DAY0, timedelta(seconds=1), base=5 * i))
@@ -214,9 +227,10 @@ def test_a_compaction_cut_short_before_its_swap_leaves_no_trace(catalog):
     journal = Journal(catalog.data_dir / "_pipeline" / "table-journal.json")
     journal.entries.append({"compacting": orphan, "replaces": partition.location, "partition": partition.values})
     journal.save()
+    assert not catalog.settled()  # a start holds the tables exclusively for ensure()
 
     catalog.resume_journal()   # what ensure() does at start-up
-    assert catalog.pending_deletions() == [orphan]
+    assert catalog.settled() and catalog.pending_deletions() == [orphan]
     catalog.maintain(now_ms=int(DAY0.timestamp() * 1000))
     import os
 
