@@ -517,6 +517,17 @@ class ConsumerGroup:
         return self.log_path.read_text(errors="replace")[-3000:]
 
 
+def _settled_with(url: str, node_id: int) -> bool:
+    """Whether the cluster's leadership (in the database at ``url``) is settled with broker ``node_id``
+    leading partitions: every partition served by its leader, and some led by ``node_id``."""
+    store = LeadershipStore(url)
+    try:
+        rows = store.assignment()
+    finally:
+        store.close()
+    return all(row.serving for row in rows.values()) and any(row.leader_id == node_id for row in rows.values())
+
+
 def _leaders(admin, topic: str, timeout_s: float = 60.0) -> dict[int, int]:
     """Each partition's leader, from a Metadata answer; asked again while a request goes to the dead
     host and times out (``socket.timeout.ms``), and while a partition has no leader (-1: its new leader
@@ -851,6 +862,16 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
             assert time.monotonic() < deadline, f"the paused broker did not end fenced once resumed\n{logs()}"
             time.sleep(0.2)
         paused.wait_started_again(spawns)
+        # Its return moves partitions back to it (the controller spreads them over the live brokers):
+        # once every partition is served again, it leading some, and every record of the outer
+        # producers is acknowledged, the cluster is settled; the cut below is then the only change the
+        # inner producer meets (a rebalance's hand-offs and take-overs took it 25 s to its first 20
+        # acknowledgements here, and more than 60 s in a CI run).
+        deadline = time.monotonic() + 120
+        while not _settled_with(url, paused.node_id):
+            assert time.monotonic() < deadline, f"broker {paused.node_id} leads nothing again\n{logs()}"
+            time.sleep(0.5)
+        flush(180)
         print(f"broker {paused.node_id} paused within a commit, its Spark job in flight on the Connect server "
               f"({tries} tries), fenced by "
               f"{[b.node_id for b in brokers if FENCED_COMMIT in _log_since(b, paused_logged[b.node_id])]}, "
