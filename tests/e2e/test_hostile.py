@@ -650,7 +650,7 @@ def test_idle_connection_is_reaped(env, case):
 def test_ten_thousand_connections_opened_and_dropped_in_a_burst(env, case):
     total, wave = 10_000, 1_000
     refused = connected = connect_failures = 0
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 240  # a bound, not a target: a loaded CI machine takes longer
     linger_rst = struct.pack("ii", 1, 0)
     for _ in range(total // wave):
         if time.monotonic() > deadline:
@@ -673,7 +673,9 @@ def test_ten_thousand_connections_opened_and_dropped_in_a_burst(env, case):
             s.setblocking(False)
             sel.register(s, selectors.EVENT_READ)
         open_left = len(socks)
-        wave_deadline = time.monotonic() + 3
+        # Until the server has closed all but MAX_CONNECTIONS of the wave: at once on a quiet machine;
+        # 3 s was too short in a CI run (-n 3 beside it): 8344 refusals seen of the 8500 or more due.
+        wave_deadline = time.monotonic() + 15
         while open_left > MAX_CONNECTIONS and time.monotonic() < wave_deadline:
             for key, _ in sel.select(timeout=0.2):
                 try:

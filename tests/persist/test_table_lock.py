@@ -221,6 +221,21 @@ def _run_recorded(done: list[str], name: str, call) -> threading.Thread:
     return thread
 
 
+def _waits_behind_a_shared_hold(lock_path: Path, done: list[str], name: str, call) -> None:
+    """Run ``call`` (``_run_recorded`` as ``name``) while the test holds ``lock_path`` shared, as
+    another broker's commit: it waits for the lock (a waiter on the ``flock``, ``name`` not done)
+    until that hold ends, then finishes."""
+    with table_lock(lock_path, shared=True):
+        thread = _run_recorded(done, name, call)
+        deadline = time.monotonic() + 60
+        while flock_waiters(lock_path) == 0:
+            assert time.monotonic() < deadline and name not in done, f"{name} did not wait: {done}"
+            time.sleep(0.05)
+        assert name not in done
+    thread.join(120)
+    assert done[-1] == name, done
+
+
 @contextlib.contextmanager
 def two_sinks(spark, data_dir: Path, config: TableConfig, *, shared_table: bool) -> Iterator[tuple[SparkGroupSink, ...]]:
     """Two brokers' sinks on one data directory (state directories ``_pipeline/broker-0`` and ``-1``),
@@ -308,22 +323,9 @@ def test_a_commit_of_staged_files_overlaps_another_brokers_commit_and_maintenanc
         with table_lock(lock_path, shared=True):  # another broker commits
             run("commit", lambda: sink.write(flush)).join(120)
             assert done == ["commit"], "a commit of staged files waited for another broker's commit"
-            waiting = [run("maintain", sink.maintain)]
-            deadline = time.monotonic() + 60
-            while flock_waiters(lock_path) == 0:
-                assert time.monotonic() < deadline and not done[1:], f"maintenance did not wait: {done}"
-                time.sleep(0.05)
-        for thread in waiting:
-            thread.join(120)
-        assert done == ["commit", "maintain"]
-        with table_lock(lock_path, shared=True):
-            waiting = [run("typed", lambda: sink.write(typed))]
-            deadline = time.monotonic() + 60
-            while flock_waiters(lock_path) == 0:
-                assert time.monotonic() < deadline and done[2:] == [], f"the Spark append did not wait: {done}"
-                time.sleep(0.05)
-        waiting[0].join(120)
-        assert done[2:] == ["typed"]
+        _waits_behind_a_shared_hold(lock_path, done, "maintain", sink.maintain)
+        _waits_behind_a_shared_hold(lock_path, done, "typed", lambda: sink.write(typed))
+        assert done == ["commit", "maintain", "typed"]
         assert sorted(r[0] for r in sink.catalog.read().select("offset").collect()) == [0, 1, 2]
         assert spark.table(f"{config.database}.typed").count() == 1  # its table, by the typed topic's name
 
@@ -333,13 +335,7 @@ def test_a_commit_of_staged_files_overlaps_another_brokers_commit_and_maintenanc
         first, later = dead_letter(1), dead_letter(2)
         assert first.dead_letters.num_rows == 1 and sink.commits_shared(first)  # a guess: the catalog knows
         assert sink.catalog.shared_write_blocker(first) == f"the first rows of {sink.catalog.dead_letters.name}"
-        with table_lock(lock_path, shared=True):
-            waiting = [run("first dead letters", lambda: sink.write(first))]
-            deadline = time.monotonic() + 60
-            while flock_waiters(lock_path) == 0:
-                assert time.monotonic() < deadline and done[3:] == [], f"the table's creation did not wait: {done}"
-                time.sleep(0.05)
-        waiting[0].join(120)
+        _waits_behind_a_shared_hold(lock_path, done, "first dead letters", lambda: sink.write(first))
         assert sink.commits_shared(later) and sink.catalog.shared_write_blocker(later) is None
         with table_lock(lock_path, shared=True):  # another broker commits: the append goes on beside it
             run("later dead letters", lambda: sink.write(later)).join(120)
