@@ -4,6 +4,8 @@
 #   make check   - the static checks alone (ruff, mypy, import-linter; seconds)
 #   make bench-smoke - the benchmarks' smoke forms (tests/bench, marker bench_smoke; ~4 min): outside make test's
 #                  15 minutes, run by .ci/run after it
+#   make fault-test - the three-host fault tests (tests/e2e/test_failover.py, marker fault_hosts; ~8 min): alone on
+#                  the machine, outside make test's 15 minutes, run by .ci/run after it
 #   make sanitize - the C extensions' differential and fuzz tests under AddressSanitizer + UBSan (.ci/sanitize.py)
 #   make clean   - build and test artifacts; make clean-data deletes ./data, the default data directory
 # Pass server options with ARGS, e.g. make serve ARGS="--mode baseline --queues 8".
@@ -17,7 +19,7 @@ PYTEST_ARGS ?=
 # Three on 2 cores: much of an end-to-end test waits (a JVM's start, a timeout), and a third worker fills it.
 TEST_WORKERS ?= 3
 
-.PHONY: serve check test bench-smoke sanitize clean clean-data
+.PHONY: serve check test fault-test bench-smoke sanitize clean clean-data
 
 # The C extensions pip builds with the package (gcc and the Python headers; pyproject's ext-modules):
 # an edit of any of them reinstalls, which rebuilds them.
@@ -42,7 +44,12 @@ check: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
 test: check
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not bench_smoke" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not bench_smoke and not fault_hosts" $(PYTEST_ARGS)
+
+# the three-host fault tests (network namespaces, as root): three brokers, a Spark Connect server and the clients
+# of each host on 2 cores, so in one process with nothing beside them, outside make test's budget (docs/development.md)
+fault-test: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -m fault_hosts tests/e2e $(PYTEST_ARGS)
 
 # `pipeline bench` in its smoke forms, each on real servers under load: minutes of CPU on 2 cores, so beside
 # make test's budget, as the sanitizer and the image check are (docs/development.md)

@@ -85,7 +85,9 @@ from tests.e2e.test_transactions import kafkajs_modules
 from tests.missing import missing
 from tests.postgres import PostgresServer, binaries
 
-pytestmark = pytest.mark.slow
+# Run alone by make fault-test (pyproject's fault_hosts marker), not by make test: three brokers, a Connect server
+# and their clients fill the 2-core machine.
+pytestmark = [pytest.mark.slow, pytest.mark.fault_hosts]
 
 PARTITIONS = 6
 PRODUCERS = 2
@@ -639,6 +641,7 @@ def _takeover_times(brokers: list[HostBroker], killed_wall: float, restarted_wal
     return min(moved, default=float("nan")), max(taken, default=float("nan")), read
 
 
+@pytest.mark.timeout(1200)  # alone it takes ~4 min; CI's slower machine took ~6 min under make test's load
 @pytest.mark.parametrize("ack_on", ["spark", "wal"])
 def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_record_once(tmp_path, network,
                                                                                          bridge_postgres,
@@ -867,9 +870,10 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         # producers is acknowledged, the cluster is settled; the cut below is then the only change the
         # inner producer meets (a rebalance's hand-offs and take-overs took it 25 s to its first 20
         # acknowledgements here, and more than 60 s in a CI run).
-        deadline = time.monotonic() + 120
+        # (CI's machine took more than 120 s: a take-over's read of the table there took 30 s.)
+        deadline = time.monotonic() + 300
         while not _settled_with(url, paused.node_id):
-            assert time.monotonic() < deadline, f"broker {paused.node_id} leads nothing again\n{logs()}"
+            assert time.monotonic() < deadline, f"broker {paused.node_id} leads nothing again in 300 s\n{logs()}"
             time.sleep(0.5)
         flush(180)
         print(f"broker {paused.node_id} paused within a commit, its Spark job in flight on the Connect server "
@@ -901,10 +905,10 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         threading.Thread(target=read_inner, daemon=True, name="inner-producer-stdout").start()
         try:
             inner_started = time.monotonic()
-            deadline = inner_started + 60
+            deadline = inner_started + 120
             while len(inner_lines) < 20:  # it produces, and its broker acknowledges, before the cut
                 assert inner.poll() is None and time.monotonic() < deadline, (
-                    f"the inner producer had {len(inner_lines)} records acknowledged in 60 s: {inner_lines[:5]}\n"
+                    f"the inner producer had {len(inner_lines)} records acknowledged in 120 s: {inner_lines[:5]}\n"
                     f"its log's last lines:\n{_tail(inner_log_path, 40)}\n{logs()}")
                 time.sleep(0.1)
             inner_acked_s = time.monotonic() - inner_started
