@@ -366,8 +366,13 @@ class Server:
         """A dead broker incarnation's WAL (``directory``: its ``wal/`` and checkpoint, as
         ``incarnation_dir`` lays them out): write the records after its checkpoint that the table lacks
         (``pipeline.persist.recovery.replay``; transactions are not served with leadership through the
-        database), under the tables' lock. What the table holds of a partition is known from the end
-        its commits recorded (``ends.recorded``); the table is read only for the partitions without one.
+        database). What the table holds of a partition is known from the end its commits recorded
+        (``ends.recorded``); the table is read, holding the tables shared, only for the partitions
+        without one, after the tables were held exclusively to fence a pending commit of theirs by a
+        writer that is no longer a member (``_fence_dead_writers``). No other broker writes these
+        partitions meanwhile (none is taken over while a dead WAL is undrained; one handed off before
+        had everything of it in the table), so each write of the replay holds the tables itself,
+        shared when it changes no table (``SparkGroupSink.write``), and other brokers commit beside it.
         The write records its partitions' ends as the persister's commits do (``ends.begin``/``done``).
         Blocking; the sink started. Returns the appends after the checkpoint.
 
@@ -385,20 +390,24 @@ class Server:
         if not appends:
             return appends
         hold = self._table_lock()
-        with hold(False) if hold is not None else nullcontext():
-            ranges = offset_ranges(appends)
-            recorded = ends.recorded(ranges.keys())
-            unknown = {key: r for key, r in ranges.items() if key not in recorded}
+        ranges = offset_ranges(appends)
+        recorded = ends.recorded(ranges.keys())
+        unknown = {key: r for key, r in ranges.items() if key not in recorded}
+        present: set[tuple[str, int, int]] = set()
+        if unknown:
             store = self._leadership_store
-            if unknown and store is not None:
-                self._fence_dead_writers(store.pending_writers(unknown.keys()))
-            present = self.sink.present_offsets(unknown) if unknown else set()
-            present |= {(a.topic, a.partition, o) for a in appends if (a.topic, a.partition) in recorded
-                        for o in range(a.base_offset, min(a.base_offset + a.record_count,
-                                                          recorded[(a.topic, a.partition)]))}
-            ends.begin(appends)
-            replay(self.sink, recovered.backlog, present=present)
-            ends.done(appends)
+            writers = store.pending_writers(unknown.keys()) if store is not None else set()
+            if writers:  # exclusively, only to fence (as a take-over's read, ``_table_end_offsets``)
+                with hold(False) if hold is not None else nullcontext():
+                    self._fence_dead_writers(writers)
+            with hold(True) if hold is not None else nullcontext():
+                present = self.sink.present_offsets(unknown)
+        present |= {(a.topic, a.partition, o) for a in appends if (a.topic, a.partition) in recorded
+                    for o in range(a.base_offset, min(a.base_offset + a.record_count,
+                                                      recorded[(a.topic, a.partition)]))}
+        ends.begin(appends)
+        replay(self.sink, recovered.backlog, present=present)  # each write holds the tables, shared when it can
+        ends.done(appends)
         return appends
 
     def _live_publisher(self, endpoints: Sequence[tuple[str, str, int]],
