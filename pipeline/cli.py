@@ -165,8 +165,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signals = StartupSignals()
     signals.install()
     try:
-        warm = threading.Thread(target=_warm_up_protocol, name="protocol-warm-up", daemon=True)
-        warm.start()  # imports beside Spark's start, not on the first requests
+        # Imports beside Spark's start, not on the first requests. Not a daemon: the interpreter joins it
+        # before it finalizes (a stop during start-up returns while it may still import), since a daemon
+        # thread that wants the GIL once finalization began is ended with pthread_exit, which aborts
+        # the process when an extension's C++ frame is on its stack (CI: a SIGTERM 0.9 s into the
+        # start ended with "FATAL: exception not rethrown", status -6; CPython gh-87135).
+        warm = threading.Thread(target=_warm_up_protocol, name="protocol-warm-up")
+        warm.start()
         if early:
             with children_stderr_to_log():
                 sink.start_decoder()  # from this (the main) thread: it dies with the process
