@@ -319,8 +319,8 @@ class _MaintenanceDone:
 
 
 def _step(steps: Generator[None, None, MaintenanceResult]) -> _MaintenanceDone | None:
-    """One maintenance step (blocking): None, or the result once the steps ended. The StopIteration stays in
-    the worker thread: raised into the awaiting coroutine it would become a RuntimeError (PEP 479)."""
+    """One maintenance step (blocking): None, or the result once the steps ended. A StopIteration must not
+    leave the worker thread (it would end the awaiting coroutine, PEP 479)."""
     try:
         next(steps)
     except StopIteration as stop:
