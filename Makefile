@@ -4,7 +4,7 @@
 #   make check   - the static checks alone (ruff, mypy, import-linter; seconds)
 #   make bench-smoke - the benchmarks' smoke forms (tests/bench, marker bench_smoke; ~4 min): outside make test's
 #                  15 minutes, run by .ci/run after it
-#   make fault-test - the three-host fault tests (tests/e2e/test_failover.py, marker fault_hosts; ~8 min): alone on
+#   make fault-test - the three-host fault tests (tests/e2e/test_failover.py, marker fault_hosts; ~5 min): alone on
 #                  the machine, outside make test's 15 minutes, run by .ci/run after it
 #   make sanitize - the C extensions' differential and fuzz tests under AddressSanitizer + UBSan (.ci/sanitize.py)
 #   make clean   - build and test artifacts; make clean-data deletes ./data, the default data directory

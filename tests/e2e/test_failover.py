@@ -641,7 +641,7 @@ def _takeover_times(brokers: list[HostBroker], killed_wall: float, restarted_wal
     return min(moved, default=float("nan")), max(taken, default=float("nan")), read
 
 
-@pytest.mark.timeout(1200)  # alone it takes ~4 min; CI's slower machine took ~6 min under make test's load
+@pytest.mark.timeout(1200)  # alone 1.5-2.5 min here; CI's slower machine took ~6 min under make test's load
 @pytest.mark.parametrize("ack_on", ["spark", "wal"])
 def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_record_once(tmp_path, network,
                                                                                          bridge_postgres,
