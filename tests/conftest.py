@@ -95,7 +95,6 @@ def unit_of(module: str) -> str:
 
 LONGEST_UNITS = (
     "tests/e2e/test_durability.py",
-    "tests/e2e/test_failover.py",
     "tests/e2e/test_security.py",
     "tests/docs/test_docs.py",
     "tests/e2e/test_cluster_metadata.py",
