@@ -677,10 +677,11 @@ class Server:
             min_session_timeout_ms=c.group_min_session_timeout_ms,
             max_session_timeout_ms=c.group_max_session_timeout_ms), c.data_dir, c.metadata_url)
         self.coordinator.register()
-        # Transactions (KIP-98): state in DATA_DIR/_pipeline/transactions.db. One broker only: a
-        # cluster's brokers would have to write markers into each other's partitions.
+        # Transactions (KIP-98): state in DATA_DIR/_pipeline/transactions.db (shared by a cluster's
+        # brokers, which queue each other's markers there). Not with leadership through the database:
+        # a moved partition's open transactions and a moved coordinator are not carried over yet.
         self.transactions: TransactionApis | None = None
-        if (self.cluster is None or self.cluster.size == 1) and not self.dynamic:
+        if not self.dynamic:
             self.transactions = TransactionApis.for_data_dir(self.apis, self.coordinator, c.data_dir,
                                                              c.transaction_max_timeout_ms, c.metadata_url)
             self.transactions.register()

@@ -122,6 +122,7 @@ LONGEST_UNITS = (
     "tests/bench/test_security_smoke.py",
     "tests/compat/test_matrix.py",
     "tests/e2e/test_metadata_postgres.py",
+    "tests/compat/test_matrix_cluster.py",
 )
 """The units of work that take longest (30-210 s each on the 2-core machine, summed from the
 ``--durations=0`` report of two full ``make test`` runs), longest first. Only a scheduling hint:

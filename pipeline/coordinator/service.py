@@ -444,9 +444,21 @@ class GroupCoordinatorService:
 
     # ------------------------------------------------------------------ handlers
 
+    @staticmethod
+    def _coordinator_of(broker: Any, key: str) -> tuple[str, int, str | None, int, str, int]:
+        """FindCoordinator's answer for group or transactional id ``key``: this broker alone, else
+        ``Cluster.coordinator(key)`` (transactional ids are placed as groups are; Kafka places them
+        by their own ``__transaction_state`` partitions)."""
+        node = broker.node_id if broker.cluster is None else broker.cluster.coordinator(key)
+        try:
+            return (key, gc.NONE, None, node, *broker.address_of(node))
+        except KeyError:  # its broker is not a live member (moving to another one)
+            return (key, gc.COORDINATOR_NOT_AVAILABLE, "the coordinator is moving", -1, "", -1)
+
     async def _find_coordinator(self, request: Request) -> None:
-        """FindCoordinator v0-4: this broker for groups; transactions have no coordinator here
-        (COORDINATOR_NOT_AVAILABLE); another key type is INVALID_REQUEST (Kafka KafkaApis.handleFindCoordinatorRequest).
+        """FindCoordinator v0-4: the coordinator of a group or transactional id (``_coordinator_of``;
+        COORDINATOR_NOT_AVAILABLE for a transactional id where transactions are not served);
+        another key type is INVALID_REQUEST (Kafka KafkaApis.handleFindCoordinatorRequest).
         A group key needs GROUP Describe, else GROUP_AUTHORIZATION_FAILED (per key from v4)."""
         header = request.header
         version = header.api_version
@@ -460,11 +472,7 @@ class GroupCoordinatorService:
             if key_type == GROUP_KEY_TYPE and not self._allowed(request, DESCRIBE, GROUP, key):
                 found.append((key, GROUP_AUTHORIZATION_FAILED, None, -1, "", -1))
             elif key_type == GROUP_KEY_TYPE and not self._closing:
-                node = broker.node_id if broker.cluster is None else broker.cluster.coordinator(key)
-                try:
-                    found.append((key, gc.NONE, None, node, *broker.address_of(node)))
-                except KeyError:  # its broker is not a live member (moving to another one)
-                    found.append((key, gc.COORDINATOR_NOT_AVAILABLE, "the coordinator is moving", -1, "", -1))
+                found.append(self._coordinator_of(broker, key))
             elif key_type == GROUP_KEY_TYPE:
                 found.append((key, gc.COORDINATOR_NOT_AVAILABLE, "the broker is shutting down", -1, "", -1))
             elif key_type == TRANSACTION_KEY_TYPE and not self.transactions_served:
@@ -473,7 +481,7 @@ class GroupCoordinatorService:
             elif key_type == TRANSACTION_KEY_TYPE and not self._allowed(request, DESCRIBE, TRANSACTIONAL_ID, key):
                 found.append((key, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, None, -1, "", -1))
             elif key_type == TRANSACTION_KEY_TYPE and not self._closing:
-                found.append((key, gc.NONE, None, broker.node_id, *broker.address_of(broker.node_id)))
+                found.append(self._coordinator_of(broker, key))
             elif key_type == TRANSACTION_KEY_TYPE:
                 found.append((key, gc.COORDINATOR_NOT_AVAILABLE, "the broker is shutting down", -1, "", -1))
             else:

@@ -104,6 +104,23 @@ class InitDecision:
     new_producer_id: bool = False
 
 
+def produce_error(meta: TransactionMetadata | None, producer_id: int, producer_epoch: int, topic: str,
+                  partition: int) -> int:
+    """Whether a transactional batch of ``producer_id`` at ``producer_epoch`` may be appended to
+    ``topic``-``partition`` given its transactional id's metadata ``meta`` (in memory at its coordinator,
+    or as stored, at a partition leader that does not coordinate it: KIP-890 part 1's verification):
+    NONE, INVALID_PRODUCER_EPOCH for an older epoch, INVALID_TXN_STATE when the partition is not in
+    the producer's ongoing transaction."""
+    if meta is None or meta.producer_id != producer_id:
+        return INVALID_TXN_STATE
+    if producer_epoch < meta.producer_epoch:
+        return INVALID_PRODUCER_EPOCH
+    if (producer_epoch != meta.producer_epoch or meta.state is not TxnState.ONGOING
+            or (topic, partition) not in meta.partitions):
+        return INVALID_TXN_STATE
+    return NONE
+
+
 def fenced_error(version: int, first_version_with_producer_fenced: int) -> int:
     """PRODUCER_FENCED from the request version that knows it (KIP-588), else INVALID_PRODUCER_EPOCH."""
     return PRODUCER_FENCED if version >= first_version_with_producer_fenced else INVALID_PRODUCER_EPOCH
@@ -197,15 +214,7 @@ class TransactionCoordinator:
         """May this transactional batch be appended? (Kafka verifies with the coordinator from
         KIP-890; here the coordinator is in the same process.) INVALID_PRODUCER_EPOCH for an
         older epoch, INVALID_TXN_STATE when the partition is not in an ongoing transaction."""
-        meta = self._by_producer.get(producer_id)
-        if meta is None:
-            return ErrorCode.invalid_txn_state.value
-        if producer_epoch < meta.producer_epoch:
-            return INVALID_PRODUCER_EPOCH
-        if (producer_epoch != meta.producer_epoch or meta.state is not TxnState.ONGOING
-                or (topic, partition) not in meta.partitions):
-            return INVALID_TXN_STATE
-        return NONE
+        return produce_error(self._by_producer.get(producer_id), producer_id, producer_epoch, topic, partition)
 
     @staticmethod
     def judge_end(meta: TransactionMetadata, commit: bool) -> tuple[int, bool]:

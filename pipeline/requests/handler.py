@@ -410,7 +410,7 @@ class KafkaApis:
             await self.transactions.init_producer_id(request, body, True)
             return
         if getattr(body, "transactional_id", None) is not None:
-            # No transaction coordinator runs here (a cluster of brokers).
+            # No transaction coordinator runs here (leadership through the database).
             error = ErrorCode.transactional_id_authorization_failed.value
             payload = apis.init_producer_id_response(header, body, -1, -1, error)
         elif not self._may_write_idempotently(request):
@@ -471,8 +471,9 @@ class KafkaApis:
                     if info.is_transactional and self.transactions is None:
                         error = ErrorCode.transactional_id_authorization_failed.value
                     elif info.is_transactional and self.transactions is not None and (
-                            error := self.transactions.state.check_produce(
-                                info.producer_id, info.producer_epoch, part.topic, part.partition)):
+                            error := await self.transactions.verify_produce(
+                                view.transactional_id, info.producer_id, info.producer_epoch, part.topic,
+                                part.partition)):
                         pass  # not in the producer's ongoing transaction, or fenced
                     else:
                         transactional = transactional or info.is_transactional
@@ -516,8 +517,8 @@ class KafkaApis:
             # append. An EndTxn may have run during the wait for persister memory above: its marker is
             # written, and a batch appended after it would open a transaction no EndTxn ends.
             if info.is_transactional and transactions is not None and (
-                    error := transactions.state.check_produce(info.producer_id, info.producer_epoch,
-                                                              part.topic, part.partition)):
+                    error := transactions.check_produce(view.transactional_id, info.producer_id,
+                                                        info.producer_epoch, part.topic, part.partition)):
                 results[index] = PartitionResult(part.topic, part.partition, error)
                 continue
             verdict = state.producers.check(info.producer_id, info.producer_epoch, part.topic,

@@ -17,6 +17,19 @@ transactional id, in its own task, so the RequestHandler goes on meanwhile.
 EndTxn is answered once the markers are durable where produce is acknowledged
 (the WAL, or the table with ``--ack-on spark``): the transaction's records are
 then readable by read-committed consumers, and with ``--ack-on spark`` in the table.
+
+In a cluster (``pipeline serve --brokers N``) every broker runs these apis over one shared store.
+A transactional id is coordinated by ``Cluster.coordinator(transactional_id)`` (Kafka: the leader of
+its ``__transaction_state`` partition), which FindCoordinator names; the others answer
+NOT_COORDINATOR. The coordinator writes the markers of the partitions it leads itself and queues
+the rest in the store (``TransactionStore.queue_markers``) for their leaders, as Kafka's coordinator
+sends WriteTxnMarkers to them; each broker's ``_carry_out_markers`` appends those of the partitions
+it leads and commits or drops the pending offsets of the groups it coordinates, and the
+transaction completes once none is queued. A partition leader that does not coordinate a
+transactional id verifies its first transactional produce against the stored state (KIP-890 part 1's
+AddPartitionsToTxn verification) and keeps a verification guard until that producer's marker; the
+TxnOffsetCommit a group's coordinator gets is stored only while the stored transaction is ongoing
+(``TransactionStore.add_pending_if_ongoing``).
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -33,7 +46,7 @@ from kio.static.primitive import i32, i64
 from pipeline.coordinator import transactions as tx
 from pipeline.coordinator.transactions import TransactionCoordinator, TransactionMetadata, TxnState
 from pipeline.coordinator.service import GroupCoordinatorService
-from pipeline.coordinator.txn_store import STORE_FILE, PendingOffsets, TransactionStore
+from pipeline.coordinator.txn_store import STORE_FILE, PendingOffsets, QueuedMarker, TransactionStore
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.control import ABORT, COMMIT, build_marker
 from pipeline.log.manager import LogManager
@@ -46,6 +59,7 @@ from pipeline.protocol import apis
 from pipeline.security.acl import CLUSTER_NAME, AclOperation, ResourceType
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 22, 24, 25, 26, 28
 DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
@@ -56,13 +70,19 @@ TXN_APIS = (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMI
 # KIP-588: the first version of each api that may answer PRODUCER_FENCED (older ones: INVALID_PRODUCER_EPOCH).
 _FENCED_FROM = {INIT_PRODUCER_ID: 4, ADD_PARTITIONS_TO_TXN: 2, ADD_OFFSETS_TO_TXN: 2, END_TXN: 2, TXN_OFFSET_COMMIT: 3}
 ABORT_CHECK_INTERVAL_S = 1.0
+"""How often transactions older than their timeout are looked for (s; Kafka
+``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s there)."""
 RETRY_BACKOFF_MS = 100
 """First wait before completing a transaction again after a failure (ms): Kafka's ``retry.backoff.ms``
 default, which its TransactionMarkerChannelManager retries marker writes with."""
 RETRY_BACKOFF_MAX_MS = 1000
 """The wait doubles up to this (ms): Kafka's ``retry.backoff.max.ms`` default (KIP-580)."""
-"""How often transactions older than their timeout are looked for (Kafka
-``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s there)."""
+MARKER_POLL_S = 0.05
+"""In a cluster, how often each broker looks for markers queued for it, and a coordinator waiting for
+its queued markers looks whether they are written (s): the inter-broker WriteTxnMarkers' latency here."""
+MARKER_WAIT_LOG_S = 10.0
+"""A coordinator that waits this long (s) for a queued marker logs which are still queued (then again)."""
+NOT_COORDINATOR, NOT_LEADER = ErrorCode.not_coordinator.value, ErrorCode.not_leader_or_follower.value
 TOPIC, GROUP, TRANSACTIONAL_ID = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
 WRITE, DESCRIBE, READ = AclOperation.WRITE, AclOperation.DESCRIBE, AclOperation.READ
 
@@ -113,6 +133,13 @@ class TransactionApis:
         self._locks: dict[str, trio.Lock] = {}
         self._nursery: trio.Nursery | None = None
         self._errors = {key: kafka_apis.request_metrics.errors(key) for key in (INIT_PRODUCER_ID, *TXN_APIS)}
+        self._verified: dict[tuple[str, int, int], int] = {}
+        """KIP-890 verification guards of this partition leader for transactions another broker
+        coordinates: (topic, partition, producer id) -> the epoch verified ongoing in the store;
+        removed by that producer's next marker on the partition."""
+        self._verifying: dict[tuple[str, int, int], object] = {}
+        """Verifications under way (the same keys): a marker meanwhile removes the entry, and the
+        verification then fails (Kafka's VerificationGuard)."""
         self.closing = False
 
     @classmethod
@@ -137,6 +164,18 @@ class TransactionApis:
     def _pending_partitions(self, group_id: str) -> set[tuple[str, int]]:
         return {key for offsets in self.pending.values() for key in offsets.get(group_id, {})}
 
+    @property
+    def clustered(self) -> bool:
+        """Whether other brokers share the store (a cluster of more than one)."""
+        cluster = self.apis.broker.cluster
+        return cluster is not None and cluster.size > 1
+
+    def coordinates(self, key: str) -> bool:
+        """Whether this broker coordinates transactional id (or group id) ``key``: always alone; in a
+        cluster ``Cluster.coordinates`` (the rule that places groups places transactional ids too)."""
+        cluster = self.apis.broker.cluster
+        return cluster is None or cluster.coordinates(key)
+
     # -- lifecycle -------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -144,7 +183,7 @@ class TransactionApis:
         until cancelled."""
         self._store = store = await trio.to_thread.run_sync(TransactionStore, self.store_path)
         try:
-            metas, self.pending = await trio.to_thread.run_sync(store.load)
+            metas, self.pending = await trio.to_thread.run_sync(store.load, self.coordinates, self.coordinates)
             for meta in metas:
                 self.state.load(meta)
             open_ = sum(1 for m in metas if m.state is TxnState.ONGOING)
@@ -157,6 +196,8 @@ class TransactionApis:
                     log.info("transaction coordinator: completing %s of %r (producer %d, epoch %d) after a restart",
                              meta.state.value, meta.transactional_id, meta.producer_id, meta.producer_epoch)
                     nursery.start_soon(self._finish_locked, meta)
+                if self.clustered:
+                    nursery.start_soon(self._carry_out_markers)
                 task_status.started()
                 while True:
                     await trio.sleep(ABORT_CHECK_INTERVAL_S)
@@ -178,11 +219,24 @@ class TransactionApis:
         return lock
 
     async def _save(self, meta: TransactionMetadata, pending: PendingOffsets | None = None,
-                    clear_pending: bool = False) -> None:
-        assert self._store is not None
+                    clear_pending: bool | list[str] = False) -> None:
+        await self._in_store(lambda store: store.save(meta, pending, clear_pending))
+
+    async def _in_store(self, call: Callable[[TransactionStore], _T]) -> _T:
+        """``call(store)`` in a worker thread, one call at a time."""
         store = self._store
+        if store is None:
+            raise RuntimeError("the transaction coordinator is not running")
         async with self._store_lock:
-            await trio.to_thread.run_sync(store.save, meta, pending, clear_pending)
+            return await trio.to_thread.run_sync(call, store)
+
+    async def _done(self, markers: list[QueuedMarker]) -> None:
+        await self._in_store(lambda store: store.done(markers))
+
+    def _local_groups(self, transactional_id: str) -> bool | list[str]:
+        """What a transaction's end clears of the stored pending offsets: alone all of them; in a
+        cluster those of the groups this broker coordinates (the others' coordinators drop theirs)."""
+        return list(self.pending.get(transactional_id, {})) if self.clustered else True
 
     def _fenced(self, api_key: int, version: int) -> int:
         return tx.fenced_error(version, _FENCED_FROM[api_key])
@@ -203,33 +257,189 @@ class TransactionApis:
             raise RuntimeError("the transaction coordinator is not running")
         self._nursery.start_soon(fn, *args)
 
+    # -- the partition leader's check of a transactional produce (KIP-890 part 1) --------------
+
+    async def verify_produce(self, transactional_id: str | None, producer_id: int, producer_epoch: int,
+                             topic: str, partition: int) -> int:
+        """May a transactional batch be appended to ``topic``-``partition``, which this broker leads?
+        The coordinator's state when this broker coordinates ``transactional_id`` (or none is named);
+        else a verification guard, or the stored state read now (Kafka's leader asks the coordinator,
+        AddPartitionsToTxn v4 ``verify_only``): the guard is kept only if no marker of the producer
+        reached the partition during the read. Returns NONE or the error
+        (``pipeline.coordinator.transactions.produce_error``); NOT_ENOUGH_REPLICAS (retriable) when the
+        store cannot be read, as Kafka converts a failed verification's coordinator errors.
+        """
+        if transactional_id is None or self.coordinates(transactional_id):
+            return self.state.check_produce(producer_id, producer_epoch, topic, partition)
+        key = (topic, partition, producer_id)
+        if self._verified.get(key) == producer_epoch:
+            return tx.NONE
+        token = self._verifying.setdefault(key, object())
+        try:
+            meta = await self._in_store(lambda store: store.read(transactional_id))
+        except Exception as exc:
+            if self._verifying.get(key) is token:
+                del self._verifying[key]
+            log.warning("%s-%d: verifying producer %d's transaction %r failed (answered NOT_ENOUGH_REPLICAS, "
+                        "retriable): %s: %s", topic, partition, producer_id, transactional_id, type(exc).__name__, exc)
+            return ErrorCode.not_enough_replicas.value
+        except BaseException:
+            if self._verifying.get(key) is token:
+                del self._verifying[key]
+            raise
+        error = tx.produce_error(meta, producer_id, producer_epoch, topic, partition)
+        if error != tx.NONE:
+            return error
+        if self._verifying.get(key) is token:
+            del self._verifying[key]
+            self._verified[key] = producer_epoch
+            return tx.NONE
+        return tx.NONE if self._verified.get(key) == producer_epoch else tx.INVALID_TXN_STATE
+
+    def check_produce(self, transactional_id: str | None, producer_id: int, producer_epoch: int, topic: str,
+                      partition: int) -> int:
+        """``verify_produce`` again where the batch is sequenced (no await): the coordinator's state, or
+        the guard ``verify_produce`` left (INVALID_TXN_STATE without it: a marker came meanwhile)."""
+        if transactional_id is None or self.coordinates(transactional_id):
+            return self.state.check_produce(producer_id, producer_epoch, topic, partition)
+        return tx.NONE if self._verified.get((topic, partition, producer_id)) == producer_epoch else tx.INVALID_TXN_STATE
+
     # -- markers -----------------------------------------------------------------
 
-    async def _write_markers(self, meta: TransactionMetadata) -> bool:
-        """Append the COMMIT/ABORT marker of ``meta``'s transaction to each of its partitions
-        (those of deleted topics skipped); True once durable, False if storage failed."""
-        control = COMMIT if meta.state is TxnState.PREPARE_COMMIT else ABORT
-        catalog, state = self.apis.catalog, self.apis.logs.state
-        now = _now_ms()
-        marker = build_marker(meta.producer_id, meta.producer_epoch, control, 0, now)
-        markers = []
-        for topic, partition in sorted(meta.partitions):
-            count = catalog.partitions(topic)
-            if count is None or partition >= count:
-                continue
-            base = state.offsets.assign(topic, partition, 1)
-            markers.append(PartitionAppend(topic, partition, base, marker, 1, now, meta.producer_id,
-                                           meta.producer_epoch, -1, len(marker)))
+    def _append_markers(self, markers: list[tuple[int, int, bool, str, int]]) -> Commit | None:
+        """Append a COMMIT (True) or ABORT marker for each (producer id, epoch, committed, topic,
+        partition) of ``markers`` (of partitions led here, topics that exist), as one append; no await,
+        so produce sees each marker in sequence. Each producer's verification guard on those
+        partitions goes (KIP-890). The append's Commit (None: nothing to append).
+
+        Raises:
+            StorageFailedError: the WAL failed; nothing was appended.
+        """
         if not markers:
-            return True
+            return None
+        state, now = self.apis.logs.state, _now_ms()
+        appends = []
+        for pid, epoch, committed, topic, partition in markers:
+            batch = build_marker(pid, epoch, COMMIT if committed else ABORT, 0, now)
+            base = state.offsets.assign(topic, partition, 1)
+            appends.append(PartitionAppend(topic, partition, base, batch, 1, now, pid, epoch, -1, len(batch)))
+        commit = self.apis.persister.append(appends)
+        for a in appends:
+            state.apply(a, ticket=commit)
+        for pid, _epoch, _committed, topic, partition in markers:
+            self._verified.pop((topic, partition, pid), None)
+            self._verifying.pop((topic, partition, pid), None)
+        return commit
+
+    def _exists(self, topic: str, partition: int) -> bool:
+        count = self.apis.catalog.partitions(topic)
+        return count is not None and 0 <= partition < count
+
+    def _queued_for_others(self, meta: TransactionMetadata) -> list[QueuedMarker]:
+        """The end of ``meta``'s transaction that other brokers carry out: the markers of the partitions
+        they lead and the offsets of the groups they coordinate (none alone)."""
+        if not self.clustered:
+            return []
+        committed = meta.state is TxnState.PREPARE_COMMIT
+        tid, pid, epoch = meta.transactional_id, meta.producer_id, meta.producer_epoch
+        return ([QueuedMarker(tid, pid, epoch, committed, t, p) for t, p in sorted(meta.partitions)
+                 if self._exists(t, p) and not self.apis.broker.leads(t, p)]
+                + [QueuedMarker(tid, pid, epoch, committed, group_id=g) for g in sorted(meta.groups)
+                   if not self.coordinates(g)])
+
+    async def _write_markers(self, meta: TransactionMetadata) -> bool:
+        """Append the COMMIT/ABORT marker of ``meta``'s transaction to each of its partitions led here
+        (those of deleted topics skipped); True once durable, False if storage failed."""
+        committed = meta.state is TxnState.PREPARE_COMMIT
+        mine = [(meta.producer_id, meta.producer_epoch, committed, t, p) for t, p in sorted(meta.partitions)
+                if self._exists(t, p) and self.apis.broker.leads(t, p)]
         try:
-            commit = self.apis.persister.append(markers)
+            commit = self._append_markers(mine)
         except StorageFailedError as exc:
             log.error("transaction %r: writing its markers failed: %s", meta.transactional_id, exc)
             return False
-        for m in markers:
-            state.apply(m, ticket=commit)
-        return await _wait(commit)
+        return commit is None or await _wait(commit)
+
+    async def _wait_queued(self, meta: TransactionMetadata) -> bool:
+        """Wait until no marker of ``meta``'s transaction is queued for another broker; False when the
+        coordinator closes first (the next start queues them again)."""
+        started = last_log = trio.current_time()
+        while True:
+            left = await self._in_store(lambda store: store.queued(meta.transactional_id))
+            if not left:
+                return True
+            if self.closing:
+                return False
+            now = trio.current_time()
+            if now - last_log >= MARKER_WAIT_LOG_S:
+                last_log = now
+                log.warning("transaction %r (producer %d): %.0f s waiting for other brokers to write its end: %s",
+                            meta.transactional_id, meta.producer_id, now - started,
+                            ", ".join(f"{m.topic}-{m.partition}" if m.group_id is None else f"group {m.group_id}"
+                                      for m in left))
+            await trio.sleep(MARKER_POLL_S)
+
+    async def _carry_out_markers(self) -> None:
+        """In a cluster: until cancelled, every ``MARKER_POLL_S`` carry out the queued markers of the
+        partitions this broker leads and the queued offsets of the groups it coordinates
+        (``_carry_out``); a failure is logged and tried again at the next look."""
+        failures = 0
+        while True:
+            await trio.sleep(MARKER_POLL_S if not failures else min(RETRY_BACKOFF_MAX_MS / 1000.0,
+                                                                    RETRY_BACKOFF_MS / 1000.0 * 2 ** failures))
+            try:
+                await self._carry_out(await self._in_store(lambda store: store.queued()))
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                log.warning("transaction markers queued for this broker: carrying them out failed (attempt %d): "
+                            "%s: %s", failures, type(exc).__name__, exc)
+
+    async def _carry_out(self, queued: list[QueuedMarker]) -> None:
+        """Append the markers of ``queued`` for partitions led here (a marker older than the producer's
+        epoch on its partition is dropped, as Kafka refuses it: INVALID_PRODUCER_EPOCH; one of a
+        deleted topic is dropped), commit (or drop) the pending offsets of the groups coordinated
+        here, then delete what was done from the queue."""
+        state = self.apis.logs.state
+        partitions = [m for m in queued if m.group_id is None and self.apis.broker.leads(m.topic, m.partition)]
+        done: list[QueuedMarker] = []
+        markers = []
+        for m in partitions:
+            epoch = state.producers.epoch(m.producer_id, m.topic, m.partition)
+            if not self._exists(m.topic, m.partition):
+                done.append(m)
+            elif epoch is not None and m.producer_epoch < epoch:
+                log.warning("transaction %r: a queued marker of epoch %d on %s-%d is older than the producer's "
+                            "epoch %d there: dropped", m.transactional_id, m.producer_epoch, m.topic, m.partition,
+                            epoch)
+                done.append(m)
+            else:
+                markers.append(m)
+        if markers:
+            commit = self._append_markers([(m.producer_id, m.producer_epoch, m.committed, m.topic, m.partition)
+                                           for m in markers])
+            if commit is not None and not await _wait(commit):
+                raise StorageFailedError("the markers' append failed")
+            done += markers
+        for m in queued:
+            if m.group_id is None or not self.coordinates(m.group_id):
+                continue
+            async with self._lock(m.transactional_id):
+                offsets = self.pending.get(m.transactional_id, {}).get(m.group_id, {})
+                if m.committed and offsets and not await self.groups.commit_offsets(m.group_id, offsets):
+                    raise StorageFailedError(f"storing the offsets of group {m.group_id!r} failed")
+                await self._done([m])
+                by_group = self.pending.get(m.transactional_id, {})
+                by_group.pop(m.group_id, None)
+                if not by_group:
+                    self.pending.pop(m.transactional_id, None)
+                log.info("transaction of %r (producer %d): offsets of group %r %s", m.transactional_id,
+                         m.producer_id, m.group_id, "committed" if m.committed else "dropped")
+        if done:
+            await self._done(done)
+            log.info("transaction markers written for other coordinators: %s", ", ".join(
+                f"{'COMMIT' if m.committed else 'ABORT'} of {m.transactional_id!r} on {m.topic}-{m.partition}"
+                for m in done))
 
     async def _finish_locked(self, meta: TransactionMetadata) -> bool:
         async with self._lock(meta.transactional_id):
@@ -282,6 +492,9 @@ class TransactionApis:
         transaction completed in memory whose stored state failed is only stored again: its markers
         are written, and writing them again would read its state as an abort's)."""
         if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            others = self._queued_for_others(meta)
+            if others:
+                await self._in_store(lambda store: store.queue_markers(others))
             if not await self._write_markers(meta):
                 return False
             if meta.state is TxnState.PREPARE_COMMIT:
@@ -290,8 +503,10 @@ class TransactionApis:
                         log.error("transaction %r: storing its offsets of group %r failed", meta.transactional_id,
                                   group_id)
                         return False
+            if others and not await self._wait_queued(meta):
+                return False
             self.state.complete(meta, _now_ms())
-        await self._save(meta, clear_pending=True)
+        await self._save(meta, clear_pending=self._local_groups(meta.transactional_id))
         self.pending.pop(meta.transactional_id, None)
         log.info("transaction of %r (producer %d, epoch %d) %s", meta.transactional_id, meta.producer_id,
                  meta.producer_epoch, "committed" if meta.state is TxnState.COMPLETE_COMMIT else "aborted")
@@ -321,6 +536,8 @@ class TransactionApis:
         error: int = tx.NONE
         if not may_write or not self._allowed(request, WRITE, TRANSACTIONAL_ID, tid):
             error = ErrorCode.transactional_id_authorization_failed.value
+        elif not self.coordinates(tid):
+            error = NOT_COORDINATOR
         elif self.closing:
             error = ErrorCode.coordinator_not_available.value
         else:
@@ -342,7 +559,7 @@ class TransactionApis:
                     new_id = self.apis.next_producer_id() if decision.new_producer_id else None
                     meta = self.state.initialise(tid, int(body.transaction_timeout.total_seconds() * 1000),
                                                  _now_ms(), new_id)
-                    await self._save(meta, clear_pending=True)
+                    await self._save(meta, clear_pending=self._local_groups(tid))
                     self.pending.pop(tid, None)
                     pid, epoch = meta.producer_id, meta.producer_epoch
         add_error(self._errors[INIT_PRODUCER_ID], error)
@@ -360,6 +577,8 @@ class TransactionApis:
         results: dict[tuple[str, int], int] = {}
         if not self._allowed(request, WRITE, TRANSACTIONAL_ID, tid):
             results = {k: ErrorCode.transactional_id_authorization_failed.value for k in wanted}
+        elif not self.coordinates(tid):
+            results = {k: NOT_COORDINATOR for k in wanted}
         else:
             writable = {t: self._allowed(request, WRITE, TOPIC, t) for t in {t for t, _ in wanted}}
             for t, p in wanted:
@@ -407,6 +626,8 @@ class TransactionApis:
             error = ErrorCode.transactional_id_authorization_failed.value
         elif not self._allowed(request, READ, GROUP, body.group_id):
             error = ErrorCode.group_authorization_failed.value
+        elif not self.coordinates(tid):
+            error = NOT_COORDINATOR
         else:
             async with self._lock(tid):
                 error, meta = self.state.check(tid, int(body.producer_id), int(body.producer_epoch),
@@ -422,7 +643,9 @@ class TransactionApis:
         only when it commits; GROUP Read, TOPIC Read per topic. v3's group metadata (KIP-447) is
         checked against the group first (``GroupCoordinator.validate_txn_commit``: a zombie of an
         older generation gets ILLEGAL_GENERATION, as from Kafka's group coordinator), then the
-        transaction (``TransactionState.check``)."""
+        transaction (``TransactionState.check``). Served by the group's coordinator (else
+        NOT_COORDINATOR, as Kafka's); when another broker coordinates the transaction, the offsets are
+        stored only if its stored state is ongoing with the group (``add_pending_if_ongoing``)."""
         header = request.header
         body = apis.decode_request(header, request.frame)
         tid, group_id = body.transactional_id, body.group_id
@@ -431,17 +654,18 @@ class TransactionApis:
         common: int
         if not self._allowed(request, WRITE, TRANSACTIONAL_ID, tid):
             common = ErrorCode.transactional_id_authorization_failed.value
-        elif not self._allowed(request, READ, GROUP, group_id):
-            common = ErrorCode.group_authorization_failed.value
+        elif not self.coordinates(group_id):
+            common = NOT_COORDINATOR
         else:
+            local = self.coordinates(tid)
+            fenced = self._fenced(TXN_OFFSET_COMMIT, header.api_version)
             async with self._lock(tid):
                 common = self.groups.state.validate_txn_commit(
                     group_id=group_id, generation_id=int(getattr(body, "generation_id", -1)),
                     member_id=getattr(body, "member_id", ""), instance_id=getattr(body, "group_instance_id", None))
                 meta = None
-                if common == tx.NONE:
-                    common, meta = self.state.check(tid, int(body.producer_id), int(body.producer_epoch),
-                                                    self._fenced(TXN_OFFSET_COMMIT, header.api_version))
+                if common == tx.NONE and local:
+                    common, meta = self.state.check(tid, int(body.producer_id), int(body.producer_epoch), fenced)
                 if common == tx.NONE and meta is not None and (meta.state is not TxnState.ONGOING
                                                                or group_id not in meta.groups):
                     common = tx.INVALID_TXN_STATE
@@ -458,9 +682,14 @@ class TransactionApis:
                             offsets[(t, int(p.partition_index))] = (
                                 int(p.committed_offset), int(getattr(p, "committed_leader_epoch", -1)),
                                 p.committed_metadata)
-                    if offsets:
+                    if offsets and local:
                         assert meta is not None
                         await self._save(meta, {group_id: offsets})
+                    elif offsets:
+                        pid, epoch = int(body.producer_id), int(body.producer_epoch)
+                        common = await self._in_store(lambda store: store.add_pending_if_ongoing(
+                            tid, pid, epoch, group_id, offsets, fenced))
+                    if offsets and common == tx.NONE:
                         self.pending.setdefault(tid, {}).setdefault(group_id, {}).update(offsets)
         header_module = apis.response_module(TXN_OFFSET_COMMIT, header.api_version)
         by_topic: dict[str, list[Any]] = {}
@@ -488,6 +717,9 @@ class TransactionApis:
         if not self._allowed(request, WRITE, TRANSACTIONAL_ID, tid):
             self._answer(request, END_TXN, ErrorCode.transactional_id_authorization_failed.value)
             return
+        if not self.coordinates(tid):
+            self._answer(request, END_TXN, NOT_COORDINATOR)
+            return
         error: int
         async with self._lock(tid):
             error, meta = self.state.check(tid, int(body.producer_id), int(body.producer_epoch),
@@ -513,6 +745,8 @@ class TransactionApis:
             meta = self.state.get(tid)
             if not self._allowed(request, DESCRIBE, TRANSACTIONAL_ID, tid):
                 error = ErrorCode.transactional_id_authorization_failed.value
+            elif not self.coordinates(tid):
+                error = NOT_COORDINATOR
             elif meta is None:
                 error = ErrorCode.transactional_id_not_found.value
             else:
@@ -590,6 +824,8 @@ class TransactionApis:
                     error = ErrorCode.topic_authorization_failed.value
                 elif count is None or not 0 <= p < count:
                     error = ErrorCode.unknown_topic_or_partition.value
+                elif not self.apis.broker.leads(t.name, p):
+                    error = NOT_LEADER
                 else:
                     error = tx.NONE
                 add_error(self._errors[DESCRIBE_PRODUCERS], error)
@@ -621,13 +857,10 @@ class TransactionApis:
         module = apis.response_module(WRITE_TXN_MARKERS, header.api_version)
         allowed = self._allowed(request, AclOperation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME)
         catalog, state = self.apis.catalog, self.apis.logs.state
-        now = _now_ms()
         results: list[tuple[int, dict[str, dict[int, int]]]] = []
-        appends: list[PartitionAppend] = []
+        appends: list[tuple[int, int, bool, str, int]] = []
         written: list[str] = []
         for marker in body.markers:
-            control = COMMIT if marker.transaction_result else ABORT
-            batch = build_marker(marker.producer_id, marker.producer_epoch, control, 0, now)
             errors: dict[str, dict[int, int]] = {}
             for t in marker.topics:
                 count = catalog.partitions(t.name)
@@ -637,14 +870,15 @@ class TransactionApis:
                         error = ErrorCode.cluster_authorization_failed.value
                     elif count is None or not 0 <= p < count:
                         error = ErrorCode.unknown_topic_or_partition.value
+                    elif not self.apis.broker.leads(t.name, p):
+                        error = NOT_LEADER
                     elif epoch is not None and marker.producer_epoch < epoch:
                         error = ErrorCode.invalid_producer_epoch.value
                     else:
                         error = tx.NONE
-                        base = state.offsets.assign(t.name, p, 1)
-                        appends.append(PartitionAppend(t.name, p, base, batch, 1, now, marker.producer_id,
-                                                       marker.producer_epoch, -1, len(batch)))
-                        written.append(f"{'COMMIT' if control == COMMIT else 'ABORT'} of producer "
+                        appends.append((int(marker.producer_id), int(marker.producer_epoch),
+                                        bool(marker.transaction_result), t.name, int(p)))
+                        written.append(f"{'COMMIT' if marker.transaction_result else 'ABORT'} of producer "
                                        f"{marker.producer_id} (epoch {marker.producer_epoch}) on {t.name}-{p}")
                     errors.setdefault(t.name, {})[p] = error
             results.append((marker.producer_id, errors))
@@ -652,14 +886,12 @@ class TransactionApis:
             log.warning("WriteTxnMarkers: %s", ", ".join(written))
             failed = ErrorCode.kafka_storage_error.value
             try:
-                commit = self.apis.persister.append(appends)
+                commit = self._append_markers(appends)
             except StorageFailedError as exc:
                 log.error("WriteTxnMarkers: writing the markers failed: %s", exc)
                 ok = False
             else:
-                for a in appends:
-                    state.apply(a, ticket=commit)
-                ok = await _wait(commit)
+                ok = commit is None or await _wait(commit)
             if not ok:
                 for _, errors in results:
                     for by_partition in errors.values():

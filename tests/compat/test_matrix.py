@@ -38,6 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 import trustme
@@ -94,6 +95,38 @@ class Cell:
     reason: str = ""
 
 
+class Endpoint(Protocol):
+    """A broker ``check`` reads back from: ``Compat``'s server, or a cluster's partition leader
+    (``tests/compat/test_matrix_cluster.py``)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+
+class DriverInputs(Protocol):
+    """Writes a client's driver input file (``Compat``; the cluster's matrix has its own)."""
+
+    def driver_input(self, client: envs.Client) -> Path: ...
+
+
+def driver_input_file(path: Path, client: envs.Client, *, plaintext: str, sasl_ssl: str, ca: Path,
+                      topics: dict[str, str], group: str, transactional_id: str,
+                      capabilities: tuple[str, ...] = CAPABILITIES, user: str = USER, password: str = PASSWORD,
+                      mechanism: str = MECHANISM) -> Path:
+    """``path``: a driver's input (``driver_common``'s docstring), readable by this user alone."""
+    path.write_text(json.dumps({
+        "client": client.key, "plaintext": plaintext, "sasl_ssl": sasl_ssl, "ca": str(ca),
+        "user": user, "password": password, "mechanism": mechanism, "n": N,
+        "topics": topics, "group": group, "transactional_id": transactional_id, "timeout_s": TIMEOUT_S,
+        "txn_timeout_s": TXN_TIMEOUT_S, "capabilities": list(capabilities),
+    }))
+    path.chmod(0o600)  # it may hold the SCRAM password
+    return path
+
+
 class Compat:
     """The shared server: ``host``, the PLAINTEXT and SASL_SSL ports, the CA file."""
 
@@ -134,17 +167,10 @@ class Compat:
         return self.server.port
 
     def driver_input(self, client: envs.Client) -> Path:
-        path = self.tmp / f"{client.key}.json"
-        path.write_text(json.dumps({
-            "client": client.key, "plaintext": f"{self.host}:{self.port}",
-            "sasl_ssl": f"{self.host}:{self.ports['SASL_SSL']}", "ca": str(self.ca),
-            "user": USER, "password": PASSWORD, "mechanism": MECHANISM, "n": N,
-            "topics": {c: topic(client, c) for c in CAPABILITIES}, "group": f"compat-{client.key}",
-            "transactional_id": f"compat-{client.key}", "timeout_s": TIMEOUT_S, "txn_timeout_s": TXN_TIMEOUT_S,
-            "capabilities": list(CAPABILITIES),
-        }))
-        path.chmod(0o600)  # it holds the SCRAM password
-        return path
+        return driver_input_file(self.tmp / f"{client.key}.json", client, plaintext=f"{self.host}:{self.port}",
+                                 sasl_ssl=f"{self.host}:{self.ports['SASL_SSL']}", ca=self.ca,
+                                 topics={c: topic(client, c) for c in CAPABILITIES}, group=f"compat-{client.key}",
+                                 transactional_id=f"compat-{client.key}")
 
 
 def build_envs() -> None:
@@ -168,7 +194,7 @@ def compat(tmp_path_factory):
         assert compat.server.stop() == 0
 
 
-def run_driver(compat: Compat, client: envs.Client) -> tuple[dict[str, dict], str]:
+def run_driver(compat: DriverInputs, client: envs.Client) -> tuple[dict[str, dict], str]:
     """The driver's lines by capability (``version`` included) and its stderr."""
     for program, install in (("kcat", "apt-get install kcat"), ("node", "apt-get install nodejs npm")):
         if program in (client.family, Path(client.command[0]).name) and shutil.which(program) is None:
@@ -201,7 +227,7 @@ def produce_for_groups(compat: Compat) -> None:
     assert producer.flush(60) == 0 and errors == []
 
 
-def committed(compat: Compat, group: str, name: str) -> int:
+def committed(compat: Endpoint, group: str, name: str) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": f"{compat.host}:{compat.port}", "group.id": group})
@@ -211,13 +237,15 @@ def committed(compat: Compat, group: str, name: str) -> int:
         consumer.close()
 
 
-def check(compat: Compat, client: envs.Client, capability: str, said: dict | None, stderr: str) -> Cell:
-    """The cell: the driver's claim, then this module's own read-back of what the claim is about."""
+def check(compat: Endpoint, client: envs.Client, capability: str, said: dict | None, stderr: str,
+          name: str | None = None) -> Cell:
+    """The cell: the driver's claim, then this module's own read-back of what the claim is about
+    (topic ``name``, by default ``topic(client, capability)``, read from ``compat``)."""
     if said is None:
         return Cell(False, f"driver reported nothing ({stderr.strip()[-200:]})")
     if not said["ok"]:
         return Cell(False, said["detail"])
-    name = topic(client, capability)
+    name = name or topic(client, capability)
     host, port = compat.host, compat.port
     if capability in ("produce", "idempotent", "scram-tls"):
         batches = read_partition(host, port, name)
@@ -256,10 +284,11 @@ def check(compat: Compat, client: envs.Client, capability: str, said: dict | Non
     return Cell(True)
 
 
-def checked(compat: Compat, client: envs.Client, capability: str, said: dict | None, stderr: str) -> Cell:
+def checked(compat: Endpoint, client: envs.Client, capability: str, said: dict | None, stderr: str,
+            name: str | None = None) -> Cell:
     """``check``, with a failure of this module's own reader as the cell's reason."""
     try:
-        return check(compat, client, capability, said, stderr)
+        return check(compat, client, capability, said, stderr, name)
     except Exception as exc:
         return Cell(False, f"the matrix's read-back failed: {type(exc).__name__}: {exc}"[:300])
 

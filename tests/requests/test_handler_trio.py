@@ -141,16 +141,18 @@ class Broker:
 
 @asynccontextmanager
 async def broker(tmp_path, *, ack_on: str = "wal", max_buffer_bytes: int = 64 << 20,
-                 queues: int = 2, sink: MemorySink | None = None, cluster=None) -> AsyncIterator[Broker]:
+                 queues: int = 2, sink: MemorySink | None = None, cluster=None,
+                 node_id: int = 0) -> AsyncIterator[Broker]:
     """The server's middle as ``Server.serve`` wires it, with ``MemorySink`` (or ``sink``) for Spark;
-    topic "t", 2 partitions; ``cluster``: the broker's view of its cluster (None: alone)."""
+    topic "t", 2 partitions; ``cluster``: the broker's view of its cluster (None: alone), ``node_id``
+    this broker's."""
     sink = sink if sink is not None else MemorySink()
     wal = WriteAheadLog(tmp_path / "wal", fsync=False)
     wal.open()
     persister = BatchingPersister(sink, wal, StateStore(tmp_path / "state"), Checkpoint(),
                                   FlushPolicy(linger_ms=0), ack_on=ack_on,  # type: ignore[arg-type]
                                   max_buffer_bytes=max_buffer_bytes)
-    apis = KafkaApis(BrokerInfo(0, "127.0.0.1", 9092, "test", cluster=cluster), TopicCatalog(initial={"t": 2}),
+    apis = KafkaApis(BrokerInfo(node_id, "127.0.0.1", 9092 + node_id, "test", cluster=cluster), TopicCatalog(initial={"t": 2}),
                      LogManager(), persister, first_producer_id=1000)
     request_channel = MultiQueueRequestChannel(queues, 100)
     pool = MemoryPool(16 << 20)

@@ -1,0 +1,175 @@
+"""Transactions across two brokers of a static cluster, in-process (issue 35): each broker's middle as
+``Server.serve`` wires it (``tests.requests.test_handler_trio.broker``), its own WAL, the group and
+transaction stores shared in tmp_path as ``serve --brokers N`` shares them.
+
+The transactional id is coordinated by broker 0, the group by broker 1, and "t"'s two partitions are
+led one by each: the coordinator writes the marker of its own partition and queues the other's and
+the group's offsets in the store (Kafka sends WriteTxnMarkers); the leader that does not coordinate
+the transaction verifies its first transactional produce against the stored state (KIP-890 part 1)
+and refuses one for a partition outside the transaction or after its end.
+"""
+
+from __future__ import annotations
+
+import datetime
+import zlib
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from pipeline.cluster.membership import Cluster, ClusterBroker
+from pipeline.coordinator.service import GroupCoordinatorService
+from pipeline.coordinator.coordinator import GroupConfig
+from pipeline.requests.txn_apis import TransactionApis
+from tests.coordinator.test_service_trio import GroupClient, nested, patient_clock, req  # noqa: F401 (a fixture)
+from tests.requests.test_handler_trio import broker
+
+pytestmark = pytest.mark.trio
+
+NOT_COORDINATOR, INVALID_TXN_STATE = 16, 48
+BROKERS = (ClusterBroker(0, "127.0.0.1", 9092), ClusterBroker(1, "127.0.0.1", 9093))
+
+
+def _coordinated_by(node: int, prefix: str) -> str:
+    """The first ``prefix-k`` the static rule (crc32 % 2) places on ``node``."""
+    return next(f"{prefix}-{k}" for k in range(100) if zlib.crc32(f"{prefix}-{k}".encode()) % 2 == node)
+
+
+def _leader(topic: str, partition: int) -> int:
+    return (zlib.crc32(topic.encode()) + partition) % 2
+
+
+def _batch(producer_id: int, values: list[bytes], epoch: int = 0, base_sequence: int = 0) -> bytes:
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=producer_id,
+                                        producer_epoch=epoch, base_sequence=base_sequence, batch_size=1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=1_700_000_000_000, key=None, value=value, headers=[])
+    return bytes(builder.build())
+
+
+def _produce(tid: str, partition: int, records: bytes) -> object:
+    return req("produce", 9, transactional_id=tid, acks=-1, timeout=datetime.timedelta(seconds=30),
+               topic_data=(nested("produce", 9, "TopicProduceData", name="t", partition_data=(
+                   nested("produce", 9, "PartitionProduceData", index=partition, records=records),)),))
+
+
+async def _send(c: GroupClient, produce: object):
+    return await c.response(await c.send("produce", 9, produce))
+
+
+def _error(answer) -> int:
+    [code] = [int(p.error_code) for t in answer.responses for p in t.partition_responses]
+    return code
+
+
+async def _offsets(c: GroupClient, group: str) -> dict[tuple[str, int], tuple[int, int]]:
+    r = await c.call("offset_fetch", 8, require_stable=True, groups=(
+        nested("offset_fetch", 8, "OffsetFetchRequestGroup", group_id=group, topics=(
+            nested("offset_fetch", 8, "OffsetFetchRequestTopics", name="t", partition_indexes=(0,)),)),))
+    return {(t.name, int(p.partition_index)): (int(p.committed_offset), int(p.error_code))
+            for t in r.groups[0].topics for p in t.partitions}
+
+
+async def test_a_transaction_spans_two_brokers_markers_and_offsets_reach_the_other_one(patient_clock, tmp_path):  # noqa: F811
+    tid, group = _coordinated_by(0, "app"), _coordinated_by(1, "g")
+    by_leader = {_leader("t", p): p for p in (0, 1)}
+    assert set(by_leader) == {0, 1}  # "t"'s partitions: one led by each broker
+    async with AsyncExitStack() as stack:
+        brokers, clients, txns = [], [], []
+        for node in (0, 1):
+            b = await stack.enter_async_context(broker(tmp_path / f"b{node}", cluster=Cluster(BROKERS, node),
+                                                       node_id=node))
+            groups = GroupCoordinatorService(b.apis, GroupConfig(initial_rebalance_delay_ms=0), tmp_path / "groups.db")
+            groups.register()
+            await b.nursery.start(groups.run)
+            stack.callback(groups.close)
+            txn = TransactionApis(b.apis, groups, tmp_path / "transactions.db")
+            txn.register()
+            await b.nursery.start(txn.run)
+            stack.callback(txn.close)
+            brokers.append(b)
+            txns.append(txn)
+            clients.append(GroupClient((await b.connect())[0]))
+        coordinator, other = clients
+
+        # FindCoordinator from either broker names broker 0; broker 1 refuses the coordinator's requests.
+        for c in clients:
+            found = await c.call("find_coordinator", 4, key_type=1, coordinator_keys=(tid,))
+            assert [(int(x.error_code), int(x.node_id), int(x.port)) for x in found.coordinators] == [(0, 0, 9092)]
+        refused = await other.call("init_producer_id", 5, transactional_id=tid,
+                                   transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1, producer_epoch=-1)
+        assert int(refused.error_code) == NOT_COORDINATOR
+
+        init = await coordinator.call("init_producer_id", 5, transactional_id=tid,
+                                      transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1,
+                                      producer_epoch=-1)
+        assert int(init.error_code) == 0
+        pid = int(init.producer_id)
+        # Broker 1 leads a partition not yet in the transaction: its first produce is verified against
+        # the stored state and refused.
+        remote, local = by_leader[1], by_leader[0]
+        assert _error(await _send(other, _produce(tid, remote, _batch(pid, [b"early"])))) == \
+            INVALID_TXN_STATE
+        added = await coordinator.call("add_partitions_to_txn", 3, v3_and_below_transactional_id=tid,
+                                       v3_and_below_producer_id=pid, v3_and_below_producer_epoch=0,
+                                       v3_and_below_topics=(nested("add_partitions_to_txn", 3,
+                                                                   "AddPartitionsToTxnTopic", name="t",
+                                                                   partitions=(0, 1)),))
+        assert {int(p.partition_error_code) for t in added.results_by_topic_v3_and_below
+                for p in t.results_by_partition} == {0}
+        assert _error(await _send(other, _produce(tid, remote, _batch(pid, [b"r0", b"r1"])))) == 0
+        assert _error(await _send(coordinator, _produce(tid, local, _batch(pid, [b"l0"])))) == 0
+        assert int((await coordinator.call("add_offsets_to_txn", 3, transactional_id=tid, producer_id=pid,
+                                           producer_epoch=0, group_id=group)).error_code) == 0
+        # TxnOffsetCommit goes to the group's coordinator, broker 1 (broker 0 refuses it).
+        commit_fields = dict(transactional_id=tid, group_id=group, producer_id=pid, producer_epoch=0, generation_id=-1,
+                             member_id="", group_instance_id=None, topics=(nested(
+                                 "txn_offset_commit", 3, "TxnOffsetCommitRequestTopic", name="t", partitions=(nested(
+                                     "txn_offset_commit", 3, "TxnOffsetCommitRequestPartition", partition_index=0,
+                                     committed_offset=7, committed_leader_epoch=-1, committed_metadata=None),)),))
+        for c, expected in ((coordinator, NOT_COORDINATOR), (other, 0)):
+            answer = await c.call("txn_offset_commit", 3, **commit_fields)
+            assert [int(p.error_code) for t in answer.topics for p in t.partitions] == [expected]
+        assert await _offsets(other, group) == {("t", 0): (-1, 88)}  # UNSTABLE_OFFSET_COMMIT: pending
+
+        ended = await coordinator.call("end_txn", 3, transactional_id=tid, producer_id=pid, producer_epoch=0,
+                                       committed=True)
+        assert int(ended.error_code) == 0
+        # Answered once both partitions hold their COMMIT marker and the group its offsets.
+        assert brokers[1].apis.logs.log_end_offset("t", remote) == 3
+        assert brokers[0].apis.logs.log_end_offset("t", local) == 2
+        assert await _offsets(other, group) == {("t", 0): (7, 0)}
+        meta = txns[0].state.get(tid)
+        assert meta is not None and meta.state.value == "CompleteCommit"
+        # Broker 1 does not coordinate it: DescribeTransactions there is NOT_COORDINATOR.
+        described = await other.call("describe_transactions", 0, transactional_ids=(tid,))
+        assert [int(s.error_code) for s in described.transaction_states] == [NOT_COORDINATOR]
+        # The transaction is over: a late batch of the same epoch at broker 1 is refused, not appended.
+        late = _produce(tid, remote, _batch(pid, [b"late"], base_sequence=2))
+        assert _error(await _send(other, late)) == INVALID_TXN_STATE
+        assert brokers[1].apis.logs.log_end_offset("t", remote) == 3
+
+        # An aborted transaction: its marker reaches broker 1 and its pending offsets there are dropped.
+        added = await coordinator.call("add_partitions_to_txn", 3, v3_and_below_transactional_id=tid,
+                                       v3_and_below_producer_id=pid, v3_and_below_producer_epoch=0,
+                                       v3_and_below_topics=(nested("add_partitions_to_txn", 3,
+                                                                   "AddPartitionsToTxnTopic", name="t",
+                                                                   partitions=(remote,)),))
+        assert int((await coordinator.call("add_offsets_to_txn", 3, transactional_id=tid, producer_id=pid,
+                                           producer_epoch=0, group_id=group)).error_code) == 0
+        retry = _produce(tid, remote, _batch(pid, [b"aborted"], base_sequence=2))
+        assert _error(await _send(other, retry)) == 0
+        commit_fields["topics"] = (nested("txn_offset_commit", 3, "TxnOffsetCommitRequestTopic", name="t", partitions=(
+            nested("txn_offset_commit", 3, "TxnOffsetCommitRequestPartition", partition_index=0, committed_offset=9,
+                   committed_leader_epoch=-1, committed_metadata=None),)),)
+        answer = await other.call("txn_offset_commit", 3, **commit_fields)
+        assert [int(p.error_code) for t in answer.topics for p in t.partitions] == [0]
+        ended = await coordinator.call("end_txn", 3, transactional_id=tid, producer_id=pid, producer_epoch=0,
+                                       committed=False)
+        assert int(ended.error_code) == 0
+        assert brokers[1].apis.logs.log_end_offset("t", remote) == 5  # the record and its ABORT marker
+        assert await _offsets(other, group) == {("t", 0): (7, 0)}  # not 9
+        assert txns[1].pending == {}
+        assert await trio.to_thread.run_sync(lambda: txns[0]._store.queued()) == []  # type: ignore[union-attr]
