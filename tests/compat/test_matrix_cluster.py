@@ -1,4 +1,5 @@
-"""The compatibility matrix's transaction column against a cluster (issue 35): ``--brokers 3`` on one machine.
+"""The compatibility matrix's transaction column, and the admin tools' abort of a hanging transaction, against a
+cluster (issue 35): ``--brokers 3`` on one machine.
 
 One ``pipeline serve --brokers 3`` for the module (``tests/e2e/cluster_process.Cluster``: the
 supervisor and three brokers, each with a PLAINTEXT listener alone, writing through the session's
@@ -244,3 +245,15 @@ def test_transactions_column_against_three_brokers(cluster, tmp_path):
           f"{cluster.addresses[BOOTSTRAP][0]}:{cluster.addresses[BOOTSTRAP][1]}); coordinator and leader are "
           "node ids, the static rule's in parentheses\n" + table(rows))
     assert failures == [], "\n".join(failures)
+
+
+def test_a_hanging_transaction_is_found_and_aborted_with_the_admin_client_on_the_cluster(cluster):
+    """The operator's tools on a cluster (issue 35): ``tests/e2e/test_transaction_admin.py``'s story
+    bootstrapped on broker 0, with a transactional id another broker coordinates than the one that
+    leads the topic's partition: kafka-python's ListTransactions asks every broker,
+    DescribeTransactions the coordinator, DescribeProducers and the abort's WriteTxnMarkers the leader."""
+    from tests.e2e.test_transaction_admin import find_and_abort
+
+    topic = f"compat-cluster-hanging-{time.time_ns() % 1_000_000}"
+    tid = next(t for k in itertools.count() if static_index(t := f"{topic}-{k}") != static_index(topic))
+    find_and_abort("%s:%d" % cluster.addresses[BOOTSTRAP], topic, tid)

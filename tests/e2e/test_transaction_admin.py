@@ -13,7 +13,6 @@ import uuid
 import pytest
 
 from tests.docs.blocks import find as block
-from tests.e2e.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -22,12 +21,12 @@ AFTER = 2
 WAIT_S = 60
 
 
-def read_committed(server: ServerProcess, topic: str, want: int, timeout_s: float) -> list[tuple[int, bytes]]:
+def read_committed(bootstrap: str, topic: str, want: int, timeout_s: float) -> list[tuple[int, bytes]]:
     """(offset, value) of what a read_committed consumer gets from ``topic``-0 within ``timeout_s``
     (returns early once it has ``want``)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": f"rc-{uuid.uuid4().hex[:8]}",
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"rc-{uuid.uuid4().hex[:8]}",
                          "isolation.level": "read_committed", "enable.auto.commit": False})
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
@@ -43,14 +42,19 @@ def read_committed(server: ServerProcess, topic: str, want: int, timeout_s: floa
 
 
 def test_a_transaction_left_open_is_found_and_aborted_with_the_admin_client(multiqueue_server):
+    find_and_abort(multiqueue_server.bootstrap, f"hanging-{uuid.uuid4().hex[:8]}", f"hung-{uuid.uuid4().hex[:8]}")
+
+
+def find_and_abort(bootstrap: str, topic: str, tid: str) -> None:
+    """The story of the module docstring on the server (or cluster) at ``bootstrap``: ``tid``'s
+    transaction left open on ``topic``-0 (a topic of one partition this creates), found and aborted
+    (``tests/compat/test_matrix_cluster.py`` runs it on ``--brokers 3``)."""
     from confluent_kafka import Producer
     from kafka import TopicPartition
     from kafka.admin import KafkaAdminClient, NewTopic
 
-    server = multiqueue_server
-    topic, tid = f"hanging-{uuid.uuid4().hex[:8]}", f"hung-{uuid.uuid4().hex[:8]}"
-    admin = KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=30_000)
-    hung = Producer({"bootstrap.servers": server.bootstrap, "transactional.id": tid,
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    hung = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid,
                      "transaction.timeout.ms": 600_000})  # the coordinator would abort it only in 10 min
     try:
         admin.create_topics([NewTopic(topic, 1, 1)])
@@ -59,12 +63,12 @@ def test_a_transaction_left_open_is_found_and_aborted_with_the_admin_client(mult
         for i in range(HUNG):
             hung.produce(topic, b"hung-%d" % i, partition=0)
         assert hung.flush(WAIT_S) == 0  # in the log at offsets 0-2, the transaction open
-        plain = Producer({"bootstrap.servers": server.bootstrap, "acks": "all"})
+        plain = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
         for i in range(AFTER):
             plain.produce(topic, b"after-%d" % i, partition=0)
         assert plain.flush(WAIT_S) == 0
         del plain
-        assert read_committed(server, topic, 1, 3) == []  # the open transaction holds the last stable offset
+        assert read_committed(bootstrap, topic, 1, 3) == []  # the open transaction holds the last stable offset
 
         listed = [t for listings in admin.list_transactions().values() for t in listings if t.transactional_id == tid]
         assert [(t.state.value, t.producer_id >= 0) for t in listed] == [("Ongoing", True)], listed
@@ -94,7 +98,7 @@ def test_a_transaction_left_open_is_found_and_aborted_with_the_admin_client(mult
         [state] = admin.describe_producers([TopicPartition(topic, 0)])[TopicPartition(topic, 0)].active_producers
         assert state.current_transaction_start_offset == -1, state
         # the abort marker at offset 5: the records after the transaction, none of it
-        assert read_committed(server, topic, AFTER, WAIT_S) == [(HUNG + i, b"after-%d" % i) for i in range(AFTER)]
+        assert read_committed(bootstrap, topic, AFTER, WAIT_S) == [(HUNG + i, b"after-%d" % i) for i in range(AFTER)]
     finally:
         admin.close()
         try:
