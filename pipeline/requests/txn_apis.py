@@ -78,8 +78,12 @@ default, which its TransactionMarkerChannelManager retries marker writes with.""
 RETRY_BACKOFF_MAX_MS = 1000
 """The wait doubles up to this (ms): Kafka's ``retry.backoff.max.ms`` default (KIP-580)."""
 MARKER_POLL_S = 0.05
-"""In a cluster, how often each broker looks for markers queued for it, and a coordinator waiting for
-its queued markers looks whether they are written (s): the inter-broker WriteTxnMarkers' latency here."""
+"""In a cluster, how often an idle broker looks for markers queued for it (s)."""
+MARKER_POLL_BUSY_S = 0.005
+"""How often it looks while it expects some (a transaction another broker coordinates is open on a
+partition it leads, or has offsets pending at a group it coordinates, or the last look found some),
+and how often a coordinator waiting for its queued markers looks whether they are written (s): the
+inter-broker WriteTxnMarkers' latency here. A look is one read of two small tables."""
 MARKER_WAIT_LOG_S = 10.0
 """A coordinator that waits this long (s) for a queued marker logs which are still queued (then again)."""
 NOT_COORDINATOR, NOT_LEADER = ErrorCode.not_coordinator.value, ErrorCode.not_leader_or_follower.value
@@ -140,6 +144,9 @@ class TransactionApis:
         self._verifying: dict[tuple[str, int, int], object] = {}
         """Verifications under way (the same keys): a marker meanwhile removes the entry, and the
         verification then fails (Kafka's VerificationGuard)."""
+        self._expect = trio.Event()
+        """Set when this broker starts expecting queued markers (``_expecting_markers``): wakes the
+        idle ``_carry_out_markers``."""
         self.closing = False
 
     @classmethod
@@ -293,6 +300,7 @@ class TransactionApis:
         if self._verifying.get(key) is token:
             del self._verifying[key]
             self._verified[key] = producer_epoch
+            self._expect.set()
             return tx.NONE
         return tx.NONE if self._verified.get(key) == producer_epoch else tx.INVALID_TXN_STATE
 
@@ -377,23 +385,37 @@ class TransactionApis:
                             meta.transactional_id, meta.producer_id, now - started,
                             ", ".join(f"{m.topic}-{m.partition}" if m.group_id is None else f"group {m.group_id}"
                                       for m in left))
-            await trio.sleep(MARKER_POLL_S)
+            await trio.sleep(MARKER_POLL_BUSY_S)
 
     async def _carry_out_markers(self) -> None:
         """In a cluster: until cancelled, every ``MARKER_POLL_S`` carry out the queued markers of the
         partitions this broker leads and the queued offsets of the groups it coordinates
         (``_carry_out``); a failure is logged and tried again at the next look."""
-        failures = 0
+        failures, found = 0, False
         while True:
-            await trio.sleep(MARKER_POLL_S if not failures else min(RETRY_BACKOFF_MAX_MS / 1000.0,
-                                                                    RETRY_BACKOFF_MS / 1000.0 * 2 ** failures))
+            if failures:
+                await trio.sleep(min(RETRY_BACKOFF_MAX_MS / 1000.0, RETRY_BACKOFF_MS / 1000.0 * 2 ** failures))
+            elif found or self._expecting_markers():
+                await trio.sleep(MARKER_POLL_BUSY_S)
+            else:
+                with trio.move_on_after(MARKER_POLL_S):
+                    await self._expect.wait()
+                self._expect = trio.Event()
             try:
-                await self._carry_out(await self._in_store(lambda store: store.queued()))
+                queued = await self._in_store(lambda store: store.queued())
+                found = bool(queued)
+                await self._carry_out(queued)
                 failures = 0
             except Exception as exc:
                 failures += 1
                 log.warning("transaction markers queued for this broker: carrying them out failed (attempt %d): "
                             "%s: %s", failures, type(exc).__name__, exc)
+
+    def _expecting_markers(self) -> bool:
+        """Whether another broker's coordinator may soon queue a marker or offsets for this one: a
+        transaction it does not coordinate is verified open on a partition led here, or has offsets
+        pending at a group coordinated here."""
+        return bool(self._verified or self._verifying) or any(not self.coordinates(t) for t in self.pending)
 
     async def _carry_out(self, queued: list[QueuedMarker]) -> None:
         """Append the markers of ``queued`` for partitions led here (a marker older than the producer's
@@ -691,6 +713,8 @@ class TransactionApis:
                             tid, pid, epoch, group_id, offsets, fenced))
                     if offsets and common == tx.NONE:
                         self.pending.setdefault(tid, {}).setdefault(group_id, {}).update(offsets)
+                        if not local:
+                            self._expect.set()
         header_module = apis.response_module(TXN_OFFSET_COMMIT, header.api_version)
         by_topic: dict[str, list[Any]] = {}
         for t, p in asked:
