@@ -54,18 +54,16 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.bench.options import BROKERS_CLIENTS as CLIENTS, BrokersBenchOptions
-from pipeline.bench.processes import LISTENING, METRICS
+from pipeline.bench.processes import broker_pids, start_brokers, stop_brokers
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -205,64 +203,6 @@ def phase_row(n: int, opts: BrokersBenchOptions, figures: list[dict], sent: int,
 # --------------------------------------------------------------------- servers
 
 
-def _start(cmd: list[str], n: int, log_path: Path, timeout_s: float = 600.0
-           ) -> tuple[subprocess.Popen[bytes], list[str], list[int], IO[bytes]]:
-    """Start ``cmd``; wait for ``n`` ``listening on`` and ``n`` ``metrics on`` lines.
-
-    Returns (process, addresses "host:port", metrics ports, open log file).
-    Raises RuntimeError (the process killed) if it exits or does not get there in ``timeout_s``.
-    """
-    log = open(log_path, "ab")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            process_group=0)
-    stdout = proc.stdout
-    assert stdout is not None  # stdout=PIPE
-    addresses: list[str] = []
-    metrics: list[int] = []
-
-    def read() -> None:
-        for raw in iter(stdout.readline, b""):
-            line = raw.decode(errors="replace")
-            try:
-                log.write(b"stdout: " + raw)
-            except ValueError:  # the log was closed after the server stopped
-                pass
-            if m := METRICS.search(line):
-                metrics.append(int(m.group(1)))
-            elif m := LISTENING.search(line):
-                addresses.append(f"{m.group(1)}:{m.group(2)}")
-
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    while len(addresses) < n or len(metrics) < n:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait(60)
-            log.close()
-            raise RuntimeError(f"server did not start; log {log_path}")
-        time.sleep(0.5)
-    return proc, addresses[:n], metrics[:n], log
-
-
-def _broker_pids(pid: int, n: int) -> list[int]:
-    """The broker processes: the server itself for N = 1, else the supervisor's ``--node-id`` children."""
-    import psutil
-
-    if n == 1:
-        return [pid]
-    return [c.pid for c in psutil.Process(pid).children() if "--node-id" in c.cmdline()]
-
-
-def _stop(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own process group (process_group=0)
-        proc.wait(60)
-    log.close()
-
-
 def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list[dict]],
               metrics_ports: list[int], timeout_s: float) -> tuple[list[dict], dict, list[float], dict, dict]:
     """Run ``load`` (it returns the producers' figures) while sampling the broker tree and the Connect JVM,
@@ -277,7 +217,7 @@ def _measured(server_pid: int, n: int, connect_pid: int, load: Callable[[], list
 
     import psutil
 
-    brokers = _broker_pids(server_pid, n)
+    brokers = broker_pids(server_pid, n)
     broker_sampler, connect_sampler = Sampler(server_pid, None), Sampler(connect_pid, None)
     try:
         commits0 = _commit_counters(metrics_ports)
@@ -365,7 +305,7 @@ def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: 
                "--data-dir", str(data), "--spark-remote", connect.url, "--ack-on", "wal", "--metrics-port", "0",
                *opts.server_args]
         say(f"brokers N={n}: starting `pipeline {' '.join(cmd[3:])}`")
-        proc, addresses, metrics_ports, log = _start(cmd, n, log_path)
+        proc, addresses, metrics_ports, log = start_brokers(cmd, n, log_path)
         admin = None
         try:
             bootstrap = ",".join(addresses)
@@ -420,7 +360,7 @@ def run_one(n: int, opts: BrokersBenchOptions, data: Path, log_path: Path, say: 
             return row
         finally:
             del admin  # its connections go before the brokers (no "connection refused" noise)
-            _stop(proc, log)
+            stop_brokers(proc, log)
 
 
 def run_phase(opts: BrokersBenchOptions, work: Path, log_dir: Path, say: Callable[[str], None] = print) -> list[dict]:

@@ -111,6 +111,14 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"pipeline bench: {exc}") from None
         return security_main(security_opts, _bench_argv())
+    if getattr(args, "transactions", False):  # before --brokers alone: it takes --brokers as its N list
+        from pipeline.bench.transactions_bench import main as transactions_main, resolve_transactions
+
+        try:
+            transactions_opts = resolve_transactions(args)
+        except ValueError as exc:
+            raise SystemExit(f"pipeline bench: {exc}") from None
+        return transactions_main(transactions_opts, _bench_argv())
     if getattr(args, "brokers", None) and args.preset is None:
         from pipeline.bench.brokers_bench import main as brokers_main
 

@@ -22,6 +22,9 @@ of every run. Presets:
 * ``--security`` (not a preset of the sweep; see ``pipeline.bench.security_bench``):
   produce throughput and latency over PLAINTEXT, SSL and SASL_SSL listeners of
   one server (``--smoke`` shrinks it to CI size).
+* ``--transactions`` (not a preset of the sweep; see ``pipeline.bench.transactions_bench``):
+  transactional produce on one broker and on ``--brokers 3``, side by side (``--smoke`` shrinks
+  it to CI size).
 * ``--full``: every configuration and queue count 1, 2, 4, 8, connections
   1, 8, 64, in-flight 1 and 5, acks -1 and 0, 8 s per run (~15-20 minutes).
 
@@ -415,7 +418,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                               "writing --brokers-records 1 KiB records as fast as acknowledged: records/s, MB/s, "
                               "p50/p99/p99.9, CPU s per million records, RSS (pipeline.bench.brokers_bench). With "
                               "--quick/--full/--smoke: the N list of the run's brokers phase (default 1,2 quick, "
-                              "1,2,4 full, none smoke); alone: only that phase, into bench-results/brokers")
+                              "1,2,4 full, none smoke); alone: only that phase, into bench-results/brokers; with "
+                              "--transactions: the broker counts it compares (default 1,3)")
     brokers.add_argument("--no-brokers", action="store_true",
                          help="--quick/--full: skip the brokers phase")
     brokers.add_argument("--producers", type=int, default=None, help="--brokers: producer processes (default 4)")
@@ -446,6 +450,19 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                                 "Avro values (16 fields, padded to --record-bytes) to a value.format=avro topic whose "
                                 "table follows its registry subject; both MB/s, acknowledged and queryable, and "
                                 "typed / raw")
+    transactions = p.add_argument_group("transactions (--transactions)")
+    transactions.add_argument("--transactions", action="store_true",
+                              help="for each N of --brokers (default 1,3), `pipeline serve --brokers N --ack-on wal` "
+                                   "on its own Spark Connect server and one confluent-kafka transactional producer: "
+                                   f"--transactions-count transactions (default {TRANSACTIONS_DEFAULT_COUNT}), each "
+                                   "one --record-bytes record (default 100) to each of --partitions partitions "
+                                   "(default 3) then commit_transaction: transactions/s, commit p50/p99 side by side "
+                                   "with the ratio to the first N, every record read back read_committed "
+                                   "(pipeline.bench.transactions_bench; --smoke: "
+                                   f"{TRANSACTIONS_SMOKE_COUNT} transactions)")
+    transactions.add_argument("--transactions-count", type=int, default=None,
+                              help="--transactions: measured transactions per N, after a few unmeasured ones "
+                                   f"(default {TRANSACTIONS_DEFAULT_COUNT}; --smoke {TRANSACTIONS_SMOKE_COUNT})")
     freshness = p.add_argument_group("freshness (--freshness)")
     freshness.add_argument("--freshness", action="store_true",
                            help="one server at defaults (--ack-on wal, 10 s table commits), --producers (default 2) "
@@ -542,6 +559,10 @@ FRESHNESS_DEFAULT_WARMUP = 30.0
 are the first commits under load and the JVM compiling the query path: on the 2-core machine a
 live query took up to 1.1-1.4 s in the first ~20 s of load, under 0.9 s after (three runs,
 2026-11-29)."""
+TRANSACTIONS_DEFAULT_COUNT = 300
+"""--transactions: measured transactions per broker count."""
+TRANSACTIONS_SMOKE_COUNT = 30
+"""--transactions --smoke: measured transactions per broker count (the CI size)."""
 HOSTILE_DEFAULT_DURATION = 270.0
 """--hostile: seconds of each phase (clean, hostile); with Spark start-up, shutdown and
 verification the whole run takes about 10 minutes."""

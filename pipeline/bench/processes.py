@@ -20,7 +20,7 @@ import urllib.request
 from array import array
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 import psutil
 
@@ -177,6 +177,66 @@ def process_tree(pid: int) -> list[psutil.Process]:
     except psutil.Error:
         return []
 
+
+
+def start_brokers(cmd: list[str], n: int, log_path: Path, timeout_s: float = 600.0
+                  ) -> tuple[subprocess.Popen[bytes], list[str], list[int], IO[bytes]]:
+    """Start ``cmd`` (``pipeline serve --brokers N ... --metrics-port 0``, or a plain server for N = 1) in a
+    process group of its own; wait for ``n`` ``listening on`` and ``n`` ``metrics on`` lines (one of each
+    per broker). Its stdout and stderr go to ``log_path``. Stop it with ``stop_brokers``.
+
+    Returns (process, addresses "host:port", metrics ports, open log file).
+    Raises RuntimeError (the process killed) if it exits or does not get there in ``timeout_s``.
+    """
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            process_group=0)
+    stdout = proc.stdout
+    assert stdout is not None  # stdout=PIPE
+    addresses: list[str] = []
+    metrics: list[int] = []
+
+    def read() -> None:
+        for raw in iter(stdout.readline, b""):
+            line = raw.decode(errors="replace")
+            try:
+                log.write(b"stdout: " + raw)
+            except ValueError:  # the log was closed after the server stopped
+                pass
+            if m := METRICS.search(line):
+                metrics.append(int(m.group(1)))
+            elif m := LISTENING.search(line):
+                addresses.append(f"{m.group(1)}:{m.group(2)}")
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while len(addresses) < n or len(metrics) < n:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(60)
+            log.close()
+            raise RuntimeError(f"server did not start; log {log_path}")
+        time.sleep(0.5)
+    return proc, addresses[:n], metrics[:n], log
+
+
+def broker_pids(pid: int, n: int) -> list[int]:
+    """The broker processes of ``start_brokers``'s ``pid``: the server itself for N = 1, else the
+    supervisor's ``--node-id`` children."""
+    if n == 1:
+        return [pid]
+    return [c.pid for c in psutil.Process(pid).children() if "--node-id" in c.cmdline()]
+
+
+def stop_brokers(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+    """SIGTERM ``start_brokers``'s process and wait (ordered shutdown); after 300 s SIGKILL its process group."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own process group (process_group=0)
+        proc.wait(60)
+    log.close()
 
 
 ROLES = ("front end", "decode worker", "JVM", "other")

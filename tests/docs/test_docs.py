@@ -506,7 +506,8 @@ def test_serve_command_lines(docs_env):
 
 def test_bench_help(docs_env):
     out = docs_env.shell(f"{PIPELINE} bench --help").stdout
-    for flag in ("--quick", "--full", "--hostile", "--consume", "--security", "--table", "--brokers", "--sustained"):
+    for flag in ("--quick", "--full", "--hostile", "--consume", "--security", "--table", "--brokers", "--sustained",
+                 "--transactions"):
         assert flag in out
 
 
