@@ -40,7 +40,7 @@ import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Collection, Generator, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -753,13 +753,6 @@ class SparkGroupSink:
         if not self._shared:
             return self._sink.catalog.maintain()
         return self._sink.catalog.maintain(hold=self.hold_table, moved=self._partitions_moved)
-
-    def maintenance_steps(self) -> Generator[None, None, MaintenanceResult]:
-        """``maintain`` as ``TableCatalog.maintenance_steps``: blocking steps, the tables held within a step
-        only, so the persister's writer commits between two of them."""
-        if not self._shared:
-            return self._sink.catalog.maintenance_steps()
-        return self._sink.catalog.maintenance_steps(hold=self.hold_table, moved=self._partitions_moved)
 
     @property
     def _shared(self) -> bool:

@@ -58,7 +58,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Generator, Generic, Literal, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Generic, Literal, Protocol, Sequence, TypeVar, runtime_checkable
 
 import trio
 from hdrh.histogram import HdrHistogram
@@ -170,17 +170,6 @@ class MaintainedSink(Protocol):
 
     def maintain(self) -> MaintenanceResult:
         """Compaction and retention (``pipeline.table.catalog.TableCatalog.maintain``)."""
-
-
-@runtime_checkable
-class SteppedMaintenanceSink(Protocol):
-    """A MaintainedSink whose maintenance comes in steps: the persister's writer commits the group waiting
-    for it (if any) between two of them, so a compaction of many partitions holds back no acknowledgement
-    for its whole length (issue 34: a new controller's first compaction held a moved partition's first
-    ``--ack-on spark`` acknowledgement ~11 s)."""
-
-    def maintenance_steps(self) -> Generator[None, None, MaintenanceResult]:
-        """Blocking steps; the generator returns the result (``TableCatalog.maintenance_steps``)."""
 
 
 class LogListener(Protocol):
@@ -307,25 +296,6 @@ def offset_ranges(appends: Sequence[PartitionAppend]) -> dict[tuple[str, int], t
         lo, hi = ranges.get(key, (a.base_offset, end))
         ranges[key] = (min(lo, a.base_offset), max(hi, end))
     return ranges
-
-
-class _WriterGaveUp(Exception):
-    """A write between two maintenance steps was given up at shutdown (``BatchingPersister._maintenance``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _MaintenanceDone:
-    result: MaintenanceResult
-
-
-def _step(steps: Generator[None, None, MaintenanceResult]) -> _MaintenanceDone | None:
-    """One maintenance step (blocking): None, or the result once the steps ended. The StopIteration stays in
-    the worker thread: raised into the awaiting coroutine it would become a RuntimeError (PEP 479)."""
-    try:
-        next(steps)
-    except StopIteration as stop:
-        return _MaintenanceDone(stop.value)
-    return None
 
 
 class BatchingPersister(Generic[FlushT]):
@@ -1020,25 +990,17 @@ class BatchingPersister(Generic[FlushT]):
                 if maintenance_due.cancelled_caught:
                     # Between two writes, never during one: a compaction
                     # must not swap a partition a write is adding files to.
-                    if not await self._maintain(receive):
-                        return
+                    await self._maintain()
                     continue
-                if not await self._write_group(group, table):
-                    return
-
-    async def _write_group(self, group: FlushGroup[_SparkWaiter], table: FlushT | None) -> bool:
-        """One group of the Spark stage written (``_write_spark``), then the view published when due;
-        False if given up at shutdown (the writer ends)."""
-        self._spark_writing = True
-        try:
-            if not await self._write_spark(group, table):
-                return False
-        finally:
-            self._spark_writing = False
-            self._spark_wakeup.set()  # a lingered group may go now
-        if trio.current_time() - self._published_at >= PUBLISH_INTERVAL_S:
-            await self._publish()
-        return True
+                self._spark_writing = True
+                try:
+                    if not await self._write_spark(group, table):
+                        return
+                finally:
+                    self._spark_writing = False
+                    self._spark_wakeup.set()  # a lingered group may go now
+                if trio.current_time() - self._published_at >= PUBLISH_INTERVAL_S:
+                    await self._publish()
 
     async def _write_backlog(self) -> bool:
         """Write the recovery backlog (``pipeline.persist.recovery.replay``'s rule: rows the table
@@ -1078,26 +1040,21 @@ class BatchingPersister(Generic[FlushT]):
                 return False
         return True
 
-    async def _maintain(self, receive: trio.MemoryReceiveChannel) -> bool:
-        """One run of the sink's maintenance (compaction, retention) in the writer's slot; failures are
-        logged. With a ``SteppedMaintenanceSink`` the group waiting to reach the writer (``receive``)
-        after a step, if any, is written before the next one (one per step). False if such a write gave up at shutdown (the writer
-        ends; the maintenance stops between two steps, as a process dying there would)."""
+    async def _maintain(self) -> None:
+        """One ``sink.maintain()`` (compaction, retention) in the writer's slot; failures are logged."""
         assert self._maintenance_interval_s is not None and self._maintainer is not None  # checked in __init__
         self._next_maintenance = trio.current_time() + self._maintenance_interval_s
         if self._maintains is not None:
             turn, was_turn = self._maintains(), self._maintaining
             self._maintaining = turn
             if not turn:
-                return True  # another broker's turn (the controller's)
+                return  # another broker's turn (the controller's)
             if not was_turn:  # it just came: the partitions taken over first
                 log.info("table maintenance is this broker's now (the controller's); its first run in %.1f s",
                          self._maintenance_interval_s)
-                return True
+                return
         try:
-            result = await self._maintenance(receive)
-        except _WriterGaveUp:
-            return False
+            result = await trio.to_thread.run_sync(self._maintainer.maintain)
         except Exception as exc:  # the next run retries; the table's journal keeps what must be deleted
             log.warning("table maintenance failed: %s", str(exc).splitlines()[0] if str(exc) else exc)
         else:
@@ -1109,37 +1066,6 @@ class BatchingPersister(Generic[FlushT]):
                          result.files_before, result.files_after, result.dropped_partitions,
                          result.deleted_directories, result.seconds)
         self._next_maintenance = trio.current_time() + self._maintenance_interval_s
-        return True
-
-    async def _maintenance(self, receive: trio.MemoryReceiveChannel) -> MaintenanceResult:
-        """The sink's maintenance, step by step when it has steps (``_maintain``).
-
-        Raises:
-            _WriterGaveUp: a group written between two steps was given up at shutdown.
-            Whatever a step raises.
-        """
-        assert self._maintainer is not None  # checked by the caller
-        if not isinstance(self._maintainer, SteppedMaintenanceSink):
-            return await trio.to_thread.run_sync(self._maintainer.maintain)
-        steps = self._maintainer.maintenance_steps()
-        try:
-            while True:
-                done = await trio.to_thread.run_sync(_step, steps)
-                if done is not None:
-                    return done.result
-                # At most one group before the next step: the channel is unbuffered, so it is the one
-                # waiting to be sent, and what arrives meanwhile gathers in the next group. Writing
-                # every group ready would starve the maintenance under steady load (one is always
-                # ready: a trickle's first compaction came 18 s late); one per step bounds both an
-                # acknowledgement's wait (a step and a write) and the maintenance's length.
-                try:
-                    group, table = receive.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    continue
-                if not await self._write_group(group, table):
-                    raise _WriterGaveUp
-        finally:
-            steps.close()  # between two steps: nothing is held there
 
     def _commit(self, appends: Sequence[PartitionAppend], table: FlushT | None,
                 exclude: set[tuple[str, int, int]] | None) -> None:

@@ -27,7 +27,7 @@ import shutil
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Collection, Generator, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -1134,24 +1134,7 @@ class TableCatalog:
     def maintain(self, *, time_budget_s: float = 30.0, now_ms: int | None = None,
                  hold: Callable[[bool], AbstractContextManager[None]] | None = None,
                  moved: Callable[[], None] | None = None) -> MaintenanceResult:
-        """``maintenance_steps`` run to their end (blocking): the same arguments, result and errors."""
-        steps = self.maintenance_steps(time_budget_s=time_budget_s, now_ms=now_ms, hold=hold, moved=moved)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as stop:
-                return stop.value
-
-    def maintenance_steps(self, *, time_budget_s: float = 30.0, now_ms: int | None = None,
-                          hold: Callable[[bool], AbstractContextManager[None]] | None = None,
-                          moved: Callable[[], None] | None = None,
-                          ) -> Generator[None, None, MaintenanceResult]:
-        """Retention, then compaction, then deletion of directories whose delay has passed, as a
-        generator of blocking steps: each ``next()`` runs one (a phase below, or phase 3's merge of one
-        partition) and the generator returns the ``MaintenanceResult``. Nothing is held between two
-        steps, so the caller may commit there (the persister's writer writes the groups that came
-        meanwhile, ``BatchingPersister._maintain``), as another broker may; closing the generator
-        between steps leaves what a process dying there would (the journal settles it).
+        """Retention, then compaction, then deletion of directories whose delay has passed.
 
         In phases, so that with tables shared by the brokers of a cluster the long part, Spark
         writing compacted files, overlaps their commits (issue 34):
@@ -1177,12 +1160,12 @@ class TableCatalog:
                 one under way finishes); the rest waits for the next call.
             now_ms: wall-clock ms (default: now); partitions dates compare in UTC.
             hold: the tables' lock, ``hold(shared)`` blocking (``SparkGroupSink.hold_table``);
-                None: the tables are this process's alone and its caller commits only between
-                two steps (the persister's writer; ``pipeline compact``).
+                None: the tables are this process's alone and its caller makes no commit
+                meanwhile (the persister's writer slot; ``pipeline compact``).
             moved: called holding the tables exclusively after partitions moved or went
                 (``SparkGroupSink._partitions_moved``).
 
-        Raises (from a step):
+        Raises:
             Whatever Spark raises; the journal keeps every directory it must
             delete, so a failed call loses nothing and leaks nothing.
         """
@@ -1205,10 +1188,6 @@ class TableCatalog:
                         plans.append(_Compaction(owned, v, location, files, n,
                                                  compacted_location(owned.directory, v, now_ms)))
             due = any("delete" in e and e["after_ms"] <= now_ms for e in Journal(self._journal_path).entries)
-        if not (plans or due or expired):
-            result.seconds = time.monotonic() - started
-            return result
-        yield
         if expired or plans:
             with hold(False):  # 2
                 self._forget_partition_directories()
@@ -1228,7 +1207,6 @@ class TableCatalog:
                         moved()
                 journal.entries.extend(c.entry() for c in plans)
                 journal.save()
-            yield
         written: list[_Compaction] = []
         for c in plans:
             if time.monotonic() - started > time_budget_s:
@@ -1240,33 +1218,33 @@ class TableCatalog:
                 df = self.spark.read.schema(schema).parquet(*(f"file://{f.path}" for f in c.files))
                 df.coalesce(c.n).sortWithinPartitions("partition", "offset").write.parquet(c.new)
                 written.append(c)
-            yield
-        with hold(False):  # 4 (also for retention's deletions alone: they may be due at once, file.delete.delay.ms 0)
-            self._forget_partition_directories()
-            journal = Journal(self._journal_path)
-            swapping = False
-            if moved is not None and any(c in written for c in plans):
-                # Before the first SET LOCATION too: a broker that dies (or is cut off, its hold
-                # lapsing) between a swap and the end of this phase must not leave the other
-                # brokers' caches of the partition's old directory valid (a commit renamed into
-                # the replaced directory after the swap is read by nobody).
-                moved()
-            try:
-                for c in plans:
-                    if c in written:
-                        swapping = True
-                    if c in written and self._swap(c, journal, now_ms):
-                        result.compacted_partitions += 1
-                        result.files_before += len(c.files)
-                        result.files_after += c.n
-                    elif c.entry() in journal.entries:  # not written, or dropped: its directory is garbage
-                        journal.entries.remove(c.entry())
-                        journal.entries.append({"delete": c.new, "after_ms": 0})
-                        journal.save()
-            finally:
-                if swapping and moved is not None:
+        if plans or due or expired:  # retention's deletions may be due at once (file.delete.delay.ms 0)
+            with hold(False):  # 4
+                self._forget_partition_directories()
+                journal = Journal(self._journal_path)
+                swapping = False
+                if moved is not None and any(c in written for c in plans):
+                    # Before the first SET LOCATION too: a broker that dies (or is cut off, its hold
+                    # lapsing) between a swap and the end of this phase must not leave the other
+                    # brokers' caches of the partition's old directory valid (a commit renamed into
+                    # the replaced directory after the swap is read by nobody).
                     moved()
-            result.deleted_directories = self._delete_due(journal, now_ms)
+                try:
+                    for c in plans:
+                        if c in written:
+                            swapping = True
+                        if c in written and self._swap(c, journal, now_ms):
+                            result.compacted_partitions += 1
+                            result.files_before += len(c.files)
+                            result.files_after += c.n
+                        elif c.entry() in journal.entries:  # not written, or dropped: its directory is garbage
+                            journal.entries.remove(c.entry())
+                            journal.entries.append({"delete": c.new, "after_ms": 0})
+                            journal.save()
+                finally:
+                    if swapping and moved is not None:
+                        moved()
+                result.deleted_directories = self._delete_due(journal, now_ms)
         result.seconds = time.monotonic() - started
         return result
 

@@ -441,40 +441,6 @@ def test_a_commit_while_spark_writes_a_compaction_lands_in_the_compacted_partiti
 
 
 @pytest.mark.slow
-def test_a_brokers_own_commits_between_its_maintenance_steps_land_once(spark, tmp_path):
-    """The persister's writer commits between two steps of its own broker's maintenance
-    (``SparkGroupSink.maintenance_steps``; a broker alone on its tables holds no lock): after the plan,
-    after the journal entry, and after Spark merged the partition's listed files. Every commit lands in
-    the partition readers see (the swap links the files committed into the old directory since the
-    listing; its cached directory is forgotten at the swap), each row once."""
-    config = TableConfig(database=unique_database(), compaction_min_files=2)
-    sink = SparkGroupSink(tmp_path / "data", spark=spark, table_config=config, decode_in_subprocess=False)
-    try:
-        sink.start()
-        for offset in range(3):
-            sink.write(one_record(sink, offset))
-        [partition] = sink.catalog.partition_values()
-        before = sink.catalog.partition_location(partition)
-        steps = sink.maintenance_steps()
-        offset = 3
-        with pytest.raises(StopIteration) as done:
-            while True:
-                next(steps)  # plan; journal; the merge of the one partition; then the swap, and the end
-                sink.write(one_record(sink, offset))
-                offset += 1
-        assert offset == 6  # a commit after each of the three steps before the last
-        result = done.value.value
-        assert (result.compacted_partitions, result.files_before, result.files_after) == (1, 3, 1)
-        assert sink.catalog.partition_location(partition) != before
-        sink.write(one_record(sink, offset))  # after the swap: into the new directory
-        offsets = sorted(r[0] for r in spark.table(f"{config.database}.records").select("offset").collect())
-        assert offsets == list(range(7))
-    finally:
-        spark.sql(f"DROP DATABASE IF EXISTS {config.database} CASCADE")
-        sink.stop()
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("compactor_dies_after_its_swap", [False, True])
 def test_a_broker_commits_into_a_partition_another_broker_compacted_meanwhile(spark, tmp_path, monkeypatch,
                                                                                compactor_dies_after_its_swap):
