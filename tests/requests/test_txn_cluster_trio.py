@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import datetime
 import zlib
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 import trio
@@ -72,12 +73,14 @@ async def _offsets(c: GroupClient, group: str) -> dict[tuple[str, int], tuple[in
             for t in r.groups[0].topics for p in t.partitions}
 
 
-async def test_a_transaction_spans_two_brokers_markers_and_offsets_reach_the_other_one(patient_clock, tmp_path):  # noqa: F811
-    tid, group = _coordinated_by(0, "app"), _coordinated_by(1, "g")
-    by_leader = {_leader("t", p): p for p in (0, 1)}
-    assert set(by_leader) == {0, 1}  # "t"'s partitions: one led by each broker
+@asynccontextmanager
+async def two_brokers(tmp_path) -> AsyncIterator[tuple[list, list[GroupClient], list[TransactionApis]]]:
+    """Brokers 0 and 1 of one static cluster, each with its group coordinator and transaction apis
+    over the stores shared in tmp_path: (brokers, a client of each, their TransactionApis)."""
     async with AsyncExitStack() as stack:
-        brokers, clients, txns = [], [], []
+        brokers: list = []
+        clients: list[GroupClient] = []
+        txns: list[TransactionApis] = []
         for node in (0, 1):
             b = await stack.enter_async_context(broker(tmp_path / f"b{node}", cluster=Cluster(BROKERS, node),
                                                        node_id=node))
@@ -92,6 +95,14 @@ async def test_a_transaction_spans_two_brokers_markers_and_offsets_reach_the_oth
             brokers.append(b)
             txns.append(txn)
             clients.append(GroupClient((await b.connect())[0]))
+        yield brokers, clients, txns
+
+
+async def test_a_transaction_spans_two_brokers_markers_and_offsets_reach_the_other_one(patient_clock, tmp_path):  # noqa: F811
+    tid, group = _coordinated_by(0, "app"), _coordinated_by(1, "g")
+    by_leader = {_leader("t", p): p for p in (0, 1)}
+    assert set(by_leader) == {0, 1}  # "t"'s partitions: one led by each broker
+    async with two_brokers(tmp_path) as (brokers, clients, txns):
         coordinator, other = clients
 
         # FindCoordinator from either broker names broker 0; broker 1 refuses the coordinator's requests.
@@ -173,3 +184,52 @@ async def test_a_transaction_spans_two_brokers_markers_and_offsets_reach_the_oth
         assert await _offsets(other, group) == {("t", 0): (7, 0)}  # not 9
         assert txns[1].pending == {}
         assert await trio.to_thread.run_sync(lambda: txns[0]._store.queued()) == []  # type: ignore[union-attr]
+
+
+async def test_a_marker_during_a_leaders_verification_read_leaves_no_guard(patient_clock, tmp_path):  # noqa: F811
+    """KIP-890's VerificationGuard at a leader that does not coordinate the transaction: the stored state
+    it reads says Ongoing, but the transaction's marker lands on the partition while the read is under
+    way. The guard being made is dropped: the batch is refused INVALID_TXN_STATE, and the sequencing
+    point's check finds no guard, so nothing is appended after the marker (a hanging transaction)."""
+    import threading
+
+    tid = _coordinated_by(0, "app")
+    remote = next(p for p in (0, 1) if _leader("t", p) == 1)
+    async with two_brokers(tmp_path) as (_brokers, (coordinator, _other), txns):
+        init = await coordinator.call("init_producer_id", 5, transactional_id=tid,
+                                      transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1,
+                                      producer_epoch=-1)
+        pid = int(init.producer_id)
+        added = await coordinator.call("add_partitions_to_txn", 3, v3_and_below_transactional_id=tid,
+                                       v3_and_below_producer_id=pid, v3_and_below_producer_epoch=0,
+                                       v3_and_below_topics=(nested("add_partitions_to_txn", 3,
+                                                                   "AddPartitionsToTxnTopic", name="t",
+                                                                   partitions=(remote,)),))
+        assert {int(p.partition_error_code) for t in added.results_by_topic_v3_and_below
+                for p in t.results_by_partition} == {0}
+        leader = txns[1]
+        store = leader._store
+        assert store is not None
+        read, entered, release = store.read, threading.Event(), threading.Event()
+
+        def held_read(transactional_id):
+            meta = read(transactional_id)  # Ongoing, with the partition
+            entered.set()
+            assert release.wait(30)
+            return meta
+
+        store.read = held_read  # type: ignore[method-assign]
+        verdict: list[int] = []
+
+        async def verify() -> None:
+            verdict.append(await leader.verify_produce(tid, pid, 0, "t", remote))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(verify)
+            await trio.to_thread.run_sync(entered.wait)
+            commit = leader._append_markers([(pid, 0, False, "t", remote)])  # the transaction's ABORT lands
+            assert commit is not None
+            release.set()
+        assert verdict == [INVALID_TXN_STATE]
+        assert leader.check_produce(tid, pid, 0, "t", remote) == INVALID_TXN_STATE
+        assert leader._verified == {} and leader._verifying == {}
