@@ -63,7 +63,8 @@ from pipeline.network.memory_pool import MemoryPool
 from pipeline.network.processor import Processor
 from pipeline.persist.accumulator import FlushPolicy
 from pipeline.persist.persister import DEFAULT_WAL_POLICY, BatchingPersister, offset_ranges
-from pipeline.persist.recovery import Recovered, TableSink, recover, recover_log, replay
+from pipeline.log.control import TRANSACTIONAL, batch_kind
+from pipeline.persist.recovery import Recovered, TableSink, recover, recover_log, replay, settle_transactions
 from pipeline.log.checkpoint import StateStore
 from pipeline.log.wal import WriteAheadLog
 from pipeline.protocol.apis import BrokerInfo
@@ -362,11 +363,12 @@ class Server:
             return self.config.log_retention_ms, self.config.log_retention_bytes
         return catalog.retention(topic)
 
-    def drain_wal(self, directory: Path, ends: CommitEnds) -> list[PartitionAppend]:
+    def drain_wal(self, directory: Path, ends: CommitEnds) -> tuple[list[PartitionAppend], list[PartitionAppend]]:
         """A dead broker incarnation's WAL (``directory``: its ``wal/`` and checkpoint, as
         ``incarnation_dir`` lays them out): write the records after its checkpoint that the table lacks
-        (``pipeline.persist.recovery.replay``; transactions are not served with leadership through the
-        database). What the table holds of a partition is known from the end its commits recorded
+        (``pipeline.persist.recovery.replay``), transactions settled by the markers it holds
+        (``settle_transactions``: committed ones written, aborted ones dropped, open ones left in
+        the second list returned, for their partitions' next leaders). What the table holds of a partition is known from the end its commits recorded
         (``ends.recorded``); the table is read, holding the tables shared, only for the partitions
         without one, after the tables were held exclusively to fence a pending commit of theirs by a
         writer that is no longer a member (``_fence_dead_writers``). No other broker writes these
@@ -374,7 +376,7 @@ class Server:
         had everything of it in the table), so each write of the replay holds the tables itself,
         shared when it changes no table (``SparkGroupSink.write``), and other brokers commit beside it.
         The write records its partitions' ends as the persister's commits do (``ends.begin``/``done``).
-        Blocking; the sink started. Returns the appends after the checkpoint.
+        Blocking; the sink started. Returns (the appends after the checkpoint, the open transactions' among them).
 
         Raises:
             pipeline.log.wal.WalCorruptionError: the WAL is damaged before its tail.
@@ -388,11 +390,17 @@ class Server:
             wal.close()
         appends = [a for _, entry in recovered.backlog for a in entry]
         if not appends:
-            return appends
+            return appends, []
+        backlog, open_appends = settle_transactions(recovered.backlog)
         hold = self._table_lock()
         ranges = offset_ranges(appends)
         recorded = ends.recorded(ranges.keys())
-        unknown = {key: r for key, r in ranges.items() if key not in recorded}
+        # A partition with a transaction committed in this WAL: its recorded end may count that
+        # transaction's offsets before its records were in the table (a leader hands off or dies with
+        # them open, ``LeadershipService._hand_off``): the table says which of them it holds.
+        released = {(a.topic, a.partition) for _, entry in backlog for a in entry
+                    if batch_kind(a.records) == TRANSACTIONAL}
+        unknown = {key: r for key, r in ranges.items() if key not in recorded or key in released}
         present: set[tuple[str, int, int]] = set()
         if unknown:
             store = self._leadership_store
@@ -402,13 +410,13 @@ class Server:
                     self._fence_dead_writers(writers)
             with hold(True) if hold is not None else nullcontext():
                 present = self.sink.present_offsets(unknown)
-        present |= {(a.topic, a.partition, o) for a in appends if (a.topic, a.partition) in recorded
+        present |= {(a.topic, a.partition, o) for a in appends if (a.topic, a.partition) in recorded.keys() - released
                     for o in range(a.base_offset, min(a.base_offset + a.record_count,
                                                       recorded[(a.topic, a.partition)]))}
-        ends.begin(appends)
-        replay(self.sink, recovered.backlog, present=present)  # each write holds the tables, shared when it can
+        ends.begin(appends)  # the open transactions' offsets too: the next leader continues after them
+        replay(self.sink, backlog, present=present)  # each write holds the tables, shared when it can
         ends.done(appends)
-        return appends
+        return appends, open_appends
 
     def _live_publisher(self, endpoints: Sequence[tuple[str, str, int]],
                         ) -> Callable[[dict[tuple[str, int], int], bool], None] | None:
@@ -678,12 +686,19 @@ class Server:
             max_session_timeout_ms=c.group_max_session_timeout_ms), c.data_dir, c.metadata_url)
         self.coordinator.register()
         # Transactions (KIP-98): state in DATA_DIR/_pipeline/transactions.db (shared by a cluster's
-        # brokers, which queue each other's markers there). Not with leadership through the database:
-        # a moved partition's open transactions and a moved coordinator are not carried over yet.
+        # brokers, which queue each other's markers there). With leadership through the database, in the
+        # leadership's database (a coordinator's writes are fenced by its __consumer_offsets partition's
+        # leader epoch there), and only with --ack-on wal: a dead broker's open transactions are in its
+        # WAL on the shared volume, which another broker drains; with --ack-on spark its WAL is its own.
         self.transactions: TransactionApis | None = None
         if not self.dynamic:
             self.transactions = TransactionApis.for_data_dir(self.apis, self.coordinator, c.data_dir,
                                                              c.transaction_max_timeout_ms, c.metadata_url)
+        elif self.wal_path is not None:
+            self.transactions = TransactionApis(self.apis, self.coordinator,
+                                                store_target(c.metadata_url, c.data_dir, CLUSTER_STORE_FILE),
+                                                c.transaction_max_timeout_ms)
+        if self.transactions is not None:
             self.transactions.register()
         self.fetch_apis = FetchApis(self.logs, self.apis.catalog, request_channel.metrics)
         self.fetch_apis.register(self.apis)
@@ -743,7 +758,7 @@ class Server:
         trio.lowlevel.add_instrument(self.io_wait)
         async with trio.open_nursery() as nursery:
             if self.leadership is not None:
-                await nursery.start(self.leadership.run, persister, self.coordinator)
+                await nursery.start(self.leadership.run, persister, self.coordinator, self.transactions)
             await nursery.start(persister.run)
             await nursery.start(self.apis.run_timeouts)
             await nursery.start(self.coordinator.run)

@@ -80,8 +80,10 @@ from pipeline.log.batch import PartitionAppend
 from pipeline.log.manager import LogManager
 from pipeline.metadata.brokers import BrokerRegistry, DuplicateBrokerError, Endpoint, FencedBrokerError
 from pipeline.metadata.database import Target
-from pipeline.metadata.leadership import BrokerWal, Leadership, LeadershipStore, NotControllerError, ProducerBatch
-from pipeline.persist.persister import BatchingPersister, offset_ranges
+from pipeline.metadata.leadership import (BrokerWal, Leadership, LeadershipStore, NotControllerError, OpenAppend,
+                                          ProducerBatch)
+from pipeline.persist.persister import BatchingPersister, StorageFailedError, offset_ranges
+from pipeline.requests.txn_apis import TransactionApis
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,12 @@ def producer_batches(appends: Sequence[PartitionAppend]) -> list[ProducerBatch]:
     return [ProducerBatch(a.topic, a.partition, a.producer_id, a.producer_epoch, a.base_sequence,
                           (a.base_sequence + a.record_count - 1) % 2**31, a.base_offset)
             for a in appends if a.producer_id >= 0 and a.base_sequence >= 0]
+
+def open_row(a: PartitionAppend) -> OpenAppend:
+    """``a`` as the database keeps an open transaction's append (``LeadershipStore.open_transactions``)."""
+    return (a.topic, a.partition, a.base_offset, bytes(a.records), a.record_count, a.log_append_time_ms,
+            a.producer_id, a.producer_epoch, a.base_sequence, a.uncompressed_bytes)
+
 
 METADATA_REFRESH_S = 0.25
 """How often a broker looks for leadership changes (one single-row read, ``change_version``)."""
@@ -160,7 +168,8 @@ class LeadershipService:
             everything acknowledged, no WAL is drained and none waited for.
         drain_wal: with ``wal_path``: blocking; writes what the table lacks of the WAL in the directory
             given (a dead broker's), keeping the recorded table ends (``CommitEnds``), and returns the
-            appends it held after its checkpoint.
+            appends it held after its checkpoint and, among them, those of transactions it holds no
+            marker of (kept in the database for the partitions' next leaders, ``_adopt``).
     """
 
     def __init__(self, cluster: DynamicCluster, target: Target, endpoints: Sequence[Endpoint], *,
@@ -171,7 +180,8 @@ class LeadershipService:
                  staging_name: Callable[[], str | None] | None = None,
                  on_fenced: Callable[[], None] | None = None, incarnation: uuid.UUID | None = None,
                  data_dir: Path | None = None, wal_path: str | None = None,
-                 drain_wal: Callable[[Path, CommitEnds], Sequence[PartitionAppend]] | None = None) -> None:
+                 drain_wal: Callable[[Path, CommitEnds], tuple[Sequence[PartitionAppend],
+                                                               Sequence[PartitionAppend]]] | None = None) -> None:
         if wal_path is not None and (data_dir is None or drain_wal is None):
             raise ValueError("wal_path needs data_dir and drain_wal")
         self.cluster = cluster
@@ -190,6 +200,7 @@ class LeadershipService:
         self.on_fenced = on_fenced or (lambda: os._exit(FENCED_STATUS))
         self.persister: BatchingPersister | None = None
         self.coordinator: GroupCoordinatorService | None = None
+        self.transactions: TransactionApis | None = None
         self.store: LeadershipStore | None = None
         self.leases: BrokerRegistry | None = None
         """This broker's registration and heartbeats, on a database connection of their own: a lease
@@ -248,15 +259,17 @@ class LeadershipService:
             log.warning("recording the table's end offsets after a commit failed: %s", exc)
 
     async def run(self, persister: BatchingPersister | None = None, coordinator: GroupCoordinatorService | None = None,
+                  transactions: TransactionApis | None = None,
                   *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Open the store, then membership, the controller and the leadership watch until cancelled.
 
         ``persister``: the broker's (its commits are fenced by ``before_table_write``; a partition taken
         over is loaded only after what it holds is written); ``coordinator``: the group coordinator,
-        whose groups load and unload as ``__consumer_offsets`` partitions move here and away. Both
-        are built after this service (the persister's ``before_table_write`` is this service's), so
-        they come here; None in tests of membership alone."""
-        self.persister, self.coordinator = persister, coordinator
+        whose groups load and unload as ``__consumer_offsets`` partitions move here and away;
+        ``transactions``: the transaction coordinator, whose transactional ids move with those partitions
+        too. They are built after this service (the persister's ``before_table_write`` is this
+        service's), so they come here; None in tests of membership alone."""
+        self.persister, self.coordinator, self.transactions = persister, coordinator, transactions
         self.store = await trio.to_thread.run_sync(LeadershipStore, self.target)
         try:
             self.leases = await trio.to_thread.run_sync(BrokerRegistry, self.target)
@@ -472,12 +485,15 @@ class LeadershipService:
                 continue
             started = trio.current_time()
             ends = CommitEnds(store.table_ends, self.before_table_write, self.after_table_write)
-            appends = await trio.to_thread.run_sync(self.drain_wal, self.data_dir / wal.path, ends)
+            appends, open_appends = await trio.to_thread.run_sync(self.drain_wal, self.data_dir / wal.path, ends)
             if await trio.to_thread.run_sync(store.wal_drained, wal.incarnation_id, node, epoch,
-                                             producer_batches(appends)):
+                                             producer_batches(appends), [open_row(a) for a in open_appends]):
                 log.info("controller: drained broker %d's WAL (epoch %d, %s): %d records after its checkpoint "
-                         "are in the table (%.1f s)", wal.node_id, wal.broker_epoch, wal.path,
-                         sum(a.record_count for a in appends), trio.current_time() - started)
+                         "are in the table (%.1f s)%s", wal.node_id, wal.broker_epoch, wal.path,
+                         sum(a.record_count for a in appends) - sum(a.record_count for a in open_appends),
+                         trio.current_time() - started,
+                         f"; {len(open_appends)} append(s) of open transactions are kept for their partitions' "
+                         "next leaders" if open_appends else "")
                 self._changed.set()
 
     # -- following the assignment ---------------------------------------------------
@@ -525,9 +541,7 @@ class LeadershipService:
                 or rows[key].leader_epoch != self._loaded_epochs.get(key)}
         if lost:
             cluster.loaded -= lost
-            groups = {p for t, p in lost if t == OFFSETS_TOPIC}
-            if groups and self.coordinator is not None:
-                self.coordinator.unload_groups(lambda g: offsets_partition(g) in groups)
+            self._unload_groups({key for key in lost if key[0] == OFFSETS_TOPIC})
             log.info("broker %d: %d partition(s) moved to other brokers", me, len(lost))
         for key, row in rows.items():
             handoff = (key[0], key[1], row.leader_epoch)
@@ -537,17 +551,29 @@ class LeadershipService:
 
     async def _hand_off(self, key: tuple[str, int], row: Leadership) -> None:
         """As the prior leader of ``key``: once everything accepted for it is in the table (or, for a
-        ``__consumer_offsets`` partition, every queued offset write is durable), let the new leader serve."""
+        ``__consumer_offsets`` partition, every queued offset write is durable), let the new leader serve;
+        the records of its open transactions, and its log end offset, go to the database with the
+        hand-off for the new leader (``_adopt``)."""
         topic, partition = key
         try:
+            open_appends: list[PartitionAppend] = []
+            end: int | None = None
             if topic == OFFSETS_TOPIC:
                 if self.coordinator is not None:
                     await self.coordinator.sync_writes()
             elif self.persister is not None:
                 await self.persister.sync_table()
+                open_appends = await trio.to_thread.run_sync(self.persister.open_appends, topic, partition)
+                end = self.logs.log_end_offset(topic, partition)
             assert self.store is not None
-            await trio.to_thread.run_sync(self.store.hand_off, topic, partition, self.cluster.node_id,
-                                          row.leader_epoch)
+            if await trio.to_thread.run_sync(self.store.hand_off, topic, partition, self.cluster.node_id,
+                                             row.leader_epoch, [open_row(a) for a in open_appends],
+                                             producer_batches(open_appends), end) and open_appends:
+                # The new leader adopts them (``_adopt``): they are not this broker's to write any more.
+                assert self.persister is not None
+                self.persister.hand_over_open(topic, partition)
+                log.info("broker %d: %s-%d handed off with %d append(s) of open transactions", self.cluster.node_id,
+                         topic, partition, len(open_appends))
             log.debug("broker %d: %s-%d handed off to broker %d (leader epoch %d)", self.cluster.node_id, topic,
                      partition, row.leader_id, row.leader_epoch)
         except Exception as exc:
@@ -604,11 +630,23 @@ class LeadershipService:
                          "(%d read from the table, the others as their commits recorded them; %.2f s)", me,
                          len(taken), self.ends_read_from_table - read_before, trio.current_time() - started)
 
+    def _unload_groups(self, keys: set[tuple[str, int]]) -> None:
+        """Forget the groups and transactional ids of these ``__consumer_offsets`` partitions (moved
+        away, or loaded but moved on before they were served)."""
+        numbers = {p for _, p in keys}
+        if numbers and self.coordinator is not None:
+            self.coordinator.unload_groups(lambda g: offsets_partition(g) in numbers)
+        if numbers and self.transactions is not None:
+            self.transactions.unload_partitions(numbers)
+
     async def _load_groups(self, keys: set[tuple[str, int]]) -> None:
-        """Load the groups of these ``__consumer_offsets`` partitions into the coordinator (if any)."""
+        """Load the groups of these ``__consumer_offsets`` partitions into the coordinator (if any), and
+        their transactional ids into the transaction coordinator (if any)."""
+        numbers = {p for _, p in keys}
         if self.coordinator is not None:
-            numbers = {p for _, p in keys}
             await self.coordinator.load_groups(lambda g: offsets_partition(g) in numbers)
+        if self.transactions is not None:
+            await self.transactions.load_partitions({p: int(self.cluster.leaders[(t, p)].leader_epoch) for t, p in keys})
 
     async def _load_partitions(self, keys: set[tuple[str, int]]) -> None:
         """Continue these partitions' logs at the table's end offsets, with their producers' states.
@@ -644,6 +682,34 @@ class LeadershipService:
             self.logs.reset_partition(key[0], key[1], ends[key], by_partition.get(key, ()))
             if self.logs.table is not None:
                 self.logs.table.invalidate(key[0], key[1])
+        await self._adopt(store, keys)
+
+    async def _adopt(self, store: LeadershipStore, keys: set[tuple[str, int]]) -> None:
+        """Before serving ``keys``: the records of open transactions that dead brokers' WALs held on them
+        (``LeadershipStore.open_transactions``) go into this broker's WAL at their offsets, as a
+        replica's log holds them in Kafka: held out of the table until their marker reaches this leader
+        (the persister's transactions), indexed so that they are read from the WAL and pin the last
+        stable offset. Their rows go once the WAL has them; a take-over retried after that finds none.
+
+        Raises:
+            StorageFailedError: the WAL failed (the take-over fails and is retried).
+            FencedBrokerError: this broker is no longer a member.
+        """
+        rows = await trio.to_thread.run_sync(store.open_transactions, keys)
+        if not rows:
+            return
+        assert self.persister is not None and self.epoch is not None
+        appends = [PartitionAppend(*row) for row in rows]
+        commit = self.persister.append(appends, at_wal=True)
+        done = trio.Event()
+        commit.add_callback(lambda c: done.set())
+        await done.wait()
+        if commit.error is not None:
+            raise StorageFailedError(f"adopting open transactions' records failed: {commit.error}")
+        await trio.to_thread.run_sync(store.adopted, self.cluster.node_id, self.epoch, rows)
+        log.info("broker %d adopted %d append(s) of %d open transaction(s) on %d partition(s) from dead brokers' "
+                 "WALs", self.cluster.node_id, len(appends), len({a.producer_id for a in appends}),
+                 len({(a.topic, a.partition) for a in appends}))
 
     async def _take(self, ready: dict[tuple[str, int], Leadership],
                     load: Callable[[set[tuple[str, int]]], Awaitable[None]]) -> set[tuple[str, int]]:
@@ -659,6 +725,7 @@ class LeadershipService:
         current = cluster.leaders
         taken = {key for key, row in ready.items()
                  if current.get(key) is not None and current[key].leader_epoch == row.leader_epoch}
+        self._unload_groups({key for key in ready.keys() - taken if key[0] == OFFSETS_TOPIC})
         # Named leader in every broker's Metadata from now on; this broker serves them right after.
         await self._mark_serving({key: ready[key].leader_epoch for key in taken})
         cluster.loaded |= taken

@@ -25,6 +25,7 @@ markers. Rules follow Kafka's ``TransactionCoordinator`` /
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 import enum
 from dataclasses import dataclass, field
 
@@ -135,9 +136,17 @@ class TransactionCoordinator:
         self._by_producer: dict[int, TransactionMetadata] = {}
 
     def load(self, metadata: TransactionMetadata) -> None:
-        """Add a stored transactional id (at start)."""
+        """Add a stored transactional id (at start, or when this broker becomes its coordinator)."""
         self.transactions[metadata.transactional_id] = metadata
         self._by_producer[metadata.producer_id] = metadata
+
+    def unload(self, transactional_ids: Iterable[str]) -> None:
+        """Forget these transactional ids (their coordinator moved to another broker; Kafka
+        TransactionStateManager.removeTransactionsForTxnTopicPartition)."""
+        for tid in transactional_ids:
+            meta = self.transactions.pop(tid, None)
+            if meta is not None and self._by_producer.get(meta.producer_id) is meta:
+                del self._by_producer[meta.producer_id]
 
     def get(self, transactional_id: str) -> TransactionMetadata | None:
         return self.transactions.get(transactional_id)

@@ -104,6 +104,16 @@ class QueuedMarker:
     group_id: str | None = None
 
 
+Fence = tuple[str, int, int, int]
+"""(``__consumer_offsets``, partition, leader id, leader epoch): with leadership through the database, a
+coordinator's write stands only while that broker still leads that partition at that epoch (Kafka fences
+a coordinator's ``__transaction_state`` appends by the partition's leader epoch)."""
+
+
+class NotCoordinatorError(RuntimeError):
+    """A coordinator's write was fenced: its ``__consumer_offsets`` partition moved (Kafka NOT_COORDINATOR)."""
+
+
 _COLUMNS = ("transactional_id, producer_id, producer_epoch, state, timeout_ms, partitions, groups, "
             "start_ms, update_ms, last_epoch")
 
@@ -193,15 +203,33 @@ class TransactionStore:
                 "metadata = excluded.metadata",
                 [(transactional_id, group, t, p, o, e, m) for (t, p), (o, e, m) in offsets.items()])
 
+    def _check(self, cur: object, fence: Fence | None) -> None:
+        """Raise NotCoordinatorError unless ``fence``'s leader leads its partition at its epoch (the row
+        locked until the transaction ends, ``FOR SHARE`` on PostgreSQL: the controller's move of it waits).
+        Needs the leadership tables in this database (``pipeline.metadata.leadership``)."""
+        if fence is None:
+            return
+        topic, partition, leader_id, leader_epoch = fence
+        lock = " FOR SHARE" if self._db.dialect == "postgresql" else ""
+        row = cur.execute(  # type: ignore[attr-defined]
+            f"SELECT leader_id, leader_epoch FROM partition_leaders WHERE topic = ? AND partition = ?{lock}",
+            (topic, partition)).fetchone()
+        if row is None or (int(row[0]), int(row[1])) != (leader_id, leader_epoch):
+            raise NotCoordinatorError(f"broker {leader_id} no longer leads {topic}-{partition} at leader epoch "
+                                      f"{leader_epoch} (now: {tuple(row) if row else None})")
+
     def save(self, meta: TransactionMetadata, pending: PendingOffsets | None = None,
-             clear_pending: bool | Iterable[str] = False) -> None:
+             clear_pending: bool | Iterable[str] = False, fence: Fence | None = None) -> None:
         """Store ``meta``, add ``pending`` offsets, or drop its pending offsets (``clear_pending``: all
         of them, or those of the groups it names), in one transaction; durable when it returns.
+        ``fence``: only while that broker leads that partition at that epoch (``Fence``).
 
         Raises:
             sqlite3.Error, psycopg.Error: nothing of it was stored.
+            NotCoordinatorError: ``fence`` failed; nothing was stored.
         """
         with self._db.transaction() as cur:
+            self._check(cur, fence)
             cur.execute(
                 "INSERT INTO transactions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (transactional_id) DO UPDATE SET producer_id = excluded.producer_id, "
@@ -220,14 +248,17 @@ class TransactionStore:
 
     # -- the transaction's end on other brokers ----------------------------------------
 
-    def queue_markers(self, markers: Iterable[QueuedMarker]) -> None:
-        """Queue ``markers`` for the brokers that carry them out (a queued one again: replaced).
+    def queue_markers(self, markers: Iterable[QueuedMarker], fence: Fence | None = None) -> None:
+        """Queue ``markers`` for the brokers that carry them out (a queued one again: replaced);
+        ``fence`` as ``save``'s.
 
         Raises:
             sqlite3.Error, psycopg.Error: none was queued.
+            NotCoordinatorError: ``fence`` failed; none was queued.
         """
         markers = list(markers)
         with self._db.transaction() as cur:
+            self._check(cur, fence)
             cur.executemany(
                 "INSERT INTO txn_markers VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (transactional_id, topic, partition) "
                 "DO UPDATE SET producer_id = excluded.producer_id, producer_epoch = excluded.producer_epoch, "

@@ -23,7 +23,7 @@ import struct
 
 from crc32c import crc32c
 
-__all__ = ("ABORT", "COMMIT", "ControlType", "batch_kind", "build_marker", "marker_type",
+__all__ = ("ABORT", "COMMIT", "ControlType", "batch_kind", "build_empty_batch", "build_marker", "marker_type",
            "TRANSACTIONAL", "CONTROL", "DATA")
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -141,3 +141,20 @@ def _read_varint(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, i
             break
         shift += 7
     return (result >> 1) ^ -(result & 1), pos
+
+
+def build_empty_batch(base_offset: int, count: int) -> bytes:
+    """A RecordBatch v2 that holds no record and covers ``count`` offsets from ``base_offset``: how
+    Kafka's log cleaner keeps offsets whose records are all gone (v2 keeps a batch's last offset,
+    ``lastOffsetDelta``, when it empties it); consumers move past it to ``base_offset + count``.
+    Served for offsets that are never rows of the table (markers, aborted records) where the table
+    is all that is left of them (``pipeline.log.manager.LogManager.read``).
+
+    Raises:
+        ValueError: ``count`` < 1.
+    """
+    if count < 1:
+        raise ValueError(f"an empty batch covers at least one offset, not {count}")
+    header = bytearray(_HEADER.pack(base_offset, _HEADER.size - 12, -1, 2, 0, 0, count - 1, 0, 0, -1, -1, -1, 0))
+    struct.pack_into(">I", header, 17, crc32c(bytes(header[_CRC_START:])))
+    return bytes(header)

@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 import trio
 
-from pipeline.log.control import ABORT, CONTROL, TRANSACTIONAL, batch_kind, marker_type
+from pipeline.log.control import ABORT, CONTROL, TRANSACTIONAL, batch_kind, build_empty_batch, marker_type
 from pipeline.log.partition import Location, PartitionLog, batches_from, max_timestamp, rebase
 from pipeline.log.state import LogState
 from pipeline.log.batch import PartitionAppend
@@ -401,8 +401,7 @@ class LogManager:
         end = plog.last_stable_offset if read_committed else plog.high_watermark
         if offset >= end:
             return 0
-        first = plog.first_indexed_offset
-        if first is None or offset < first:
+        if plog.gap_end(offset) is not None:
             return limit
         return sum(loc.length for loc in plog.locations(offset, limit, min_one=True, end=end))
 
@@ -430,17 +429,24 @@ class LogManager:
         if offset >= end:
             return nothing
         async with self._read_limiter:
-            first = plog.first_indexed_offset
-            if first is None or offset < first:
-                table_end = end if first is None else min(first, end)
+            first = plog.gap_end(offset)  # None: the WAL holds ``offset``
+            if first is not None:
+                indexed = first < hw
+                table_end = min(first, end)
                 records, next_offset = await self._read_table(topic, partition, offset, max_bytes, table_end,
                                                               min_one)
-                if records or first is None or next_offset < table_end:  # read, or held but not fitting
+                if not records and not indexed and offset < table_end <= next_offset and self.table is not None:
+                    # No row in [offset, table_end), and the WAL holds none of it: transaction markers
+                    # or aborted records of a moved partition (never rows). An empty batch moves the
+                    # consumer past them, as after Kafka's log cleaner emptied a batch.
+                    return ReadResult(build_empty_batch(offset, table_end - offset), hw, plog.log_start_offset,
+                                      "table", lso, nothing.aborted)
+                if records or not indexed or next_offset < table_end:  # read, or held but not fitting
                     return self._counted(topic, ReadResult(records, hw, plog.log_start_offset,
                                                            "table" if records else "", lso, nothing.aborted))
                 # The table holds no offset in [offset, first) (table retention dropped them): go on
                 # from the WAL, as a fetch in a gap of a compacted log gets the next record there is.
-                log.info("%s-%d: a fetch at %d goes on at the WAL's first offset %d: the table holds none below it",
+                log.info("%s-%d: a fetch at %d goes on at the WAL's offset %d: the table holds none below it",
                          topic, partition, offset, first)
                 offset = first
             locations = plog.locations(offset, max_bytes, min_one, end=end)

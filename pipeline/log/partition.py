@@ -245,17 +245,35 @@ class PartitionLog:
             return []
         ends = self._ends
         i = bisect.bisect_right(ends, offset, self._first)
+        if i < len(ends) and self._bases[i] > offset:
+            return []  # in a gap of the index: read the table (``gap_end``)
         out: list[Location] = []
         total = 0
         while i < len(ends) and ends[i] <= hw:
             length = self._lengths[i]
             if (out or not min_one) and total + length > max_bytes:
                 break
+            if out and self._bases[i] != out[-1].end_offset:
+                break  # the offsets between are only in the table
             out.append(Location(self._bases[i], ends[i], self._segments[i], self._positions[i], length,
                                 self._max_ts[i]))
             total += length
             i += 1
         return out
+
+    def gap_end(self, offset: int) -> int | None:
+        """None when an indexed batch holds ``offset`` (read it from the WAL); else the end of the
+        offsets from ``offset`` that only the table holds: the next indexed batch's base offset, or the
+        high watermark past the last one. Below the first indexed offset that is the first indexed
+        offset; the index has gaps above it only where a new leader adopted a dead broker's open
+        transactions (``pipeline.cluster.service``), whose neighbours are in the table."""
+        if not len(self):
+            return self.high_watermark
+        ends = self._ends
+        i = bisect.bisect_right(ends, offset, self._first)
+        if i == len(ends):
+            return self.high_watermark
+        return self._bases[i] if self._bases[i] > offset else None
 
     def first_at_or_after_timestamp(self, timestamp_ms: int) -> Location | None:
         """The first durable indexed batch set whose max timestamp is >= ``timestamp_ms`` (ListOffsets)."""

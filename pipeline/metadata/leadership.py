@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.metadata.brokers import BrokerRegistry
 from pipeline.metadata.database import Migration, Target
@@ -124,9 +125,26 @@ CREATE TABLE IF NOT EXISTS table_ends (
     PRIMARY KEY (topic, partition)
 )"""
 
+_OPEN_TRANSACTIONS = """
+CREATE TABLE IF NOT EXISTS open_txn_appends (
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    base_offset BIGINT NOT NULL,
+    record_count INTEGER NOT NULL,
+    log_append_time_ms BIGINT NOT NULL,
+    producer_id BIGINT NOT NULL,
+    producer_epoch INTEGER NOT NULL,
+    base_sequence INTEGER NOT NULL,
+    uncompressed_bytes BIGINT NOT NULL,
+    records {blob} NOT NULL,
+    PRIMARY KEY (topic, partition, base_offset)
+)"""
+
 MIGRATIONS = (Migration(1, sqlite=_SCHEMA, postgresql=_SCHEMA), Migration(2, sqlite=_WALS, postgresql=_WALS),
               Migration(3, sqlite=_RETIRED, postgresql=_RETIRED), Migration(4, sqlite=_SERVING, postgresql=_SERVING),
-              Migration(5, sqlite=_TABLE_ENDS, postgresql=_TABLE_ENDS))
+              Migration(5, sqlite=_TABLE_ENDS, postgresql=_TABLE_ENDS),
+              Migration(6, sqlite=_OPEN_TRANSACTIONS.format(blob="BLOB"),
+                        postgresql=_OPEN_TRANSACTIONS.format(blob="BYTEA")))
 
 BATCHES_KEPT = 5
 """Producer batches kept per (partition, producer) (Kafka ProducerStateEntry.NumBatchesToRetain)."""
@@ -174,6 +192,12 @@ class BrokerWal:
     broker_epoch: int
     path: str
     drained: bool = False
+
+
+OpenAppend = tuple[str, int, int, bytes, int, int, int, int, int, int]
+"""An open transaction's append kept for a partition's next leader: ``PartitionAppend``'s fields in
+its order (topic, partition, base offset, records, record count, log append time ms, producer id,
+producer epoch, base sequence, uncompressed bytes)."""
 
 
 class LeadershipStore:
@@ -283,14 +307,26 @@ class LeadershipStore:
             cur.executemany("DELETE FROM partition_leaders WHERE topic = ? AND partition = ?", sorted(deleted))
             self._db.record_change(cur, COMPONENT)
 
-    def hand_off(self, topic: str, partition: int, prior_id: int, leader_epoch: int) -> bool:
-        """``prior_id`` has everything it accepted for ``topic``-``partition`` in the table: the leader at
-        ``leader_epoch`` may serve it. False: the row moved on meanwhile (nothing written)."""
+    def hand_off(self, topic: str, partition: int, prior_id: int, leader_epoch: int,
+                 open_appends: Sequence[OpenAppend] = (), batches: Sequence[ProducerBatch] = (),
+                 end_offset: int | None = None) -> bool:
+        """``prior_id`` has everything it accepted for ``topic``-``partition`` in the table but
+        ``open_appends`` (open transactions' records, kept here for the new leader as ``wal_drained``
+        keeps a dead broker's, with their idempotent ``batches``): the leader at ``leader_epoch`` may
+        serve it, from ``end_offset`` on at least (the prior leader's log end: its last offsets may be
+        markers, never rows, or those open records). One transaction. False: the row moved on
+        meanwhile (nothing written)."""
         with self._db.transaction() as cur:
             done = cur.execute("UPDATE partition_leaders SET handed_off = 1 WHERE topic = ? AND partition = ? "
                                "AND prior_id = ? AND leader_epoch = ? AND handed_off = 0",
                                (topic, partition, prior_id, leader_epoch)).rowcount > 0
             if done:
+                self._keep_open(cur, open_appends, batches)
+                if end_offset is not None:
+                    cur.execute("INSERT INTO table_ends (topic, partition, end_offset) VALUES (?, ?, ?) ON CONFLICT "
+                                "(topic, partition) DO UPDATE SET end_offset = CASE WHEN excluded.end_offset > "
+                                "table_ends.end_offset THEN excluded.end_offset ELSE table_ends.end_offset END",
+                                (topic, partition, end_offset))
                 self._db.record_change(cur, COMPONENT)
         return done
 
@@ -452,6 +488,7 @@ class LeadershipStore:
         with self._db.transaction() as cur:
             cur.execute("DELETE FROM producer_states WHERE topic = ?", (topic,))
             cur.execute("DELETE FROM table_ends WHERE topic = ?", (topic,))
+            cur.execute("DELETE FROM open_txn_appends WHERE topic = ?", (topic,))
 
     # -- broker WALs (--ack-on wal) ------------------------------------------------
 
@@ -495,10 +532,12 @@ class LeadershipStore:
                 (node_id, broker_epoch, incarnation_id, node_id, broker_epoch)).rowcount > 0
 
     def wal_drained(self, incarnation_id: str, node_id: int, broker_epoch: int,
-                    batches: Sequence[ProducerBatch]) -> bool:
-        """As the WAL's claimant: everything it held is in the table, and ``batches`` (the idempotent
-        batches written from it) join the producer states. One transaction; False (nothing written)
-        when ``node_id`` at ``broker_epoch`` does not hold the claim any more.
+                    batches: Sequence[ProducerBatch], open_appends: Sequence[OpenAppend] = ()) -> bool:
+        """As the WAL's claimant: everything it held is in the table but ``open_appends`` (records of
+        transactions whose marker it does not hold, ``pipeline.persist.recovery.settle_transactions``),
+        which are kept here for their partitions' next leaders (``open_transactions``); ``batches``
+        (the idempotent batches written or kept from it) join the producer states. One transaction;
+        False (nothing written) when ``node_id`` at ``broker_epoch`` does not hold the claim any more.
 
         Raises:
             FencedBrokerError: ``node_id`` at ``broker_epoch`` is not a live member.
@@ -508,12 +547,50 @@ class LeadershipStore:
                            "claimant_id = ? AND claimant_epoch = ?",
                            (incarnation_id, node_id, broker_epoch)).rowcount == 0:
                 return False
-            cur.executemany("INSERT INTO producer_states VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
-                            "(topic, partition, producer_id, base_offset) DO NOTHING",
-                            [(b.topic, b.partition, b.producer_id, b.producer_epoch, b.first_seq, b.last_seq,
-                              b.base_offset) for b in batches])
+            self._keep_open(cur, open_appends, batches)
             self._db.record_change(cur, COMPONENT)
         return True
+
+    @staticmethod
+    def _keep_open(cur: Any, open_appends: Sequence[OpenAppend], batches: Sequence[ProducerBatch]) -> None:
+        cur.executemany("INSERT INTO producer_states VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
+                        "(topic, partition, producer_id, base_offset) DO NOTHING",
+                        [(b.topic, b.partition, b.producer_id, b.producer_epoch, b.first_seq, b.last_seq,
+                          b.base_offset) for b in batches])
+        cur.executemany("INSERT INTO open_txn_appends VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT "
+                        "(topic, partition, base_offset) DO NOTHING",
+                        [(topic, partition, base, count, append_ms, pid, epoch, seq, size, bytes(records))
+                         for topic, partition, base, records, count, append_ms, pid, epoch, seq, size in open_appends])
+
+    # -- open transactions of dead brokers' WALs ------------------------------------
+
+    def open_transactions(self, keys: Collection[tuple[str, int]]) -> list[OpenAppend]:
+        """The appends of open transactions drained from dead brokers' WALs (``wal_drained``) on the
+        partitions ``keys``, by partition and offset: the records a new leader adopts (writes to its
+        own WAL, held out of the table until their marker) before it serves the partition."""
+        wanted = set(keys)
+        out: list[OpenAppend] = []
+        with self._db.transaction(write=False) as cur:
+            for topic in sorted({t for t, _ in wanted}):
+                for row in cur.execute(
+                        "SELECT partition, base_offset, records, record_count, log_append_time_ms, producer_id, "
+                        "producer_epoch, base_sequence, uncompressed_bytes FROM open_txn_appends WHERE topic = ? "
+                        "ORDER BY partition, base_offset", (topic,)).fetchall():
+                    partition, base, records, count, append_ms, pid, epoch, seq, size = row
+                    if (topic, int(partition)) in wanted:
+                        out.append((topic, int(partition), int(base), bytes(records), int(count), int(append_ms),
+                                    int(pid), int(epoch), int(seq), int(size)))
+        return out
+
+    def adopted(self, node_id: int, broker_epoch: int, appends: Sequence[OpenAppend]) -> None:
+        """``appends`` (from ``open_transactions``) are in ``node_id``'s own WAL now: their rows go.
+
+        Raises:
+            FencedBrokerError: ``node_id`` at ``broker_epoch`` is not a live member (nothing deleted).
+        """
+        with self.registry.fenced(node_id, broker_epoch) as cur:
+            cur.executemany("DELETE FROM open_txn_appends WHERE topic = ? AND partition = ? AND base_offset = ?",
+                            [(a[0], a[1], a[2]) for a in appends])
 
     def drained_wals(self, node_id: int) -> list[BrokerWal]:
         """``node_id``'s drained WALs: directories its next incarnation may delete (then ``forget_wal``)."""

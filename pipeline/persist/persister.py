@@ -789,6 +789,43 @@ class BatchingPersister(Generic[FlushT]):
             result = _earlier(result, held[0].hold_from)
         return result
 
+    def open_appends(self, topic: str, partition: int) -> list[PartitionAppend]:
+        """The appends of open transactions held out of the table on ``topic``-``partition`` (no marker
+        yet), in WAL order, with their records (read back from the WAL where they were stripped;
+        blocking: call it in a worker thread). What a leader hands over with the partition
+        (``pipeline.cluster.service``), then ``hand_over_open``.
+
+        Raises:
+            OSError: the WAL could not be read.
+        """
+        out = []
+        for held in list(self._held.values()):
+            for h in held:
+                a = h.append
+                if a.topic != topic or a.partition != partition:
+                    continue
+                if not a.records and h.span is not None:
+                    segment, position, length = h.span
+                    a = PartitionAppend(a.topic, a.partition, a.base_offset, self._wal.read(segment, position, length),
+                                        a.record_count, a.log_append_time_ms, a.producer_id, a.producer_epoch,
+                                        a.base_sequence, a.uncompressed_bytes)
+                out.append(a)
+        return sorted(out, key=lambda a: a.base_offset)
+
+    def hand_over_open(self, topic: str, partition: int) -> int:
+        """Forget the open transactions' appends on ``topic``-``partition``: another leader holds them
+        now (``open_appends``); the checkpoint may pass them. Returns how many were forgotten."""
+        forgotten = 0
+        for pid in list(self._held):
+            kept = [h for h in self._held[pid] if h.append.topic != topic or h.append.partition != partition]
+            forgotten += len(self._held[pid]) - len(kept)
+            if kept:
+                self._held[pid] = kept
+            else:
+                del self._held[pid]
+        self._txn_pending = {key for key in self._txn_pending if key[:2] != (topic, partition)}
+        return forgotten
+
     @property
     def open_transactions(self) -> int:
         """Producers with records held out of the table (open transactions)."""

@@ -36,7 +36,7 @@ from pipeline.log.batch import PartitionAppend
 from pipeline.persist.persister import GroupSink, offset_ranges
 from pipeline.log.state import LogState
 from pipeline.log.checkpoint import Checkpoint, StateStore
-from pipeline.log.control import DATA, batch_kind
+from pipeline.log.control import ABORT, CONTROL, DATA, TRANSACTIONAL, batch_kind, marker_type
 from pipeline.log.wal import WalPosition, WriteAheadLog, decode_appends
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,39 @@ def recover_log(wal: WriteAheadLog, store: StateStore,
     if backlog:
         checkpoint.wal_position = backlog[-1][0]
     return Recovered(checkpoint, stored, backlog)
+
+
+def settle_transactions(backlog: Backlog) -> tuple[Backlog, list[PartitionAppend]]:
+    """Split a dead broker's WAL backlog by what its transactions' markers say (KIP-98), as the
+    persister's routing does live (``BatchingPersister._route``): a transaction's records with a
+    COMMIT marker later in the backlog go to the table (in the marker's entry), those with an ABORT
+    marker never do, and those with no marker yet are the transaction's *open* appends: the table
+    must not get them until their marker is written by the partition's next leader
+    (``pipeline.cluster.service`` adopts them). Markers themselves are never rows. Pure.
+
+    Returns:
+        (the backlog for the table: its data appends and committed transactions' appends, in WAL
+        order; the open transactions' appends, in WAL order).
+    """
+    held: dict[tuple[int, str, int], list[PartitionAppend]] = {}
+    out: Backlog = []
+    for position, appends in backlog:
+        kept: list[PartitionAppend] = []
+        for a in appends:
+            kind = batch_kind(a.records)
+            if kind == TRANSACTIONAL:
+                held.setdefault((a.producer_id, a.topic, a.partition), []).append(a)
+            elif kind == CONTROL:
+                mine = held.pop((a.producer_id, a.topic, a.partition), [])
+                if marker_type(a.records) != ABORT:
+                    kept.extend(mine)
+            else:
+                kept.append(a)
+        if kept:
+            out.append((position, kept))
+    open_ = sorted((a for appends in held.values() for a in appends), key=lambda a: (a.topic, a.partition,
+                                                                                      a.base_offset))
+    return out, open_
 
 
 def replay(sink: TableSink, backlog: Backlog, policy: FlushPolicy = DEFAULT_POLICY,

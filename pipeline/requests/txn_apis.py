@@ -46,7 +46,9 @@ from kio.static.primitive import i32, i64
 from pipeline.coordinator import transactions as tx
 from pipeline.coordinator.transactions import TransactionCoordinator, TransactionMetadata, TxnState
 from pipeline.coordinator.service import GroupCoordinatorService
-from pipeline.coordinator.txn_store import STORE_FILE, PendingOffsets, QueuedMarker, TransactionStore
+from pipeline.cluster.membership import OFFSETS_TOPIC, DynamicCluster, offsets_partition
+from pipeline.coordinator.txn_store import (STORE_FILE, Fence, NotCoordinatorError, PendingOffsets, QueuedMarker,
+                                             TransactionStore)
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.control import ABORT, COMMIT, build_marker
 from pipeline.log.manager import LogManager
@@ -148,6 +150,11 @@ class TransactionApis:
         """Set when this broker starts expecting queued markers (``_expecting_markers``): wakes the
         idle ``_carry_out_markers``."""
         self.closing = False
+        self._owned: dict[int, int] | None = {} if isinstance(kafka_apis.broker.cluster, DynamicCluster) else None
+        """With leadership through the database: the ``__consumer_offsets`` partitions whose transactional
+        ids (and groups' pending offsets) are loaded here (``load_partitions``), each with the leader epoch
+        it was loaded at; None: all are, at start."""
+        self._started = trio.Event()
 
     @classmethod
     def for_data_dir(cls, kafka_apis: TransactionHost, groups: GroupCoordinatorService, data_dir: Path,
@@ -173,9 +180,10 @@ class TransactionApis:
 
     @property
     def clustered(self) -> bool:
-        """Whether other brokers share the store (a cluster of more than one)."""
+        """Whether other brokers share the store (a cluster of more than one, or leadership through the
+        database, whose members come and go)."""
         cluster = self.apis.broker.cluster
-        return cluster is not None and cluster.size > 1
+        return self._owned is not None or (cluster is not None and cluster.size > 1)
 
     def coordinates(self, key: str) -> bool:
         """Whether this broker coordinates transactional id (or group id) ``key``: always alone; in a
@@ -187,10 +195,14 @@ class TransactionApis:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load the stored state, finish what a crash interrupted, then abort timed-out transactions
-        until cancelled."""
+        until cancelled. With leadership through the database nothing is loaded here: the transactional
+        ids come and go with their ``__consumer_offsets`` partitions (``load_partitions``)."""
         self._store = store = await trio.to_thread.run_sync(TransactionStore, self.store_path)
         try:
-            metas, self.pending = await trio.to_thread.run_sync(store.load, self.coordinates, self.coordinates)
+            if self._owned is None:
+                metas, self.pending = await trio.to_thread.run_sync(store.load, self.coordinates, self.coordinates)
+            else:
+                metas = []
             for meta in metas:
                 self.state.load(meta)
             open_ = sum(1 for m in metas if m.state is TxnState.ONGOING)
@@ -205,6 +217,7 @@ class TransactionApis:
                     nursery.start_soon(self._finish_locked, meta)
                 if self.clustered:
                     nursery.start_soon(self._carry_out_markers)
+                self._started.set()
                 task_status.started()
                 while True:
                     await trio.sleep(ABORT_CHECK_INTERVAL_S)
@@ -217,6 +230,72 @@ class TransactionApis:
         """Stop starting transactions' ends (the server is stopping; what is stored is finished at the next start)."""
         self.closing = True
 
+    # -- coordinators that move (leadership through the database) ------------------------------
+
+    async def load_partitions(self, partitions: dict[int, int]) -> None:
+        """This broker now leads these ``__consumer_offsets`` partitions (partition -> leader epoch;
+        ``pipeline.cluster.service``,
+        before it serves them): load their transactional ids and their groups' pending offsets from the
+        store, and finish the transactions a Prepare state was stored for (the previous coordinator
+        died or moved within their end), as Kafka's TransactionStateManager loads a
+        ``__transaction_state`` partition and its coordinator completes what is pending. Open ones go
+        on, or time out here.
+
+        Raises:
+            sqlite3.Error, psycopg.Error: the store cannot be read (the take-over is retried).
+        """
+        await self._started.wait()
+
+        def mine(key: str) -> bool:
+            return offsets_partition(key) in partitions
+
+        metas, pending = await self._in_store(lambda store: store.load(mine, mine))
+        assert self._owned is not None and self._nursery is not None
+        self.unload_partitions(set(partitions))  # what an earlier term here left
+        for meta in metas:
+            self.state.load(meta)
+        for tid, by_group in pending.items():
+            self.pending.setdefault(tid, {}).update(by_group)
+        self._owned.update(partitions)
+        for meta in metas:
+            if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                log.info("transaction coordinator: completing %s of %r (producer %d, epoch %d) taken over",
+                         meta.state.value, meta.transactional_id, meta.producer_id, meta.producer_epoch)
+                self._nursery.start_soon(self._finish_locked, meta)
+        if metas:
+            log.info("transaction coordinator: %d transactional id(s) of %d __consumer_offsets partition(s) loaded, "
+                     "%d with an open transaction", len(metas), len(partitions),
+                     sum(1 for m in metas if m.state is TxnState.ONGOING))
+
+    def unload_partitions(self, partitions: set[int]) -> None:
+        """These ``__consumer_offsets`` partitions moved to another broker: forget their transactional
+        ids and their groups' pending offsets; an end under way for one of them stops at its next step
+        (``_abandoned``), and a write it makes meanwhile is fenced (``TransactionStore``'s ``fence``)."""
+        if self._owned is None:
+            return
+        for p in partitions:
+            self._owned.pop(p, None)
+        self.state.unload([tid for tid in list(self.state.transactions) if offsets_partition(tid) in partitions])
+        for tid in list(self.pending):
+            by_group = self.pending[tid]
+            for group in [g for g in by_group if offsets_partition(g) in partitions]:
+                del by_group[group]
+            if not by_group:
+                del self.pending[tid]
+
+    def _abandoned(self, meta: TransactionMetadata) -> bool:
+        """Whether ``meta``'s coordinator moved away from this broker (``unload_partitions``)."""
+        return self._owned is not None and offsets_partition(meta.transactional_id) not in self._owned
+
+    def _fence(self, transactional_id: str) -> Fence | None:
+        """The fence of this coordinator's writes for ``transactional_id`` (``TransactionStore``): with
+        leadership through the database, its ``__consumer_offsets`` partition at the leader epoch it was
+        loaded at (-1, which no row has, once it is not loaded here)."""
+        if self._owned is None:
+            return None
+        partition = offsets_partition(transactional_id)
+        return OFFSETS_TOPIC, partition, self.apis.broker.node_id, self._owned.get(partition, -1)
+
     # -- helpers -----------------------------------------------------------------
 
     def _lock(self, transactional_id: str) -> trio.Lock:
@@ -227,7 +306,19 @@ class TransactionApis:
 
     async def _save(self, meta: TransactionMetadata, pending: PendingOffsets | None = None,
                     clear_pending: bool | list[str] = False) -> None:
-        await self._in_store(lambda store: store.save(meta, pending, clear_pending))
+        fence = self._fence(meta.transactional_id)
+        await self._in_store(lambda store: store.save(meta, pending, clear_pending, fence))
+
+    async def _stored(self, meta: TransactionMetadata, pending: PendingOffsets | None = None,
+                      clear_pending: bool | list[str] = False) -> int:
+        """``_save`` for a request: NONE, or NOT_COORDINATOR when the write was fenced (the id's
+        ``__consumer_offsets`` partition moved meanwhile: the client finds the new coordinator)."""
+        try:
+            await self._save(meta, pending, clear_pending)
+        except NotCoordinatorError as exc:
+            log.info("transaction %r: %s; answered NOT_COORDINATOR", meta.transactional_id, exc)
+            return NOT_COORDINATOR
+        return tx.NONE
 
     async def _in_store(self, call: Callable[[TransactionStore], _T]) -> _T:
         """``call(store)`` in a worker thread, one call at a time."""
@@ -376,7 +467,7 @@ class TransactionApis:
             left = await self._in_store(lambda store: store.queued(meta.transactional_id))
             if not left:
                 return True
-            if self.closing:
+            if self.closing or self._abandoned(meta):
                 return False
             now = trio.current_time()
             if now - last_log >= MARKER_WAIT_LOG_S:
@@ -500,7 +591,7 @@ class TransactionApis:
                 why = "storage failed"
             except Exception as exc:
                 why = f"{type(exc).__name__}: {exc}"
-            if self.closing:
+            if self.closing or self._abandoned(meta):
                 return False
             log.warning("transaction %r (producer %d): %s failed (attempt %d), retrying in %d ms: %s",
                         meta.transactional_id, meta.producer_id, what, attempts, backoff_ms, why)
@@ -516,7 +607,8 @@ class TransactionApis:
         if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
             others = self._queued_for_others(meta)
             if others:
-                await self._in_store(lambda store: store.queue_markers(others))
+                fence = self._fence(meta.transactional_id)
+                await self._in_store(lambda store: store.queue_markers(others, fence))
             if not await self._write_markers(meta):
                 return False
             if meta.state is TxnState.PREPARE_COMMIT:
@@ -581,9 +673,10 @@ class TransactionApis:
                     new_id = self.apis.next_producer_id() if decision.new_producer_id else None
                     meta = self.state.initialise(tid, int(body.transaction_timeout.total_seconds() * 1000),
                                                  _now_ms(), new_id)
-                    await self._save(meta, clear_pending=self._local_groups(tid))
-                    self.pending.pop(tid, None)
-                    pid, epoch = meta.producer_id, meta.producer_epoch
+                    error = await self._stored(meta, clear_pending=self._local_groups(tid))
+                    if error == tx.NONE:
+                        self.pending.pop(tid, None)
+                        pid, epoch = meta.producer_id, meta.producer_epoch
         add_error(self._errors[INIT_PRODUCER_ID], error)
         request.connection.complete(request.token, apis.init_producer_id_response(header, body, pid, epoch, error))
 
@@ -621,7 +714,7 @@ class TransactionApis:
                             meta.state is not TxnState.ONGOING or not set(wanted) <= meta.partitions):
                         self.state.begin_if_needed(meta, _now_ms())
                         meta.partitions.update(wanted)
-                        await self._save(meta)
+                        error = await self._stored(meta)
                     results = {k: error for k in wanted}
         module = apis.response_module(ADD_PARTITIONS_TO_TXN, header.api_version)
         by_topic: dict[str, list[Any]] = {}
@@ -657,7 +750,7 @@ class TransactionApis:
                 if error == tx.NONE and meta is not None:
                     self.state.begin_if_needed(meta, _now_ms())
                     meta.groups.add(body.group_id)
-                    await self._save(meta)
+                    error = await self._stored(meta)
         self._answer(request, ADD_OFFSETS_TO_TXN, error)
 
     async def _txn_offset_commit(self, request: Request) -> None:
@@ -706,7 +799,7 @@ class TransactionApis:
                                 p.committed_metadata)
                     if offsets and local:
                         assert meta is not None
-                        await self._save(meta, {group_id: offsets})
+                        common = await self._stored(meta, {group_id: offsets})
                     elif offsets:
                         pid, epoch = int(body.producer_id), int(body.producer_epoch)
                         common = await self._in_store(lambda store: store.add_pending_if_ongoing(

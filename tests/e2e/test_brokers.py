@@ -263,10 +263,12 @@ class EosLoop:
 
 
 def _eos_loop(bootstrap: str, transactional_id: str, group: str, ends: dict[int, int], deadline: float,
-              loop: EosLoop) -> None:
-    """Consume ``EOS_INPUT`` in group ``group``, produce each record's transform to ``EOS_OUTPUT`` in
-    transactions of up to ``EOS_BATCH`` records with the consumer's positions, until the positions
-    committed are ``ends``. The transforms keep their input's key but go round-robin over the output's
+              loop: EosLoop, topics: tuple[str, str] = (EOS_INPUT, EOS_OUTPUT), config: dict | None = None,
+              gate: threading.Event | None = None) -> None:
+    """Consume ``topics[0]`` (``EOS_INPUT``) in group ``group``, produce each record's transform to
+    ``topics[1]`` (``EOS_OUTPUT``, 3 partitions) in transactions of up to ``EOS_BATCH`` records with the
+    consumer's positions, until the positions committed are ``ends``; ``config``: more of both clients'
+    settings; ``gate``: a transaction begins only while it is set. The transforms keep their input's key but go round-robin over the output's
     partitions (a batch comes from one input partition, and its keys' partition would be the same
     number): each transaction writes to the partitions of all three brokers. The error handling of
     confluent-kafka's documentation (docs/index.rst, "Error handling example"): a retriable error
@@ -291,11 +293,13 @@ def _eos_loop(bootstrap: str, transactional_id: str, group: str, ends: dict[int,
             loop.delivery_errors.append(str(err))
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id, "linger.ms": 5})
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest", **(config or {})})
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id, "linger.ms": 5,
+                         **(config or {})})
+    source, sink = topics
     try:
         call(producer.init_transactions, EOS_CALL_S)
-        consumer.subscribe([EOS_INPUT])
+        consumer.subscribe([source])
         while True:
             assert time.monotonic() < deadline, f"the loop did not finish within {EOS_DEADLINE_S:g} s"
             batch = []
@@ -310,12 +314,14 @@ def _eos_loop(bootstrap: str, transactional_id: str, group: str, ends: dict[int,
                 if {tp.partition: tp.offset for tp in consumer.position(consumer.assignment())} == ends:
                     break
                 continue
+            if gate is not None:
+                gate.wait(deadline - time.monotonic())
             producer.begin_transaction()
             try:
                 for k, msg in enumerate(batch):
                     while True:
                         try:
-                            producer.produce(EOS_OUTPUT, msg.value() + b"-out", msg.key(), partition=k % 3,
+                            producer.produce(sink, msg.value() + b"-out", msg.key(), partition=k % 3,
                                              on_delivery=delivered)
                             break
                         except BufferError:

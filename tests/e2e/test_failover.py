@@ -1108,3 +1108,164 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
     # Every take-over from the kill to the pause (the moved partitions, then their return) continued at the
     # end the partition's commits (or the dead broker's WAL drain) recorded in the database: no table read.
     assert ends_read == 0, f"{ends_read} take-over(s) read their end offset from the table\n{_move_lines(brokers)}"
+
+
+EOS_N = 3000
+"""Input records of the consume-transform-produce loop (issue 35), in transactions of ``EOS_BATCH``."""
+EOS_KILL_AFTER = 5
+"""Transactions committed before the coordinator is killed."""
+EOS_CLIENTS = {"socket.timeout.ms": 5000, "request.timeout.ms": 5000}
+"""A paused broker answers nothing: its requests time out in 5 s, not librdkafka's 30-60 s."""
+
+
+def _leader_of(url: str, topic: str, partition: int) -> int:
+    """The leader of ``topic``-``partition`` as the database names it (-1: no row)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT leader_id FROM partition_leaders WHERE topic = %s AND partition = %s",
+                           (topic, partition)).fetchone()
+    return -1 if row is None else int(row[0])
+
+
+@pytest.mark.timeout(1200)
+def test_exactly_once_consume_transform_produce_across_a_killed_and_a_paused_transaction_coordinator(
+        tmp_path, network, bridge_postgres, shared_volume):
+    """Issue 35 on three hosts with leadership through PostgreSQL (``--ack-on wal``): a confluent-kafka
+    consume-transform-produce loop (``send_offsets_to_transaction``, read_committed) runs while the broker
+    that coordinates its transactional id, as the database names it, is killed (SIGKILL of its tree, then
+    started again), then while the broker coordinating it then is paused (SIGSTOP) past its lease and
+    resumed (it ends fenced and starts again). Every input record's transform is read exactly once by a
+    read_committed consumer and is in the table exactly once, nothing else is (nothing aborted), and the
+    group's committed offsets are the input's ends."""
+    import confluent_kafka
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.e2e.test_brokers import KEYS, EosLoop, _eos_loop
+
+    data_dir, connect = shared_volume
+    source, sink, job, tid = "eos-failover-in", "eos-failover-out", "eos-failover-job", "eos-failover-txn"
+    url = bridge_postgres.create_database("eos_failover")
+    brokers_url = url.replace("@127.0.0.1:", f"@{network.bridge_address}:")
+    brokers = [HostBroker(host, i, data_dir, brokers_url, connect.url, "wal", tmp_path)
+               for i, host in enumerate(network.hosts)]
+    loop = EosLoop()
+    worker: threading.Thread | None = None
+    try:
+        for b in brokers:
+            b.start()
+        for b in brokers:
+            b.wait_listening()
+        bootstrap = ",".join(b.address for b in brokers)
+        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+        for future in admin.create_topics([NewTopic(t, 3, 1) for t in (source, sink)]).values():
+            future.result(60)
+        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+        inputs: dict[bytes, tuple[bytes, int, int]] = {}  # value -> (key, partition, offset)
+        failed: list[str] = []
+
+        def on_delivery(err, msg):
+            if err is not None:
+                failed.append(str(err))
+            else:
+                inputs[msg.value()] = (msg.key(), msg.partition(), msg.offset())
+
+        for i in range(EOS_N):
+            while True:
+                try:
+                    producer.produce(source, b"in-%d" % i, b"key-%d" % (i % KEYS), on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        assert producer.flush(120) == 0 and not failed, failed[:5]
+        del producer, admin
+        ends = {p: 1 + max(o for _k, q, o in inputs.values() if q == p) for p in range(3)}
+        assert sum(ends.values()) == EOS_N, ends
+
+        started = time.monotonic()
+        deadline = started + 600
+        gate = threading.Event()
+        gate.set()
+        worker = threading.Thread(target=_eos_loop, name="eos-loop", daemon=True,
+                                  args=(bootstrap, tid, job, ends, deadline, loop, (source, sink), EOS_CLIENTS, gate))
+        worker.start()
+        coordinated_by = functools.partial(_leader_of, url, OFFSETS_TOPIC, offsets_partition(tid))
+
+        def commits_reach(n: int) -> None:
+            while len(loop.commits) < n and worker.is_alive():
+                assert time.monotonic() < deadline, f"{len(loop.commits)} commits\n{_move_lines(brokers)}"
+                time.sleep(0.01)
+            assert len(loop.commits) >= n, f"{loop.error!r}\n{_move_lines(brokers)}"
+
+        # 1. the coordinator killed, then started again once a transaction committed without it (the loop
+        # waits meanwhile, so that transactions are left for the pause)
+        commits_reach(EOS_KILL_AFTER)
+        victim = brokers[coordinated_by()]
+        victim.kill()
+        killed_at = time.monotonic()
+        commits_reach(len(loop.commits) + 1)
+        first_after_kill = loop.commits[-1] - killed_at
+        gate.clear()
+        assert coordinated_by() != victim.node_id
+        victim.start()
+        victim.wait_listening()
+        gate.set()
+
+        # 2. the coordinator then paused past its lease (5 s), then resumed: it ends fenced and starts again
+        commits_reach(len(loop.commits) + 2)
+        paused = brokers[coordinated_by()]
+        spawns = paused.spawns
+        _signal_tree(paused, signal.SIGSTOP)
+        paused_at = time.monotonic()
+        commits_reach(len(loop.commits) + 1)
+        first_after_pause = loop.commits[-1] - paused_at
+        _signal_tree(paused, signal.SIGCONT)
+        paused.wait_started_again(spawns)
+
+        worker.join(max(0.0, deadline + 120 - time.monotonic()))
+        assert not worker.is_alive(), f"the loop hangs\n{_move_lines(brokers)}"
+        print(f"\nEOS loop on 3 hosts: {len(loop.commits)} transactions committed, {loop.aborts} aborted, "
+              f"{len(loop.retries)} retriable errors retried, in {time.monotonic() - started:.1f} s; first commit "
+              f"{first_after_kill:.1f} s after the coordinator's kill, {first_after_pause:.1f} s after the pause")
+        print(f"EOS loop: abortable errors {loop.abortable[:5]}, retried {loop.retries[:5]}, "
+              f"delivery errors {loop.delivery_errors[:3]}, consumer errors {loop.consumer_errors[:3]}")
+        assert loop.error is None, f"{loop.error!r}\n{_move_lines(brokers)}"
+        assert {tp.partition: tp.offset for tp in loop.committed if tp.topic == source} == ends
+
+        # a read_committed consumer reads each input record's transform exactly once, with its key
+        reader = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "eos-failover-verify",
+                                           "isolation.level": "read_committed", "enable.auto.commit": False,
+                                           "enable.partition.eof": True})
+        reader.assign([TopicPartition(sink, p, OFFSET_BEGINNING) for p in range(3)])
+        read: list[tuple[bytes, bytes]] = []
+        at_end: set[int] = set()
+        until = time.monotonic() + 120
+        while len(at_end) < 3 and time.monotonic() < until:
+            for msg in reader.consume(1000, 1.0):
+                if msg.error() is None:
+                    read.append((msg.value(), msg.key()))
+                    at_end.discard(msg.partition())
+                elif msg.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(msg.partition())
+        reader.close()
+        assert len(at_end) == 3, f"not at the end of every partition within 120 s: {len(read)} read"
+        expected = {value + b"-out": key for value, (key, _p, _o) in inputs.items()}
+        assert len(read) == len(dict(read)), f"{len(read) - len(dict(read))} transforms read more than once"
+        assert dict(read) == expected, f"{len(set(expected) - dict(read).keys())} missing\n{_move_lines(brokers)}"
+        for b in brokers:
+            assert b.stop() == 0, _digest(brokers)
+    finally:
+        for b in brokers:
+            b._ending = True
+            if b.proc is not None and b.proc.poll() is None:
+                reap(b.tree(), 0)
+
+    # the table holds each transform once and nothing else: no aborted transaction's record
+    rows = read_table(data_dir, f"SELECT partition, offset, key, value FROM records WHERE topic = '{sink}'",
+                      remote=connect.url)
+    values = [bytes(r["value"]) for r in rows]
+    assert len(values) == len(set(values)) == EOS_N, \
+        f"{len(values)} rows, {len(values) - len(set(values))} duplicates, {EOS_N - len(set(values))} missing"
+    assert {bytes(r["value"]): bytes(r["key"]) for r in rows} == expected
+    assert len({(r["partition"], r["offset"]) for r in rows}) == EOS_N

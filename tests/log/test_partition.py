@@ -149,3 +149,22 @@ def test_batches_from_starts_at_the_batch_holding_the_offset_and_keeps_max_bytes
     assert bytes(batches_from(records, 12, 1, True)) == bytes(records[sizes[0]:sizes[0] + sizes[1]])  # KIP-74
     assert bytes(batches_from(records, 12, 1, False)) == b""
     assert bytes(batches_from(records, 16, whole, True)) == b""
+
+
+def test_the_gaps_of_an_index_are_read_from_the_table() -> None:
+    """A new leader indexes only the open transactions it adopted from a dead broker's WAL
+    (``pipeline.cluster.service``): the offsets between and after them are in the table. ``gap_end``
+    says how far a read from an offset goes in the table, and ``locations`` never steps over a gap."""
+    plog = PartitionLog("t", 0, high_watermark=100)
+    assert plog.gap_end(0) == 100  # nothing indexed: the table holds everything below the high watermark
+    for base in (40, 50, 70):
+        plog.index(loc(base, 10))
+    assert plog.gap_end(0) == 40 and plog.gap_end(39) == 40
+    assert plog.gap_end(40) is None and plog.gap_end(59) is None  # 40-59: two adjacent indexed batches
+    assert plog.gap_end(60) == 70 and plog.gap_end(69) == 70
+    assert plog.gap_end(75) is None
+    assert plog.gap_end(80) == 100  # past the last indexed batch
+    assert [x.base_offset for x in plog.locations(40, 10_000)] == [40, 50]  # stops before the gap at 60
+    assert [x.base_offset for x in plog.locations(55, 10_000)] == [50]
+    assert plog.locations(60, 10_000) == []  # in the gap: the table's
+    assert [x.base_offset for x in plog.locations(70, 10_000)] == [70]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kafka.record.default_records import DefaultRecordBatch
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from pipeline.log.control import ABORT, COMMIT, CONTROL, DATA, batch_kind, build_marker, marker_type
 from pipeline.log.partition import Location, PartitionLog
@@ -96,3 +96,49 @@ def test_last_stable_offset_and_aborted_transactions():
     plog.index(Location(7, 8, 1, 0, 10, 0))
     plog.drop_segments_before(1)
     assert plog.aborted == []
+
+
+def test_a_dead_brokers_wal_settles_its_transactions_by_the_markers_it_holds():
+    """``settle_transactions`` (a dead broker's WAL drained): a transaction committed in the backlog goes to the
+    table in its marker's entry, an aborted one never does, one without a marker stays open (for the
+    partition's next leader); data records and other partitions are untouched; markers are never rows."""
+    from pipeline.log.batch import PartitionAppend
+    from pipeline.log.control import TRANSACTIONAL
+    from pipeline.log.wal import WalPosition
+    from pipeline.persist.recovery import settle_transactions
+
+    def txn(pid: int, partition: int, base: int) -> PartitionAppend:
+        builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=pid,
+                                            producer_epoch=0, base_sequence=base, batch_size=1 << 20)
+        builder.append(0, timestamp=0, key=None, value=b"v", headers=[])
+        records = bytes(builder.build())
+        assert batch_kind(records) == TRANSACTIONAL
+        return PartitionAppend("t", partition, base, records, 1, 0, pid, 0, base)
+
+    def data(partition: int, base: int) -> PartitionAppend:
+        return PartitionAppend("t", partition, base, rc.record_batch([b"d"]), 1, 0)
+
+    def marker(pid: int, partition: int, base: int, control) -> PartitionAppend:
+        return PartitionAppend("t", partition, base, build_marker(pid, 0, control, 0, 0), 1, 0, pid, 0)
+
+    committed, aborted, still_open = txn(1, 0, 0), txn(2, 0, 1), txn(3, 0, 2)
+    other_partition = txn(1, 1, 0)  # producer 1's transaction on partition 1: no marker there yet
+    backlog = [(WalPosition(0, 10), [committed, aborted, data(0, 3)]),
+               (WalPosition(0, 20), [still_open, other_partition]),
+               (WalPosition(0, 30), [marker(1, 0, 4, COMMIT), marker(2, 0, 5, ABORT), data(0, 6)])]
+    settled, open_appends = settle_transactions(backlog)
+    assert [(position, [(a.partition, a.base_offset) for a in appends]) for position, appends in settled] == [
+        (WalPosition(0, 10), [(0, 3)]), (WalPosition(0, 30), [(0, 0), (0, 6)])]
+    assert open_appends == [still_open, other_partition]
+
+
+@given(base=st.integers(0, 2**62), count=st.integers(1, 2**31 - 1))
+def test_an_empty_batch_reads_back_as_kafka_writes_one_covering_its_offsets(base, count):
+    """``build_empty_batch``: offsets with no record left (markers, aborted records only in a moved
+    partition's table), read by kafka-python's RecordBatch v2 reader as the log cleaner's empty batches."""
+    from pipeline.log.control import build_empty_batch
+
+    batch = DefaultRecordBatch(build_empty_batch(base, count))
+    assert batch.validate_crc()
+    assert (batch.base_offset, batch.next_offset, list(batch)) == (base, base + count, [])
+    assert not batch.is_control_batch and not batch.is_transactional

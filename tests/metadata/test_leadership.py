@@ -291,3 +291,78 @@ def test_a_partitions_leader_epoch_is_its_rows_and_0_before_it_has_one():
     assert view.leader_epoch("t", 0) == 4
     static = Cluster((ClusterBroker(0, "h", 1), ClusterBroker(1, "h", 2)), 1)
     assert {static.leader_epoch("t", p) for p in range(4)} == {0}  # leaders never move: KIP-320's 0
+
+
+def test_a_drained_wals_open_transactions_wait_for_the_partitions_next_leader(metadata_target):
+    """``wal_drained`` keeps the appends of transactions the WAL holds no marker of, with the drained flag in one
+    database transaction; the partition's next leader reads them (``open_transactions``) and, once its own WAL
+    has them, deletes them (``adopted``, fenced by its membership); a deleted topic's go with it."""
+    store = LeadershipStore(metadata_target("cluster.db"))
+    try:
+        epoch, dead = _register(store, 0), _register(store, 1, lease_ms=200)
+        store.register_wal(1, dead, "inc-dead", "_pipeline/broker-1/dead")
+        time.sleep(0.3)  # broker 1's lease runs out
+        open_appends = [("t", 1, 40, b"\x00records-40", 3, 1_700_000_000_000, 7, 2, 10, 99),
+                        ("t", 1, 45, b"\x01records-45\xff", 2, 1_700_000_000_001, 7, 2, 13, 0),
+                        ("u", 0, 5, b"u-5", 1, 1, 8, 0, 0, 3)]
+        assert store.claim_wal("inc-dead", 0, epoch)
+        assert store.wal_drained("inc-dead", 0, epoch, [], open_appends)
+        assert store.open_transactions({("t", 1)}) == open_appends[:2]
+        assert store.open_transactions({("t", 0), ("v", 1)}) == []
+        with pytest.raises(FencedBrokerError):
+            store.adopted(5, 1, open_appends[:1])  # not a member: nothing deleted
+        store.adopted(0, epoch, open_appends[:1])
+        assert store.open_transactions({("t", 1), ("u", 0)}) == open_appends[1:]
+        store.forget_topic("u")
+        assert store.open_transactions({("t", 1), ("u", 0)}) == open_appends[1:2]
+
+        # A live leader hands a partition off with its open transactions' records, their producer batches
+        # and its log end offset (its last offsets markers or those records), in one transaction.
+        controller = store.claim_controller(0, epoch, 60_000)
+        store.write_assignment(0, epoch, controller, {("v", 0): (0, True)})
+        store.write_assignment(0, epoch, controller, {("v", 0): (1, False)})
+        handed = [("v", 0, 30, b"v-30", 2, 5, 9, 1, 4, 0)]
+        batch = ProducerBatch("v", 0, 9, 1, 4, 5, 30)
+        assert not store.hand_off("v", 0, 0, 1, handed, [batch], 33)  # not at the move's leader epoch
+        assert store.open_transactions({("v", 0)}) == []
+        assert store.hand_off("v", 0, 0, 2, handed, [batch], 33)
+        assert store.open_transactions({("v", 0)}) == handed
+        assert store.table_ends({("v", 0)}) == {("v", 0): 33}
+        assert store.producers({("v", 0): 33}) == [batch]
+    finally:
+        store.close()
+
+
+def test_a_transaction_coordinators_writes_are_fenced_by_its_offsets_partitions_leader_epoch(metadata_target):
+    """With leadership through the database the transaction store shares the leadership's database: a write
+    fenced by (``__consumer_offsets``, partition, leader, leader epoch) stands only while that broker leads
+    that partition at that epoch, so a coordinator paused past its lease writes nothing once it moved."""
+    from pipeline.coordinator.transactions import TransactionMetadata, TxnState
+    from pipeline.coordinator.txn_store import NotCoordinatorError, QueuedMarker, TransactionStore
+
+    store = LeadershipStore(metadata_target("cluster.db"))
+    txns = TransactionStore(metadata_target("cluster.db"))
+    try:
+        epoch, controller = _two_brokers_and_controller_0(store)
+        key = (OFFSETS_TOPIC, offsets_partition("tx-1"))
+        store.write_assignment(0, epoch, controller, {key: (0, True)})
+        leader_epoch = store.assignment()[key].leader_epoch
+        meta = TransactionMetadata("tx-1", 7, 0, 60_000, TxnState.ONGOING, -1, {("t", 0)}, set(), 1, 1)
+        txns.save(meta, fence=(*key, 0, leader_epoch))
+        marker = QueuedMarker("tx-1", 7, 0, True, "t", 0)
+        txns.queue_markers([marker], fence=(*key, 0, leader_epoch))
+
+        store.write_assignment(0, epoch, controller, {key: (1, True)})  # the coordinator moves to broker 1
+        meta.state = TxnState.PREPARE_ABORT
+        for stale in ((*key, 0, leader_epoch), (*key, 1, leader_epoch)):
+            with pytest.raises(NotCoordinatorError):
+                txns.save(meta, fence=stale)
+            with pytest.raises(NotCoordinatorError):
+                txns.queue_markers([QueuedMarker("tx-1", 7, 0, False, "t", 0)], fence=stale)
+        [stored], _ = txns.load()
+        assert stored.state is TxnState.ONGOING and txns.queued() == [marker]  # nothing of the fenced writes
+        txns.save(meta, fence=(*key, 1, leader_epoch + 1))  # the new coordinator's
+        assert txns.read("tx-1").state is TxnState.PREPARE_ABORT
+    finally:
+        txns.close()
+        store.close()

@@ -225,3 +225,46 @@ async def test_sync_table_returns_when_the_last_appends_are_a_transactions(tmp_p
         p.close()
         await p.wait_closed()
     wal.close()
+
+
+@pytest.mark.parametrize("sink_type", [MemorySink, WalReadingSink])
+async def test_a_moved_partitions_open_transaction_is_handed_over_with_its_records(tmp_path, sink_type):
+    """A leader that hands a partition off (leadership through the database) gives its open transactions'
+    appends to the next leader (``open_appends``: with their records, read back from the WAL where the
+    sink reads them from there), then forgets them (``hand_over_open``): a marker here no longer releases
+    them, the other partition's open transaction is kept, and the next leader adopts them as an open
+    transaction's appends that its marker releases."""
+    sink = sink_type()
+    wal = open_wal(tmp_path)
+    p = persister(tmp_path, sink, wal, Checkpoint())
+    log = Log()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(p.run)
+        moved, kept = log.txn(0, [b"m1", b"m2"]), log.txn(1, [b"k1"])
+        await durable(p.append([moved, kept], at_wal=True), p.append([log.data(0, [b"d1"])]))
+        await table_has(sink, {b"d1"})
+        handed = await trio.to_thread.run_sync(p.open_appends, "t", 0)
+        # the records themselves, whatever the sink keeps of them
+        assert [(a.base_offset, a.records, a.producer_id, a.base_sequence) for a in handed] == [
+            (moved.base_offset, moved.records, PID, 0)]
+        assert await trio.to_thread.run_sync(p.open_appends, "t", 2) == []
+        assert p.hand_over_open("t", 0) == 1 and p.hand_over_open("t", 0) == 0
+        assert p.open_transactions == 1  # partition 1's
+        await durable(p.append([log.marker(0, True), log.marker(1, True)]))
+        await table_has(sink, {b"d1", b"k1"})  # partition 0's records are the next leader's to write
+        p.close()
+        await p.wait_closed()
+    wal.close()
+
+    # The next leader (its own WAL) adopts them; the marker it gets releases them.
+    sink, wal = sink_type(), open_wal(tmp_path / "next")
+    p = persister(tmp_path / "next", sink, wal, Checkpoint())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(p.run)
+        await durable(p.append(handed, at_wal=True))
+        assert p.open_transactions == 1 and sink.rows() == []
+        await durable(p.append([log.marker(0, True)]))
+        await table_has(sink, {b"m1", b"m2"})
+        p.close()
+        await p.wait_closed()
+    wal.close()
