@@ -690,8 +690,10 @@ def json_values(t: pa.DataType) -> st.SearchStrategy:
             )
         )
     if pa.types.is_decimal(t):
-        bound = Decimal(f"{10**t.precision - 1}e-{t.scale}")  # exact (arithmetic would round to 28 digits)
-        decimals = st.decimals(-bound, bound, places=t.scale, allow_nan=False, allow_infinity=False)
+        # From the unscaled integer, through the constructor, which is exact: decimal arithmetic (what
+        # st.decimals draws with) rounds to the context's 28 digits, beyond decimal(38, s)'s bounds.
+        unscaled = st.integers(-(10**t.precision - 1), 10**t.precision - 1)
+        decimals = unscaled.map(lambda i, scale=t.scale: Decimal(f"{i}e-{scale}"))
         return st.tuples(decimals, st.booleans()).map(lambda a: (Number(a[0]) if a[1] else str(a[0]), a[0]))
     if pa.types.is_list(t):
         return st.lists(nullable(t.value_type), max_size=3).map(lambda xs: ([x for x, _ in xs], [e for _, e in xs]))
