@@ -262,6 +262,56 @@ class EosLoop:
     error: BaseException | None = None
 
 
+def _eos_inputs(bootstrap: str, topic: str) -> tuple[dict[bytes, tuple[bytes, int, int]], dict[int, int]]:
+    """The loop's input: ``EOS_N`` keyed records with unique values in ``topic`` (3 partitions), acknowledged
+    by all (acks=all). Returns (value -> (key, partition, offset), partition -> end offset)."""
+    import confluent_kafka
+
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    inputs: dict[bytes, tuple[bytes, int, int]] = {}
+    failed: list[str] = []
+
+    def on_delivery(err, msg):
+        if err is not None:
+            failed.append(str(err))
+        else:
+            inputs[msg.value()] = (msg.key(), msg.partition(), msg.offset())
+
+    for i in range(EOS_N):
+        while True:
+            try:
+                producer.produce(topic, b"in-%d" % i, b"key-%d" % (i % KEYS), on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(120) == 0 and not failed, failed[:5]
+    assert len(inputs) == EOS_N
+    return inputs, {p: 1 + max(o for _k, q, o in inputs.values() if q == p) for p in range(3)}
+
+
+def _read_committed(bootstrap: str, topic: str, group: str, timeout_s: float = 120.0) -> list[tuple[bytes, bytes]]:
+    """(value, key) of every record a read_committed confluent-kafka consumer reads from ``topic``'s 3
+    partitions, from their starts to their ends (EOF on each, within ``timeout_s``)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed",
+                       "enable.auto.commit": False, "enable.partition.eof": True})
+    reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(3)])
+    read: list[tuple[bytes, bytes]] = []
+    at_end: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(at_end) < 3 and time.monotonic() < deadline:
+        for msg in reader.consume(1000, 1.0):
+            if msg.error() is None:
+                read.append((msg.value(), msg.key()))
+                at_end.discard(msg.partition())
+            elif msg.error().code() == KafkaError._PARTITION_EOF:
+                at_end.add(msg.partition())
+    reader.close()
+    assert len(at_end) == 3, f"not at the end of every partition within {timeout_s:g} s: {len(read)} read"
+    return read
+
+
 def _eos_loop(bootstrap: str, transactional_id: str, group: str, ends: dict[int, int], deadline: float,
               loop: EosLoop, topics: tuple[str, str] = (EOS_INPUT, EOS_OUTPUT), config: dict | None = None,
               gate: threading.Event | None = None) -> None:
@@ -354,8 +404,6 @@ def _eos_loop(bootstrap: str, transactional_id: str, group: str, ends: dict[int,
 
 def test_exactly_once_consume_transform_produce_across_a_transaction_coordinator_kill(
         cluster_factory, connect_server, connect_spark):
-    import confluent_kafka
-    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
     # The ids: the first of each form the static rule places on the broker wanted. Bootstrapped on broker 0,
@@ -381,28 +429,8 @@ def test_exactly_once_consume_transform_produce_across_a_transaction_coordinator
         leaders = {p.partition_index: p.leader_id for p in _metadata(*cluster.addresses[0], topic).topics[0].partitions}
         assert sorted(leaders.values()) == [0, 1, 2], (topic, leaders)
 
-    # the input: EOS_N keyed records with unique values, acknowledged by all (acks=all)
-    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
-    inputs: dict[bytes, tuple[bytes, int, int]] = {}  # value -> (key, partition, offset)
-    failed: list[str] = []
-
-    def on_delivery(err, msg):
-        if err is not None:
-            failed.append(str(err))
-        else:
-            inputs[msg.value()] = (msg.key(), msg.partition(), msg.offset())
-
-    for i in range(EOS_N):
-        while True:
-            try:
-                producer.produce(EOS_INPUT, b"in-%d" % i, b"key-%d" % (i % KEYS), on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    assert producer.flush(120) == 0 and not failed, failed[:5]
-    del producer, admin  # closed: no reconnection attempts after the cluster stops
-    assert len(inputs) == EOS_N
-    ends = {p: 1 + max(o for _k, q, o in inputs.values() if q == p) for p in range(3)}
+    inputs, ends = _eos_inputs(bootstrap, EOS_INPUT)
+    del admin  # closed: no reconnection attempts after the cluster stops
     assert sum(ends.values()) == EOS_N, ends  # offsets 0..n-1 in each of the 3 partitions
 
     loop = EosLoop()
@@ -445,22 +473,7 @@ def test_exactly_once_consume_transform_produce_across_a_transaction_coordinator
     assert {tp.partition: tp.offset for tp in loop.committed if tp.topic == EOS_INPUT} == ends
 
     # a read_committed consumer reads each input record's transform exactly once, with its key
-    reader = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "eos-verify",
-                                       "isolation.level": "read_committed", "enable.auto.commit": False,
-                                       "enable.partition.eof": True})
-    reader.assign([TopicPartition(EOS_OUTPUT, p, OFFSET_BEGINNING) for p in range(3)])
-    read: list[tuple[bytes, bytes]] = []  # (value, key)
-    at_end: set[int] = set()
-    deadline = time.monotonic() + 120
-    while len(at_end) < 3 and time.monotonic() < deadline:
-        for msg in reader.consume(1000, 1.0):
-            if msg.error() is None:
-                read.append((msg.value(), msg.key()))
-                at_end.discard(msg.partition())
-            elif msg.error().code() == KafkaError._PARTITION_EOF:
-                at_end.add(msg.partition())
-    reader.close()
-    assert len(at_end) == 3, f"not at the end of every partition within 120 s: {len(read)} read"
+    read = _read_committed(bootstrap, EOS_OUTPUT, "eos-verify")
     expected = {value + b"-out": key for value, (key, _p, _o) in inputs.items()}
     assert len(read) == len(dict(read)), f"{len(read) - len(dict(read))} transforms read more than once"
     assert dict(read) == expected, f"{len(set(expected) - dict(read).keys())} missing"

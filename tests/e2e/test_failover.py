@@ -372,6 +372,18 @@ class HostBroker:
             return ""
 
 
+def _serve(brokers: list[HostBroker]):
+    """Start ``brokers`` and wait until each listens; (their bootstrap list, an AdminClient on it)."""
+    from confluent_kafka.admin import AdminClient
+
+    for b in brokers:
+        b.start()
+    for b in brokers:
+        b.wait_listening()
+    bootstrap = ",".join(b.address for b in brokers)
+    return bootstrap, AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+
+
 class ConsumerGroup:
     """One consumer group of four members: two kafkajs consumers in one process
     (``tests/e2e/group_kafkajs.js``, members 0 and 1) and two confluent-kafka consumers in threads here
@@ -647,7 +659,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
                                                                                          bridge_postgres,
                                                                                          shared_volume, ack_on):
     import confluent_kafka
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
     node_modules = kafkajs_modules()  # before anything starts: a missing one fails at once
     data_dir, connect = shared_volume  # every host's broker, one directory
@@ -662,12 +674,7 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
     producers: list = []
     eos: _EosLog | None = None
     try:
-        for b in brokers:
-            b.start()
-        for b in brokers:
-            b.wait_listening()
-        bootstrap = ",".join(b.address for b in brokers)
-        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+        bootstrap, admin = _serve(brokers)
         for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1),
                                            NewTopic(TYPED, PARTITIONS, 1, config=TYPED_CONFIG)]).values():
             future.result(60)
@@ -1110,8 +1117,6 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
     assert ends_read == 0, f"{ends_read} take-over(s) read their end offset from the table\n{_move_lines(brokers)}"
 
 
-EOS_N = 3000
-"""Input records of the consume-transform-produce loop (issue 35), in transactions of ``EOS_BATCH``."""
 EOS_KILL_AFTER = 5
 """Transactions committed before the coordinator is killed."""
 EOS_CLIENTS = {"socket.timeout.ms": 5000, "request.timeout.ms": 5000}
@@ -1138,11 +1143,9 @@ def test_exactly_once_consume_transform_produce_across_a_killed_and_a_paused_tra
     resumed (it ends fenced and starts again). Every input record's transform is read exactly once by a
     read_committed consumer and is in the table exactly once, nothing else is (nothing aborted), and the
     group's committed offsets are the input's ends."""
-    import confluent_kafka
-    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
-    from tests.e2e.test_brokers import KEYS, EosLoop, _eos_loop
+    from tests.e2e.test_brokers import EosLoop, _eos_inputs, _eos_loop, _read_committed
 
     data_dir, connect = shared_volume
     source, sink, job, tid = "eos-failover-in", "eos-failover-out", "eos-failover-job", "eos-failover-txn"
@@ -1153,35 +1156,11 @@ def test_exactly_once_consume_transform_produce_across_a_killed_and_a_paused_tra
     loop = EosLoop()
     worker: threading.Thread | None = None
     try:
-        for b in brokers:
-            b.start()
-        for b in brokers:
-            b.wait_listening()
-        bootstrap = ",".join(b.address for b in brokers)
-        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000})
+        bootstrap, admin = _serve(brokers)
         for future in admin.create_topics([NewTopic(t, 3, 1) for t in (source, sink)]).values():
             future.result(60)
-        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
-        inputs: dict[bytes, tuple[bytes, int, int]] = {}  # value -> (key, partition, offset)
-        failed: list[str] = []
-
-        def on_delivery(err, msg):
-            if err is not None:
-                failed.append(str(err))
-            else:
-                inputs[msg.value()] = (msg.key(), msg.partition(), msg.offset())
-
-        for i in range(EOS_N):
-            while True:
-                try:
-                    producer.produce(source, b"in-%d" % i, b"key-%d" % (i % KEYS), on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-        assert producer.flush(120) == 0 and not failed, failed[:5]
-        del producer, admin
-        ends = {p: 1 + max(o for _k, q, o in inputs.values() if q == p) for p in range(3)}
-        assert sum(ends.values()) == EOS_N, ends
+        inputs, ends = _eos_inputs(bootstrap, source)
+        del admin
 
         started = time.monotonic()
         deadline = started + 600
@@ -1234,22 +1213,7 @@ def test_exactly_once_consume_transform_produce_across_a_killed_and_a_paused_tra
         assert {tp.partition: tp.offset for tp in loop.committed if tp.topic == source} == ends
 
         # a read_committed consumer reads each input record's transform exactly once, with its key
-        reader = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "eos-failover-verify",
-                                           "isolation.level": "read_committed", "enable.auto.commit": False,
-                                           "enable.partition.eof": True})
-        reader.assign([TopicPartition(sink, p, OFFSET_BEGINNING) for p in range(3)])
-        read: list[tuple[bytes, bytes]] = []
-        at_end: set[int] = set()
-        until = time.monotonic() + 120
-        while len(at_end) < 3 and time.monotonic() < until:
-            for msg in reader.consume(1000, 1.0):
-                if msg.error() is None:
-                    read.append((msg.value(), msg.key()))
-                    at_end.discard(msg.partition())
-                elif msg.error().code() == KafkaError._PARTITION_EOF:
-                    at_end.add(msg.partition())
-        reader.close()
-        assert len(at_end) == 3, f"not at the end of every partition within 120 s: {len(read)} read"
+        read = _read_committed(bootstrap, sink, "eos-failover-verify")
         expected = {value + b"-out": key for value, (key, _p, _o) in inputs.items()}
         assert len(read) == len(dict(read)), f"{len(read) - len(dict(read))} transforms read more than once"
         assert dict(read) == expected, f"{len(set(expected) - dict(read).keys())} missing\n{_move_lines(brokers)}"
@@ -1265,7 +1229,7 @@ def test_exactly_once_consume_transform_produce_across_a_killed_and_a_paused_tra
     rows = read_table(data_dir, f"SELECT partition, offset, key, value FROM records WHERE topic = '{sink}'",
                       remote=connect.url)
     values = [bytes(r["value"]) for r in rows]
-    assert len(values) == len(set(values)) == EOS_N, \
-        f"{len(values)} rows, {len(values) - len(set(values))} duplicates, {EOS_N - len(set(values))} missing"
+    assert len(values) == len(set(values)) == len(expected), \
+        f"{len(values)} rows, {len(values) - len(set(values))} duplicates, {len(expected) - len(set(values))} missing"
     assert {bytes(r["value"]): bytes(r["key"]) for r in rows} == expected
-    assert len({(r["partition"], r["offset"]) for r in rows}) == EOS_N
+    assert len({(r["partition"], r["offset"]) for r in rows}) == len(expected)
