@@ -112,6 +112,7 @@ def producer_batches(appends: Sequence[PartitionAppend]) -> list[ProducerBatch]:
                           (a.base_sequence + a.record_count - 1) % 2**31, a.base_offset)
             for a in appends if a.producer_id >= 0 and a.base_sequence >= 0]
 
+
 def open_row(a: PartitionAppend) -> OpenAppend:
     """``a`` as the database keeps an open transaction's append (``LeadershipStore.open_transactions``)."""
     return (a.topic, a.partition, a.base_offset, bytes(a.records), a.record_count, a.log_append_time_ms,
@@ -685,14 +686,16 @@ class LeadershipService:
         await self._adopt(store, keys)
 
     async def _adopt(self, store: LeadershipStore, keys: set[tuple[str, int]]) -> None:
-        """Before serving ``keys``: the records of open transactions that dead brokers' WALs held on them
-        (``LeadershipStore.open_transactions``) go into this broker's WAL at their offsets, as a
-        replica's log holds them in Kafka: held out of the table until their marker reaches this leader
-        (the persister's transactions), indexed so that they are read from the WAL and pin the last
-        stable offset. Their rows go once the WAL has them; a take-over retried after that finds none.
+        """Before serving ``keys``: the records of open transactions kept for them in the database (a dead
+        broker's WAL drained, or the prior leader's hand-off: ``LeadershipStore.open_transactions``) go
+        into this broker's WAL at their offsets, as a replica's log holds them in Kafka: held out of the
+        table until their marker reaches this leader (the persister's transactions), indexed so that
+        they are read from the WAL and pin the last stable offset. Their rows go once the WAL has them,
+        the delete retried until it is done: a row left behind would be adopted again by a later leader
+        after its transaction ended, and pin that leader's last stable offset.
 
         Raises:
-            StorageFailedError: the WAL failed (the take-over fails and is retried).
+            StorageFailedError: the WAL failed (nothing is served from here on).
             FencedBrokerError: this broker is no longer a member.
         """
         rows = await trio.to_thread.run_sync(store.open_transactions, keys)
@@ -706,9 +709,18 @@ class LeadershipService:
         await done.wait()
         if commit.error is not None:
             raise StorageFailedError(f"adopting open transactions' records failed: {commit.error}")
-        await trio.to_thread.run_sync(store.adopted, self.cluster.node_id, self.epoch, rows)
-        log.info("broker %d adopted %d append(s) of %d open transaction(s) on %d partition(s) from dead brokers' "
-                 "WALs", self.cluster.node_id, len(appends), len({a.producer_id for a in appends}),
+        while True:
+            try:
+                await trio.to_thread.run_sync(store.adopted, self.cluster.node_id, self.epoch, rows)
+                break
+            except FencedBrokerError:
+                raise
+            except Exception as exc:  # the database unreachable: no partition is served meanwhile
+                log.warning("broker %d: deleting %d adopted open transaction append(s) failed (retried): %s",
+                            self.cluster.node_id, len(rows), exc)
+                await trio.sleep(self.heartbeat_ms / 1000.0)
+        log.info("broker %d adopted %d append(s) of %d open transaction(s) on %d partition(s) from the prior "
+                 "leaders", self.cluster.node_id, len(appends), len({a.producer_id for a in appends}),
                  len({(a.topic, a.partition) for a in appends}))
 
     async def _take(self, ready: dict[tuple[str, int], Leadership],
