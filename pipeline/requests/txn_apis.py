@@ -41,7 +41,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import trio
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i32, i64
+from kio.static.primitive import i16, i32, i64
 
 from pipeline.coordinator import transactions as tx
 from pipeline.coordinator.transactions import TransactionCoordinator, TransactionMetadata, TxnState
@@ -282,6 +282,16 @@ class TransactionApis:
                 del by_group[group]
             if not by_group:
                 del self.pending[tid]
+
+    def _not_coordinator(self, transactional_id: str) -> i16:
+        """The error for a request about ``transactional_id`` that this broker does not coordinate now:
+        COORDINATOR_LOAD_IN_PROGRESS while it takes the id's ``__consumer_offsets`` partition over
+        (``DynamicCluster.loading``; Kafka's TransactionCoordinator while it loads the id's
+        ``__transaction_state`` partition), else NOT_COORDINATOR. Clients retry both."""
+        cluster = self.apis.broker.cluster
+        if isinstance(cluster, DynamicCluster) and cluster.loading(transactional_id):
+            return ErrorCode.coordinator_load_in_progress.value
+        return NOT_COORDINATOR
 
     def _abandoned(self, meta: TransactionMetadata) -> bool:
         """Whether ``meta``'s coordinator moved away from this broker (``unload_partitions``)."""
@@ -651,7 +661,7 @@ class TransactionApis:
         if not may_write or not self._allowed(request, WRITE, TRANSACTIONAL_ID, tid):
             error = ErrorCode.transactional_id_authorization_failed.value
         elif not self.coordinates(tid):
-            error = NOT_COORDINATOR
+            error = self._not_coordinator(tid)
         elif self.closing:
             error = ErrorCode.coordinator_not_available.value
         else:
@@ -693,7 +703,7 @@ class TransactionApis:
         if not self._allowed(request, WRITE, TRANSACTIONAL_ID, tid):
             results = {k: ErrorCode.transactional_id_authorization_failed.value for k in wanted}
         elif not self.coordinates(tid):
-            results = {k: NOT_COORDINATOR for k in wanted}
+            results = {k: self._not_coordinator(tid) for k in wanted}
         else:
             writable = {t: self._allowed(request, WRITE, TOPIC, t) for t in {t for t, _ in wanted}}
             for t, p in wanted:
@@ -742,7 +752,7 @@ class TransactionApis:
         elif not self._allowed(request, READ, GROUP, body.group_id):
             error = ErrorCode.group_authorization_failed.value
         elif not self.coordinates(tid):
-            error = NOT_COORDINATOR
+            error = self._not_coordinator(tid)
         else:
             async with self._lock(tid):
                 error, meta = self.state.check(tid, int(body.producer_id), int(body.producer_epoch),
@@ -835,7 +845,7 @@ class TransactionApis:
             self._answer(request, END_TXN, ErrorCode.transactional_id_authorization_failed.value)
             return
         if not self.coordinates(tid):
-            self._answer(request, END_TXN, NOT_COORDINATOR)
+            self._answer(request, END_TXN, self._not_coordinator(tid))
             return
         error: int
         async with self._lock(tid):
@@ -863,7 +873,7 @@ class TransactionApis:
             if not self._allowed(request, DESCRIBE, TRANSACTIONAL_ID, tid):
                 error = ErrorCode.transactional_id_authorization_failed.value
             elif not self.coordinates(tid):
-                error = NOT_COORDINATOR
+                error = self._not_coordinator(tid)
             elif meta is None:
                 error = ErrorCode.transactional_id_not_found.value
             else:

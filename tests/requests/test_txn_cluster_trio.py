@@ -233,3 +233,63 @@ async def test_a_marker_during_a_leaders_verification_read_leaves_no_guard(patie
         assert verdict == [INVALID_TXN_STATE]
         assert leader.check_produce(tid, pid, 0, "t", remote) == INVALID_TXN_STATE
         assert leader._verified == {} and leader._verifying == {}
+
+
+async def test_a_coordinator_that_moves_loads_its_ids_answers_load_in_progress_meanwhile_and_is_fenced_after(
+        patient_clock, tmp_path):  # noqa: F811
+    """Leadership through the database, in-process: the transactional id's coordinator is the leader of its
+    ``__consumer_offsets`` partition. While the broker takes that partition over, the id's requests are
+    COORDINATOR_LOAD_IN_PROGRESS (Kafka's answer while it loads a ``__transaction_state`` partition); once
+    loaded (``load_partitions``), the id is served, its state written to the leadership's database; once
+    the partition moved on, a write of the old term is fenced (NOT_COORDINATOR), and the id is forgotten
+    (``unload_partitions``)."""
+    from pipeline.cluster.membership import OFFSETS_TOPIC, DynamicCluster, offsets_partition
+    from pipeline.coordinator.txn_store import TransactionStore
+    from pipeline.metadata.leadership import Leadership, LeadershipStore
+
+    load_in_progress = 14
+    tid = "moving-app"
+    key = (OFFSETS_TOPIC, offsets_partition(tid))
+    db = tmp_path / "cluster.db"
+    store = LeadershipStore(db)
+    epoch = store.registry.register(0, "incarnation-0", (("PLAINTEXT", "127.0.0.1", 9092),), 60_000)
+    controller = store.claim_controller(0, epoch, 60_000)
+    store.write_assignment(0, epoch, controller, {key: (0, True)})
+    leader_epoch = store.assignment()[key].leader_epoch
+    cluster = DynamicCluster(0, "127.0.0.1", 9092)
+    cluster.member, cluster.leaders = True, {key: Leadership(0, leader_epoch)}
+
+    def init() -> object:
+        return req("init_producer_id", 5, transactional_id=tid, transaction_timeout=datetime.timedelta(seconds=60),
+                   producer_id=-1, producer_epoch=-1)
+
+    try:
+        async with broker(tmp_path / "b0", cluster=cluster, node_id=0) as b:
+            groups = GroupCoordinatorService(b.apis, GroupConfig(initial_rebalance_delay_ms=0), tmp_path / "groups.db")
+            groups.register()
+            await b.nursery.start(groups.run)
+            txn = TransactionApis(b.apis, groups, db)
+            txn.register()
+            await b.nursery.start(txn.run)
+            client = GroupClient((await b.connect())[0])
+            assert int((await client.response(await client.send("init_producer_id", 5, init()))).error_code) == \
+                load_in_progress
+            await txn.load_partitions({key[1]: leader_epoch})
+            cluster.loaded.add(key)
+            answer = await client.response(await client.send("init_producer_id", 5, init()))
+            assert int(answer.error_code) == 0
+            reader = TransactionStore(db)  # another broker's view of the leadership's database
+            assert reader.read(tid) is not None and reader.read(tid).producer_id == int(answer.producer_id)
+            reader.close()
+            # The partition moves to broker 1: this term's next write is fenced, then the id is unloaded.
+            store.registry.register(1, "incarnation-1", (("PLAINTEXT", "127.0.0.1", 9093),), 60_000)
+            store.write_assignment(0, epoch, controller, {key: (1, True)})
+            again = await client.response(await client.send("init_producer_id", 5, init()))
+            assert int(again.error_code) == NOT_COORDINATOR
+            txn.unload_partitions({key[1]})
+            cluster.loaded.discard(key)
+            assert txn.state.get(tid) is None
+            txn.close()
+            groups.close()
+    finally:
+        store.close()
