@@ -604,7 +604,7 @@ class Server:
             self.leadership = LeadershipService(
                 cluster, store_target(c.metadata_url, c.data_dir, CLUSTER_STORE_FILE), endpoints,
                 session_ms=c.broker_session_timeout_ms, heartbeat_ms=c.broker_heartbeat_interval_ms,
-                logs=self.logs, end_offsets=self._table_end_offsets, refresh_tables=self._refresh_tables,
+                logs=self.logs, end_offsets=self._table_end_offsets,
                 staging_name=lambda: getattr(self.sink, "staging_name", None),
                 topics=lambda: self.catalog.all_topics(),
                 incarnation=self.incarnation, data_dir=Path(c.data_dir), wal_path=self.wal_path,

@@ -154,9 +154,6 @@ class LeadershipService:
         end_offsets: blocking; the table's (topic, partition) -> end offset over the rows of the
             topics of the partitions given (read only for partitions whose end no commit recorded;
             it fences the commits of theirs in flight by brokers no longer members first).
-        refresh_tables: blocking; forget what the broker's table reader cached of the tables of the
-            topics given (before a partition taken over is read, whatever gave its end; not for
-            partitions whose recorded end is 0, a new topic's: nothing of theirs to read); None: nothing cached.
         staging_name: where this broker stages a commit's files (``SparkGroupSink.staging_name``),
             recorded with the commit's pending ends so that another broker can fence it.
         topics: the existing topics (name -> partitions), for the controller.
@@ -177,7 +174,6 @@ class LeadershipService:
                  session_ms: int, heartbeat_ms: int, logs: LogManager,
                  end_offsets: Callable[[Collection[tuple[str, int]]], dict[tuple[str, int], int]],
                  topics: Callable[[], dict[str, int]],
-                 refresh_tables: Callable[[Collection[str]], None] | None = None,
                  staging_name: Callable[[], str | None] | None = None,
                  on_fenced: Callable[[], None] | None = None, incarnation: uuid.UUID | None = None,
                  data_dir: Path | None = None, wal_path: str | None = None,
@@ -195,7 +191,6 @@ class LeadershipService:
         self.heartbeat_ms = heartbeat_ms
         self.logs = logs
         self.end_offsets = end_offsets
-        self.refresh_tables = refresh_tables
         self.staging_name = staging_name
         self.topics = topics
         self.on_fenced = on_fenced or (lambda: os._exit(FENCED_STATUS))
@@ -668,11 +663,6 @@ class LeadershipService:
                                 "(%d): retention dropped those between, or a commit recorded done did not land",
                                 self.cluster.node_id, topic, partition, end, read.get((topic, partition), 0))
             ends |= settled
-        # A partition whose recorded end is 0 (a new topic's) has no row in the table to read: no refresh (a
-        # catalog call per table, seconds on a busy Connect server, before the partition is served).
-        recorded = {t for (t, p), end in ends.items() if end > 0} - {t for t, _ in unknown}
-        if recorded and self.refresh_tables is not None:
-            await trio.to_thread.run_sync(self.refresh_tables, recorded)
         self.ends_read_from_table += len(unknown)
         batches = await trio.to_thread.run_sync(store.producers, ends)
         by_partition: dict[tuple[str, int], list[tuple[int, int, int, int, int]]] = {}
@@ -681,7 +671,11 @@ class LeadershipService:
                 (b.producer_id, b.producer_epoch, b.first_seq, b.last_seq, b.base_offset))
         for key in keys:
             self.logs.reset_partition(key[0], key[1], ends[key], by_partition.get(key, ()))
-            if self.logs.table is not None:
+            if self.logs.table is not None and ends[key] > 0:
+                # Other brokers' commits are in the table: what the reader cached of the partition, and the
+                # Spark session's relations of its tables, are stale. The relations are refreshed at the
+                # next read from the table (a catalog call per table, seconds on a busy Connect server:
+                # not before the partition is served). A new topic's partition (end 0) has nothing to read.
                 self.logs.table.invalidate(key[0], key[1])
         await self._adopt(store, keys)
 

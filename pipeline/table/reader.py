@@ -152,7 +152,10 @@ class TableReader:
     which is what offsets whose WAL segments were deleted are); compaction
     rewrites the same rows, so it changes nothing; rows that retention drops
     may still be served from the cache until the chunk is evicted or
-    ``invalidate`` is called.
+    ``invalidate`` is called. The Spark session caches each table's relation
+    (its file listing) too, and sees only its own writes in it: after
+    ``invalidate``, the next read of the topic refreshes the tables it reads
+    (``Catalog.refreshTable``) first, so another broker's commits are seen.
 
     Args:
         spark: a session on the tables' catalog (the server's own).
@@ -203,6 +206,10 @@ class TableReader:
         self._cached_bytes = 0
         self._row_bytes: dict[tuple[str, int], float] = {}
         self._existing: set[str] = set()
+        self._stale: set[str] = set()  # tables whose Spark relation the next read of theirs refreshes
+        self._refreshing = threading.Lock()  # held while a stale table is refreshed (no other lock then)
+        self.refreshes = 0
+        """Tables refreshed before a read (``invalidate``)."""
         self.direct = direct
         self._listings: dict[str, RowGroups | None] = {}
         self._footers: dict[str, FooterGroups] = {}
@@ -262,8 +269,18 @@ class TableReader:
         return self._encode(rows, offset, max_bytes, max_records, min_one)
 
     def invalidate(self, topic: str | None = None, partition: int | None = None) -> None:
-        """Forget cached rows: of one partition, of one topic (``partition`` None), or all (``topic`` None)."""
+        """Forget cached rows: of one partition, of one topic (``partition`` None), or all (``topic`` None).
+
+        The tables that can hold the topic's rows (every table for None) are refreshed before their next
+        read (``Catalog.refreshTable``, one catalog call each, seconds on a busy Spark Connect server):
+        not here, so that a caller on a latency path (a partition taken over, ``LeadershipService``) does
+        not wait for it. Never raises; a failed refresh fails the read that makes it (and is made again
+        by the next)."""
+        typed = self.catalog.typed_tables
+        tables = [t.name for t in ([self.catalog.records, self.catalog.dead_letters] + (
+            list(typed.values()) if topic is None else [typed[topic]] if topic in typed else []))]
         with self._lock:
+            self._stale.update(tables)
             for key in [k for k in self._cache if topic is None or (k[0] == topic and partition in (None, k[1]))]:
                 self._cached_bytes -= self._cache.pop(key).nbytes
             listings = [t for t in self._listings if topic is None or t == topic]
@@ -368,11 +385,15 @@ class TableReader:
     # -- internals -------------------------------------------------------------------
 
     def _sources(self, topic: str) -> list[tuple[OwnedTable, bool]]:
-        """(table, filter on topic?) of every table that can hold the topic's rows.
+        """(table, filter on topic?) of every table that can hold the topic's rows, each refreshed first
+        if ``invalidate`` made it stale.
 
         Raw topics are in the records table; a typed topic's rows are in its
         own table or the dead letters, and its rows from before it was typed
         in the records table. A table not created yet (no write) is skipped.
+
+        Raises:
+            Whatever Spark raises for a failed refresh (the table stays stale).
         """
         out = [(self.catalog.records, True)]
         typed = self.catalog.typed_tables.get(topic)
@@ -381,6 +402,20 @@ class TableReader:
                 with self._lock:
                     self._existing.add(owned.name)
                 out.append((owned, by_topic))
+        with self._refreshing:  # a read of a table being refreshed waits for the refresh
+            for owned, _ in out:
+                with self._lock:  # marked again by an invalidate during the refresh: refreshed again
+                    if owned.name not in self._stale:
+                        continue
+                    self._stale.discard(owned.name)
+                try:
+                    self.spark.catalog.refreshTable(owned.name)
+                except BaseException:
+                    with self._lock:
+                        self._stale.add(owned.name)
+                    raise
+                with self._lock:
+                    self.refreshes += 1
         return out
 
     def _frame(self, topic: str, partition: int, where: Column | None = None,

@@ -284,12 +284,22 @@ def test_a_stopping_broker_takes_over_nothing_and_says_so_once(tmp_path, caplog)
         trio.run(main)
 
 
-def test_a_take_over_refreshes_the_tables_only_of_topics_with_rows_and_reads_none(tmp_path):
+class _InvalidatedTable:
+    """The table side of a LogManager as a take-over sees it: which partitions it was told to forget
+    (``TableReader.invalidate``, which refreshes their tables at their next read). Nothing is read."""
+
+    def __init__(self) -> None:
+        self.invalidated: list[tuple[str | None, int | None]] = []
+
+    def invalidate(self, topic: str | None = None, partition: int | None = None) -> None:
+        self.invalidated.append((topic, partition))
+
+
+def test_a_take_over_invalidates_the_tables_only_of_partitions_with_rows_and_reads_none(tmp_path):
     """Partitions whose ends their commits recorded are taken over without reading the table; the
-    table reader's cache is refreshed for a topic whose recorded end is above 0 (another broker's
-    commits are in the table), not for a new topic's partitions (recorded end 0: nothing to read, and
-    a refresh is a catalog call per table, seconds on a busy Connect server). Both continue at their
-    recorded ends."""
+    table reader is told to forget a partition whose recorded end is above 0 (another broker's commits
+    are in the table: its tables are refreshed at their next read, not on the take-over's path), not a
+    new topic's partition (recorded end 0: nothing to read). Both continue at their recorded ends."""
     from pipeline.metadata.leadership import LeadershipStore
 
     store = LeadershipStore(tmp_path / "cluster.db")
@@ -299,12 +309,11 @@ def test_a_take_over_refreshes_the_tables_only_of_topics_with_rows_and_reads_non
     finally:
         store.close()
     reads: list[set] = []
-    refreshed: list[set[str]] = []
-    logs = LogManager()
+    table = _InvalidatedTable()
+    logs = LogManager(table=table)  # type: ignore[arg-type]
     service = LeadershipService(DynamicCluster(0, "127.0.0.1", 9092), tmp_path / "cluster.db", ENDPOINT,
                                 session_ms=TWO_BROKERS_SESSION_MS, heartbeat_ms=TWO_BROKERS_HEARTBEAT_MS, logs=logs,
                                 end_offsets=lambda keys: reads.append(set(keys)) or {},
-                                refresh_tables=lambda topics: refreshed.append(set(topics)),
                                 topics=lambda: {"fresh": 1, "used": 1}, on_fenced=lambda: None)
 
     async def main() -> None:
@@ -312,7 +321,7 @@ def test_a_take_over_refreshes_the_tables_only_of_topics_with_rows_and_reads_non
             await _until(lambda: service.cluster.leads("fresh", 0) and service.cluster.leads("used", 0),
                          "both partitions served")
             assert reads == []
-            assert refreshed and set().union(*refreshed) == {"used"}
+            assert table.invalidated == [("used", 0)]
             assert logs.log_end_offset("fresh", 0) == 0 and logs.log_end_offset("used", 0) == 7
 
     trio.run(main)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
@@ -363,6 +364,34 @@ def test_files_listed_before_a_commit_or_a_compaction(spark, tmp_path):
     catalog.write_flush(build_flush([append("orders", 0, 160, [record(160)])], {}))
     catalog.compact()
     assert read_all(fresh, "orders", 0, 0, 161, 1 << 20) == expected(range(161))  # listed files gone: listed again
+
+
+@pytest.mark.slow
+def test_another_brokers_commits_are_seen_after_invalidate_which_refreshes_at_the_next_read(spark, tmp_path):
+    """Another broker's commit (another JVM's: a data file placed in a partition directory this session
+    has listed, as a staged commit lands, ``SparkGroupSink``) is served after ``invalidate`` (a
+    partition taken over, ``LeadershipService``). ``invalidate`` makes no Spark call; the next read
+    refreshes each table it reads, once (``Catalog.refreshTable``: what the session cached of the
+    table's relation, such as a schema another broker evolved). File listings themselves are never
+    cached (``catalog_conf``: ``filesourcePartitionFileCacheSize=0``)."""
+    catalog = TableCatalog(spark, tmp_path / "data", TableConfig(database=unique_database()))
+    catalog.ensure()
+    catalog.write_flush(build_flush([append("orders", 0, 0, [record(i) for i in range(40)])], {}))
+    reader = TableReader(spark, catalog)
+    assert read_all(reader, "orders", 0, 0, 40, 1 << 20) == expected(range(40))
+    (written,) = spark.table(catalog.records.name).inputFiles()
+    path = Path(written.removeprefix("file:"))
+    rows = pq.read_table(path)
+    later = rows.set_column(rows.schema.get_field_index("offset"), "offset",
+                            pa.compute.add(rows.column("offset"), 40))
+    pq.write_table(later, path.with_name("part-other-broker.parquet"))  # offsets 40..79, the same records again
+    reader.invalidate("orders", 0)
+    assert reader.refreshes == 0   # no catalog call on the caller's path
+    got = read_all(reader, "orders", 0, 40, 80, 1 << 20)
+    assert [r[0] for r in got] == list(range(40, 80)) and [r[1:] for r in got] == [r[1:] for r in expected(range(40))]
+    assert reader.refreshes == 1   # the records table (no dead letter table exists), at the first read
+    assert read_all(reader, "orders", 0, 60, 80, 1 << 20) == got[20:]
+    assert reader.refreshes == 1
 
 
 @pytest.mark.slow
