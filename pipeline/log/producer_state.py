@@ -62,15 +62,22 @@ class SequenceCheck:
             ``duplicate.base_offset``), ERROR (answer ``error_code``).
         error_code: Kafka error code when verdict is ERROR, else 0.
         duplicate: the original batch when verdict is DUPLICATE.
+        unknown_producer: APPEND of a batch whose producer has no state on the
+            partition here and whose first sequence is not 0 (Kafka accepts it;
+            a caller that knows an earlier batch of it was refused unwritten
+            may answer that refusal instead, ``RefusedPartitions``).
     """
 
     verdict: Verdict
     error_code: int = 0
     duplicate: BatchMetadata | None = None
+    unknown_producer: bool = False
 
 
 _APPEND = SequenceCheck(Verdict.APPEND)
 """The common verdict, made once (``check`` runs for every partition of every produce)."""
+_APPEND_UNKNOWN = SequenceCheck(Verdict.APPEND, unknown_producer=True)
+"""APPEND for a producer with no state here whose batch does not start at sequence 0."""
 
 
 def next_sequence(seq: int, count: int = 1) -> int:
@@ -103,22 +110,27 @@ class ProducerStateManager:
         an older epoch is fenced (INVALID_PRODUCER_EPOCH); a newer epoch must
         start at sequence 0; within an epoch a batch equal to one of the last 5
         is a duplicate, and otherwise must start right after the last one
-        (OUT_OF_ORDER_SEQUENCE_NUMBER). A producer this broker has no state
-        for must start at 0, else UNKNOWN_PRODUCER_ID (the client then resets
-        its sequence, KIP-360).
+        (OUT_OF_ORDER_SEQUENCE_NUMBER). A producer this broker has no state for
+        on the partition is accepted at any sequence (``unknown_producer`` set
+        when it is not 0), as Kafka does since 2.5 (KIP-360: "if there is no
+        current producer epoch ... accept writes with any sequence number").
+        The UNKNOWN_PRODUCER_ID of older brokers makes librdkafka bump its
+        epoch and renumber every message it has not seen acknowledged, on every
+        partition, so that those another broker committed unanswered (a paused
+        or killed leader) are written twice.
         """
         if producer_id == NO_PRODUCER_ID:
             return _APPEND
         entry = self._entries.get((producer_id, topic, partition))
-        if entry is not None and epoch < entry.epoch:
+        if entry is None:
+            return _APPEND if first_seq == 0 else _APPEND_UNKNOWN
+        if epoch < entry.epoch:
             # Fenced, also when a transaction marker with a newer epoch is all it wrote here.
             return SequenceCheck(Verdict.ERROR, ErrorCode.invalid_producer_epoch.value)
-        if entry is None or not entry.batches:
+        if not entry.batches:  # only a transaction marker's epoch: its next batch starts at 0
             if first_seq == 0:
                 return _APPEND
-            if entry is not None and epoch > entry.epoch:
-                return SequenceCheck(Verdict.ERROR, ErrorCode.out_of_order_sequence_number.value)
-            return SequenceCheck(Verdict.ERROR, ErrorCode.unknown_producer_id.value)
+            return SequenceCheck(Verdict.ERROR, ErrorCode.out_of_order_sequence_number.value)
         if epoch < entry.epoch:
             return SequenceCheck(Verdict.ERROR, ErrorCode.invalid_producer_epoch.value)
         if epoch > entry.epoch:
@@ -222,13 +234,13 @@ class RefusedPartitions:
 
     A producer pipelines up to 5 requests per connection. When the first is refused and the next
     arrives once the cause is gone (the take-over done), the next batch's sequence leaves a gap, and
-    Kafka's rules answer OUT_OF_ORDER_SEQUENCE_NUMBER (UNKNOWN_PRODUCER_ID if the refused batch was
-    the producer's first there). librdkafka takes the former for "an earlier request failed" and
-    bumps its epoch (KIP-360, ``rd_kafka_idemp_drain_epoch_bump``): it renumbers, on every partition,
-    each message it has not seen acknowledged, including those of requests that timed out at another
-    broker that went on to write them, which are then written twice; the latter, with messages
-    unacknowledged, is fatal to it. ``gap_error`` gives such a batch the first refusal's error
-    instead, and the client retries the batches in order with their sequences. Keyed by connection,
+    Kafka's rules answer OUT_OF_ORDER_SEQUENCE_NUMBER (a producer with no state here at all is
+    ``UnknownProducers``' case). librdkafka takes it for "an earlier request failed" and bumps its
+    epoch (KIP-360, ``rd_kafka_idemp_drain_epoch_bump``): it renumbers, on every partition, each
+    message it has not seen acknowledged, including those of requests that timed out at another
+    broker that went on to write them, which are then written twice. ``gap_error`` gives such a
+    batch the first refusal's error instead, and the client retries the batches in order with their
+    sequences. Keyed by connection,
     not producer: a Kafka client has one producer id. No I/O; the request handlers share one (a
     connection's requests reach them in order).
     """
@@ -258,6 +270,52 @@ class RefusedPartitions:
 
     def gap_error(self, connection_id: str, topic: str, partition: int) -> int | None:
         """The error to answer a batch from ``connection_id`` with a sequence gap (Kafka's rules answer
-        OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID): the refusal before it, if one is kept,
-        else None."""
+        OUT_OF_ORDER_SEQUENCE_NUMBER): the refusal before it, if one is kept, else None."""
         return self._errors.get((connection_id, topic, partition))
+
+
+UNKNOWN_PRODUCER_REFUSALS = 5
+"""How many times in a row ``UnknownProducers`` refuses one batch before it is accepted (Kafka's rule)."""
+
+
+class UnknownProducers:
+    """Batches of idempotent producers this broker has no state of on a partition, with a first sequence
+    other than 0 (``SequenceCheck.unknown_producer``), refused with a retriable error a few times before
+    Kafka's rule accepts them.
+
+    Kafka since 2.5 accepts such a batch at any sequence (KIP-360; the producer's state expired with
+    its records). Here it comes mostly from a leadership move: the producer's earlier batches of the
+    partition were refused unwritten by the partition's previous leader (NOT_LEADER_OR_FOLLOWER) and
+    are on their way again, behind this one (librdkafka sent a later batch to the new leader first, in
+    the fault test, session 55). Accepted at once, it would be written ahead of them and they would
+    then be refused OUT_OF_ORDER_SEQUENCE_NUMBER; answered UNKNOWN_PRODUCER_ID (older Kafka), librdkafka
+    bumps its epoch and renumbers, on every partition, each message it has not seen acknowledged,
+    including those another broker wrote unanswered, which are then written twice. A retriable refusal
+    lets the client retry the partition's messages in their order; the same batch refused
+    ``refusals`` times in a row is accepted (the earlier batches are not coming). No I/O; bounded.
+    """
+
+    def __init__(self, refusals: int = UNKNOWN_PRODUCER_REFUSALS, kept: int = REFUSALS_KEPT) -> None:
+        self._refusals = refusals
+        self._kept = kept
+        self._refused: dict[tuple[int, str, int], tuple[int, int]] = {}  # -> (first sequence, times); oldest first
+
+    def refuse(self, producer_id: int, topic: str, partition: int, first_seq: int) -> bool:
+        """Whether to refuse this batch (a producer unknown here, first sequence not 0) once more: False
+        once the same batch was refused ``refusals`` times in a row (then accept it)."""
+        key = (producer_id, topic, partition)
+        seq, times = self._refused.pop(key, (first_seq, 0))
+        if seq != first_seq:
+            times = 0
+        if times >= self._refusals:
+            return False
+        self._refused[key] = (first_seq, times + 1)
+        if len(self._refused) > self._kept:
+            del self._refused[next(iter(self._refused))]
+        return True
+
+    def appended(self, producer_id: int, topic: str, partition: int) -> None:
+        """A batch of the producer was appended to the partition (its state is known here now)."""
+        if self._refused:
+            self._refused.pop((producer_id, topic, partition), None)
+

@@ -42,7 +42,7 @@ from pipeline.protocol.records import (RecordsInfo, has_compressed_batch, summar
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.network.request_channel import ConnectionHandle, Request, RequestChannel, release_requests
 from pipeline.network.request_metrics import RequestMetrics, add_error
-from pipeline.log.producer_state import BatchMetadata, RefusedPartitions, Verdict
+from pipeline.log.producer_state import BatchMetadata, RefusedPartitions, UnknownProducers, Verdict
 from pipeline.security.acl import CLUSTER_NAME, AclOperation, Authorizer, ResourceType
 from pipeline.requests.acl_apis import authorize_request
 
@@ -51,8 +51,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_SEQUENCE_GAPS = frozenset({ErrorCode.out_of_order_sequence_number.value, ErrorCode.unknown_producer_id.value})
-"""What Kafka's sequence rules answer a batch that does not follow the last one (``ProducerStateManager.check``)."""
+_SEQUENCE_GAPS = frozenset({ErrorCode.out_of_order_sequence_number.value})
+"""What Kafka's sequence rules answer a batch that does not follow the last one (``ProducerStateManager.check``;
+a producer unknown here is accepted at any sequence, ``SequenceCheck.unknown_producer``)."""
 
 API_VERSIONS, METADATA, PRODUCE, INIT_PRODUCER_ID = 18, 3, 0, 22
 TRANSACTION_APIS = frozenset({24, 25, 26, 27, 28, 61, 65, 66})
@@ -157,6 +158,7 @@ class KafkaApis:
         # Partitions whose last produce from a connection was refused unwritten: a pipelined batch behind
         # it gets that error again rather than OUT_OF_ORDER_SEQUENCE_NUMBER (RefusedPartitions).
         self._refused = RefusedPartitions()
+        self._unknown_producers = UnknownProducers()
         self.stats = HandlerStats()
         self.request_metrics = request_metrics if request_metrics is not None else RequestMetrics()
         self._produce_errors = self.request_metrics.errors(PRODUCE)
@@ -543,6 +545,22 @@ class KafkaApis:
                          ", ".join(f"{b.first_seq}-{b.last_seq}@{b.base_offset}" for b in known) or "no batch")
                 results[index] = PartitionResult(part.topic, part.partition, verdict.error_code)
                 continue
+            if verdict.unknown_producer:
+                # Its earlier batches of the partition are not here: refused a few times, retriably, while
+                # they may still come (a leadership move), then accepted as Kafka does (UnknownProducers).
+                refuse = self._unknown_producers.refuse(info.producer_id, part.topic, part.partition,
+                                                        info.base_sequence)
+                log.info("%s-%d: producer %d epoch %d batch of sequences %d-%d, with no state of the producer "
+                         "here: %s", part.topic, part.partition, info.producer_id, info.producer_epoch,
+                         info.base_sequence, info.last_sequence,
+                         "refused (NOT_LEADER_OR_FOLLOWER) while its earlier batches may still come" if refuse
+                         else "accepted")
+                if refuse:
+                    results[index] = PartitionResult(part.topic, part.partition,
+                                                     ErrorCode.not_leader_or_follower.value)
+                    continue
+            elif info.producer_id >= 0:
+                self._unknown_producers.appended(info.producer_id, part.topic, part.partition)
             if refused:
                 refused.accepted(connection_id, part.topic, part.partition)
             if verdict.verdict is Verdict.DUPLICATE:

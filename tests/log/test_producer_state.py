@@ -58,9 +58,22 @@ def test_epochs_fence_and_restart_sequences():
     appended(state, 0, 0, 5, epoch=4)
 
 
-def test_unknown_producer_must_start_at_zero():
+def test_an_unknown_producer_is_accepted_at_any_sequence_as_kafka_does():
+    """Kafka since 2.5 (KIP-360) accepts a batch of a producer it has no state of at any sequence;
+    the UNKNOWN_PRODUCER_ID of older brokers made librdkafka renumber its unacknowledged messages.
+    Once it has state, the sequence rules apply; a transaction marker's epoch alone wants sequence 0."""
     state = ProducerStateManager()
-    assert state.check(PID, EPOCH, T, P, 7, 9).error_code == ErrorCode.unknown_producer_id.value
+    unknown = state.check(PID, EPOCH, T, P, 7, 9)
+    assert unknown.verdict is Verdict.APPEND and unknown.unknown_producer and unknown.error_code == 0
+    first = state.check(PID, EPOCH, T, P, 0, 2)
+    assert first.verdict is Verdict.APPEND and not first.unknown_producer
+    state.update(PID, EPOCH, T, P, 7, 9, 0)
+    assert state.check(PID, EPOCH, T, P, 10, 10).verdict is Verdict.APPEND
+    assert state.check(PID, EPOCH, T, P, 12, 12).error_code == ErrorCode.out_of_order_sequence_number.value
+    assert state.check(PID, EPOCH, T, P + 1, 4, 4).unknown_producer  # per partition
+    state.end_transaction(PID, EPOCH + 1, T, P + 2)
+    assert state.check(PID, EPOCH + 1, T, P + 2, 3, 3).error_code == ErrorCode.out_of_order_sequence_number.value
+    assert state.check(PID, EPOCH + 1, T, P + 2, 0, 3).verdict is Verdict.APPEND
     assert state.check(-1, -1, T, P, -1, -1).verdict is Verdict.APPEND  # not idempotent: no checks
 
 
@@ -97,3 +110,19 @@ def test_refused_partitions_keep_retriable_refusals_per_connection_until_accepte
     for connection in ("a", "b", "c"):  # at most two kept: the oldest goes
         refused.refused(connection, "t", 0, 6)
     assert [refused.gap_error(c, "t", 0) for c in ("a", "b", "c")] == [None, 6, 6]
+
+
+def test_unknown_producers_refuse_one_batch_a_few_times_then_accept_it():
+    from pipeline.log.producer_state import UnknownProducers
+
+    unknown = UnknownProducers(refusals=2, kept=2)
+    assert [unknown.refuse(PID, T, P, 5) for _ in range(3)] == [True, True, False]
+    assert unknown.refuse(PID, T, P, 5)  # accepted once: a later refusal of it counts again
+    assert unknown.refuse(PID, T, P, 9) and unknown.refuse(PID, T, P, 9) and not unknown.refuse(PID, T, P, 9)
+    assert unknown.refuse(PID, T, P, 3)
+    unknown.appended(PID, T, P)  # its earlier batch came: counting starts over
+    assert unknown.refuse(PID, T, P, 3) and unknown.refuse(PID, T, P, 3)
+    for partition in range(5):  # bounded: the oldest is forgotten
+        unknown.refuse(PID, T, partition, 1)
+    assert len(unknown._refused) == 2
+

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import itertools
+import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -443,7 +444,49 @@ async def test_the_shared_unmuted_ablation_keeps_one_scheduling_point_per_reques
     assert not KafkaApis(info, catalog, LogManager(), persister, 1, yield_before_sequencing=True).produce_runs
 
 
-NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID = 6, 45, 59
+NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER = 6, 45
+
+
+async def test_a_producer_unknown_here_is_refused_retriably_until_its_earlier_batch_comes_or_for_a_while(
+        autojump_clock, tmp_path, caplog):
+    """The failover test's duplicates (session 55): a new leader with no state of a producer on a
+    partition got its batch of sequences 100-104 before 0-99, which the previous leader had refused
+    unwritten, and answered UNKNOWN_PRODUCER_ID; librdkafka bumped its epoch and renumbered, on every
+    partition, what it had not seen acknowledged, some of it written already: written twice. Such a
+    batch is now refused NOT_LEADER_OR_FOLLOWER (retriable, no epoch bump) until its earlier batch
+    arrives, and the batches land in sequence order; a batch whose earlier ones never come is accepted
+    after ``UNKNOWN_PRODUCER_REFUSALS`` refusals, as Kafka accepts it (KIP-360). A retry of an accepted
+    batch is a duplicate with its offset."""
+    from pipeline.log.producer_state import UNKNOWN_PRODUCER_REFUSALS
+
+    async with broker(tmp_path) as b:
+        pid = b.apis.next_producer_id()
+        client, _ = await b.connect()
+
+        def idempotent(correlation_id: int, seq: int, count: int = 1, partition: int = 0) -> bytes:
+            return _records_request(correlation_id, _batch([b"s%d" % i for i in range(seq, seq + count)],
+                                                           producer_id=pid, base_sequence=seq), partition=partition)
+
+        with caplog.at_level(logging.INFO, logger="pipeline.requests.handler"):
+            await client.send(idempotent(1, 1, count=50))   # ahead of its earlier batch
+            await client.wait_responses(1)
+            await client.send(idempotent(2, 0) + idempotent(3, 1, count=50) + idempotent(4, 1, count=50))
+            await client.wait_responses(4)
+            assert [partition_result(body) for _, body in client.responses] == [
+                (NOT_LEADER_OR_FOLLOWER, -1), (0, 0), (0, 1), (0, 1)]
+            # Partition 1: the earlier batches never come; refused, then accepted at its sequence.
+            for n in range(UNKNOWN_PRODUCER_REFUSALS + 1):
+                await client.send(idempotent(5 + n, 7, partition=1))
+                await client.wait_responses(5 + n)
+        assert [partition_result(body) for _, body in client.responses[4:]] == [
+            (NOT_LEADER_OR_FOLLOWER, -1)] * UNKNOWN_PRODUCER_REFUSALS + [(0, 0)]
+        assert caplog.text.count(f"producer {pid} epoch 0 batch of sequences 7-7, with no state of the producer "
+                                 "here: refused") == UNKNOWN_PRODUCER_REFUSALS
+        assert f"producer {pid} epoch 0 batch of sequences 7-7, with no state of the producer here: accepted" \
+            in caplog.text
+        await eventually(lambda: len(b.sink.rows()) == 52)
+        assert [r["value"] for r in sorted(b.sink.rows(), key=lambda r: (r["partition"], r["offset"]))] == [
+            b"s%d" % i for i in range(51)] + [b"s7"]
 
 
 async def test_a_batch_pipelined_behind_one_refused_unwritten_gets_the_same_answer_not_a_sequence_error(
@@ -488,8 +531,8 @@ async def test_a_batch_pipelined_behind_one_refused_unwritten_gets_the_same_answ
             (0, 0), (NOT_LEADER_OR_FOLLOWER, -1), (NOT_LEADER_OR_FOLLOWER, -1), (0, 1), (0, 2),
             (OUT_OF_ORDER_SEQUENCE_NUMBER, -1)]
         assert partition_result(other.responses[0][1]) == (OUT_OF_ORDER_SEQUENCE_NUMBER, -1)
-        # A first batch refused (its producer unknown here), then the next: the same answer, not the
-        # UNKNOWN_PRODUCER_ID that is fatal to librdkafka with messages unacknowledged.
+        # A first batch refused (its producer unknown here), then the next: refused retriably too
+        # (UnknownProducers), not accepted ahead of it nor answered UNKNOWN_PRODUCER_ID.
         view.loaded = {("t", 0)}
         await client.send(idempotent(7, 0, partition=1))
         await client.wait_responses(7)
