@@ -16,8 +16,9 @@ the issue's bound. Committed offsets are served by the group's coordinator alone
 serves them: the other brokers answer OffsetFetch NOT_COORDINATOR and name the coordinator in
 FindCoordinator, and an AdminClient bootstrapped on broker 1 or 2 reads the offsets through it.
 
-Leadership is through the database (``--cluster-leadership database``, the multi-host mode, which
-needs ``--ack-on spark``): the controller assigns partitions and group coordinators, and each move
+Leadership is through the database (``--cluster-leadership database``, the multi-host mode; run here
+with ``--ack-on spark``, ``--ack-on wal`` is tests/e2e/test_failover.py's and test_live_view.py's): the
+controller assigns partitions and group coordinators, and each move
 bumps a partition's leader epoch. The last test stops a broker (SIGTERM: a controlled shutdown ends
 its lease, its partitions move at once; the supervisor starts it again and it gets them back) and
 checks the epochs clients see (KIP-320): Metadata's go up with each move, a Fetch or ListOffsets
