@@ -64,8 +64,8 @@ class SequenceCheck:
         duplicate: the original batch when verdict is DUPLICATE.
         unknown_producer: APPEND of a batch whose producer has no state on the
             partition here and whose first sequence is not 0 (Kafka accepts it;
-            a caller that knows an earlier batch of it was refused unwritten
-            may answer that refusal instead, ``RefusedPartitions``).
+            the request handler refuses it retriably a few times first,
+            ``UnknownProducers``).
     """
 
     verdict: Verdict

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 _SEQUENCE_GAPS = frozenset({ErrorCode.out_of_order_sequence_number.value})
 """What Kafka's sequence rules answer a batch that does not follow the last one (``ProducerStateManager.check``;
-a producer unknown here is accepted at any sequence, ``SequenceCheck.unknown_producer``)."""
+a producer with no state here is ``UnknownProducers``' case)."""
 
 API_VERSIONS, METADATA, PRODUCE, INIT_PRODUCER_ID = 18, 3, 0, 22
 TRANSACTION_APIS = frozenset({24, 25, 26, 27, 28, 61, 65, 66})

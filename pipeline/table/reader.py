@@ -153,9 +153,10 @@ class TableReader:
     rewrites the same rows, so it changes nothing; rows that retention drops
     may still be served from the cache until the chunk is evicted or
     ``invalidate`` is called. The Spark session caches each table's relation
-    (its file listing) too, and sees only its own writes in it: after
+    too (its schema and table metadata; file listings are not cached,
+    ``catalog_conf``), and sees only its own changes in it: after
     ``invalidate``, the next read of the topic refreshes the tables it reads
-    (``Catalog.refreshTable``) first, so another broker's commits are seen.
+    (``Catalog.refreshTable``) first, so another broker's changes are seen.
 
     Args:
         spark: a session on the tables' catalog (the server's own).
