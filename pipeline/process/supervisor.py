@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -104,19 +103,26 @@ def strip_flags(argv: list[str], flags: tuple[str, ...] = _OWN_FLAGS) -> list[st
 
 
 def broker_ports(host: str, first: int, n: int) -> list[int]:
-    """The N brokers' ports: ``first`` and the next N-1; ``first`` 0: N ports free now."""
+    """The N brokers' ports: ``first`` and the next N-1; ``first`` 0: N distinct ports free now,
+    picked below the kernel's ephemeral range (``pipeline.network.listeners.free_listen_port``).
+
+    The brokers bind them only once started (tens of seconds later on a loaded machine). A port-0
+    pick would come from the ephemeral range, where any outgoing connection meanwhile (Spark
+    Connect's, PostgreSQL's, a client's) can take it and the broker's bind then fails with
+    "Address already in use" (seen in CI); below that range no kernel pick lands.
+
+    Raises:
+        OSError: no free port was found (``free_listen_port``).
+    """
+    from pipeline.network.listeners import free_listen_port
+
     if first:
         return [first + i for i in range(n)]
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host if host not in ("", "0.0.0.0", "::") else "127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    bind_host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    ports: list[int] = []
+    for _ in range(n):
+        ports.append(free_listen_port(bind_host, avoid=ports))
+    return ports
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ from pipeline.config import ConfigError, resolve
 from pipeline.protocol import BrokerInfo, decode_request, metadata_response, parse_request_header
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.requests.handler import KafkaApis
+from pipeline.network.listeners import FREE_PORT_FLOOR, ephemeral_ports
 from pipeline.process.supervisor import broker_ports, broker_registry_listener, strip_flags
 from tests.protocol.protocol_helpers import metadata_request, read_response, request_frame
 
@@ -173,7 +174,8 @@ def test_supervisor_argument_handling():
     assert strip_flags(argv) == ["--config", "x.toml", "--num-partitions", "4"]
     assert broker_ports("127.0.0.1", 9092, 3) == [9092, 9093, 9094]
     free = broker_ports("127.0.0.1", 0, 3)
-    assert len(set(free)) == 3 and all(free)
+    # distinct, and below the ephemeral range: no outgoing connection takes one before its broker binds it
+    assert len(set(free)) == 3 and all(FREE_PORT_FLOOR <= port < ephemeral_ports()[0] for port in free)
     assert [broker_registry_listener("https://[::1]:8081", n) for n in range(3)] == [
         "https://[::1]:8081", "https://[::1]:8082", "https://[::1]:8083"]
     assert broker_registry_listener("http://127.0.0.1:0", 2) == "http://127.0.0.1:0"
