@@ -236,15 +236,18 @@ def test_metrics_agree_with_a_raw_produce_run(started):
     assert flushed.value("pipeline_buffered_records") == 0
     assert flushed.value("pipeline_buffered_bytes") == 0
 
-    # one connection: created, open, then closed
-    assert delta(after, before, "kafka_server_socket_server_metrics_connection_creation_total") == 1
-    assert after.value("kafka_server_socket_server_metrics_connection_count") == \
-        (before.value("kafka_server_socket_server_metrics_connection_count") or 0) + 1
+    # our connection: created, open, then closed. Count what opened since `before`, not 1: another
+    # process's client can reach this port too (one retrying a stopped server's port that the kernel's
+    # port-0 pick gave this server: CI once saw a connection more).
+    creations, closes = ("kafka_server_socket_server_metrics_connection_creation_total",
+                         "kafka_server_socket_server_metrics_connection_close_total")
+    count = "kafka_server_socket_server_metrics_connection_count"
+    assert delta(after, before, creations) >= 1
+    assert after.value(count) == (before.value(count) or 0) + delta(after, before, creations) - delta(after, before, closes)
     client.close()
-    closed = scrape_until(started, lambda s: delta(
-        s, before, "kafka_server_socket_server_metrics_connection_close_total") == 1, "connection close counted")
-    assert closed.value("kafka_server_socket_server_metrics_connection_count") == \
-        before.value("kafka_server_socket_server_metrics_connection_count")
+    closed = scrape_until(started, lambda s: delta(s, before, closes) >= 1 and delta(s, before, closes) == delta(
+        s, before, creations), "every connection since `before` closed")
+    assert closed.value(count) == (before.value(count) or 0)
     assert closed.value("kafka_network_socketserver_memorypoolavailable") == 100 * MiB  # all memory back
     assert closed.value("kafka_network_socketserver_memorypoolused") == 0
 
