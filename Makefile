@@ -4,8 +4,9 @@
 #   make check   - the static checks alone (ruff, mypy, import-linter; seconds)
 #   make bench-smoke - the benchmarks' smoke forms (tests/bench, marker bench_smoke; ~4 min): outside make test's
 #                  15 minutes, run by .ci/run after it
-#   make fault-test - the three-host fault tests (tests/e2e/test_failover.py, marker fault_hosts; ~5 min): alone on
-#                  the machine, outside make test's 15 minutes, run by .ci/run after it
+#   make fault-test - the fault tests (~11 min): the single-machine crash tests (marker crash), then the three-host
+#                  ones (tests/e2e/test_failover.py, marker fault_hosts), in one process, outside make test's 15
+#                  minutes, run by .ci/run after it
 #   make sanitize - the C extensions' differential and fuzz tests under AddressSanitizer + UBSan (.ci/sanitize.py)
 #   make clean   - build and test artifacts; make clean-data deletes ./data, the default data directory
 # Pass server options with ARGS, e.g. make serve ARGS="--mode baseline --queues 8".
@@ -44,12 +45,13 @@ check: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
 test: check
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not bench_smoke and not fault_hosts" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not bench_smoke and not fault_hosts and not crash" $(PYTEST_ARGS)
 
-# the three-host fault tests (network namespaces, as root): three brokers, a Spark Connect server and the clients
-# of each host on 2 cores, so in one process with nothing beside them, outside make test's budget (docs/development.md)
+# the fault tests, outside make test's budget (docs/development.md): the single-machine crash tests (marker crash:
+# servers of their own killed under load), then the three-host ones (fault_hosts: network namespaces, as root; three
+# brokers, a Spark Connect server and the clients of each host on 2 cores), in one process so nothing runs beside them
 fault-test: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest -m fault_hosts tests/e2e $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "crash or fault_hosts" tests/e2e $(PYTEST_ARGS)
 
 # `pipeline bench` in its smoke forms, each on real servers under load: minutes of CPU on 2 cores, so beside
 # make test's budget, as the sanitizer and the image check are (docs/development.md)

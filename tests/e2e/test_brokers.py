@@ -79,6 +79,7 @@ def _metadata(host: str, port: int, topic: str):
     return entity_reader(MetadataResponse)(body, 1)[0]
 
 
+@pytest.mark.crash
 def test_metadata_spreads_leaders_and_a_killed_supervisor_leaves_nothing(cluster_factory):
     cluster = cluster_factory(2, "--num-partitions", "4")
     assert sorted(cluster.addresses) == [0, 1]
@@ -120,6 +121,7 @@ TOPIC = "orders"
 KEYS = 40
 
 
+@pytest.mark.crash
 def test_idempotent_producer_exactly_once_in_order_across_a_broker_kill(cluster_factory):
     import confluent_kafka
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -402,6 +404,7 @@ def _eos_loop(bootstrap: str, transactional_id: str, group: str, ends: dict[int,
         producer.flush(10)
 
 
+@pytest.mark.crash
 def test_exactly_once_consume_transform_produce_across_a_transaction_coordinator_kill(
         cluster_factory, connect_server, connect_spark):
     from confluent_kafka.admin import AdminClient, NewTopic

@@ -793,6 +793,7 @@ def test_a_changed_typed_schema_is_refused_at_the_next_start(story):
 
 # -- pipeline.ack.on=spark -------------------------------------------------------------------------------------
 
+@pytest.mark.crash
 def test_kill_9_under_load_with_ack_on_spark_loses_no_acknowledged_record(tmp_path):
     # Servers of its own: acknowledging only once Spark committed is another configuration than the
     # story's (ack on the WAL), and a crash has to be tested in it too.

@@ -32,7 +32,7 @@ from pipeline.persist.persister import STOP_WAITS_FOR_TABLE_S
 from tests.e2e.server_process import TABLE_READY, ServerProcess, describe
 from tests.e2e.table_reader import read_table, read_table_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.crash]  # make fault-test runs it (pyproject's crash marker)
 
 N = 200
 CTRL_C_RECORDS = 3_000
