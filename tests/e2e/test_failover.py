@@ -18,7 +18,7 @@ Both modes' clusters run one after the other on the same hosts, shared volume an
 (module-scoped), each with its own metadata database, topic and group.
 
 The kill: the victim is the controller, as the database names it (the broker that also runs the table
-maintenance, compaction every 10 s here). Its link goes down, then its process tree gets SIGKILL (the
+maintenance, compaction every 3 s here). Its link goes down, then its process tree gets SIGKILL (the
 broker and its decode worker); nothing restarts it until the test does. Its lease runs out
 (``broker.session.timeout.ms``, 5 s here), another broker claims the controller and moves the
 victim's partitions and group coordinators to the live brokers; once they were seen served elsewhere, its link comes up and it
@@ -101,19 +101,10 @@ PORT = 9092
 """Every broker's port, on its own host's address."""
 START_TIMEOUT_S = 300.0
 """A broker's start on a loaded 2-core runner (Python, the Connect client, leadership)."""
-_LEADERSHIP_ARGS = ("--linger-ms", "20", "--cluster-leadership", "database",
-                    "--broker-session-timeout-ms", "5000", "--broker-heartbeat-interval-ms", "1000")
-BROKER_ARGS = (*_LEADERSHIP_ARGS,
-               # Table maintenance often enough to see it move with the controller (default: 5 min), and not
-               # so often that it runs within the failover it measures: a compaction holds the tables
-               # exclusively (a second or more here), and every broker's commit waits for it. At 3 s the new
-               # controller's first run comes 3-6 s after it took over, 8-11 s after the kill, just when the
-               # moved partitions' first commits (with --ack-on spark, their acknowledgements) are made.
-               "--table-compaction-interval-ms", "10000", "--table-compaction-min-files", "3")
-EOS_BROKER_ARGS = (*_LEADERSHIP_ARGS, "--table-compaction-interval-ms", "3000", "--table-compaction-min-files", "3")
-"""The exactly-once test's brokers: compaction every 3 s, as since it was written. With 10 s one CI run
-(session 56) found 34 committed transforms missing from its read_committed read, and a rerun passed;
-until that is understood it keeps the setting it always passed with (session 56's closing note)."""
+BROKER_ARGS = ("--linger-ms", "20", "--cluster-leadership", "database",
+               "--broker-session-timeout-ms", "5000", "--broker-heartbeat-interval-ms", "1000",
+               # table maintenance often enough to see it move with the controller
+               "--table-compaction-interval-ms", "3000", "--table-compaction-min-files", "3")
 TYPED_CONFIG = {"value.format": "json", "value.schema": "n BIGINT"}
 """The typed topic's configs. Its producer sends values that are not JSON: every one is a dead letter, and
 a commit with dead letters writes them with a Spark job on the Connect server (into the broker run's
@@ -274,13 +265,13 @@ class HostBroker:
     """``pipeline serve --node-id I`` in host I's namespace; ``start`` again after a kill (a new incarnation)."""
 
     def __init__(self, host: netns.Host, node_id: int, data_dir: Path, metadata_url: str, spark_remote: str,
-                 ack_on: str, log_dir: Path, args: tuple[str, ...] = BROKER_ARGS) -> None:
+                 ack_on: str, log_dir: Path) -> None:
         self.host = host
         self.node_id = node_id
         self.cmd = host.command(sys.executable, "-m", "pipeline.cli", "serve", "--node-id", str(node_id),
                                 "--listen", f"{host.address}:{PORT}", "--data-dir", str(data_dir),
                                 "--metadata-url", metadata_url, "--spark-remote", spark_remote,
-                                "--ack-on", ack_on, *args)
+                                "--ack-on", ack_on, *BROKER_ARGS)
         self.log_path = log_dir / f"broker-{node_id}.log"
         self.proc: subprocess.Popen | None = None
         self.listening = threading.Event()
@@ -1160,7 +1151,7 @@ def test_exactly_once_consume_transform_produce_across_a_killed_and_a_paused_tra
     source, sink, job, tid = "eos-failover-in", "eos-failover-out", "eos-failover-job", "eos-failover-txn"
     url = bridge_postgres.create_database("eos_failover")
     brokers_url = url.replace("@127.0.0.1:", f"@{network.bridge_address}:")
-    brokers = [HostBroker(host, i, data_dir, brokers_url, connect.url, "wal", tmp_path, EOS_BROKER_ARGS)
+    brokers = [HostBroker(host, i, data_dir, brokers_url, connect.url, "wal", tmp_path)
                for i, host in enumerate(network.hosts)]
     loop = EosLoop()
     worker: threading.Thread | None = None
