@@ -4,7 +4,7 @@
 #   make check   - the static checks alone (ruff, mypy, import-linter; seconds)
 #   make bench-smoke - the benchmarks' smoke forms (tests/bench, marker bench_smoke; ~4 min): outside make test's
 #                  15 minutes, run by .ci/run after it
-#   make fault-test - the fault tests (~11 min): the single-machine crash tests (marker crash), then the three-host
+#   make fault-test - the fault tests (~9 min): the single-machine crash tests (marker crash), then the three-host
 #                  ones (tests/e2e/test_failover.py, marker fault_hosts), in one process, outside make test's 15
 #                  minutes, run by .ci/run after it
 #   make sanitize - the C extensions' differential and fuzz tests under AddressSanitizer + UBSan (.ci/sanitize.py)
