@@ -471,10 +471,20 @@ class TransactionApis:
 
     async def _wait_queued(self, meta: TransactionMetadata) -> bool:
         """Wait until no marker of ``meta``'s transaction is queued for another broker; False when the
-        coordinator closes first (the next start queues them again)."""
+        coordinator closes first (the next start queues them again). The caller holds the
+        transaction's lock, so the queued offsets of groups coordinated here (a prior coordinator's
+        queue, or a group that moved here meanwhile) are carried out here: the marker loop
+        (``_carry_out``) skips a transaction whose lock is held, and waiting for it would wait forever.
+
+        Raises:
+            StorageFailedError: storing such a group's offsets failed (``_complete`` tries again).
+        """
         started = last_log = trio.current_time()
         while True:
             left = await self._in_store(lambda store: store.queued(meta.transactional_id))
+            for m in [m for m in left if m.group_id is not None and self.coordinates(m.group_id)]:
+                await self._carry_out_group(m)
+                left.remove(m)
             if not left:
                 return True
             if self.closing or self._abandoned(meta):
@@ -512,6 +522,26 @@ class TransactionApis:
                 log.warning("transaction markers queued for this broker: carrying them out failed (attempt %d): "
                             "%s: %s", failures, type(exc).__name__, exc)
 
+    async def _carry_out_group(self, m: QueuedMarker) -> None:
+        """Commit (or drop) the pending offsets of group ``m.group_id``, coordinated here, that
+        transaction ``m`` carries, then delete ``m`` from the queue; the caller holds the transaction's
+        lock.
+
+        Raises:
+            StorageFailedError: the offsets were not stored (``m`` stays queued).
+        """
+        assert m.group_id is not None
+        offsets = self.pending.get(m.transactional_id, {}).get(m.group_id, {})
+        if m.committed and offsets and not await self.groups.commit_offsets(m.group_id, offsets):
+            raise StorageFailedError(f"storing the offsets of group {m.group_id!r} failed")
+        await self._done([m])
+        by_group = self.pending.get(m.transactional_id, {})
+        by_group.pop(m.group_id, None)
+        if not by_group:
+            self.pending.pop(m.transactional_id, None)
+        log.info("transaction of %r (producer %d): offsets of group %r %s", m.transactional_id,
+                 m.producer_id, m.group_id, "committed" if m.committed else "dropped")
+
     def _expecting_markers(self) -> bool:
         """Whether another broker's coordinator may soon queue a marker or offsets for this one: a
         transaction it does not coordinate is verified open on a partition led here, or has offsets
@@ -547,17 +577,17 @@ class TransactionApis:
         for m in queued:
             if m.group_id is None or not self.coordinates(m.group_id):
                 continue
-            async with self._lock(m.transactional_id):
-                offsets = self.pending.get(m.transactional_id, {}).get(m.group_id, {})
-                if m.committed and offsets and not await self.groups.commit_offsets(m.group_id, offsets):
-                    raise StorageFailedError(f"storing the offsets of group {m.group_id!r} failed")
-                await self._done([m])
-                by_group = self.pending.get(m.transactional_id, {})
-                by_group.pop(m.group_id, None)
-                if not by_group:
-                    self.pending.pop(m.transactional_id, None)
-                log.info("transaction of %r (producer %d): offsets of group %r %s", m.transactional_id,
-                         m.producer_id, m.group_id, "committed" if m.committed else "dropped")
+            lock = self._lock(m.transactional_id)
+            try:
+                lock.acquire_nowait()
+            except trio.WouldBlock:
+                # The transaction's own coordinator, here, holds it while its end waits for this queue
+                # (``_wait_queued`` does this group's part itself); any other holder: the next look.
+                continue
+            try:
+                await self._carry_out_group(m)
+            finally:
+                lock.release()
         if done:
             await self._done(done)
             log.info("transaction markers written for other coordinators: %s", ", ".join(

@@ -254,6 +254,7 @@ def _digest(brokers: list[HostBroker], per_broker: int = 25) -> str:
 def _move_lines(brokers: list[HostBroker]) -> str:
     """Each broker's log lines on partition moves, WAL drains and reads that found a gap in the table."""
     words = ("leads", "moved", "drain", "hold no offset", "goes on at", "taking over", "took", "handing off",
+             "handed off", "adopted",
              "controller (", "fenced", " WARNING ", " ERROR ", COMPACTED)
     out = []
     for b in brokers:  # not "hand": every request handler line (pipeline.requests.handler) has it
@@ -1123,6 +1124,31 @@ EOS_CLIENTS = {"socket.timeout.ms": 5000, "request.timeout.ms": 5000}
 """A paused broker answers nothing: its requests time out in 5 s, not librdkafka's 30-60 s."""
 
 
+def _positions(bootstrap: str, topic: str, values: set[bytes], timeout_s: float = 60.0) -> list[tuple[int, int]]:
+    """(partition, offset) of each record of ``topic``'s 3 partitions whose value is in ``values``, as a
+    read_uncommitted consumer reads them from the partitions' starts to their ends (a failure's evidence:
+    records a read_committed read missed)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-positions",
+                       "isolation.level": "read_uncommitted", "enable.auto.commit": False,
+                       "enable.partition.eof": True})
+    reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(3)])
+    found: list[tuple[int, int]] = []
+    at_end: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(at_end) < 3 and time.monotonic() < deadline:
+        for msg in reader.consume(1000, 1.0):
+            if msg.error() is None:
+                at_end.discard(msg.partition())
+                if msg.value() in values:
+                    found.append((msg.partition(), msg.offset()))
+            elif msg.error().code() == KafkaError._PARTITION_EOF:
+                at_end.add(msg.partition())
+    reader.close()
+    return sorted(found)
+
+
 def _leader_of(url: str, topic: str, partition: int) -> int:
     """The leader of ``topic``-``partition`` as the database names it (-1: no row)."""
     import psycopg
@@ -1216,7 +1242,11 @@ def test_exactly_once_consume_transform_produce_across_a_killed_and_a_paused_tra
         read = _read_committed(bootstrap, sink, "eos-failover-verify")
         expected = {value + b"-out": key for value, (key, _p, _o) in inputs.items()}
         assert len(read) == len(dict(read)), f"{len(read) - len(dict(read))} transforms read more than once"
-        assert dict(read) == expected, f"{len(set(expected) - dict(read).keys())} missing\n{_move_lines(brokers)}"
+        missing = set(expected) - dict(read).keys()
+        assert not missing, (f"{len(missing)} missing from the read_committed read; a read_uncommitted read finds "
+                             f"them at (partition, offset) {_positions(bootstrap, sink, missing)}\n"
+                             f"{_move_lines(brokers)}")
+        assert dict(read) == expected
         for b in brokers:
             assert b.stop() == 0, _digest(brokers)
     finally:

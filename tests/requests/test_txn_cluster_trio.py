@@ -293,3 +293,60 @@ async def test_a_coordinator_that_moves_loads_its_ids_answers_load_in_progress_m
             groups.close()
     finally:
         store.close()
+
+
+async def test_a_coordinator_ending_a_transaction_carries_out_a_queued_offsets_entry_of_its_own_group(
+        patient_clock, tmp_path):  # noqa: F811
+    """The three-host exactly-once test's hang (session 57): a coordinator that took a PrepareCommit over
+    found in the queue, beside the marker of a partition another broker led, the offsets entry its
+    predecessor had queued for the group, which the new coordinator coordinates too. Its end held the
+    transaction's lock while it waited for the queue to empty; the marker loop waited for that lock to
+    carry the group's entry out, and wrote no marker meanwhile: the end waited forever. Here the group's
+    entry is queued (as the predecessor left it) when the coordinator queues its own: EndTxn is answered,
+    the offsets are committed, the other broker's partition holds its marker, and the queue is empty."""
+    from pipeline.coordinator.txn_store import QueuedMarker
+
+    tid, group = _coordinated_by(0, "app"), _coordinated_by(0, "g")
+    remote = next(p for p in (0, 1) if _leader("t", p) == 1)
+    async with two_brokers(tmp_path) as (brokers, clients, txns):
+        coordinator = clients[0]
+        init = await coordinator.call("init_producer_id", 5, transactional_id=tid,
+                                      transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1,
+                                      producer_epoch=-1)
+        pid = int(init.producer_id)
+        added = await coordinator.call("add_partitions_to_txn", 3, v3_and_below_transactional_id=tid,
+                                       v3_and_below_producer_id=pid, v3_and_below_producer_epoch=0,
+                                       v3_and_below_topics=(nested("add_partitions_to_txn", 3,
+                                                                   "AddPartitionsToTxnTopic", name="t",
+                                                                   partitions=(remote,)),))
+        assert {int(p.partition_error_code) for t in added.results_by_topic_v3_and_below
+                for p in t.results_by_partition} == {0}
+        assert _error(await _send(clients[1], _produce(tid, remote, _batch(pid, [b"r0"])))) == 0
+        assert int((await coordinator.call("add_offsets_to_txn", 3, transactional_id=tid, producer_id=pid,
+                                           producer_epoch=0, group_id=group)).error_code) == 0
+        answer = await coordinator.call("txn_offset_commit", 3, transactional_id=tid, group_id=group,
+                                        producer_id=pid, producer_epoch=0, generation_id=-1, member_id="",
+                                        group_instance_id=None, topics=(nested(
+                                            "txn_offset_commit", 3, "TxnOffsetCommitRequestTopic", name="t",
+                                            partitions=(nested("txn_offset_commit", 3,
+                                                               "TxnOffsetCommitRequestPartition", partition_index=0,
+                                                               committed_offset=11, committed_leader_epoch=-1,
+                                                               committed_metadata=None),)),))
+        assert [int(p.error_code) for t in answer.topics for p in t.partitions] == [0]
+
+        store = txns[0]._store
+        assert store is not None
+        queue = store.queue_markers
+
+        def with_the_predecessors_entry(markers, fence=None):
+            queue([*markers, QueuedMarker(tid, pid, 0, True, group_id=group)], fence)
+
+        store.queue_markers = with_the_predecessors_entry  # type: ignore[method-assign]
+        with trio.fail_after(2):  # virtual time: seconds of polling the queue (the hang: none answers)
+            ended = await coordinator.call("end_txn", 3, transactional_id=tid, producer_id=pid, producer_epoch=0,
+                                           committed=True)
+        assert int(ended.error_code) == 0
+        assert brokers[1].apis.logs.log_end_offset("t", remote) == 2  # the record and its COMMIT marker
+        assert await _offsets(coordinator, group) == {("t", 0): (11, 0)}
+        assert await trio.to_thread.run_sync(store.queued) == []
+        assert txns[0].pending == {}
