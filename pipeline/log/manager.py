@@ -156,6 +156,7 @@ class LogManager:
         a read of offsets only the table holds answers nothing yet instead of going on at the WAL."""
         self.retention = retention or (lambda topic: (-1, -1))
         self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._taken_over_at: dict[tuple[str, int], int] = {}  # reset_partition's end offsets
         self._segment_last_append_ms: dict[int, int] = {}
         self._segment_partitions: dict[int, set[tuple[str, int]]] = {}
         self._waiters: dict[tuple[str, int], set[trio.Event]] = {}
@@ -199,6 +200,7 @@ class LogManager:
         """Forget a deleted topic: offsets, producer state, index; its waiting fetches wake."""
         for key in [k for k in self._logs if k[0] == topic]:
             del self._logs[key]
+            self._taken_over_at.pop(key, None)
             for event in self._waiters.pop(key, ()):
                 event.set()
         for members in self._segment_partitions.values():
@@ -213,6 +215,7 @@ class LogManager:
         oldest first); what this broker knew of it before is forgotten and its waiting fetches wake."""
         key = (topic, partition)
         self._logs[key] = PartitionLog(topic, partition, end_offset)
+        self._taken_over_at[key] = end_offset
         for event in self._waiters.pop(key, ()):
             event.set()
         self.state.offsets.restore(topic, partition, end_offset)
@@ -220,6 +223,12 @@ class LogManager:
         producers.forget_partition(topic, partition)
         for pid, epoch, first_seq, last_seq, base_offset in batches:
             producers.update(pid, epoch, topic, partition, first_seq, last_seq, base_offset)
+
+    def taken_over_at(self, topic: str, partition: int) -> int | None:
+        """The log end offset at which this broker took ``topic``-``partition`` over from another leader
+        (``reset_partition``): what its producers' state holds of batches below it came with the
+        take-over, not from appends here. None: never taken over here."""
+        return self._taken_over_at.get((topic, partition))
 
     # -- told by recovery and the persister (LogListener) -------------------
 

@@ -159,6 +159,9 @@ class KafkaApis:
         # it gets that error again rather than OUT_OF_ORDER_SEQUENCE_NUMBER (RefusedPartitions).
         self._refused = RefusedPartitions()
         self._unknown_producers = UnknownProducers()
+        # Sequence gaps after a take-over, refused retriably a few times before Kafka's rule (the same
+        # bounded count as UnknownProducers'); see ``_gap_after_take_over``.
+        self._take_over_gaps = UnknownProducers()
         self.stats = HandlerStats()
         self.request_metrics = request_metrics if request_metrics is not None else RequestMetrics()
         self._produce_errors = self.request_metrics.errors(PRODUCE)
@@ -525,7 +528,18 @@ class KafkaApis:
                 continue
             verdict = state.producers.check(info.producer_id, info.producer_epoch, part.topic,
                                            part.partition, info.base_sequence, info.last_sequence)
-            if (verdict.verdict is Verdict.ERROR and verdict.error_code in _SEQUENCE_GAPS and refused
+            after_take_over = (self._gap_after_take_over(info.producer_id, part.topic, part.partition,
+                                                         info.base_sequence)
+                               if verdict.verdict is Verdict.ERROR and verdict.error_code in _SEQUENCE_GAPS else None)
+            if after_take_over:
+                log.info("%s-%d: producer %d epoch %d batch of sequences %d-%d leaves a gap after the batches the "
+                         "take-over brought: refused (NOT_LEADER_OR_FOLLOWER) while the batches between may still "
+                         "come", part.topic, part.partition, info.producer_id, info.producer_epoch,
+                         info.base_sequence, info.last_sequence)
+                results[index] = PartitionResult(part.topic, part.partition, ErrorCode.not_leader_or_follower.value)
+                continue
+            if (after_take_over is None and verdict.verdict is Verdict.ERROR
+                    and verdict.error_code in _SEQUENCE_GAPS and refused
                     and (earlier := refused.gap_error(connection_id, part.topic, part.partition)) is not None):
                 # A batch pipelined behind one refused unwritten: the same answer, so the client retries
                 # both in order (RefusedPartitions), not an epoch bump that renumbers what it sent.
@@ -561,6 +575,7 @@ class KafkaApis:
                     continue
             elif info.producer_id >= 0:
                 self._unknown_producers.appended(info.producer_id, part.topic, part.partition)
+                self._take_over_gaps.appended(info.producer_id, part.topic, part.partition)
             if refused:
                 refused.accepted(connection_id, part.topic, part.partition)
             if verdict.verdict is Verdict.DUPLICATE:
@@ -671,6 +686,28 @@ class KafkaApis:
             # Another broker of the cluster leads it: the client refreshes its metadata (Kafka ReplicaManager).
             return ErrorCode.not_leader_or_follower.value
         return ErrorCode.none.value
+
+    def _gap_after_take_over(self, producer_id: int, topic: str, partition: int, first_seq: int) -> bool | None:
+        """Whether to refuse, retriably, a batch whose sequence leaves a gap (Kafka's rule:
+        OUT_OF_ORDER_SEQUENCE_NUMBER) once more because the producer's last batch known here came with
+        the partition's take-over (``LogManager.taken_over_at``), not from an append here; None where
+        this rule does not apply (``RefusedPartitions``' may). False: Kafka's answer, at once.
+
+        The failover test's duplicates (session 57): the previous leader refused a producer's batch
+        unwritten (NOT_LEADER_OR_FOLLOWER, it had lost the partition) while librdkafka sent the next
+        one to the new leader, on another connection, first. Answered OUT_OF_ORDER_SEQUENCE_NUMBER,
+        librdkafka bumps its epoch and renumbers, on every partition, what it has not seen acknowledged,
+        including batches a paused broker wrote unanswered: written twice. Refused retriably, the client
+        retries the partition's batches in order. The same batch refused ``UNKNOWN_PRODUCER_REFUSALS``
+        times in a row gets Kafka's answer (the batches between are not coming); a gap behind a batch
+        appended here gets it at once. Only where leadership moves (a take-over happened)."""
+        start = self.logs.taken_over_at(topic, partition)
+        if start is None:
+            return None
+        known = self.logs.state.producers.batches(producer_id, topic, partition)
+        if not known or known[-1].base_offset >= start:
+            return None
+        return self._take_over_gaps.refuse(producer_id, topic, partition, first_seq)
 
 
 class _AuthorizedTopics:

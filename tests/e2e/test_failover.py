@@ -798,14 +798,17 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
         hosts[victim_id].set_link(False)  # first: the clients get no reset from the dying host
         victim.kill()
         killed_at, killed_wall = time.monotonic(), time.time()
-        # SIGKILL is delivered at once but a loaded machine runs the dying process a little later.
-        _, alive = psutil.wait_procs(killed, timeout=30)
-        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
-        # One record per moved partition right after the kill, then the second third in the background.
+        # One record per moved partition right at the kill (a producer's next record, which waits for its
+        # request to the dead host to time out), then the second third in the background. The link is
+        # down: nothing reaches a dying process.
         probes = {p: (0, sent[0] + k) for k, p in enumerate(led_by_victim)}
         for p, (j, i) in probes.items():
             send(j, i, partition=p)
         sent[0] += len(probes)
+        probed_after = time.monotonic() - killed_at
+        # SIGKILL is delivered at once but a loaded machine runs the dying process a little later.
+        _, alive = psutil.wait_procs(killed, timeout=30)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
         for _ in range(third):
             for j in range(PRODUCERS):
                 send(j, sent[j])
@@ -1106,8 +1109,8 @@ def test_a_killed_hosts_partitions_move_and_come_back_with_every_acknowledged_re
     crashes = sorted({line["crash"][:80] for _, line in group.lines if "crash" in line})
     moved_at, taken_at, ends_read = _takeover_times(brokers, killed_wall, restarted_wall, paused_wall)
     print(f"after the kill: partitions moved by the controller at {moved_at:.1f} s, taken over by their "
-          f"new leaders at {taken_at:.1f} s ({ends_read} end offsets read from the table), served (probe "
-          f"acknowledged) at {max(moved_after.values()):.1f} s; "
+          f"new leaders at {taken_at:.1f} s ({ends_read} end offsets read from the table), served (probe sent "
+          f"at {probed_after:.2f} s, acknowledged) at {max(moved_after.values()):.1f} s; "
           f"group (kafkajs and confluent-kafka): "
           f"{len(first)} records, {redelivered} re-delivered after a rebalance, "
           f"{sum(1 for _, line in group.lines if 'join' in line)} joins, "
@@ -1147,6 +1150,20 @@ def _positions(bootstrap: str, topic: str, values: set[bytes], timeout_s: float 
                 at_end.add(msg.partition())
     reader.close()
     return sorted(found)
+
+
+def _watermarks(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
+    """Partition -> (high watermark, last stable offset) of ``topic``'s 3 partitions, as ListOffsets
+    answers them at each isolation level (a failure's evidence: a last stable offset that stays behind)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    ends: dict[str, dict[int, int]] = {}
+    for isolation in ("read_uncommitted", "read_committed"):
+        client = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-watermarks",
+                           "isolation.level": isolation})
+        ends[isolation] = {p: client.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(3)}
+        client.close()
+    return {p: (ends["read_uncommitted"][p], ends["read_committed"][p]) for p in range(3)}
 
 
 def _leader_of(url: str, topic: str, partition: int) -> int:
@@ -1244,7 +1261,8 @@ def test_exactly_once_consume_transform_produce_across_a_killed_and_a_paused_tra
         assert len(read) == len(dict(read)), f"{len(read) - len(dict(read))} transforms read more than once"
         missing = set(expected) - dict(read).keys()
         assert not missing, (f"{len(missing)} missing from the read_committed read; a read_uncommitted read finds "
-                             f"them at (partition, offset) {_positions(bootstrap, sink, missing)}\n"
+                             f"them at (partition, offset) {_positions(bootstrap, sink, missing)}; (high watermark, "
+                             f"last stable offset) by partition: {_watermarks(bootstrap, sink)}\n"
                              f"{_move_lines(brokers)}")
         assert dict(read) == expected
         for b in brokers:

@@ -550,3 +550,48 @@ async def test_a_batch_pipelined_behind_one_refused_unwritten_gets_the_same_answ
         await eventually(lambda: len(b.sink.rows()) == 5)
         assert sorted((r["partition"], r["offset"], r["value"]) for r in b.sink.rows()) == [
             (0, 0, b"s0"), (0, 1, b"s1"), (0, 2, b"s2"), (1, 0, b"s0"), (1, 1, b"s1")]
+
+
+async def test_a_gap_after_the_batches_a_take_over_brought_is_refused_retriably_until_they_come_or_for_a_while(
+        autojump_clock, tmp_path, caplog):
+    """The failover test's duplicates (session 57): a restarted broker took "t"-0 back with a producer's
+    batches 0-83 (from the table), and got its batch 85 first, on a new connection: the previous leader
+    had refused 84 unwritten (it had lost the partition). Kafka's rule answers OUT_OF_ORDER_SEQUENCE_NUMBER,
+    on which librdkafka bumps its epoch and renumbers everywhere what it has not seen acknowledged, some
+    of it written by a paused broker: written twice. Such a gap is refused NOT_LEADER_OR_FOLLOWER
+    (retriable) until 84 comes; a gap behind a batch appended here gets Kafka's answer at once, and a
+    gap whose batches never come gets it after ``UNKNOWN_PRODUCER_REFUSALS`` refusals."""
+    from pipeline.cluster.membership import DynamicCluster
+    from pipeline.log.producer_state import UNKNOWN_PRODUCER_REFUSALS
+    from pipeline.metadata.leadership import Leadership
+
+    view = DynamicCluster(0, "127.0.0.1", 9092)
+    view.member = True
+    view.leaders = {("t", 0): Leadership(0, 2, 1, True), ("t", 1): Leadership(0, 2, 1, True)}
+    view.loaded = {("t", 0), ("t", 1)}
+    async with broker(tmp_path, cluster=view) as b:
+        pid = b.apis.next_producer_id()
+        for partition in (0, 1):  # taken over at offset 184 with the producer's batches 0-83 (the last at 100)
+            b.apis.logs.reset_partition("t", partition, 184, [(pid, 0, 0, 83, 100)])
+
+        def idempotent(correlation_id: int, seq: int, partition: int = 0) -> bytes:
+            return _records_request(correlation_id, _batch([b"s%d" % seq], producer_id=pid, base_sequence=seq),
+                                    partition=partition)
+
+        client, _ = await b.connect()
+        with caplog.at_level(logging.INFO, logger="pipeline.requests.handler"):
+            await client.send(idempotent(1, 85))  # ahead of 84
+            await client.wait_responses(1)
+            await client.send(idempotent(2, 84) + idempotent(3, 85) + idempotent(4, 87))  # then a gap after them
+            await client.wait_responses(4)
+            for n in range(UNKNOWN_PRODUCER_REFUSALS + 1):  # "t"-1: 84 never comes
+                await client.send(idempotent(5 + n, 85, partition=1))
+                await client.wait_responses(5 + n)
+        assert [partition_result(body) for _, body in client.responses] == [
+            (NOT_LEADER_OR_FOLLOWER, -1), (0, 184), (0, 185), (OUT_OF_ORDER_SEQUENCE_NUMBER, -1)] + [
+            (NOT_LEADER_OR_FOLLOWER, -1)] * UNKNOWN_PRODUCER_REFUSALS + [(OUT_OF_ORDER_SEQUENCE_NUMBER, -1)]
+        assert caplog.text.count(f"producer {pid} epoch 0 batch of sequences 85-85 leaves a gap after the batches "
+                                 "the take-over brought: refused") == 1 + UNKNOWN_PRODUCER_REFUSALS
+        await eventually(lambda: len(b.sink.rows()) == 2)
+        assert sorted((r["partition"], r["offset"], r["value"]) for r in b.sink.rows()) == [
+            (0, 184, b"s84"), (0, 185, b"s85")]
