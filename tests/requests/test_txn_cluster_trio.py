@@ -73,6 +73,20 @@ async def _offsets(c: GroupClient, group: str) -> dict[tuple[str, int], tuple[in
             for t in r.groups[0].topics for p in t.partitions}
 
 
+async def _begin(coordinator: GroupClient, tid: str, partition: int) -> int:
+    """InitProducerId for ``tid``, then "t"-``partition`` added to its transaction; the producer id."""
+    init = await coordinator.call("init_producer_id", 5, transactional_id=tid,
+                                  transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1, producer_epoch=-1)
+    pid = int(init.producer_id)
+    added = await coordinator.call("add_partitions_to_txn", 3, v3_and_below_transactional_id=tid,
+                                   v3_and_below_producer_id=pid, v3_and_below_producer_epoch=0,
+                                   v3_and_below_topics=(nested("add_partitions_to_txn", 3, "AddPartitionsToTxnTopic",
+                                                               name="t", partitions=(partition,)),))
+    assert {int(p.partition_error_code) for t in added.results_by_topic_v3_and_below
+            for p in t.results_by_partition} == {0}
+    return pid
+
+
 @asynccontextmanager
 async def two_brokers(tmp_path) -> AsyncIterator[tuple[list, list[GroupClient], list[TransactionApis]]]:
     """Brokers 0 and 1 of one static cluster, each with its group coordinator and transaction apis
@@ -196,17 +210,7 @@ async def test_a_marker_during_a_leaders_verification_read_leaves_no_guard(patie
     tid = _coordinated_by(0, "app")
     remote = next(p for p in (0, 1) if _leader("t", p) == 1)
     async with two_brokers(tmp_path) as (_brokers, (coordinator, _other), txns):
-        init = await coordinator.call("init_producer_id", 5, transactional_id=tid,
-                                      transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1,
-                                      producer_epoch=-1)
-        pid = int(init.producer_id)
-        added = await coordinator.call("add_partitions_to_txn", 3, v3_and_below_transactional_id=tid,
-                                       v3_and_below_producer_id=pid, v3_and_below_producer_epoch=0,
-                                       v3_and_below_topics=(nested("add_partitions_to_txn", 3,
-                                                                   "AddPartitionsToTxnTopic", name="t",
-                                                                   partitions=(remote,)),))
-        assert {int(p.partition_error_code) for t in added.results_by_topic_v3_and_below
-                for p in t.results_by_partition} == {0}
+        pid = await _begin(coordinator, tid, remote)
         leader = txns[1]
         store = leader._store
         assert store is not None
@@ -310,17 +314,7 @@ async def test_a_coordinator_ending_a_transaction_carries_out_a_queued_offsets_e
     remote = next(p for p in (0, 1) if _leader("t", p) == 1)
     async with two_brokers(tmp_path) as (brokers, clients, txns):
         coordinator = clients[0]
-        init = await coordinator.call("init_producer_id", 5, transactional_id=tid,
-                                      transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1,
-                                      producer_epoch=-1)
-        pid = int(init.producer_id)
-        added = await coordinator.call("add_partitions_to_txn", 3, v3_and_below_transactional_id=tid,
-                                       v3_and_below_producer_id=pid, v3_and_below_producer_epoch=0,
-                                       v3_and_below_topics=(nested("add_partitions_to_txn", 3,
-                                                                   "AddPartitionsToTxnTopic", name="t",
-                                                                   partitions=(remote,)),))
-        assert {int(p.partition_error_code) for t in added.results_by_topic_v3_and_below
-                for p in t.results_by_partition} == {0}
+        pid = await _begin(coordinator, tid, remote)
         assert _error(await _send(clients[1], _produce(tid, remote, _batch(pid, [b"r0"])))) == 0
         assert int((await coordinator.call("add_offsets_to_txn", 3, transactional_id=tid, producer_id=pid,
                                            producer_epoch=0, group_id=group)).error_code) == 0
