@@ -447,6 +447,18 @@ async def test_the_shared_unmuted_ablation_keeps_one_scheduling_point_per_reques
 NOT_LEADER_OR_FOLLOWER, OUT_OF_ORDER_SEQUENCE_NUMBER = 6, 45
 
 
+def _leading_t(row):
+    """A member's view of leadership through the database in which this broker (node 0) leads and
+    serves both partitions of "t" with leadership ``row``."""
+    from pipeline.cluster.membership import DynamicCluster
+
+    view = DynamicCluster(0, "127.0.0.1", 9092)
+    view.member = True
+    view.leaders = {("t", 0): row, ("t", 1): row}
+    view.loaded = {("t", 0), ("t", 1)}
+    return view
+
+
 async def test_a_producer_unknown_here_is_refused_retriably_until_its_earlier_batch_comes_or_for_a_while(
         autojump_clock, tmp_path, caplog):
     """The failover test's duplicates (session 55): a new leader with no state of a producer on a
@@ -498,13 +510,9 @@ async def test_a_batch_pipelined_behind_one_refused_unwritten_gets_the_same_answ
     It gets NOT_LEADER_OR_FOLLOWER again (``RefusedPartitions``), the client retries both in order,
     and both land once. A gap on another connection, or after the retries caught up, is still refused
     by Kafka's rule; so is one behind a refusal that is not retriable."""
-    from pipeline.cluster.membership import DynamicCluster
     from pipeline.metadata.leadership import Leadership
 
-    view = DynamicCluster(0, "127.0.0.1", 9092)
-    view.member = True
-    view.leaders = {("t", 0): Leadership(0, 1, 0, True), ("t", 1): Leadership(0, 1, 0, True)}
-    view.loaded = {("t", 0), ("t", 1)}
+    view = _leading_t(Leadership(0, 1, 0, True))
     async with broker(tmp_path, cluster=view) as b:
         pid = b.apis.next_producer_id()
 
@@ -561,14 +569,10 @@ async def test_a_gap_after_the_batches_a_take_over_brought_is_refused_retriably_
     of it written by a paused broker: written twice. Such a gap is refused NOT_LEADER_OR_FOLLOWER
     (retriable) until 84 comes; a gap behind a batch appended here gets Kafka's answer at once, and a
     gap whose batches never come gets it after ``UNKNOWN_PRODUCER_REFUSALS`` refusals."""
-    from pipeline.cluster.membership import DynamicCluster
     from pipeline.log.producer_state import UNKNOWN_PRODUCER_REFUSALS
     from pipeline.metadata.leadership import Leadership
 
-    view = DynamicCluster(0, "127.0.0.1", 9092)
-    view.member = True
-    view.leaders = {("t", 0): Leadership(0, 2, 1, True), ("t", 1): Leadership(0, 2, 1, True)}
-    view.loaded = {("t", 0), ("t", 1)}
+    view = _leading_t(Leadership(0, 2, 1, True))
     async with broker(tmp_path, cluster=view) as b:
         pid = b.apis.next_producer_id()
         for partition in (0, 1):  # taken over at offset 184 with the producer's batches 0-83 (the last at 100)
