@@ -18,24 +18,27 @@ const [bootstrap, groupId, topic, members] = process.argv.slice(3);
 // Kafka's ConsumerProtocol subscription and assignment, and whichever is the leader assigns.
 const roundrobin = (config) => ({ ...PartitionAssigners.roundRobin(config), name: "roundrobin" });
 
-// Short timeouts: a broker host whose link is down answers nothing (no reset), and the group
-// must notice and rebalance within the test's wait. kafkajs heartbeats from its fetch loop: with
-// a request to the dead host waiting out requestTimeout, a member can miss its 10 s session at the
-// new coordinator on a loaded machine (then it rejoins as a new member). A 5 s requestTimeout with
-// 30 s sessions avoided that, but in one CI run a member then stopped fetching its partition for
-// minutes while its heartbeats went on (no rebalance came to move the partition): kept as it was.
+// kafkajs looks for its group's coordinator only when it joins, or when the coordinator answers
+// NOT_COORDINATOR: a member whose coordinator's host died keeps heartbeating that host, and reaches
+// a coordinator again only when the host is back (the test restarts it about 20 s after the kill;
+// the group moves back to it). To keep its member id across that, its session must outlast it:
+// kafkajs' default session, 30 s (with 10 s sessions the survivor that loaded the group removed both
+// kafkajs members before they could reach anyone). A request to a host whose link is down waits out
+// requestTimeout (no reset), 5 s here so that heartbeats and fetches to other hosts go on. kafkajs
+// refreshes its metadata after a fetch's timeout only at metadataMaxAge (default 5 min): a member
+// whose partition's leader died fetched from the dead host for minutes, so 5 s here.
 const kafka = new Kafka({ clientId: "test-failover-kafkajs", brokers: bootstrap.split(","),
                           logLevel: process.env.KAFKAJS_DEBUG ? logLevel.DEBUG : logLevel.INFO,
                           logCreator: () => ({ namespace, level, label, log }) =>
                             process.stderr.write(JSON.stringify({ t: Date.now(), level: label, ns: namespace, ...log }) + "\n"),
-                          connectionTimeout: 3000, requestTimeout: 15000,
+                          connectionTimeout: 3000, requestTimeout: 5000,
                           retry: { retries: 30, initialRetryTime: 300, maxRetryTime: 3000 } });
 const out = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
 const consumers = [];
 
 async function member(m) {
-  const consumer = kafka.consumer({ groupId, sessionTimeout: 10000, heartbeatInterval: 1000,
-                                    rebalanceTimeout: 20000, retry: { retries: 30 },
+  const consumer = kafka.consumer({ groupId, sessionTimeout: 30000, heartbeatInterval: 1000,
+                                    rebalanceTimeout: 30000, metadataMaxAge: 5000, retry: { retries: 30 },
                                     partitionAssigners: [roundrobin] });
   consumers.push(consumer);
   consumer.on(consumer.events.GROUP_JOIN, (e) => out({ m, join: (e.payload.memberAssignment || {})[topic] || [] }));
