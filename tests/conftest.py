@@ -107,7 +107,6 @@ LONGEST_UNITS = (
     "tests/table/test_reader.py",
     "tests/table/test_catalog.py",
     "tests/e2e/test_transactions.py",
-    "tests/persist/test_spark_cluster.py",
     "tests/bench/test_brokers_smoke.py",
     "tests/bench/test_hostile_smoke.py",
     "tests/e2e/test_table.py",

@@ -38,8 +38,11 @@ def test_real_producers_through_a_standalone_cluster(standalone_cluster, tmp_pat
     apps_before = set(apps.glob("app-*"))
     run_and_stop(ServerProcess(tmp_path / "data", "--spark-master", standalone_cluster.master_url, *ACK_ON_SPARK),
                  "standalone")
-    # the server's Spark application got an executor on the Worker
-    assert len(set(apps.glob("app-*")) - apps_before) == 1
+    # the server's Spark application got an executor on the Worker, and the executor ran there (its
+    # log is in the Worker's work dir)
+    new_apps = set(apps.glob("app-*")) - apps_before
+    assert len(new_apps) == 1
+    assert list(new_apps.pop().glob("*/stderr"))
 
 
 def test_real_producers_through_spark_connect(connect_server, connect_spark, tmp_path):

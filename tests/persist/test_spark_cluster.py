@@ -1,31 +1,23 @@
-"""SparkSink round trips beyond ``local[*]``: a standalone cluster and a Spark Connect server.
+"""SparkSink round trips beyond ``local[*]``: a Spark Connect server.
 
-Both are real (``pipeline.persist.spark_cluster`` starts them on 127.0.0.1,
-once per run: the ``standalone_cluster`` and ``connect_server`` fixtures).
-A process has one SparkContext, and this one's is the ``spark`` fixture's
-``local[2]``; so the standalone driver runs in a child process (this module,
-run as ``python -m tests.persist.test_spark_cluster MASTER DATA_DIR``), while
-Connect, a pure gRPC client, runs here.
+The server is real (``pipeline.persist.spark_cluster`` starts it on 127.0.0.1,
+once per run: the ``connect_server`` fixture); Connect is a pure gRPC client, so
+it runs in this process beside the ``spark`` fixture's ``local[2]``. A standalone
+cluster is tested through the whole server (``tests/e2e/test_spark_cluster.py``:
+its driver needs a process of its own, one SparkContext per JVM).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from pipeline.table.schema import SPARK_SCHEMA
 from pipeline.persist.spark_sink import SparkSink, build_spark_session, read_records, run_sql
 from pipeline.table.catalog import TableConfig
-from pipeline.table.layout import DEFAULT_DATABASE
 from tests.conftest import unique_database
 from tests.persist.test_spark_sink import read_back, rows_for, table_of
-
-REPO = Path(__file__).resolve().parents[2]
 
 SQL = "SELECT topic, count(*) AS n, max(offset) AS last FROM records GROUP BY topic ORDER BY topic"
 
@@ -39,47 +31,7 @@ def expected_rows() -> list[dict]:
                   key=lambda r: (r["topic"], r["partition"], r["offset"]))
 
 
-def standalone_round_trip(master_url: str, data_dir: str) -> dict:
-    """The driver side, in a child process: write two flushes, read them back."""
-    sink = SparkSink(data_dir, master=master_url)
-    sink.start()
-    try:
-        for flush in two_flushes():
-            sink.write(table_of(flush))
-        sc = sink.spark.sparkContext
-        return {
-            "master": sc.master,
-            # executors of this application (the driver is not one); none in local mode
-            "executors": sc._jsc.sc().getExecutorIds().size(),
-            "partitions": sorted(r[0] for r in sink.spark.sql("SHOW PARTITIONS pipeline.records").collect()),
-            "rows_equal": read_back(sink.spark, DEFAULT_DATABASE) == expected_rows(),
-            "sql": run_sql(sink.spark, SQL),
-        }
-    finally:
-        sink.stop()
-
-
 pytestmark = pytest.mark.slow
-
-
-def test_round_trip_on_a_standalone_cluster(standalone_cluster, tmp_path):
-    data_dir = tmp_path / "data"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.persist.test_spark_cluster", standalone_cluster.master_url,
-         str(data_dir)],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["master"] == standalone_cluster.master_url
-    assert result["executors"] >= 1  # the Worker's executor did the writing
-    assert result["partitions"] == ["topic=123/date=2023-11-14/hour=22", "topic=orders/date=2023-11-14/hour=22"]
-    assert list((data_dir / "tables" / "records" / "topic=orders").rglob("*.parquet"))
-    assert result["rows_equal"]
-    assert result["sql"] == [["topic", "n", "last"], [["123", 5, 4], ["orders", 9, 12]]]
-    # the executor ran in the Worker: its work dir holds this application's logs
-    assert list((standalone_cluster.work_dir / "worker").glob("app-*/*/stderr"))
 
 
 def test_round_trip_through_spark_connect(connect_server, tmp_path):
@@ -129,7 +81,3 @@ def test_master_and_remote_are_exclusive(kwargs, tmp_path):
         SparkSink(tmp_path, **kwargs)
     with pytest.raises(ValueError, match="not both"):
         build_spark_session(**kwargs)
-
-
-if __name__ == "__main__":
-    print(json.dumps(standalone_round_trip(sys.argv[1], sys.argv[2])))
