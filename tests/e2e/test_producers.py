@@ -44,7 +44,7 @@ def expected(producer: str, i: int, mode: str) -> dict:
     }
 
 
-def run_confluent(bootstrap: str, mode: str, acked: dict, errors: list) -> None:
+def run_confluent(bootstrap: str, mode: str, acked: dict, errors: list, n: int = N) -> None:
     import confluent_kafka
 
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
@@ -55,7 +55,7 @@ def run_confluent(bootstrap: str, mode: str, acked: dict, errors: list) -> None:
         else:
             acked[("confluent", i)] = (msg.topic(), msg.partition(), msg.offset())
 
-    for i in range(N):
+    for i in range(n):
         rec = expected("confluent", i, mode)
         while True:
             try:
@@ -71,12 +71,12 @@ def run_confluent(bootstrap: str, mode: str, acked: dict, errors: list) -> None:
         errors.append(("confluent", -1, f"{remaining} records not delivered after flush"))
 
 
-def run_kafka_python(bootstrap: str, mode: str, acked: dict, errors: list) -> None:
+def run_kafka_python(bootstrap: str, mode: str, acked: dict, errors: list, n: int = N) -> None:
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap)
     futures = []
-    for i in range(N):
+    for i in range(n):
         rec = expected("kafka-python", i, mode)
         futures.append(producer.send(rec["topic"], key=rec["key"], value=rec["value"],
                                      headers=rec["headers"], timestamp_ms=rec["timestamp_ms"]))
@@ -95,8 +95,8 @@ def test_real_producers_land_in_the_table_exactly_once_in_order(mode, request):
     produce_and_check(request.getfixturevalue(f"{mode}_server"), mode)
 
 
-def produce_and_check(server, mode: str, read=read_table) -> None:
-    """Both producers send N records each to this ``mode``'s topics on ``server``; then every
+def produce_and_check(server, mode: str, read=read_table, n: int = N) -> None:
+    """Both producers send ``n`` records each to this ``mode``'s topics on ``server``; then every
     record is in the table (read with ``read(data_dir, query)``) exactly once, at its
     acknowledged offset, gapless and in per-partition send order. ``mode`` names the topics
     (tests/e2e/test_spark_cluster.py runs this on servers of its own)."""
@@ -104,8 +104,8 @@ def produce_and_check(server, mode: str, read=read_table) -> None:
     acked: dict = {}
     errors: list = []
     threads = [
-        threading.Thread(target=run_confluent, args=(server.bootstrap, mode, acked, errors)),
-        threading.Thread(target=run_kafka_python, args=(server.bootstrap, mode, acked, errors)),
+        threading.Thread(target=run_confluent, args=(server.bootstrap, mode, acked, errors, n)),
+        threading.Thread(target=run_kafka_python, args=(server.bootstrap, mode, acked, errors, n)),
     ]
     for t in threads:
         t.start()
@@ -113,14 +113,14 @@ def produce_and_check(server, mode: str, read=read_table) -> None:
         t.join(300)
     assert not any(t.is_alive() for t in threads), "producers did not finish"
     assert errors == [], errors[:5]
-    assert len(acked) == 2 * N
+    assert len(acked) == 2 * n
 
     for topic in topics(mode):  # whatever the logs hold, acknowledged or not, is in the table
         wait_caught_up(server, topic, PARTITIONS)
     rows = read(server.data_dir, "SELECT topic, `partition`, `offset`, key, value, headers, "
                                        "unix_millis(`timestamp`) AS ts_ms, timestampType FROM records "
                                        "WHERE topic IN ('%s', '%s')" % topics(mode))
-    assert len(rows) == 2 * N, server.log_text()
+    assert len(rows) == 2 * n, server.log_text()
 
     seen: dict[tuple[str, int], tuple] = {}
     by_partition: dict[tuple[str, int], list] = defaultdict(list)
