@@ -161,10 +161,27 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
                                          filename, lineno, category.__name__, message)
 
 
+class Py4jRootFilter(logging.Filter):
+    """Holds the lines py4j logs through the root logger to logger ``py4j``'s level.
+
+    py4j 0.10.9 logs one line with ``logging.info`` instead of its own logger:
+    ``GatewayConnection.send_command``'s "Exception while sending command.", with the stack trace of
+    the gateway closing while Spark stops (``Py4JNetworkError: Answer from Java side is empty``).
+    On a clean stop that is no news, and logger ``py4j`` is at WARNING unless the level is DEBUG
+    (``setup_logging``); such a record, told apart by its source file under py4j's package, passes
+    only at that level or above.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "root" and f"{os.sep}py4j{os.sep}" in record.pathname:
+            return record.levelno >= logging.getLogger("py4j").getEffectiveLevel()
+        return True
+
+
 def setup_logging(config: LogConfig, stream: TextIO | None = None) -> logging.Handler:
     """Configure the root logger: one handler on ``stream`` (default ``sys.stderr``) with
-    the chosen format and ``ContextFilter``; warnings into the log; py4j at WARNING
-    unless the level is DEBUG. Replaces handlers set before. Returns the handler.
+    the chosen format, ``ContextFilter`` and ``Py4jRootFilter``; warnings into the log; py4j at
+    WARNING unless the level is DEBUG. Replaces handlers set before. Returns the handler.
 
     Raises:
         ValueError: an unknown level or format.
@@ -175,6 +192,7 @@ def setup_logging(config: LogConfig, stream: TextIO | None = None) -> logging.Ha
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if config.format == "json" else PlainFormatter())
     handler.addFilter(ContextFilter())
+    handler.addFilter(Py4jRootFilter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
     # py4j logs every gateway connection it opens and closes at INFO.
     logging.getLogger("py4j").setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)

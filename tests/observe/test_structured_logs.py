@@ -163,3 +163,26 @@ def test_the_incubator_line_is_not_shown_at_info(restore_logging):
         time.sleep(0.05)
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].endswith("WARNING stderr: real problem")
+
+
+def test_py4j_lines_through_the_root_logger_are_held_to_py4js_level(restore_logging):
+    """py4j logs "Exception while sending command." (a stack trace of the gateway closing while Spark
+    stops) with ``logging.info``, so through the root logger: dropped as py4j's own INFO lines are,
+    kept at DEBUG; another root INFO line and a py4j ERROR line pass."""
+    import py4j.java_gateway
+
+    def root_line(pathname: str, level: int, message: str) -> None:
+        logging.root.handle(logging.root.makeRecord("root", level, pathname, 1056, message, (), None))
+
+    out = io.StringIO()
+    setup_logging(LogConfig(), out)
+    root_line(py4j.java_gateway.__file__, logging.INFO, "Exception while sending command.")
+    root_line(__file__, logging.INFO, "another root line")
+    root_line(py4j.java_gateway.__file__, logging.ERROR, "py4j error")
+    text = out.getvalue()
+    assert "Exception while sending command." not in text
+    assert "another root line" in text and "py4j error" in text
+    debug = io.StringIO()
+    setup_logging(LogConfig(level="DEBUG"), debug)
+    root_line(py4j.java_gateway.__file__, logging.INFO, "Exception while sending command.")
+    assert "Exception while sending command." in debug.getvalue()
