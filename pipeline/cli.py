@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the commands import these lazily: `pipeline --help` and `to
     from pipeline.observe.metrics import MetricsEndpoint
     from pipeline.persist.group_sink import SparkGroupSink
     from pipeline.server import Server
-    from pipeline.table.catalog import TableConfig
+    from pipeline.table.table_config import TableConfig
 
 log = logging.getLogger("pipeline")
 

@@ -54,11 +54,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from pipeline.cluster.membership import ClusterBroker
-from pipeline.log.manager import DEFAULT_INDEX_MAX_BYTES
+from pipeline.log.partition import DEFAULT_INDEX_MAX_BYTES
 from pipeline.metadata.database import PG_IDLE_IN_TRANSACTION_TIMEOUT_MS
 from pipeline.observe.structured_logs import FORMATS, LogConfig, level_number
 from pipeline.network.connection_quotas import DEFAULT_MAX_CONNECTIONS
-from pipeline.network.connection_state import (
+from pipeline.network.connection_limits import (
     DEFAULT_IDLE_TIMEOUT_MS,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_RECEIVE_TIMEOUT_MS,
@@ -70,7 +70,7 @@ from pipeline.network.listeners import DEFAULT_PROTOCOL_MAP, Endpoint
 from pipeline.network.memory_pool import DEFAULT_QUEUED_MAX_REQUEST_BYTES
 from pipeline.security.sasl import DEFAULT_MECHANISMS
 from pipeline.security.tls import DEFAULT_HANDSHAKE_TIMEOUT_MS
-from pipeline.table.catalog import VALUE_FORMATS, TableConfig, TopicTableConfig
+from pipeline.table.table_config import VALUE_FORMATS, TableConfig, TopicTableConfig
 from pipeline.table.layout import (
     DEFAULT_COMMIT_IDLE_MS,
     DEFAULT_COMMIT_INTERVAL_MS,

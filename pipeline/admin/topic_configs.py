@@ -33,7 +33,7 @@ import enum
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from pipeline.table.catalog import TOPIC_CONFIG_FIELDS, VALUE_FORMATS, TableConfig, TopicTableConfig
+from pipeline.table.table_config import TOPIC_CONFIG_FIELDS, VALUE_FORMATS, TableConfig, TopicTableConfig
 
 if TYPE_CHECKING:
     from pipeline.config import ServerConfig

@@ -157,7 +157,8 @@ def main(opts: TableBenchOptions, argv: list[str] | None = None) -> int:
     from dataclasses import replace
 
     from pipeline.process.datadir import table_session
-    from pipeline.table.catalog import TableCatalog, TableConfig
+    from pipeline.table.catalog import TableCatalog
+    from pipeline.table.table_config import TableConfig
 
     spark = table_session(data_dir, "local[*]", app_name="pipeline-bench-table")
     try:

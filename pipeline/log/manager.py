@@ -36,7 +36,8 @@ from typing import Callable, Iterable, Protocol, Sequence
 import trio
 
 from pipeline.log.control import ABORT, CONTROL, TRANSACTIONAL, batch_kind, build_empty_batch, marker_type
-from pipeline.log.partition import Location, PartitionLog, batches_from, max_timestamp, rebase
+from pipeline.log.partition import (INDEX_ENTRY_BYTES, Location, PartitionLog, batches_from, max_timestamp,
+                                    rebase)
 from pipeline.log.state import LogState
 from pipeline.log.batch import PartitionAppend
 from pipeline.log.wal import WalPosition, WriteAheadLog, decode_appends
@@ -45,12 +46,6 @@ log = logging.getLogger(__name__)
 
 RETENTION_CHECK_INTERVAL_S = 60.0
 """How often retention is applied when no table commit does it (Kafka log.retention.check.interval.ms: 5 min)."""
-
-INDEX_ENTRY_BYTES = 48
-"""Index memory per indexed append: six int64 columns (``pipeline.log.partition.PartitionLog``)."""
-
-DEFAULT_INDEX_MAX_BYTES = 64 * 1024 * 1024
-"""Default bound on the WAL index (``pipeline.wal.index.max.bytes``): about 1.4 million appends."""
 
 EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP = -2, -1, -3
 """ListOffsets special timestamps (Kafka ListOffsetsRequest; -3 is KIP-734)."""

@@ -41,6 +41,13 @@ _LENGTH_OFFSET = 8
 _LOG_OVERHEAD = 12  # baseOffset + batchLength
 _BASE_OFFSET = struct.Struct(">q")
 
+INDEX_ENTRY_BYTES = 48
+"""Index memory per indexed append: six int64 columns (``PartitionLog``)."""
+
+DEFAULT_INDEX_MAX_BYTES = 64 * 1024 * 1024
+"""Default bound on the WAL index (``pipeline.wal.index.max.bytes``; ``pipeline.log.manager.LogManager``):
+about 1.4 million appends."""
+
 
 def batch_spans(records: bytes | bytearray | memoryview) -> list[tuple[int, int, int, int]]:
     """``(position, size in bytes, record count, max timestamp ms)`` of each RecordBatch in ``records``.

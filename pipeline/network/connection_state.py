@@ -63,17 +63,9 @@ from pipeline.protocol.header import (FAST_PATH_TABLE, RAW_SASL_TOKEN, SASL_HAND
 from pipeline.network.sequencing import ResponseSequencer
 from pipeline.fastinit import Layout, fast_frozen_init, layout
 from pipeline.native import FRAME_CUT, cut_frames
-
-DEFAULT_MAX_IN_FLIGHT: Final = 64
-"""Requests per connection read but not yet answered (AutoMQ's cap)."""
-DEFAULT_IDLE_TIMEOUT_MS: Final = 600_000
-"""Kafka ``connections.max.idle.ms``: 10 minutes."""
-DEFAULT_RECEIVE_TIMEOUT_MS: Final = 30_000
-"""Time a request frame may take from its first byte to its last, while read (ms)."""
-DEFAULT_SEND_TIMEOUT_MS: Final = 30_000
-"""Time responses may wait for a client that does not read them (ms)."""
-DEFAULT_RESPONSE_BUFFER_MAX_BYTES: Final = 1024 * 1024
-"""Unsent response bytes per connection above which reading pauses."""
+from pipeline.network.connection_limits import (DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_IN_FLIGHT,
+                                                DEFAULT_RECEIVE_TIMEOUT_MS, DEFAULT_RESPONSE_BUFFER_MAX_BYTES,
+                                                DEFAULT_SEND_TIMEOUT_MS)
 
 
 class MuteReason(enum.Enum):

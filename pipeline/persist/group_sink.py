@@ -49,8 +49,9 @@ from pipeline.process.lifecycle import worker_init
 from pipeline.table.arrow import appends_to_table
 from pipeline.log.batch import AppendColumns, PartitionAppend, to_columns
 from pipeline.persist.spark_sink import SparkSink
-from pipeline.table.catalog import (MaintenanceResult, SparkAppendNeeded, TableCatalog, TableConfig, end_offsets, local_path,
+from pipeline.table.catalog import (MaintenanceResult, SparkAppendNeeded, TableCatalog, end_offsets, local_path,
                                     present_offsets)
+from pipeline.table.table_config import TableConfig
 from pipeline.log.wal import WalSpan
 from pipeline.table.live import LIVE_DIR, Boundary, merge_ends
 from pipeline.table.schema import ARROW_SCHEMA

@@ -35,7 +35,8 @@ from pipeline.persist.spark_cluster import python_workers_env
 from pipeline.table import live
 from pipeline.table.live import LIVE_SUFFIX
 from pipeline.table.schema import COLUMNS
-from pipeline.table.catalog import TableCatalog, TableConfig, catalog_conf
+from pipeline.table.catalog import TableCatalog, catalog_conf
+from pipeline.table.table_config import TableConfig
 from pipeline.table.layout import DEFAULT_DATABASE, RECORDS_TABLE
 
 # Defaults for every session we build; the caller's ``conf`` wins.

@@ -29,11 +29,12 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from typing import Protocol
-
-import scramp
+from typing import TYPE_CHECKING, Protocol
 
 from pipeline.security.users import MIN_ITERATIONS, SCRAM_MECHANISMS, ScramCredential
+
+if TYPE_CHECKING:
+    import scramp
 
 PLAIN = "PLAIN"
 SUPPORTED_MECHANISMS: tuple[str, ...] = (PLAIN, *SCRAM_MECHANISMS)
@@ -225,6 +226,8 @@ class SaslServer:
         except UnicodeDecodeError:
             raise AuthenticationFailedError(self.user, "Authentication failed: SCRAM message is not UTF-8") from None
         assert self.mechanism is not None
+        import scramp  # here, not at the top: every `pipeline` command loads this module's defaults
+
         try:
             if self._scram is None:
                 self._scram = scramp.ScramMechanism(self.mechanism).make_server(self._lookup)

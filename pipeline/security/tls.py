@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import trio
-
 if TYPE_CHECKING:
+    import trio
     from cryptography.hazmat.primitives.serialization.pkcs12 import PKCS12KeyAndCertificates
 
 ANONYMOUS = "User:ANONYMOUS"
@@ -228,6 +227,8 @@ async def server_handshake(transport: trio.abc.Stream, context: ssl.SSLContext,
             sent no certificate where one is required, or one that does not
             verify, or closed the connection. The caller closes ``transport``.
     """
+    import trio  # here, not at the top: every `pipeline` command loads this module's defaults
+
     stream = trio.SSLStream(transport, context, server_side=True)
     try:
         with trio.fail_after(timeout_s):

@@ -28,8 +28,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import scramp
-
 from pipeline.metadata.database import Migration, Target, is_postgres_url, open_database, store_target
 
 USERS_FILE = "users.db"
@@ -121,6 +119,8 @@ def make_credential(mechanism: str, password: str, iterations: int = DEFAULT_ITE
     _check("-", mechanism, iterations)
     if not password:
         raise CredentialError("the password must not be empty")
+    import scramp  # here, not at the top: every `pipeline` command loads this module's names
+
     try:
         salt, stored_key, server_key, iterations = scramp.ScramMechanism(mechanism).make_auth_info(
             password, iteration_count=iterations, salt=salt)
@@ -242,6 +242,8 @@ class UserStore:
             credential, known = _DUMMY_PLAIN, False
         else:
             known = True
+        import scramp
+
         try:
             _salt, stored_key, _server_key, _i = scramp.ScramMechanism(credential.mechanism).make_auth_info(
                 password, iteration_count=credential.iterations, salt=credential.salt)

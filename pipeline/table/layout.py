@@ -36,10 +36,10 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import date, timedelta
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import pyarrow as pa
-import pyarrow.compute as pc
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 DEFAULT_DATABASE = "pipeline"
 """Catalog database holding the tables (``table.database``)."""
@@ -130,6 +130,11 @@ def add_time_partitions(table: pa.Table, day_topics: frozenset[str] = frozenset(
         ``YYYY-MM-DD`` and ``hour`` 0-23; both null where the timestamp is
         null or before the epoch (Kafka's -1 means "no timestamp").
     """
+    # Arrow here, not at the top: the configuration reads this module's defaults, and every
+    # `pipeline` command loads the configuration (a cached module lookup per call after the first).
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     us = table.column("timestamp").cast(pa.int64())
     valid = pc.and_(pc.is_valid(us), pc.greater_equal(us, 0))
     # Integer arithmetic on microseconds since the epoch, and one string per distinct day:

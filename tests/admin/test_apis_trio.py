@@ -25,7 +25,7 @@ from pipeline.protocol.header import parse_request_header, response_header_versi
 from pipeline.requests.catalog import TopicCatalog
 from pipeline.network.request_channel import Request
 from pipeline.config import ServerConfig
-from pipeline.table.catalog import TableConfig, TopicTableConfig
+from pipeline.table.table_config import TableConfig, TopicTableConfig
 
 pytestmark = pytest.mark.trio
 

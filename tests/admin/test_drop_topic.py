@@ -8,7 +8,8 @@ from datetime import timedelta
 import pyarrow as pa
 import pytest
 
-from pipeline.table.catalog import TableCatalog, TableConfig, TopicTableConfig
+from pipeline.table.catalog import TableCatalog
+from pipeline.table.table_config import TableConfig, TopicTableConfig
 from pipeline.table.typed import split_typed
 from tests.conftest import unique_database
 from tests.table.test_catalog import DAY0, rows

@@ -454,7 +454,7 @@ def test_k8s_manifests_fit_together_and_run_todays_cli(tmp_path):
 
     from pipeline.config import load_config
     from pipeline.config import ServerConfig
-    from pipeline.table.catalog import TableConfig
+    from pipeline.table.table_config import TableConfig
 
     loaded = load_config(etc / config_file.name)
     defaults = ServerConfig()

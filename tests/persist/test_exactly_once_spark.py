@@ -27,7 +27,7 @@ from pipeline.persist.persister import offset_ranges
 from pipeline.persist.recovery import recover
 from pipeline.log.checkpoint import Checkpoint, StateStore
 from pipeline.log.wal import WriteAheadLog, encode_appends
-from pipeline.table.catalog import TableConfig, TopicTableConfig
+from pipeline.table.table_config import TableConfig, TopicTableConfig
 from pipeline.table.typed import FlushTables
 from tests.conftest import unique_database
 from tests.e2e import raw_client as rc

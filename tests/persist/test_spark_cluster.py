@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.table.schema import SPARK_SCHEMA
 from pipeline.persist.spark_sink import SparkSink, build_spark_session, read_records, run_sql
-from pipeline.table.catalog import TableConfig
+from pipeline.table.table_config import TableConfig
 from tests.conftest import unique_database
 from tests.persist.test_spark_sink import read_back, rows_for, table_of
 

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.table.schema import ARROW_SCHEMA, COLUMNS, SPARK_SCHEMA
 from pipeline.persist.spark_sink import SparkSink, read_records, run_sql
-from pipeline.table.catalog import TableConfig
+from pipeline.table.table_config import TableConfig
 from tests.conftest import unique_database
 
 pytestmark = pytest.mark.slow

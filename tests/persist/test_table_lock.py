@@ -37,7 +37,7 @@ from pipeline.log.batch import PartitionAppend
 from pipeline.metadata.locks import LeaseLock
 from pipeline.persist import group_sink
 from pipeline.persist.group_sink import LIVE_LOCK_FILE, TABLE_LOCK_FILE, SparkGroupSink, table_lock
-from pipeline.table.catalog import TableConfig
+from pipeline.table.table_config import TableConfig
 from pipeline.table.typed import DEAD_LETTERS_TABLE, FlushTables
 from tests.conftest import unique_database
 from tests.e2e import raw_client as rc
@@ -301,7 +301,7 @@ def test_a_commit_of_staged_files_overlaps_another_brokers_commit_and_maintenanc
     table does not exist yet): it waits like maintenance. So do the first dead letters (their table
     is made); later ones, a Spark append into the broker run's staging directory and renames, do
     not."""
-    from pipeline.table.catalog import TopicTableConfig
+    from pipeline.table.table_config import TopicTableConfig
     from pipeline.table.staging import StagedRecords
 
     config = TableConfig(database=unique_database(), compaction_min_files=2,
@@ -485,7 +485,7 @@ def test_a_spark_append_of_a_stalled_broker_lands_nothing_after_another_broker_f
     job directory, never a commit of nothing, which the persister would acknowledge and record as
     done), as does a retry, whose Spark job cannot make the directory again. The table holds none of
     those rows."""
-    from pipeline.table.catalog import TopicTableConfig
+    from pipeline.table.table_config import TopicTableConfig
 
     config = TableConfig(database=unique_database(), topics={"typed": TopicTableConfig(value_format="json",
                                                                                        value_schema="a BIGINT")})

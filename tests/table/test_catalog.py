@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from pipeline.config import ConfigError, load_config
 from pipeline.table.schema import ARROW_SCHEMA
-from pipeline.table.catalog import Journal, TableCatalog, TableConfig, TopicTableConfig, list_data_files, local_path
+from pipeline.table.catalog import Journal, TableCatalog, list_data_files, local_path
+from pipeline.table.table_config import TableConfig, TopicTableConfig
 from pipeline.table.layout import Granularity, add_time_partitions, plan_compaction, table_name_for_topic, DataFile
 from tests.conftest import unique_database
 

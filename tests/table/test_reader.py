@@ -22,7 +22,8 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 
 from pipeline.log.batch import PartitionAppend
 from pipeline.table.schema import ARROW_SCHEMA
-from pipeline.table.catalog import TableCatalog, TableConfig, TopicTableConfig
+from pipeline.table.catalog import TableCatalog
+from pipeline.table.table_config import TableConfig, TopicTableConfig
 from pipeline.table.reader import READ_COLUMNS, TableReader, TableSlice
 from pipeline.table.typed import build_flush
 from tests.conftest import unique_database

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.table.catalog import TOPIC_CONFIG_FIELDS, TableConfig, TopicTableConfig, with_topic_configs
+from pipeline.table.table_config import TOPIC_CONFIG_FIELDS, TableConfig, TopicTableConfig, with_topic_configs
 from pipeline.table.layout import Granularity
 
 
