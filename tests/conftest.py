@@ -46,6 +46,7 @@ def pytest_configure(config) -> None:
     archive); every later one maps it: a server's Spark was ready in 8 s instead of 13 s.
     """
     global _archive_maker
+    _no_hypothesis_plugins_in_children(config)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     from pipeline.persist.jvm_archive import archive_path, ensure_archive
@@ -58,6 +59,26 @@ def pytest_configure(config) -> None:
     except (OSError, subprocess.SubprocessError) as exc:  # no java: the Spark tests say so themselves
         warnings.warn(f"no JVM class-data archive: {exc}", stacklevel=1)
     os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {options}".strip()
+
+
+def _no_hypothesis_plugins_in_children(config) -> None:
+    """Set ``HYPOTHESIS_NO_PLUGINS`` for the processes a test process starts, after loading them here.
+
+    kio imports ``hypothesis.strategies`` when hypothesis is installed (``kio.static._phantom``), and
+    hypothesis runs its entry-point plugins on import: trio's imports ``trio.testing`` and with it
+    pytest. So every server, broker and client process the suite starts paid ~0.5 CPU s to load
+    hypothesis, its trio plugin and pytest (``python -X importtime -c "import kio.schema.errors"``:
+    1.50 s, 0.80 s with the variable set, on a loaded machine), which an installation without the dev
+    extras never does. The test processes keep their plugins (trio's makes its scheduling
+    deterministic under hypothesis): a pytest-xdist worker, or the main process when it runs the tests
+    itself (``-n 0``), imports hypothesis first and sets the variable after; the main process of a
+    distributed run starts only the workers, which must load theirs, and leaves it unset.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER") and getattr(config.option, "numprocesses", None):
+        return
+    import hypothesis  # noqa: F401 - its plugins load in this process now, before the variable is set
+
+    os.environ["HYPOTHESIS_NO_PLUGINS"] = "1"
 
 
 def pytest_unconfigure(config) -> None:

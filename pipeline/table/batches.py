@@ -51,8 +51,11 @@ _COMPRESS = {CODEC_GZIP: gzip_encode, CODEC_SNAPPY: snappy_encode, CODEC_LZ4: lz
 
 _MIN_RECORD_BYTES = 7
 """The smallest record: length, attributes, two deltas, null key, null value, no headers (1 byte each)."""
-_EMPTY = pa.scalar(b"", pa.binary())
-_ZERO_BYTE = pa.scalar(b"\x00", pa.binary())
+# Python bytes, which Arrow's compute functions take as binary scalars: a ``pa.scalar`` built here,
+# at import, loaded pandas (pyarrow looks for pandas objects in what it converts), ~0.5 s before
+# a server listened.
+_EMPTY = b""
+_ZERO_BYTE = b"\x00"
 
 
 def encode_batches(offsets: np.ndarray, timestamps_ms: np.ndarray, types: np.ndarray, keys: pa.Array,
