@@ -68,10 +68,11 @@ def _no_hypothesis_plugins_in_children(config) -> None:
     hypothesis runs its entry-point plugins on import: trio's imports ``trio.testing`` and with it
     pytest. So every server and broker process the suite starts loaded trio's plugin and pytest
     (``/usr/bin/time python -c "import pipeline.server"``: 1.49 CPU s, 1.40 with the variable set),
-    which an installation without the dev extras never does. The test processes keep their plugins (trio's makes its scheduling
-    deterministic under hypothesis): a pytest-xdist worker, or the main process when it runs the tests
-    itself (``-n 0``), imports hypothesis first and sets the variable after; the main process of a
-    distributed run starts only the workers, which must load theirs, and leaves it unset.
+    which an installation without the dev extras never does. The test processes keep their plugins
+    (trio's makes its scheduling deterministic under hypothesis): a pytest-xdist worker, or the main
+    process when it runs the tests itself (``-n 0``), imports hypothesis first and sets the variable
+    after; the main process of a distributed run starts only the workers, which must load theirs, and
+    leaves it unset.
     """
     if not os.environ.get("PYTEST_XDIST_WORKER") and getattr(config.option, "numprocesses", None):
         return
